@@ -1,0 +1,117 @@
+# Llama 3 distributed training, reference implementation in C (and CUDA).
+#   make            build every CPU target (and GPU targets when nvcc is found)
+#   make run        train the `small` model on the built-in synthetic data, write a trace
+#   make test       every CPU test (no GPU needed)
+#   make bench      forward+backward+step timing against PyTorch on this CPU
+#   make deps       install what the project needs on a fresh Debian machine (root)
+BUILD ?= build
+CC ?= cc
+PYTHON := $(BUILD)/venv/bin/python
+
+# ---- probe the machine (by pkg-config or by compiling, never by fixed paths) -------------------
+have_pkg = $(shell pkg-config --exists $(1) 2>/dev/null && echo yes)
+HAVE_CHECK := $(call have_pkg,check)
+HAVE_CJSON := $(call have_pkg,libcjson)
+HAVE_OPENBLAS := $(call have_pkg,openblas)
+MPICC := $(shell command -v mpicc 2>/dev/null)
+NVCC := $(shell command -v nvcc 2>/dev/null)
+HAVE_OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo yes)
+
+WARN := -Wall -Wextra -Wno-unused-parameter
+CFLAGS ?= -O3 -march=native
+CFLAGS += -std=gnu11 $(WARN) -I. -MMD -MP
+LDLIBS := -lm -lpthread
+
+ifeq ($(HAVE_CJSON),yes)
+  CFLAGS += $(shell pkg-config --cflags libcjson)
+  LDLIBS += $(shell pkg-config --libs libcjson)
+endif
+ifeq ($(HAVE_OPENBLAS),yes)
+  CFLAGS += -DHAVE_OPENBLAS $(shell pkg-config --cflags openblas)
+  LDLIBS += $(shell pkg-config --libs openblas)
+endif
+ifeq ($(HAVE_OPENMP),yes)
+  CFLAGS += -fopenmp
+  LDLIBS += -fopenmp
+endif
+CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+
+# ---- sources ----------------------------------------------------------------------------------
+COMMON_SRC := $(wildcard common/*.c)
+REF_SRC := $(wildcard reference_cpu/*.c)
+COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/obj/%.o)
+REF32_OBJ := $(REF_SRC:%.c=$(BUILD)/obj/f32/%.o)
+REF64_OBJ := $(REF_SRC:%.c=$(BUILD)/obj/f64/%.o)
+LIBCOMMON := $(BUILD)/libcommon.a
+LIBREF32 := $(BUILD)/libref32.a
+LIBREF64 := $(BUILD)/libref64.a
+
+# tests/test_*.c run in fp32, tests/test64_*.c in the float64 build of the reference.
+TEST32_SRC := $(wildcard tests/test_*.c)
+TEST64_SRC := $(wildcard tests/test64_*.c)
+TEST_BIN := $(TEST32_SRC:tests/%.c=$(BUILD)/tests/%) $(TEST64_SRC:tests/%.c=$(BUILD)/tests/%)
+
+PROGRAMS := $(BUILD)/train $(BUILD)/train64
+
+.PHONY: all run test bench deps clean probe
+all: probe $(PROGRAMS) $(if $(HAVE_CHECK),$(TEST_BIN))
+
+probe:
+	@echo "probe: cc=$(CC) ($(shell $(CC) -dumpfullversion 2>/dev/null))" \
+	  "openmp=$(or $(HAVE_OPENMP),no) openblas=$(or $(HAVE_OPENBLAS),no) cjson=$(or $(HAVE_CJSON),no)" \
+	  "check=$(or $(HAVE_CHECK),no) mpi=$(if $(MPICC),yes,no) nvcc=$(if $(NVCC),yes,no)"
+ifneq ($(HAVE_CJSON),yes)
+	@echo "probe: libcjson is required (safetensors headers, JSON traces): run 'make deps'" && false
+endif
+ifneq ($(HAVE_CHECK),yes)
+	@echo "probe: Check not found: test programs are skipped (run 'make deps')"
+endif
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj/f32/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+$(BUILD)/obj/f64/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DREF_FLOAT64 -c $< -o $@
+
+$(LIBCOMMON): $(COMMON_OBJ)
+	@mkdir -p $(dir $@)
+	$(AR) rcs $@ $^
+$(LIBREF32): $(REF32_OBJ)
+	$(AR) rcs $@ $^
+$(LIBREF64): $(REF64_OBJ)
+	$(AR) rcs $@ $^
+
+$(BUILD)/train: chapters/00_reference/train.c $(LIBREF32) $(LIBCOMMON)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/train64: chapters/00_reference/train.c $(LIBREF64) $(LIBCOMMON)
+	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/test_%: tests/test_%.c $(LIBREF32) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(CHECK_LIBS) $(LDLIBS)
+$(BUILD)/tests/test64_%: tests/test64_%.c $(LIBREF64) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(CHECK_LIBS) $(LDLIBS)
+
+# ---- the two commands of the README, and the rest ---------------------------------------------
+RUN_FLAGS ?= --model small --steps 150 --trace $(BUILD)/small.pftrace
+run: all
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OPENBLAS_NUM_THREADS=1 ./$(BUILD)/train $(RUN_FLAGS)
+
+test: all
+	BUILD=$(BUILD) PYTHON=$(PYTHON) tests/run_tests.sh
+
+bench: all
+	BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/bench.sh
+
+deps:
+	BUILD=$(BUILD) scripts/deps.sh
+
+clean:
+	rm -rf $(BUILD)/obj $(BUILD)/tests $(BUILD)/*.a $(PROGRAMS)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,133 @@
+#include "args.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+#define MAX_SPECS 128
+static bool given[MAX_SPECS];
+
+static bool choice_allowed(const char *choices, const char *value) {
+    size_t len = strlen(value);
+    for (const char *p = choices; p && *p;) {
+        const char *bar = strchr(p, '|');
+        size_t n = bar ? (size_t)(bar - p) : strlen(p);
+        if (n == len && strncmp(p, value, n) == 0) return true;
+        p = bar ? bar + 1 : NULL;
+    }
+    return false;
+}
+
+static void check_range(const ArgSpec *s, const char *text, double v) {
+    if (s->min < s->max && (v < s->min || v > s->max)) {
+        if (s->max >= 1e300)
+            fatal_input("--%s %s: must be at least %g", s->name, text, s->min);
+        fatal_input("--%s %s: must be between %g and %g", s->name, text, s->min, s->max);
+    }
+}
+
+static void set_value(const ArgSpec *s, const char *text) {
+    char *end = NULL;
+    errno = 0;
+    switch (s->type) {
+    case ARG_INT:
+    case ARG_LONG: {
+        long long v = strtoll(text, &end, 10);
+        if (errno || end == text || *end) fatal_input("--%s %s: not an integer", s->name, text);
+        if (s->type == ARG_INT && (v < -2147483647LL || v > 2147483647LL))
+            fatal_input("--%s %s: out of range for an int", s->name, text);
+        check_range(s, text, (double)v);
+        if (s->type == ARG_INT) *(int *)s->dest = (int)v;
+        else *(long long *)s->dest = v;
+        break;
+    }
+    case ARG_DOUBLE: {
+        double v = strtod(text, &end);
+        if (errno || end == text || *end || !isfinite(v)) fatal_input("--%s %s: not a finite number", s->name, text);
+        check_range(s, text, v);
+        *(double *)s->dest = v;
+        break;
+    }
+    case ARG_CHOICE:
+        if (!choice_allowed(s->choices, text)) fatal_input("--%s %s: must be one of %s", s->name, text, s->choices);
+        *(const char **)s->dest = text;
+        break;
+    case ARG_STRING:
+        *(const char **)s->dest = text;
+        break;
+    case ARG_BOOL:
+        *(bool *)s->dest = strcmp(text, "true") == 0 || strcmp(text, "1") == 0;
+        break;
+    }
+}
+
+static const ArgSpec *find_spec(const ArgSpec *specs, int n, const char *name, size_t name_len) {
+    for (int i = 0; i < n; i++)
+        if (strlen(specs[i].name) == name_len && strncmp(specs[i].name, name, name_len) == 0) return &specs[i];
+    return NULL;
+}
+
+void args_parse(const ArgSpec *specs, int n, int argc, char **argv, const char *program, const char *description) {
+    if (n > MAX_SPECS) fatal("args_parse: more than %d flags", MAX_SPECS);
+    log_set_program(program);
+    for (int i = 0; i < n; i++) {
+        given[i] = false;
+        if (specs[i].type == ARG_BOOL) *(bool *)specs[i].dest = false;
+        else if (specs[i].default_value) set_value(&specs[i], specs[i].default_value);
+    }
+    for (int a = 1; a < argc; a++) {
+        const char *arg = argv[a];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            args_print_help(specs, n, program, description);
+            exit(0);
+        }
+        if (strncmp(arg, "--", 2) != 0) fatal_input("%s: unexpected argument (flags start with --; see --help)", arg);
+        const char *name = arg + 2;
+        const char *eq = strchr(name, '=');
+        size_t name_len = eq ? (size_t)(eq - name) : strlen(name);
+        const ArgSpec *s = find_spec(specs, n, name, name_len);
+        if (!s) fatal_input("%s: unknown flag (see --help)", arg);
+        given[s - specs] = true;
+        if (s->type == ARG_BOOL) {
+            set_value(s, eq ? eq + 1 : "true");
+            continue;
+        }
+        const char *value = eq ? eq + 1 : (a + 1 < argc ? argv[++a] : NULL);
+        if (!value) fatal_input("--%s: needs a value", s->name);
+        set_value(s, value);
+    }
+}
+
+bool args_given(const ArgSpec *specs, int n, const char *name) {
+    const ArgSpec *s = find_spec(specs, n, name, strlen(name));
+    return s && given[s - specs];
+}
+
+static const char *default_value_name(const ArgSpec *s) {
+    if (s->value_name) return s->value_name;
+    switch (s->type) {
+    case ARG_INT:
+    case ARG_LONG: return "N";
+    case ARG_DOUBLE: return "X";
+    case ARG_CHOICE: return s->choices;
+    case ARG_STRING: return "STR";
+    case ARG_BOOL: return "";
+    }
+    return "";
+}
+
+void args_print_help(const ArgSpec *specs, int n, const char *program, const char *description) {
+    printf("usage: %s [flags]\n%s\n\nflags:\n", program, description);
+    for (int i = 0; i < n; i++) {
+        const ArgSpec *s = &specs[i];
+        char left[128];
+        snprintf(left, sizeof left, "--%s %s", s->name, default_value_name(s));
+        printf("  %-34s %s", left, s->help);
+        if (s->type != ARG_BOOL && s->default_value && *s->default_value) printf(" (default %s)", s->default_value);
+        printf("\n");
+    }
+}

@@ -1,0 +1,17 @@
+// log.h: messages and the two ways a run can end early.
+//   fatal_input(): bad flag, bad config, bad or corrupt file -> one line on stderr, exit status 2.
+//   fatal():       an internal failure (out of memory, NaN loss, I/O error mid-run) -> exit status 1.
+#pragma once
+#include <stdio.h>
+
+#define EXIT_BAD_INPUT 2
+
+void fatal_input(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+// Program name printed in front of every message ("train: --tp 3: must divide ...").
+void log_set_program(const char *name);
+
+// Monotonic wall clock in nanoseconds.
+long long now_ns(void);

@@ -1,0 +1,78 @@
+#include "mem.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+// Each block carries a small header in front of the pointer handed out, so mem_free knows how
+// many bytes to take off which counter. 64 bytes keeps the payload cache-line aligned.
+typedef struct {
+    size_t bytes;
+    int category;
+    uint32_t magic;
+} BlockHeader;
+#define HEADER_SIZE 64
+#define BLOCK_MAGIC 0x4d454d21u
+
+static size_t current_bytes[MEM_N_CATEGORIES];
+static size_t peak_bytes[MEM_N_CATEGORIES];
+static size_t current_total, peak_total;
+static MemObserver observer;
+
+static const char *category_names[MEM_N_CATEGORIES] = {
+    "params", "grads", "optimizer", "activations", "comm", "other"};
+
+const char *mem_category_name(MemCategory category) { return category_names[category]; }
+
+void mem_set_observer(MemObserver fn) { observer = fn; }
+
+static void account(MemCategory category, size_t bytes, int sign) {
+    if (sign > 0) {
+        current_bytes[category] += bytes;
+        current_total += bytes;
+    } else {
+        current_bytes[category] -= bytes;
+        current_total -= bytes;
+    }
+    if (current_bytes[category] > peak_bytes[category]) peak_bytes[category] = current_bytes[category];
+    if (current_total > peak_total) peak_total = current_total;
+    if (observer) observer(category, current_bytes[category]);
+}
+
+void *mem_alloc(MemCategory category, size_t bytes) {
+    void *raw = NULL;
+    if (posix_memalign(&raw, 64, HEADER_SIZE + (bytes ? bytes : 1)) != 0)
+        fatal("out of memory allocating %zu bytes for %s", bytes, category_names[category]);
+    memset(raw, 0, HEADER_SIZE + bytes);
+    BlockHeader *header = raw;
+    header->bytes = bytes;
+    header->category = category;
+    header->magic = BLOCK_MAGIC;
+    account(category, bytes, +1);
+    return (char *)raw + HEADER_SIZE;
+}
+
+void mem_free(void *ptr) {
+    if (!ptr) return;
+    BlockHeader *header = (BlockHeader *)((char *)ptr - HEADER_SIZE);
+    if (header->magic != BLOCK_MAGIC) fatal("mem_free: pointer %p was not allocated by mem_alloc", ptr);
+    header->magic = 0;
+    account(header->category, header->bytes, -1);
+    free(header);
+}
+
+size_t mem_current(MemCategory category) { return current_bytes[category]; }
+size_t mem_peak(MemCategory category) { return peak_bytes[category]; }
+size_t mem_current_total(void) { return current_total; }
+size_t mem_peak_total(void) { return peak_total; }
+
+void mem_print_report(void) {
+    const double mib = 1024.0 * 1024.0;
+    log_info("memory by category (MiB):   current      peak");
+    for (int c = 0; c < MEM_N_CATEGORIES; c++)
+        log_info("  %-12s %20.2f %9.2f", category_names[c], current_bytes[c] / mib, peak_bytes[c] / mib);
+    log_info("  %-12s %20.2f %9.2f", "total", current_total / mib, peak_total / mib);
+}
