@@ -1,0 +1,43 @@
+// config.h: model shapes. The named configs and the formulas that depend only on shapes:
+// parameter count and training FLOPs per token (used for MFU by later chapters).
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct {
+    char name[32];
+    int dim;           // model width h
+    int n_layers;      // L
+    int n_heads;       // query heads
+    int n_kv_heads;    // key/value heads (GQA: n_heads % n_kv_heads == 0)
+    int ffn_dim;       // SwiGLU hidden size
+    int vocab_size;
+    int max_seq_len;   // default --seq-len and RoPE table length
+    double norm_eps;   // RMSNorm epsilon, 1e-5
+    double rope_theta; // 500000 for Llama 3
+    bool tied;         // output projection shares tok_embeddings (Llama 3.2 1B/3B)
+    // Llama 3.1 RoPE frequency scaling (off when rope_scaling_factor == 0)
+    double rope_scaling_factor;       // 8
+    double rope_low_freq_factor;      // 1
+    double rope_high_freq_factor;     // 4
+    int rope_original_max_seq_len;    // 8192
+} ModelConfig;
+
+// Looks up tiny, small, llama3_1b, llama3_8b, llama3_70b, llama3_405b. Returns false if unknown.
+bool model_config_lookup(const char *name, ModelConfig *out);
+extern const char *const MODEL_CONFIG_NAMES;  // "tiny|small|llama3_1b|..." for the flag table
+
+// Exits with status 2 and one line if the shapes are inconsistent (heads not dividing dim, ...).
+void model_config_validate(const ModelConfig *c, int seq_len);
+
+int model_head_dim(const ModelConfig *c);
+// Every parameter, embedding and output projection included (output counted once when tied).
+size_t model_param_count(const ModelConfig *c);
+size_t model_param_count_non_embedding(const ModelConfig *c);
+// Training (forward + backward) FLOPs per token at sequence length seq_len:
+//   6 * N + 6 * L * h_q * seq_len
+// where N counts every weight that takes part in a matmul (the embedding lookup does not; the
+// output projection does) and the second term is QK^T and PV: 2 matmuls, 2*seq*h_q each forward,
+// x3 for forward+backward, halved because the causal mask skips the upper triangle.
+// h_q = n_heads * head_dim. See chapters/00_reference/README.md for the derivation.
+double model_flops_per_token(const ModelConfig *c, int seq_len);

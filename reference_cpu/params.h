@@ -1,0 +1,64 @@
+// params.h: the named parameter table. Every later module (FSDP, TP, PP, checkpoints, dumps)
+// works off this table, never off hand-written per-tensor code.
+//
+// Names follow Meta's Llama checkpoints (as torchtitan does):
+//   tok_embeddings.weight                 (vocab, dim)
+//   layers.{i}.attention_norm.weight      (dim)
+//   layers.{i}.attention.wq.weight        (n_heads*head_dim, dim)      y = x W^T
+//   layers.{i}.attention.wk.weight        (n_kv_heads*head_dim, dim)
+//   layers.{i}.attention.wv.weight        (n_kv_heads*head_dim, dim)
+//   layers.{i}.attention.wo.weight        (dim, n_heads*head_dim)
+//   layers.{i}.ffn_norm.weight            (dim)
+//   layers.{i}.feed_forward.w1.weight     (ffn_dim, dim)   gate
+//   layers.{i}.feed_forward.w2.weight     (dim, ffn_dim)   down
+//   layers.{i}.feed_forward.w3.weight     (ffn_dim, dim)   up
+//   norm.weight                           (dim)
+//   output.weight                         (vocab, dim)     absent when tied
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "reference_cpu/config.h"
+#include "reference_cpu/real.h"
+
+#define PARAM_NAME_MAX 64
+#define LAYER_EMBEDDING (-1)  // `layer` of tok_embeddings; norm and output use layer = n_layers
+
+// Which dimension Megatron tensor parallelism splits (later chapters): rows = output features of a
+// column-parallel linear (wq wk wv w1 w3) and the vocab of the embedding/output; cols = input
+// features of a row-parallel linear (wo w2); none = replicated (norm weights).
+typedef enum { TP_NONE = -1, TP_ROWS = 0, TP_COLS = 1 } TpSplit;
+
+typedef enum { INIT_ONES, INIT_NORMAL } ParamInit;
+
+typedef struct {
+    char name[PARAM_NAME_MAX];
+    int ndim;         // 1 or 2
+    int shape[2];     // row-major; shape[1] unused when ndim == 1
+    size_t numel;
+    size_t offset;    // into the flat parameter (and gradient) buffer, in elements
+    int layer;        // LAYER_EMBEDDING, 0..n_layers-1, or n_layers for the final norm and output
+    TpSplit tp_split;
+    ParamInit init;
+    double init_std;  // INIT_NORMAL only
+} ParamInfo;
+
+typedef struct {
+    ParamInfo *items;
+    int count;
+    size_t total_numel;
+} ParamTable;
+
+// Builds the table in the order above. Index of each block's first and one-past-last entry
+// are found with param_table_layer_range.
+ParamTable param_table_build(const ModelConfig *c);
+void param_table_free(ParamTable *t);
+const ParamInfo *param_table_find(const ParamTable *t, const char *name);  // NULL if absent
+void param_table_layer_range(const ParamTable *t, int layer, int *first, int *end);
+
+// Init std: normal(0, 0.02) for embeddings and input projections; wo and w2 (the projections that
+// write into the residual stream) use 0.02 / sqrt(2 * n_layers), as GPT-2 and torchtitan do; norms 1.
+// Element j of parameter p gets  std * rng_normal(seed, hash(p.name), j): the value does not
+// depend on which rank builds it or how the tensor is sharded.
+real param_init_value(const ParamInfo *p, uint64_t seed, size_t element_index);
+void param_init_range(const ParamInfo *p, uint64_t seed, size_t first, size_t count, real *out);

@@ -1,0 +1,24 @@
+// real.h: the reference computes in `real`: float normally, double in the float64 build
+// (compiled from the same sources with -DREF_FLOAT64, used for finite-difference gradient checks).
+#pragma once
+#include <math.h>
+
+#ifdef REF_FLOAT64
+typedef double real;
+#define REAL_NAME "F64"
+#define rsqrt_r(x) (1.0 / sqrt(x))
+#define exp_r exp
+#define log_r log
+#define sqrt_r sqrt
+#define cos_r cos
+#define sin_r sin
+#else
+typedef float real;
+#define REAL_NAME "F32"
+#define rsqrt_r(x) (1.0f / sqrtf(x))
+#define exp_r expf
+#define log_r logf
+#define sqrt_r sqrtf
+#define cos_r cosf
+#define sin_r sinf
+#endif

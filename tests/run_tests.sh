@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every test: each compiled suite in $BUILD/tests (Check), then each tests/t_*.sh script
+# (end-to-end runs of the trainer, the PyTorch oracle, the trace schema check). Prints one line
+# per test and a closing "N passed, N failed".
+set -u
+BUILD=${BUILD:-build}
+export BUILD PYTHON=${PYTHON:-$BUILD/venv/bin/python}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} OPENBLAS_NUM_THREADS=1 CK_DEFAULT_TIMEOUT=${CK_DEFAULT_TIMEOUT:-600}
+TMP_ROOT=$(mktemp -d "${TMPDIR:-/tmp}/llama-tests.XXXXXX")
+trap 'rm -rf "$TMP_ROOT"' EXIT
+passed=0 failed=0 failed_names=""
+run_one() {  # name, command...
+    local name=$1; shift
+    local log="$TMP_ROOT/$name.log" start=$SECONDS
+    if TEST_TMP="$TMP_ROOT/$name.d" bash -c 'mkdir -p "$TEST_TMP" && "$@"' _ "$@" >"$log" 2>&1; then
+        passed=$((passed + 1)); echo "PASS $name ($((SECONDS - start))s)"
+    else
+        failed=$((failed + 1)); failed_names="$failed_names $name"
+        echo "FAIL $name ($((SECONDS - start))s)"; sed 's/^/    /' "$log" | tail -60
+    fi
+}
+for t in "$BUILD"/tests/test*; do
+    [ -x "$t" ] && run_one "$(basename "$t")" "$t"
+done
+for t in tests/t_*.sh; do
+    [ -f "$t" ] && run_one "$(basename "$t" .sh)" bash "$t"
+done
+[ -n "$failed_names" ] && echo "failed:$failed_names"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
