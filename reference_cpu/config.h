@@ -41,3 +41,13 @@ size_t model_param_count_non_embedding(const ModelConfig *c);
 // x3 for forward+backward, halved because the causal mask skips the upper triangle.
 // h_q = n_heads * head_dim. See chapters/00_reference/README.md for the derivation.
 double model_flops_per_token(const ModelConfig *c, int seq_len);
+// Forward FLOPs of one transformer block on B sequences of T tokens (matmuls and causal attention);
+// its backward costs twice that. Trace slices carry these as their "flops" argument.
+double model_block_forward_flops(const ModelConfig *c, int B, int T);
+
+// JSON form of the config, stored in checkpoints and dumps. The string is malloc'd.
+char *model_config_to_json(const ModelConfig *c);
+// Fills out from JSON; false with a message in err if a field is missing or has the wrong type.
+bool model_config_from_json(const char *json, ModelConfig *out, char *err, size_t err_len);
+// True when the shapes and numerics-relevant fields agree (the name may differ).
+bool model_config_same_shape(const ModelConfig *a, const ModelConfig *b);

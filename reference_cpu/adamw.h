@@ -1,0 +1,33 @@
+// adamw.h: the optimizer step, gradient clipping and the learning-rate schedule.
+#pragma once
+#include <stddef.h>
+
+#include "reference_cpu/real.h"
+
+typedef struct {
+    double beta1, beta2, eps, weight_decay;
+} AdamWConfig;
+
+// One AdamW step (Loshchilov & Hutter: decoupled weight decay), the same arithmetic as
+// torch.optim.AdamW: p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). step t counts from 1.
+// Works on any slice of the flat buffers, so a sharded optimizer calls it on its shard.
+void adamw_step(real *params, const real *grads, real *m, real *v, size_t n, long long step, double lr,
+                const AdamWConfig *cfg);
+
+double sum_of_squares(const real *x, size_t n);  // accumulated in double, in index order
+void scale_inplace(real *x, size_t n, double factor);
+// As torch.nn.utils.clip_grad_norm_: scales by max_norm / (norm + 1e-6) when that is < 1.
+// Returns the norm before clipping. max_norm <= 0 disables clipping.
+double clip_by_global_norm(real *grads, size_t n, double grad_norm, double max_norm);
+
+typedef enum { DECAY_COSINE, DECAY_LINEAR, DECAY_CONSTANT } LrDecay;
+typedef struct {
+    double peak_lr;
+    double min_lr_ratio;  // the decay ends at peak_lr * min_lr_ratio
+    long long warmup_steps, total_steps;
+    LrDecay decay;
+} LrSchedule;
+// Step counts from 1. Warmup: peak * step / warmup (so step 1 is not 0). Then decay from peak
+// to peak*min_lr_ratio at total_steps.
+double lr_at(const LrSchedule *s, long long step);

@@ -1,0 +1,139 @@
+#include "reference_cpu/checkpoint.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/log.h"
+#include "common/safetensors.h"
+
+#define CHECKPOINT_FORMAT "llama-ref-checkpoint-v1"
+#ifdef REF_FLOAT64
+#define ST_REAL ST_F64
+#else
+#define ST_REAL ST_F32
+#endif
+
+static const char *const STATE_PREFIXES[3] = {"param.", "adam_m.", "adam_v."};
+
+static void add_metadata(StWriter *w, const char *key, const char *value) {
+    char err[512];
+    if (!st_writer_add_metadata(w, key, value, err, sizeof err)) fatal("checkpoint: %s", err);
+}
+
+void checkpoint_path_for_step(const char *dir, long long step, char *out, size_t out_len) {
+    snprintf(out, out_len, "%s/step_%06lld.safetensors", dir, step);
+}
+
+void checkpoint_save(const char *path, const Model *m, const real *adam_m, const real *adam_v, long long step,
+                     const RunIdentity *run) {
+    const real *buffers[3] = {m->params, adam_m, adam_v};
+    char err[1024], name[PARAM_NAME_MAX + 16], text[64];
+    StWriter *w = st_writer_new();
+    for (int b = 0; b < 3; b++)
+        for (int i = 0; i < m->table.count; i++) {
+            const ParamInfo *p = &m->table.items[i];
+            int64_t shape[2] = {p->shape[0], p->shape[1]};
+            snprintf(name, sizeof name, "%s%s", STATE_PREFIXES[b], p->name);
+            if (!st_writer_add(w, name, ST_REAL, p->ndim, shape, buffers[b] + p->offset, err, sizeof err))
+                fatal("checkpoint: %s", err);
+        }
+    char *config = model_config_to_json(&m->cfg);
+    add_metadata(w, "format", CHECKPOINT_FORMAT);
+    add_metadata(w, "dtype", REAL_NAME);
+    add_metadata(w, "config", config);
+    free(config);
+#define ADD_NUMBER(key, fmt, value)               \
+    snprintf(text, sizeof text, fmt, value);      \
+    add_metadata(w, key, text);
+    ADD_NUMBER("step", "%lld", step);
+    ADD_NUMBER("seed", "%" PRIu64, run->seed);
+    ADD_NUMBER("batch", "%d", run->batch);
+    ADD_NUMBER("seq_len", "%d", run->seq_len);
+    ADD_NUMBER("total_steps", "%lld", run->total_steps);
+#undef ADD_NUMBER
+    add_metadata(w, "data", run->data_spec);
+    if (!st_write(w, path, err, sizeof err)) fatal("checkpoint: %s", err);
+    st_writer_free(w);
+}
+
+static const char *require_metadata(const StFile *f, const char *key) {
+    const char *value = st_metadata(f, key);
+    if (!value) fatal_input("%s: not a checkpoint of this trainer (metadata \"%s\" missing)", st_path(f), key);
+    return value;
+}
+
+// Fails unless the checkpoint's value for key equals ours.
+static void expect_same(const StFile *f, const char *key, const char *ours, const char *flag) {
+    const char *theirs = require_metadata(f, key);
+    if (strcmp(theirs, ours) != 0)
+        fatal_input("%s: written with %s %s, this run has %s (resume needs the same run settings)", st_path(f),
+                    flag, theirs, ours);
+}
+
+long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v, const RunIdentity *run) {
+    char err[1024], text[64];
+    StFile *f = st_open(path, err, sizeof err);
+    if (!f) fatal_input("--resume: %s", err);
+    if (strcmp(require_metadata(f, "format"), CHECKPOINT_FORMAT) != 0)
+        fatal_input("%s: unknown checkpoint format \"%s\"", path, st_metadata(f, "format"));
+    expect_same(f, "dtype", REAL_NAME, "dtype");
+    ModelConfig theirs;
+    if (!model_config_from_json(require_metadata(f, "config"), &theirs, err, sizeof err))
+        fatal_input("%s: %s", path, err);
+    if (!model_config_same_shape(&theirs, &m->cfg))
+        fatal_input("%s: written for model %s, which has a different shape from --model %s", path, theirs.name,
+                    m->cfg.name);
+#define EXPECT_NUMBER(key, fmt, value, flag)   \
+    snprintf(text, sizeof text, fmt, value);   \
+    expect_same(f, key, text, flag);
+    EXPECT_NUMBER("seed", "%" PRIu64, run->seed, "--seed");
+    EXPECT_NUMBER("batch", "%d", run->batch, "--batch");
+    EXPECT_NUMBER("seq_len", "%d", run->seq_len, "--seq-len");
+    EXPECT_NUMBER("total_steps", "%lld", run->total_steps, "--steps");
+#undef EXPECT_NUMBER
+    expect_same(f, "data", run->data_spec, "--data");
+    real *buffers[3] = {m->params, adam_m, adam_v};
+    char name[PARAM_NAME_MAX + 16];
+    for (int b = 0; b < 3; b++)
+        for (int i = 0; i < m->table.count; i++) {
+            const ParamInfo *p = &m->table.items[i];
+            int64_t shape[2] = {p->shape[0], p->shape[1]};
+            snprintf(name, sizeof name, "%s%s", STATE_PREFIXES[b], p->name);
+            if (!st_read(f, name, ST_REAL, p->ndim, shape, buffers[b] + p->offset, err, sizeof err))
+                fatal_input("--resume: %s", err);
+        }
+    char *end = NULL;
+    const char *step_text = require_metadata(f, "step");
+    long long step = strtoll(step_text, &end, 10);
+    if (*end || step < 0) fatal_input("%s: bad step \"%s\"", path, step_text);
+    st_close(f);
+    return step;
+}
+
+const char *checkpoint_resolve(const char *path_or_dir, char *out, size_t out_len) {
+    struct stat st;
+    if (stat(path_or_dir, &st) != 0) fatal_input("--resume %s: %s", path_or_dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(out, out_len, "%s", path_or_dir);
+        return out;
+    }
+    DIR *dir = opendir(path_or_dir);
+    if (!dir) fatal_input("--resume %s: cannot read directory (%s)", path_or_dir, strerror(errno));
+    long long best = -1;
+    for (struct dirent *e; (e = readdir(dir));) {
+        long long step;
+        int consumed = 0;
+        if (sscanf(e->d_name, "step_%lld.safetensors%n", &step, &consumed) == 1 && e->d_name[consumed] == 0 &&
+            step > best)
+            best = step;
+    }
+    closedir(dir);
+    if (best < 0) fatal_input("--resume %s: no step_*.safetensors checkpoint in this directory", path_or_dir);
+    checkpoint_path_for_step(path_or_dir, best, out, out_len);
+    return out;
+}

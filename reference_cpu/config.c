@@ -1,0 +1,159 @@
+#include "reference_cpu/config.h"
+
+#include <string.h>
+
+#include "common/log.h"
+
+const char *const MODEL_CONFIG_NAMES = "tiny|small|llama3_1b|llama3_8b|llama3_70b|llama3_405b";
+
+typedef struct {
+    const char *name;
+    int dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, max_seq_len;
+    bool tied;
+    double rope_scaling_factor;
+} NamedConfig;
+
+// tiny: for tests, divisible enough for tp 4, pp 2 x 2 virtual stages, cp 2 (seq 32 = 4 chunks of 8).
+// small: the CPU demo, ~12.6M parameters. The llama3_* entries are the published shapes (Llama 3.2 1B
+// ties its output projection; 3.1 models use RoPE scaling for their 128K context).
+static const NamedConfig NAMED_CONFIGS[] = {
+    {"tiny", 64, 4, 8, 4, 128, 256, 32, false, 0},
+    {"small", 384, 6, 6, 2, 1024, 4096, 256, false, 0},
+    {"llama3_1b", 2048, 16, 32, 8, 8192, 128256, 8192, true, 32},
+    {"llama3_8b", 4096, 32, 32, 8, 14336, 128256, 8192, false, 8},
+    {"llama3_70b", 8192, 80, 64, 8, 28672, 128256, 8192, false, 8},
+    {"llama3_405b", 16384, 126, 128, 8, 53248, 128256, 8192, false, 8},
+};
+
+bool model_config_lookup(const char *name, ModelConfig *out) {
+    for (size_t i = 0; i < sizeof NAMED_CONFIGS / sizeof NAMED_CONFIGS[0]; i++) {
+        const NamedConfig *n = &NAMED_CONFIGS[i];
+        if (strcmp(n->name, name) != 0) continue;
+        memset(out, 0, sizeof *out);
+        snprintf(out->name, sizeof out->name, "%s", n->name);
+        out->dim = n->dim;
+        out->n_layers = n->n_layers;
+        out->n_heads = n->n_heads;
+        out->n_kv_heads = n->n_kv_heads;
+        out->ffn_dim = n->ffn_dim;
+        out->vocab_size = n->vocab_size;
+        out->max_seq_len = n->max_seq_len;
+        out->norm_eps = 1e-5;
+        out->rope_theta = 500000.0;
+        out->tied = n->tied;
+        out->rope_scaling_factor = n->rope_scaling_factor;
+        out->rope_low_freq_factor = 1.0;
+        out->rope_high_freq_factor = 4.0;
+        out->rope_original_max_seq_len = 8192;
+        return true;
+    }
+    return false;
+}
+
+void model_config_validate(const ModelConfig *c, int seq_len) {
+    if (c->dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->ffn_dim <= 0)
+        fatal_input("model %s: dim, layers, heads, kv heads and ffn dim must be positive", c->name);
+    if (c->dim % c->n_heads != 0)
+        fatal_input("model %s: n_heads=%d must divide dim=%d", c->name, c->n_heads, c->dim);
+    if (c->n_heads % c->n_kv_heads != 0)
+        fatal_input("model %s: n_kv_heads=%d must divide n_heads=%d", c->name, c->n_kv_heads, c->n_heads);
+    if (model_head_dim(c) % 2 != 0)
+        fatal_input("model %s: head_dim=%d must be even for RoPE", c->name, model_head_dim(c));
+    if (c->vocab_size < 2) fatal_input("model %s: vocab_size=%d must be at least 2", c->name, c->vocab_size);
+    if (seq_len < 1) fatal_input("--seq-len %d: must be at least 1", seq_len);
+    if (c->rope_theta <= 0) fatal_input("--rope-theta %g: must be positive", c->rope_theta);
+}
+
+int model_head_dim(const ModelConfig *c) { return c->dim / c->n_heads; }
+
+size_t model_param_count_non_embedding(const ModelConfig *c) {
+    size_t h = (size_t)c->dim, hq = (size_t)c->n_heads * model_head_dim(c);
+    size_t hkv = (size_t)c->n_kv_heads * model_head_dim(c), f = (size_t)c->ffn_dim;
+    size_t per_layer = 2 * h            // attention_norm, ffn_norm
+                       + hq * h * 2     // wq, wo
+                       + hkv * h * 2    // wk, wv
+                       + f * h * 3;     // w1, w2, w3
+    return per_layer * (size_t)c->n_layers + h;  // + final norm
+}
+
+size_t model_param_count(const ModelConfig *c) {
+    size_t embedding = (size_t)c->vocab_size * c->dim;
+    return model_param_count_non_embedding(c) + embedding * (c->tied ? 1 : 2);
+}
+
+double model_flops_per_token(const ModelConfig *c, int seq_len) {
+    // Matmul weights: everything but the norms and the embedding lookup; the output projection
+    // always multiplies (tied or not).
+    double norms = (double)c->dim * (2.0 * c->n_layers + 1);
+    double matmul_params = (double)model_param_count_non_embedding(c) - norms + (double)c->vocab_size * c->dim;
+    double hq = (double)c->n_heads * model_head_dim(c);
+    return 6.0 * matmul_params + 6.0 * c->n_layers * hq * seq_len;
+}
+
+double model_block_forward_flops(const ModelConfig *c, int B, int T) {
+    double hd = model_head_dim(c), hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
+    double matmul_params = 2 * hq * c->dim + 2 * hkv * c->dim + 3.0 * c->ffn_dim * c->dim;
+    return 2.0 * B * T * matmul_params + 2.0 * B * hq * (double)T * T;  // QK^T and PV, causal half
+}
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+
+#define CONFIG_INT_FIELDS(X) \
+    X(dim) X(n_layers) X(n_heads) X(n_kv_heads) X(ffn_dim) X(vocab_size) X(max_seq_len) X(rope_original_max_seq_len)
+#define CONFIG_DOUBLE_FIELDS(X) \
+    X(norm_eps) X(rope_theta) X(rope_scaling_factor) X(rope_low_freq_factor) X(rope_high_freq_factor)
+
+char *model_config_to_json(const ModelConfig *c) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", c->name);
+#define ADD_FIELD(f) cJSON_AddNumberToObject(o, #f, c->f);
+    CONFIG_INT_FIELDS(ADD_FIELD)
+    CONFIG_DOUBLE_FIELDS(ADD_FIELD)
+#undef ADD_FIELD
+    cJSON_AddBoolToObject(o, "tied", c->tied);
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return text;
+}
+
+bool model_config_from_json(const char *json, ModelConfig *out, char *err, size_t err_len) {
+    cJSON *o = cJSON_Parse(json);
+    if (!cJSON_IsObject(o)) {
+        snprintf(err, err_len, "model config is not a JSON object");
+        cJSON_Delete(o);
+        return false;
+    }
+    memset(out, 0, sizeof *out);
+    const cJSON *item;
+    bool ok = true;
+#define GET_FIELD(f)                                                                      \
+    item = cJSON_GetObjectItemCaseSensitive(o, #f);                                       \
+    if (ok && !cJSON_IsNumber(item)) {                                                    \
+        snprintf(err, err_len, "model config: field \"%s\" missing or not a number", #f); \
+        ok = false;                                                                       \
+    }                                                                                     \
+    if (ok) out->f = item->valuedouble;
+    CONFIG_INT_FIELDS(GET_FIELD)
+    CONFIG_DOUBLE_FIELDS(GET_FIELD)
+#undef GET_FIELD
+    item = cJSON_GetObjectItemCaseSensitive(o, "tied");
+    if (ok && !cJSON_IsBool(item)) {
+        snprintf(err, err_len, "model config: field \"tied\" missing or not a boolean");
+        ok = false;
+    }
+    if (ok) out->tied = cJSON_IsTrue(item);
+    item = cJSON_GetObjectItemCaseSensitive(o, "name");
+    snprintf(out->name, sizeof out->name, "%s", cJSON_IsString(item) ? item->valuestring : "custom");
+    cJSON_Delete(o);
+    return ok;
+}
+
+bool model_config_same_shape(const ModelConfig *a, const ModelConfig *b) {
+    bool same = a->tied == b->tied;
+#define SAME_FIELD(f) same = same && a->f == b->f;
+    CONFIG_INT_FIELDS(SAME_FIELD)
+    CONFIG_DOUBLE_FIELDS(SAME_FIELD)
+#undef SAME_FIELD
+    return same;
+}

@@ -1,0 +1,440 @@
+// ops.c: the reference ops, forward and backward side by side. Loops are parallel only over
+// independent outputs (rows, heads), never over a reduction, so results do not depend on the
+// number of threads: a run is bit-reproducible.
+#include "reference_cpu/ops.h"
+
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/mem.h"
+
+#ifdef HAVE_OPENBLAS
+#include <cblas.h>
+#ifdef REF_FLOAT64
+#define gemm_r cblas_dgemm
+#else
+#define gemm_r cblas_sgemm
+#endif
+#endif
+
+// Dot product and axpy: the inner loops of matmul and attention. `omp simd reduction` lets the
+// compiler vectorise the sum (a fixed order per binary, so still deterministic run to run).
+static inline real dot(const real *a, const real *b, int n) {
+    real sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < n; i++) sum += a[i] * b[i];
+    return sum;
+}
+
+static inline void axpy(real *y, real alpha, const real *x, int n) {
+#pragma omp simd
+    for (int i = 0; i < n; i++) y[i] += alpha * x[i];
+}
+
+// ================================ matmul ========================================================
+
+#ifdef HAVE_OPENBLAS
+static MatmulBackend matmul_backend = MATMUL_BLAS;
+#else
+static MatmulBackend matmul_backend = MATMUL_LOOP;
+#endif
+
+bool matmul_blas_available(void) {
+#ifdef HAVE_OPENBLAS
+    return true;
+#else
+    return false;
+#endif
+}
+void matmul_set_backend(MatmulBackend backend) { matmul_backend = matmul_blas_available() ? backend : MATMUL_LOOP; }
+MatmulBackend matmul_get_backend(void) { return matmul_backend; }
+
+// out (M,N) = inp (M,K) . weight (N,K)^T
+static void matmul_forward_loop(real *out, const real *inp, const real *weight, int M, int K, int N) {
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) out[(size_t)m * N + n] = dot(inp + (size_t)m * K, weight + (size_t)n * K, K);
+}
+
+static void matmul_backward_loop(real *dinp, real *dweight, const real *dout, const real *inp,
+                                 const real *weight, int M, int K, int N) {
+    if (dinp) {  // dinp[m,:] += sum_n dout[m,n] * weight[n,:]
+#pragma omp parallel for schedule(static)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) axpy(dinp + (size_t)m * K, dout[(size_t)m * N + n], weight + (size_t)n * K, K);
+    }
+    if (dweight) {  // dweight[n,:] += sum_m dout[m,n] * inp[m,:]; each thread owns whole rows n
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++)
+            for (int m = 0; m < M; m++) axpy(dweight + (size_t)n * K, dout[(size_t)m * N + n], inp + (size_t)m * K, K);
+    }
+}
+
+void matmul_forward(real *out, const real *inp, const real *weight, int M, int K, int N) {
+#ifdef HAVE_OPENBLAS
+    if (matmul_backend == MATMUL_BLAS) {
+        gemm_r(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, inp, K, weight, K, 0, out, N);
+        return;
+    }
+#endif
+    matmul_forward_loop(out, inp, weight, M, K, N);
+}
+
+void matmul_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight,
+                     int M, int K, int N) {
+#ifdef HAVE_OPENBLAS
+    if (matmul_backend == MATMUL_BLAS) {
+        if (dinp) gemm_r(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1, dout, N, weight, K, 1, dinp, K);
+        if (dweight) gemm_r(CblasRowMajor, CblasTrans, CblasNoTrans, N, K, M, 1, dout, N, inp, K, 1, dweight, K);
+        return;
+    }
+#endif
+    matmul_backward_loop(dinp, dweight, dout, inp, weight, M, K, N);
+}
+
+// ================================ embedding =====================================================
+
+void embedding_forward(real *out, const int *tokens, const real *table, int N, int C) {
+    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, table + (size_t)tokens[n] * C, sizeof(real) * C);
+}
+
+// Serial: two positions holding the same token add into the same row.
+void embedding_backward(real *dtable, const real *dout, const int *tokens, int N, int C) {
+    for (int n = 0; n < N; n++) axpy(dtable + (size_t)tokens[n] * C, 1, dout + (size_t)n * C, C);
+}
+
+// ================================ RMSNorm =======================================================
+
+// out = inp * rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps). Sums in double: C can be 16384.
+void rmsnorm_forward(real *out, real *rstd, const real *inp, const real *weight, int N, int C, double eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const real *x = inp + (size_t)n * C;
+        double sum_sq = 0;
+        for (int i = 0; i < C; i++) sum_sq += (double)x[i] * x[i];
+        real r = (real)(1.0 / sqrt(sum_sq / C + eps));
+        rstd[n] = r;
+        real *y = out + (size_t)n * C;
+        for (int i = 0; i < C; i++) y[i] = x[i] * r * weight[i];
+    }
+}
+
+// With y_i = x_i r w_i and r = (mean(x^2) + eps)^-1/2:
+//   dx_i = r w_i dy_i - x_i r^3 / C * sum_k dy_k w_k x_k ;   dw_i += sum_rows dy_i x_i r
+void rmsnorm_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight,
+                      const real *rstd, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const real *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        real r = rstd[n];
+        double proj = 0;
+        for (int i = 0; i < C; i++) proj += (double)dy[i] * weight[i] * x[i];
+        real coef = (real)(proj * r * r * r / C);
+        real *dx = dinp + (size_t)n * C;
+        for (int i = 0; i < C; i++) dx[i] += r * weight[i] * dy[i] - x[i] * coef;
+    }
+    for (int n = 0; n < N; n++) {  // serial over rows: a fixed summation order for dweight
+        const real *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        real r = rstd[n];
+        for (int i = 0; i < C; i++) dweight[i] += dy[i] * x[i] * r;
+    }
+}
+
+// ================================ RoPE ==========================================================
+
+// Llama 3.1 frequency scaling: long wavelengths (low frequencies) are slowed by `factor`, short ones
+// kept, and the band between is interpolated smoothly.
+static double rope_scaled_frequency(double freq, double factor, double low_ff, double high_ff, int original_max) {
+    double wavelen = 2.0 * M_PI / freq;
+    double low_freq_wavelen = original_max / low_ff, high_freq_wavelen = original_max / high_ff;
+    if (wavelen < high_freq_wavelen) return freq;
+    if (wavelen > low_freq_wavelen) return freq / factor;
+    double smooth = (original_max / wavelen - low_ff) / (high_ff - low_ff);
+    return (1.0 - smooth) * freq / factor + smooth * freq;
+}
+
+RopeTable rope_table_build(int max_pos, int head_dim, double theta, double scaling_factor,
+                           double low_freq_factor, double high_freq_factor, int original_max_pos) {
+    RopeTable t = {max_pos, head_dim, NULL, NULL};
+    int half = head_dim / 2;
+    t.cos = mem_alloc(MEM_OTHER, sizeof(real) * (size_t)max_pos * half);
+    t.sin = mem_alloc(MEM_OTHER, sizeof(real) * (size_t)max_pos * half);
+    for (int i = 0; i < half; i++) {
+        double freq = pow(theta, -2.0 * i / head_dim);
+        if (scaling_factor > 0)
+            freq = rope_scaled_frequency(freq, scaling_factor, low_freq_factor, high_freq_factor, original_max_pos);
+        for (int p = 0; p < max_pos; p++) {
+            t.cos[(size_t)p * half + i] = (real)cos(p * freq);
+            t.sin[(size_t)p * half + i] = (real)sin(p * freq);
+        }
+    }
+    return t;
+}
+
+void rope_table_free(RopeTable *t) {
+    mem_free(t->cos);
+    mem_free(t->sin);
+    t->cos = t->sin = NULL;
+}
+
+// Rotates each pair (x[2i], x[2i+1]) by +angle (sign = 1) or -angle (sign = -1: the transpose,
+// which is what backward needs since a rotation's inverse is its transpose).
+static void rope_rotate(real *x, const RopeTable *t, const int *positions, int B, int T, int n_heads, real sign) {
+    int hd = t->head_dim, half = hd / 2;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int tt = 0; tt < T; tt++) {
+            int pos = positions ? positions[tt] : tt;
+            const real *c = t->cos + (size_t)pos * half, *s = t->sin + (size_t)pos * half;
+            for (int h = 0; h < n_heads; h++) {
+                real *v = x + (((size_t)b * T + tt) * n_heads + h) * hd;
+                for (int i = 0; i < half; i++) {
+                    real x0 = v[2 * i], x1 = v[2 * i + 1], sn = sign * s[i];
+                    v[2 * i] = x0 * c[i] - x1 * sn;
+                    v[2 * i + 1] = x0 * sn + x1 * c[i];
+                }
+            }
+        }
+}
+
+void rope_forward(real *x, const RopeTable *t, const int *positions, int B, int T, int n_heads) {
+    rope_rotate(x, t, positions, B, T, n_heads, 1);
+}
+
+void rope_backward(real *dx, const RopeTable *t, const int *positions, int B, int T, int n_heads) {
+    rope_rotate(dx, t, positions, B, T, n_heads, -1);
+}
+
+// ================================ attention =====================================================
+// Indexing: q/out/dq element (b, i, h, d) at ((b*Tq + i)*H + h)*hd + d; k/v at ((b*Tk + j)*KV + g)*hd + d.
+// Work is split over (b, kv head g) so that the heads sharing a kv head (GQA) write dk/dv from one
+// thread only.
+
+static inline bool attn_visible(const AttnShape *s, int i, int j) {
+    if (!s->causal) return true;
+    int qp = s->q_pos ? s->q_pos[i] : i, kp = s->k_pos ? s->k_pos[j] : j;
+    return kp <= qp;
+}
+
+static inline const real *q_row(const real *q, const AttnShape *s, int b, int i, int h) {
+    return q + (((size_t)b * s->Tq + i) * s->n_heads + h) * s->head_dim;
+}
+static inline const real *kv_row(const real *k, const AttnShape *s, int b, int j, int g) {
+    return k + (((size_t)b * s->Tk + j) * s->n_kv_heads + g) * s->head_dim;
+}
+
+void attention_naive_forward(real *out, real *probs, const real *q, const real *k, const real *v,
+                             const AttnShape *s) {
+    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
+    real scale = (real)(1.0 / sqrt((double)hd));
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < s->B; b++)
+        for (int h = 0; h < s->n_heads; h++)
+            for (int i = 0; i < s->Tq; i++) {
+                int g = h / group;
+                real *p = probs + (((size_t)b * s->n_heads + h) * s->Tq + i) * s->Tk;
+                real max_score = -INFINITY;
+                for (int j = 0; j < s->Tk; j++) {
+                    p[j] = attn_visible(s, i, j) ? dot(q_row(q, s, b, i, h), kv_row(k, s, b, j, g), hd) * scale : -INFINITY;
+                    if (p[j] > max_score) max_score = p[j];
+                }
+                double sum = 0;
+                for (int j = 0; j < s->Tk; j++) {
+                    p[j] = max_score == -INFINITY ? 0 : exp_r(p[j] - max_score);
+                    sum += p[j];
+                }
+                real *o = (real *)q_row(out, s, b, i, h);
+                memset(o, 0, sizeof(real) * hd);
+                for (int j = 0; j < s->Tk; j++) {
+                    if (sum > 0) p[j] = (real)(p[j] / sum);
+                    if (p[j] != 0) axpy(o, p[j], kv_row(v, s, b, j, g), hd);
+                }
+            }
+}
+
+// With P = softmax(S), S = scale Q K^T, O = P V:
+//   dV = P^T dO ;  dP = dO V^T ;  dS = P * (dP - rowsum(P * dP)) ;  dQ = scale dS K ;  dK = scale dS^T Q
+void attention_naive_backward(real *dq, real *dk, real *dv, const real *dout, const real *q, const real *k,
+                              const real *v, const real *probs, const AttnShape *s) {
+    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
+    real scale = (real)(1.0 / sqrt((double)hd));
+#pragma omp parallel
+    {
+        real *dp = malloc(sizeof(real) * s->Tk);
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < s->B; b++)
+            for (int g = 0; g < s->n_kv_heads; g++)
+                for (int h = g * group; h < (g + 1) * group; h++)
+                    for (int i = 0; i < s->Tq; i++) {
+                        const real *p = probs + (((size_t)b * s->n_heads + h) * s->Tq + i) * s->Tk;
+                        const real *dO = q_row(dout, s, b, i, h);
+                        double p_dot_dp = 0;
+                        for (int j = 0; j < s->Tk; j++) {
+                            dp[j] = p[j] != 0 ? dot(dO, kv_row(v, s, b, j, g), hd) : 0;
+                            p_dot_dp += (double)p[j] * dp[j];
+                        }
+                        for (int j = 0; j < s->Tk; j++) {
+                            if (p[j] == 0) continue;
+                            real ds = p[j] * (dp[j] - (real)p_dot_dp) * scale;
+                            axpy((real *)kv_row(dv, s, b, j, g), p[j], dO, hd);
+                            axpy((real *)q_row(dq, s, b, i, h), ds, kv_row(k, s, b, j, g), hd);
+                            axpy((real *)kv_row(dk, s, b, j, g), ds, q_row(q, s, b, i, h), hd);
+                        }
+                    }
+        free(dp);
+    }
+}
+
+// Blockwise attention. For each query row we walk the keys in tiles of ATTN_TILE, keeping a running
+// max m, running normaliser l and an unnormalised output accumulator; a new tile rescales the old
+// state by exp(m_old - m_new). The result equals softmax(S) V without ever storing a row of S.
+#define ATTN_TILE 64
+
+// True when no key of the tile [j0, j1) is visible to query i (the whole tile can be skipped).
+static bool tile_masked(const AttnShape *s, int i, int j0, int j1) {
+    if (!s->causal) return false;
+    for (int j = j0; j < j1; j++)
+        if (attn_visible(s, i, j)) return false;
+    return true;
+}
+
+void attention_flash_forward(real *out, real *lse, const real *q, const real *k, const real *v,
+                             const AttnShape *s) {
+    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
+    real scale = (real)(1.0 / sqrt((double)hd));
+#pragma omp parallel for collapse(3) schedule(dynamic, 4)
+    for (int b = 0; b < s->B; b++)
+        for (int h = 0; h < s->n_heads; h++)
+            for (int i = 0; i < s->Tq; i++) {
+                int g = h / group;
+                const real *qi = q_row(q, s, b, i, h);
+                real *o = (real *)q_row(out, s, b, i, h);
+                real m = -INFINITY, l = 0, scores[ATTN_TILE];
+                memset(o, 0, sizeof(real) * hd);
+                for (int j0 = 0; j0 < s->Tk; j0 += ATTN_TILE) {
+                    int j1 = j0 + ATTN_TILE < s->Tk ? j0 + ATTN_TILE : s->Tk;
+                    if (tile_masked(s, i, j0, j1)) continue;
+                    real tile_max = -INFINITY;
+                    for (int j = j0; j < j1; j++) {
+                        scores[j - j0] = attn_visible(s, i, j) ? dot(qi, kv_row(k, s, b, j, g), hd) * scale : -INFINITY;
+                        if (scores[j - j0] > tile_max) tile_max = scores[j - j0];
+                    }
+                    real m_new = tile_max > m ? tile_max : m;
+                    real correction = exp_r(m - m_new);  // exp(-inf) = 0 on the first tile
+                    l *= correction;
+                    for (int d = 0; d < hd; d++) o[d] *= correction;
+                    for (int j = j0; j < j1; j++) {
+                        if (scores[j - j0] == -INFINITY) continue;
+                        real p = exp_r(scores[j - j0] - m_new);
+                        l += p;
+                        axpy(o, p, kv_row(v, s, b, j, g), hd);
+                    }
+                    m = m_new;
+                }
+                real *row_lse = lse + ((size_t)b * s->n_heads + h) * s->Tq + i;
+                if (l > 0) {
+                    for (int d = 0; d < hd; d++) o[d] /= l;
+                    *row_lse = m + log_r(l);
+                } else {
+                    *row_lse = -INFINITY;  // saw no key: output 0 (ring attention merges such rows away)
+                }
+            }
+}
+
+// FlashAttention-2 backward: P is recomputed tile by tile as exp(S - lse); D_i = dO_i . O_i
+// replaces rowsum(P * dP), which is the same number without needing the whole row of P.
+void attention_flash_backward(real *dq, real *dk, real *dv, const real *dout, const real *q, const real *k,
+                              const real *v, const real *out, const real *lse, const AttnShape *s) {
+    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
+    real scale = (real)(1.0 / sqrt((double)hd));
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int b = 0; b < s->B; b++)
+        for (int g = 0; g < s->n_kv_heads; g++)
+            for (int h = g * group; h < (g + 1) * group; h++)
+                for (int i = 0; i < s->Tq; i++) {
+                    real row_lse = lse[((size_t)b * s->n_heads + h) * s->Tq + i];
+                    if (row_lse == -INFINITY) continue;
+                    const real *qi = q_row(q, s, b, i, h), *dOi = q_row(dout, s, b, i, h);
+                    real D = dot(dOi, q_row(out, s, b, i, h), hd);
+                    real *dqi = (real *)q_row(dq, s, b, i, h);
+                    for (int j0 = 0; j0 < s->Tk; j0 += ATTN_TILE) {
+                        int j1 = j0 + ATTN_TILE < s->Tk ? j0 + ATTN_TILE : s->Tk;
+                        if (tile_masked(s, i, j0, j1)) continue;
+                        for (int j = j0; j < j1; j++) {
+                            if (!attn_visible(s, i, j)) continue;
+                            const real *kj = kv_row(k, s, b, j, g);
+                            real p = exp_r(dot(qi, kj, hd) * scale - row_lse);
+                            real dp = dot(dOi, kv_row(v, s, b, j, g), hd);
+                            real ds = p * (dp - D) * scale;
+                            axpy((real *)kv_row(dv, s, b, j, g), p, dOi, hd);
+                            axpy(dqi, ds, kj, hd);
+                            axpy((real *)kv_row(dk, s, b, j, g), ds, qi, hd);
+                        }
+                    }
+                }
+}
+
+// ================================ SwiGLU ========================================================
+
+static inline real sigmoid_r(real x) { return 1 / (1 + exp_r(-x)); }
+
+void swiglu_forward(real *out, const real *gate, const real *up, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = gate[i] * sigmoid_r(gate[i]) * up[i];
+}
+
+// silu(g) = g s(g), silu'(g) = s(g) (1 + g (1 - s(g)))
+void swiglu_backward(real *dgate, real *dup, const real *dout, const real *gate, const real *up, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        real sg = sigmoid_r(gate[i]);
+        dgate[i] += dout[i] * up[i] * sg * (1 + gate[i] * (1 - sg));
+        dup[i] += dout[i] * gate[i] * sg;
+    }
+}
+
+// ================================ cross-entropy =================================================
+
+static int count_valid_targets(const int *targets, int N) {
+    int n_valid = 0;
+    for (int n = 0; n < N; n++) n_valid += targets[n] != IGNORE_INDEX;
+    return n_valid;
+}
+
+double cross_entropy_forward(real *lse, const real *logits, const int *targets, int N, int V) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const real *x = logits + (size_t)n * V;
+        real max_logit = -INFINITY;
+        for (int j = 0; j < V; j++) max_logit = x[j] > max_logit ? x[j] : max_logit;
+        double sum = 0;
+        for (int j = 0; j < V; j++) sum += exp((double)(x[j] - max_logit));
+        lse[n] = (real)(max_logit + log(sum));
+    }
+    double total = 0;  // summed in row order: deterministic whatever the threads
+    for (int n = 0; n < N; n++)
+        if (targets[n] != IGNORE_INDEX) total += (double)lse[n] - logits[(size_t)n * V + targets[n]];
+    int n_valid = count_valid_targets(targets, N);
+    return n_valid ? total / n_valid : 0.0;
+}
+
+void cross_entropy_backward(real *dlogits, const real *logits, const real *lse, const int *targets, int N, int V,
+                            double dloss) {
+    int n_valid = count_valid_targets(targets, N);
+    if (n_valid == 0) return;
+    real coef = (real)(dloss / n_valid);
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        if (targets[n] == IGNORE_INDEX) continue;
+        const real *x = logits + (size_t)n * V;
+        real *dx = dlogits + (size_t)n * V;
+        for (int j = 0; j < V; j++) dx[j] += coef * exp_r(x[j] - lse[n]);
+        dx[targets[n]] -= coef;
+    }
+}
+
+void add_inplace(real *x, const real *y, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}

@@ -1,0 +1,86 @@
+#include "reference_cpu/params.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/rng.h"
+
+#define INIT_STD 0.02
+
+static void add_param(ParamTable *t, int capacity, const char *name, int rows, int cols, int layer, TpSplit split,
+                      ParamInit init, double std) {
+    if (t->count >= capacity) fatal("parameter table overflow");
+    ParamInfo *p = &t->items[t->count++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = cols > 0 ? 2 : 1;
+    p->shape[0] = rows;
+    p->shape[1] = cols;
+    p->numel = (size_t)rows * (cols > 0 ? (size_t)cols : 1);
+    p->offset = t->total_numel;
+    p->layer = layer;
+    p->tp_split = split;
+    p->init = init;
+    p->init_std = std;
+    t->total_numel += p->numel;
+}
+
+ParamTable param_table_build(const ModelConfig *c) {
+    ParamTable t = {0};
+    int capacity = 9 * c->n_layers + 3;
+    t.items = calloc((size_t)capacity, sizeof(ParamInfo));
+    int hd = model_head_dim(c), hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
+    double residual_std = INIT_STD / sqrt(2.0 * c->n_layers);
+    char name[PARAM_NAME_MAX];
+    add_param(&t, capacity, "tok_embeddings.weight", c->vocab_size, c->dim, LAYER_EMBEDDING, TP_ROWS, INIT_NORMAL, INIT_STD);
+    for (int l = 0; l < c->n_layers; l++) {
+#define LAYER_PARAM(suffix, rows, cols, split, init, std)                  \
+    snprintf(name, sizeof name, "layers.%d.%s", l, suffix);               \
+    add_param(&t, capacity, name, rows, cols, l, split, init, std)
+        LAYER_PARAM("attention_norm.weight", c->dim, 0, TP_NONE, INIT_ONES, 0);
+        LAYER_PARAM("attention.wq.weight", hq, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
+        LAYER_PARAM("attention.wk.weight", hkv, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
+        LAYER_PARAM("attention.wv.weight", hkv, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
+        LAYER_PARAM("attention.wo.weight", c->dim, hq, TP_COLS, INIT_NORMAL, residual_std);
+        LAYER_PARAM("ffn_norm.weight", c->dim, 0, TP_NONE, INIT_ONES, 0);
+        LAYER_PARAM("feed_forward.w1.weight", c->ffn_dim, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
+        LAYER_PARAM("feed_forward.w2.weight", c->dim, c->ffn_dim, TP_COLS, INIT_NORMAL, residual_std);
+        LAYER_PARAM("feed_forward.w3.weight", c->ffn_dim, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
+#undef LAYER_PARAM
+    }
+    add_param(&t, capacity, "norm.weight", c->dim, 0, c->n_layers, TP_NONE, INIT_ONES, 0);
+    if (!c->tied)
+        add_param(&t, capacity, "output.weight", c->vocab_size, c->dim, c->n_layers, TP_ROWS, INIT_NORMAL, INIT_STD);
+    return t;
+}
+
+void param_table_free(ParamTable *t) {
+    free(t->items);
+    memset(t, 0, sizeof *t);
+}
+
+const ParamInfo *param_table_find(const ParamTable *t, const char *name) {
+    for (int i = 0; i < t->count; i++)
+        if (strcmp(t->items[i].name, name) == 0) return &t->items[i];
+    return NULL;
+}
+
+void param_table_layer_range(const ParamTable *t, int layer, int *first, int *end) {
+    *first = *end = -1;
+    for (int i = 0; i < t->count; i++) {
+        if (t->items[i].layer != layer) continue;
+        if (*first < 0) *first = i;
+        *end = i + 1;
+    }
+}
+
+real param_init_value(const ParamInfo *p, uint64_t seed, size_t element_index) {
+    if (p->init == INIT_ONES) return 1;
+    return (real)(p->init_std * rng_normal(seed, hash_string(p->name), element_index));
+}
+
+void param_init_range(const ParamInfo *p, uint64_t seed, size_t first, size_t count, real *out) {
+    for (size_t i = 0; i < count; i++) out[i] = param_init_value(p, seed, first + i);
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Writes a pre-tokenized file that the trainer reads with --data tokens:PATH (common/data.c).
+
+Format (little-endian, described in common/DATA.md):
+    8 bytes   magic b"LLMTOK1\\0"
+    u32       bytes per token, 2 or 4
+    u32       reserved, 0
+    u64       token count
+    count * (bytes per token)   the token ids
+
+Inputs:
+    --text FILE   the file's bytes are the tokens (ids 0..255, as the text:PATH source reads it)
+    --ids FILE    whitespace- or comma-separated decimal ids ("-" reads standard input)
+
+    python3 scripts/make_token_file.py --ids ids.txt --vocab-size 32000 out.tok
+"""
+import argparse
+import array
+import os
+import re
+import struct
+import sys
+
+MAGIC = b"LLMTOK1\0"
+
+
+def read_ids(path):
+    text = sys.stdin.read() if path == "-" else open(path, encoding="ascii").read()
+    fields = [f for f in re.split(r"[\s,]+", text) if f]
+    ids = []
+    for position, field in enumerate(fields):
+        if not re.fullmatch(r"[0-9]+", field):
+            sys.exit(f"make_token_file: {path}: id {position} is '{field}', not a non-negative integer")
+        ids.append(int(field))
+    return ids
+
+
+def choose_width(ids, requested):
+    largest = max(ids, default=0)
+    width = requested or (2 if largest < 1 << 16 else 4)
+    if largest >= 1 << (8 * width):
+        sys.exit(f"make_token_file: id {largest} does not fit in {width} bytes per token")
+    return width
+
+
+def encode(ids, width):
+    # array's 'H' and 'I' are 2 and 4 bytes on every platform CPython supports; checked anyway.
+    values = array.array("H" if width == 2 else "I", ids)
+    assert values.itemsize == width
+    if sys.byteorder != "little":
+        values.byteswap()
+    return struct.pack("<8sIIQ", MAGIC, width, 0, len(ids)) + values.tobytes()
+
+
+def write_atomically(path, blob):
+    # A crash mid-write must not leave a truncated file under the final name.
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", metavar="FILE", help="use the file's bytes as tokens")
+    source.add_argument("--ids", metavar="FILE", help="decimal token ids, '-' for standard input")
+    parser.add_argument("--width", type=int, choices=(2, 4), help="bytes per token (default: 2 if every id fits)")
+    parser.add_argument("--vocab-size", type=int, help="refuse ids >= this (what the C reader checks)")
+    parser.add_argument("output")
+    args = parser.parse_args()
+
+    if args.text is not None:
+        with open(args.text, "rb") as f:
+            ids = list(f.read())
+    else:
+        ids = read_ids(args.ids)
+    if args.vocab_size is not None:
+        for position, token in enumerate(ids):
+            if token >= args.vocab_size:
+                sys.exit(f"make_token_file: token {position} is {token}, not below --vocab-size {args.vocab_size}")
+    width = choose_width(ids, args.width)
+    write_atomically(args.output, encode(ids, width))
+    print(f"make_token_file: wrote {args.output}: {len(ids)} tokens x {width} bytes")
+
+
+if __name__ == "__main__":
+    main()
