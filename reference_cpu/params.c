@@ -82,5 +82,11 @@ real param_init_value(const ParamInfo *p, uint64_t seed, size_t element_index) {
 }
 
 void param_init_range(const ParamInfo *p, uint64_t seed, size_t first, size_t count, real *out) {
-    for (size_t i = 0; i < count; i++) out[i] = param_init_value(p, seed, first + i);
+    if (p->init == INIT_ONES) {
+        for (size_t i = 0; i < count; i++) out[i] = 1;
+        return;
+    }
+    uint64_t stream = hash_string(p->name);  // the same stream param_init_value uses, hashed once
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < count; i++) out[i] = (real)(p->init_std * rng_normal(seed, stream, first + i));
 }

@@ -256,6 +256,7 @@ END_TEST
 int main(void) {
     Suite *s = suite_create("gradcheck (float64, finite differences)");
     TCase *ops = tcase_create("ops");
+    tcase_set_timeout(ops, 300);
     tcase_add_test(ops, test_matmul_blas);
     tcase_add_test(ops, test_matmul_loop);
     tcase_add_test(ops, test_embedding);
@@ -269,6 +270,7 @@ int main(void) {
     tcase_add_test(ops, test_cross_entropy);
     suite_add_tcase(s, ops);
     TCase *model = tcase_create("model");
+    tcase_set_timeout(model, 300);
     tcase_add_test(model, test_model_untied_flash);
     tcase_add_test(model, test_model_tied_naive);
     suite_add_tcase(s, model);

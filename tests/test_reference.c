@@ -1,0 +1,273 @@
+// test_reference.c: fp32 checks of the reference that need no oracle: implementations of the same
+// op agree (tolerances.h: FP32_ORDER_*), the generator matches its published answers, init is
+// sharding-independent, a step is bit-reproducible, and the shape arithmetic is right.
+#include <string.h>
+
+#include "common/rng.h"
+#include "reference_cpu/adamw.h"
+#include "reference_cpu/model.h"
+#include "tests/test_util.h"
+#include "tests/tolerances.h"
+
+// Known-answer vectors for Philox4x32-10 from the Random123 distribution (kat_vectors).
+START_TEST(test_philox_known_answers) {
+    struct { uint32_t ctr[4], key[2], expect[4]; } kat[] = {
+        {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+        {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff},
+         {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+        {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0},
+         {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+    };
+    for (int i = 0; i < 3; i++) {
+        uint32_t out[4];
+        philox4x32_10(kat[i].ctr, kat[i].key, out);
+        for (int j = 0; j < 4; j++)
+            ck_assert_msg(out[j] == kat[i].expect[j], "philox vector %d word %d: %08x, expected %08x", i, j, out[j],
+                          kat[i].expect[j]);
+    }
+}
+END_TEST
+
+START_TEST(test_normal_moments) {  // 200k draws: mean within 5 sigma (0.011), variance within 0.02
+    double sum = 0, sum_sq = 0;
+    int n = 200000;
+    for (int i = 0; i < n; i++) {
+        double x = rng_normal(9, 1, i);
+        sum += x, sum_sq += x * x;
+    }
+    double mean = sum / n, var = sum_sq / n - mean * mean;
+    ck_assert_msg(fabs(mean) < 0.011 && fabs(var - 1) < 0.02, "normal: mean %.4f var %.4f", mean, var);
+}
+END_TEST
+
+// Any slice of a parameter, built on its own, equals the same slice of the whole tensor.
+START_TEST(test_init_is_sharding_independent) {
+    ModelConfig cfg;
+    model_config_lookup("tiny", &cfg);
+    ParamTable t = param_table_build(&cfg);
+    for (int i = 0; i < t.count; i++) {
+        const ParamInfo *p = &t.items[i];
+        real *whole = new_zeros(p->numel), *piece = new_zeros(p->numel);
+        param_init_range(p, 1234, 0, p->numel, whole);
+        for (int shards = 2; shards <= 8; shards *= 2) {
+            size_t per = (p->numel + shards - 1) / shards;
+            for (int r = 0; r < shards; r++) {
+                size_t first = r * per, count = first >= p->numel ? 0 : (p->numel - first < per ? p->numel - first : per);
+                param_init_range(p, 1234, first, count, piece + first);
+            }
+            expect_equal_bits(p->name, piece, whole, p->numel);
+        }
+        ck_assert(whole[p->numel / 2] == param_init_value(p, 1234, p->numel / 2));
+        free(whole);
+        free(piece);
+    }
+    param_table_free(&t);
+}
+END_TEST
+
+START_TEST(test_init_statistics) {  // each weight has the std the table promises
+    ModelConfig cfg;
+    model_config_lookup("small", &cfg);
+    ParamTable t = param_table_build(&cfg);
+    const char *names[] = {"layers.0.attention.wq.weight", "layers.3.feed_forward.w2.weight", "output.weight"};
+    for (int i = 0; i < 3; i++) {
+        const ParamInfo *p = param_table_find(&t, names[i]);
+        real *w = new_zeros(p->numel);
+        param_init_range(p, 5, 0, p->numel, w);
+        double std = sqrt(sum_of_squares(w, p->numel) / p->numel);
+        ck_assert_msg(fabs(std / p->init_std - 1) < 0.01, "%s: std %.5f, expected %.5f", p->name, std, p->init_std);
+        free(w);
+    }
+    param_table_free(&t);
+}
+END_TEST
+
+START_TEST(test_matmul_backends_agree) {
+    if (!matmul_blas_available()) return;
+    int M = 37, K = 300, N = 53;
+    real *inp = new_normal(M * K, 1, 1), *w = new_normal(N * K, 1, 2), *dout = new_normal(M * N, 1, 3);
+    real *out[2], *dinp[2], *dw[2];
+    MatmulBackend backends[2] = {MATMUL_BLAS, MATMUL_LOOP};
+    for (int b = 0; b < 2; b++) {
+        matmul_set_backend(backends[b]);
+        out[b] = new_zeros(M * N), dinp[b] = new_zeros(M * K), dw[b] = new_zeros(N * K);
+        matmul_forward(out[b], inp, w, M, K, N);
+        matmul_backward(dinp[b], dw[b], dout, inp, w, M, K, N);
+    }
+    matmul_set_backend(MATMUL_BLAS);
+    expect_close("matmul out (loop vs blas)", out[1], out[0], M * N, FP32_ORDER_RTOL, FP32_ORDER_ATOL * 20);
+    expect_close("matmul dinp (loop vs blas)", dinp[1], dinp[0], M * K, FP32_ORDER_RTOL, FP32_ORDER_ATOL * 20);
+    expect_close("matmul dweight (loop vs blas)", dw[1], dw[0], N * K, FP32_ORDER_RTOL, FP32_ORDER_ATOL * 20);
+}
+END_TEST
+
+static void compare_attention(AttnShape s) {
+    size_t nq = (size_t)s.B * s.Tq * s.n_heads * s.head_dim, nkv = (size_t)s.B * s.Tk * s.n_kv_heads * s.head_dim;
+    size_t nrows = (size_t)s.B * s.n_heads * s.Tq;
+    real *q = new_normal(nq, 1, 4), *k = new_normal(nkv, 1, 5), *v = new_normal(nkv, 1, 6), *dout = new_normal(nq, 1, 7);
+    real *probs = new_zeros(nrows * s.Tk), *lse = new_zeros(nrows);
+    real *out[2] = {new_zeros(nq), new_zeros(nq)};
+    real *dq[2] = {new_zeros(nq), new_zeros(nq)}, *dk[2] = {new_zeros(nkv), new_zeros(nkv)},
+         *dv[2] = {new_zeros(nkv), new_zeros(nkv)};
+    attention_naive_forward(out[0], probs, q, k, v, &s);
+    attention_naive_backward(dq[0], dk[0], dv[0], dout, q, k, v, probs, &s);
+    attention_flash_forward(out[1], lse, q, k, v, &s);
+    attention_flash_backward(dq[1], dk[1], dv[1], dout, q, k, v, out[1], lse, &s);
+    expect_close("attention out (flash vs naive)", out[1], out[0], nq, FP32_ORDER_RTOL, FP32_ORDER_ATOL);
+    expect_close("attention dq (flash vs naive)", dq[1], dq[0], nq, FP32_ORDER_RTOL, FP32_ORDER_ATOL);
+    expect_close("attention dk (flash vs naive)", dk[1], dk[0], nkv, FP32_ORDER_RTOL, FP32_ORDER_ATOL);
+    expect_close("attention dv (flash vs naive)", dv[1], dv[0], nkv, FP32_ORDER_RTOL, FP32_ORDER_ATOL);
+    // lse is the log of the softmax denominator: recompute it from the scores in double
+    real *lse_ref = new_zeros(nrows);
+    double scale = 1 / sqrt((double)s.head_dim);
+    int group = s.n_heads / s.n_kv_heads;
+    for (int b = 0; b < s.B; b++)
+        for (int h = 0; h < s.n_heads; h++)
+            for (int i = 0; i < s.Tq; i++) {
+                double sum = 0;
+                for (int j = 0; j <= (s.causal ? i : s.Tk - 1); j++) {
+                    double dot = 0;
+                    for (int d = 0; d < s.head_dim; d++)
+                        dot += (double)q[(((size_t)b * s.Tq + i) * s.n_heads + h) * s.head_dim + d] *
+                               k[(((size_t)b * s.Tk + j) * s.n_kv_heads + h / group) * s.head_dim + d];
+                    sum += exp(dot * scale);
+                }
+                lse_ref[((size_t)b * s.n_heads + h) * s.Tq + i] = (real)log(sum);
+            }
+    expect_close("attention lse (flash vs double)", lse, lse_ref, nrows, FP32_ORDER_RTOL, FP32_ORDER_ATOL);
+}
+
+START_TEST(test_attention_flash_matches_naive) {
+    compare_attention((AttnShape){2, 130, 130, 4, 2, 16, NULL, NULL, true});  // 3 tiles, the last one partial
+    compare_attention((AttnShape){1, 20, 75, 2, 2, 8, NULL, NULL, false});
+}
+END_TEST
+
+START_TEST(test_rope_backward_inverts_forward) {
+    RopeTable t = rope_table_build(64, 16, 500000, 0, 1, 4, 8192);
+    size_t n = 2 * 64 * 3 * 16;
+    real *x = new_normal(n, 1, 8), *y = new_zeros(n);
+    memcpy(y, x, sizeof(real) * n);
+    rope_forward(y, &t, NULL, 2, 64, 3);
+    rope_backward(y, &t, NULL, 2, 64, 3);
+    expect_close("rope then its transpose", y, x, n, 1e-6, 1e-6);  // a rotation is orthogonal
+    rope_table_free(&t);
+}
+END_TEST
+
+// Two identical steps (forward, backward) give bit-identical loss and gradients.
+START_TEST(test_step_is_bit_reproducible) {
+    ModelConfig cfg;
+    model_config_lookup("tiny", &cfg);
+    int B = 3, T = 32, inputs[96], targets[96];
+    for (int i = 0; i < B * T; i++) inputs[i] = (int)rng_below(1, 0, i, 256), targets[i] = (int)rng_below(1, 1, i, 256);
+    real *grads[2];
+    double loss[2];
+    for (int run = 0; run < 2; run++) {
+        Model m;
+        model_init(&m, &cfg, 99, ATTN_FLASH);
+        ModelActs acts = model_acts_alloc(&m, B, T);
+        model_zero_grads(&m);
+        loss[run] = model_forward(&m, &acts, inputs, targets);
+        model_backward(&m, &acts, inputs, 1.0);
+        grads[run] = new_zeros(m.table.total_numel);
+        memcpy(grads[run], m.grads, sizeof(real) * m.table.total_numel);
+        model_acts_free(&acts);
+        model_free(&m);
+    }
+    ck_assert_msg(loss[0] == loss[1], "loss %.17g vs %.17g", loss[0], loss[1]);
+    ParamTable t = param_table_build(&cfg);
+    expect_equal_bits("gradients of two identical steps", grads[0], grads[1], t.total_numel);
+    param_table_free(&t);
+}
+END_TEST
+
+// Published parameter counts: Llama 3.1 8B 8,030,261,248; 70B 70,553,706,496; Llama 3.2 1B (tied)
+// 1,235,814,400.
+START_TEST(test_param_counts) {
+    struct { const char *name; size_t count; } known[] = {
+        {"llama3_8b", 8030261248ULL}, {"llama3_70b", 70553706496ULL}, {"llama3_1b", 1235814400ULL}};
+    for (int i = 0; i < 3; i++) {
+        ModelConfig c;
+        ck_assert(model_config_lookup(known[i].name, &c));
+        ck_assert_msg(model_param_count(&c) == known[i].count, "%s: %zu parameters, expected %zu", known[i].name,
+                      model_param_count(&c), known[i].count);
+        ParamTable t = param_table_build(&c);  // the table and the formula agree
+        ck_assert_msg(t.total_numel == known[i].count, "%s table: %zu", known[i].name, t.total_numel);
+        param_table_free(&t);
+    }
+    ModelConfig small;
+    model_config_lookup("small", &small);
+    ck_assert(model_param_count(&small) > 10000000 && model_param_count(&small) < 30000000);
+}
+END_TEST
+
+// 8B at seq 8192: matmul weights = all but the 65 norm vectors and the embedding lookup.
+START_TEST(test_flops_per_token) {
+    ModelConfig c;
+    model_config_lookup("llama3_8b", &c);
+    double matmul_params = 8030261248.0 - 65 * 4096.0 - 128256.0 * 4096;
+    double expected = 6 * matmul_params + 6.0 * 32 * 4096 * 8192;
+    ck_assert_msg(fabs(model_flops_per_token(&c, 8192) / expected - 1) < 1e-12, "flops/token %.6g, expected %.6g",
+                  model_flops_per_token(&c, 8192), expected);
+    // the per-block figure the trace carries adds up to the same forward count (without the head)
+    double per_token_fwd_blocks = c.n_layers * model_block_forward_flops(&c, 1, 8192) / 8192;
+    double head_fwd = 2.0 * 128256 * 4096;
+    ck_assert_msg(fabs(3 * (per_token_fwd_blocks + head_fwd) / expected - 1) < 1e-9, "block flops disagree");
+}
+END_TEST
+
+// First AdamW step from zero moments moves each weight by lr (times the sign of its gradient),
+// after the decoupled decay: 1 * (1 - 0.1 * 0.1) - 0.1 = 0.89.
+START_TEST(test_adamw_first_step) {
+    real p[2] = {1, 1}, g[2] = {0.5, -2}, m[2] = {0}, v[2] = {0};
+    AdamWConfig cfg = {0.9, 0.95, 1e-8, 0.1};
+    adamw_step(p, g, m, v, 2, 1, 0.1, &cfg);
+    ck_assert_msg(fabs(p[0] - 0.89) < 1e-6 && fabs(p[1] - 1.09) < 1e-6, "p = %.8f %.8f", p[0], p[1]);
+}
+END_TEST
+
+START_TEST(test_lr_schedule) {
+    LrSchedule s = {1e-3, 0.1, 10, 110, DECAY_COSINE};
+    ck_assert(fabs(lr_at(&s, 1) - 1e-4) < 1e-15);
+    ck_assert(fabs(lr_at(&s, 10) - 1e-3) < 1e-15);
+    ck_assert(fabs(lr_at(&s, 60) - 0.55e-3) < 1e-12);  // halfway down the cosine
+    ck_assert(fabs(lr_at(&s, 110) - 1e-4) < 1e-15);
+    s.decay = DECAY_LINEAR;
+    ck_assert(fabs(lr_at(&s, 60) - 0.55e-3) < 1e-12);
+    ck_assert(fabs(lr_at(&s, 35) - (1e-3 - 0.9e-3 * 0.25)) < 1e-12);
+}
+END_TEST
+
+START_TEST(test_clip_by_global_norm) {
+    real g[2] = {3, 4};
+    double norm = sqrt(sum_of_squares(g, 2));
+    clip_by_global_norm(g, 2, norm, 1.0);
+    ck_assert_msg(fabs(norm - 5) < 1e-12 && fabs(g[0] - 0.6) < 1e-6 && fabs(g[1] - 0.8) < 1e-6, "clip %g %g", g[0], g[1]);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("reference (fp32)");
+    TCase *tc = tcase_create("reference");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_philox_known_answers);
+    tcase_add_test(tc, test_normal_moments);
+    tcase_add_test(tc, test_init_is_sharding_independent);
+    tcase_add_test(tc, test_init_statistics);
+    tcase_add_test(tc, test_matmul_backends_agree);
+    tcase_add_test(tc, test_attention_flash_matches_naive);
+    tcase_add_test(tc, test_rope_backward_inverts_forward);
+    tcase_add_test(tc, test_step_is_bit_reproducible);
+    tcase_add_test(tc, test_param_counts);
+    tcase_add_test(tc, test_flops_per_token);
+    tcase_add_test(tc, test_adamw_first_step);
+    tcase_add_test(tc, test_lr_schedule);
+    tcase_add_test(tc, test_clip_by_global_norm);
+    suite_add_tcase(s, tc);
+    SRunner *runner = srunner_create(s);
+    srunner_run_all(runner, CK_NORMAL);
+    int failed = srunner_ntests_failed(runner);
+    srunner_free(runner);
+    return failed ? 1 : 0;
+}
