@@ -9,8 +9,10 @@ import struct
 
 import numpy as np
 
+# BF16 has no numpy dtype; the C side and PyTorch handle it, this module does not.
 DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
-          "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "I8": np.int8}
+          "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32, "U16": np.uint16,
+          "U8": np.uint8, "BOOL": np.bool_}
 NAMES = {np.dtype(v): k for k, v in DTYPES.items()}
 
 
@@ -33,7 +35,7 @@ def load(path):
 def save(path, tensors, metadata=None):
     header, chunks, offset = {}, [], 0
     for name, arr in tensors.items():
-        arr = np.ascontiguousarray(arr)
+        arr = np.ascontiguousarray(arr).reshape(np.shape(arr))  # keeps 0-d scalars 0-d
         raw = arr.tobytes()
         header[name] = {"dtype": NAMES[arr.dtype], "shape": list(arr.shape),
                         "data_offsets": [offset, offset + len(raw)]}
