@@ -15,6 +15,11 @@ HAVE_CJSON := $(call have_pkg,libcjson)
 HAVE_OPENBLAS := $(call have_pkg,openblas)
 MPICC := $(shell command -v mpicc 2>/dev/null)
 NVCC := $(shell command -v nvcc 2>/dev/null)
+# NCCL: found when a program including nccl.h links against -lnccl (next to nvcc's CUDA, or system-wide).
+CUDA_HOME_FOUND := $(if $(NVCC),$(abspath $(dir $(NVCC))/..))
+HAVE_NCCL := $(shell printf '\043include <nccl.h>\nint main(void){int v; return ncclGetVersion(&v);}' | \
+  $(CC) -x c - -o /dev/null $(if $(CUDA_HOME_FOUND),-I$(CUDA_HOME_FOUND)/include -L$(CUDA_HOME_FOUND)/lib -L$(CUDA_HOME_FOUND)/lib64) \
+  -lnccl 2>/dev/null && echo yes)
 HAVE_OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo yes)
 
 WARN := -Wall -Wextra -Wno-unused-parameter
@@ -59,7 +64,7 @@ all: probe $(PROGRAMS) $(if $(HAVE_CHECK),$(TEST_BIN))
 probe:
 	@echo "probe: cc=$(CC) ($(shell $(CC) -dumpfullversion 2>/dev/null))" \
 	  "openmp=$(or $(HAVE_OPENMP),no) openblas=$(or $(HAVE_OPENBLAS),no) cjson=$(or $(HAVE_CJSON),no)" \
-	  "check=$(or $(HAVE_CHECK),no) mpi=$(if $(MPICC),yes,no) nvcc=$(if $(NVCC),yes,no)"
+	  "check=$(or $(HAVE_CHECK),no) mpi=$(if $(MPICC),yes,no) nvcc=$(if $(NVCC),yes,no) nccl=$(or $(HAVE_NCCL),no)"
 ifneq ($(HAVE_CJSON),yes)
 	@echo "probe: libcjson is required (safetensors headers, JSON traces): run 'make deps'" && false
 endif
