@@ -31,9 +31,20 @@ ifeq ($(HAVE_CJSON),yes)
   CFLAGS += $(shell pkg-config --cflags libcjson)
   LDLIBS += $(shell pkg-config --libs libcjson)
 endif
+# Prefer Debian's OpenMP build of OpenBLAS (next to the default pthread build): it shares libgomp's
+# thread pool with the reference's own parallel loops instead of spinning against it (20-35% faster
+# steps here, a tenth of the system time). The rpath makes the binary load that build at run time.
+OPENBLAS_LIBDIR := $(shell pkg-config --variable=libdir openblas 2>/dev/null)
+OPENBLAS_OPENMP_DIR := $(if $(HAVE_OPENMP),$(wildcard $(subst openblas-pthread,openblas-openmp,$(OPENBLAS_LIBDIR))/libopenblas.so))
 ifeq ($(HAVE_OPENBLAS),yes)
   CFLAGS += -DHAVE_OPENBLAS $(shell pkg-config --cflags openblas)
-  LDLIBS += $(shell pkg-config --libs openblas)
+  ifneq ($(OPENBLAS_OPENMP_DIR),)
+    OPENBLAS_KIND := openmp
+    LDLIBS += -L$(dir $(OPENBLAS_OPENMP_DIR)) -Wl,-rpath,$(dir $(OPENBLAS_OPENMP_DIR)) -lopenblas
+  else
+    OPENBLAS_KIND := default
+    LDLIBS += $(shell pkg-config --libs openblas)
+  endif
 endif
 ifeq ($(HAVE_OPENMP),yes)
   CFLAGS += -fopenmp
@@ -63,7 +74,7 @@ all: probe $(PROGRAMS) $(if $(HAVE_CHECK),$(TEST_BIN))
 
 probe:
 	@echo "probe: cc=$(CC) ($(shell $(CC) -dumpfullversion 2>/dev/null))" \
-	  "openmp=$(or $(HAVE_OPENMP),no) openblas=$(or $(HAVE_OPENBLAS),no) cjson=$(or $(HAVE_CJSON),no)" \
+	  "openmp=$(or $(HAVE_OPENMP),no) openblas=$(if $(HAVE_OPENBLAS),$(OPENBLAS_KIND),no) cjson=$(or $(HAVE_CJSON),no)" \
 	  "check=$(or $(HAVE_CHECK),no) mpi=$(if $(MPICC),yes,no) nvcc=$(if $(NVCC),yes,no) nccl=$(or $(HAVE_NCCL),no)"
 ifneq ($(HAVE_CJSON),yes)
 	@echo "probe: libcjson is required (safetensors headers, JSON traces): run 'make deps'" && false
@@ -103,9 +114,9 @@ $(BUILD)/tests/test64_%: tests/test64_%.c $(LIBREF64) $(LIBCOMMON)
 	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(CHECK_LIBS) $(LDLIBS)
 
 # ---- the two commands of the README, and the rest ---------------------------------------------
-RUN_FLAGS ?= --model small --steps 150 --trace $(BUILD)/small.pftrace
+RUN_FLAGS ?= --model small --steps 150 --batch 4 --seq-len 128 --lr 1e-3 --log-every 10 --trace $(BUILD)/small.pftrace
 run: all
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OPENBLAS_NUM_THREADS=1 ./$(BUILD)/train $(RUN_FLAGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-2} ./$(BUILD)/train $(RUN_FLAGS)
 
 test: all
 	BUILD=$(BUILD) PYTHON=$(PYTHON) tests/run_tests.sh

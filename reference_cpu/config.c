@@ -14,11 +14,11 @@ typedef struct {
 } NamedConfig;
 
 // tiny: for tests, divisible enough for tp 4, pp 2 x 2 virtual stages, cp 2 (seq 32 = 4 chunks of 8).
-// small: the CPU demo, ~12.6M parameters. The llama3_* entries are the published shapes (Llama 3.2 1B
+// small: the CPU demo, 10.5M parameters, byte-level vocabulary (256) so text files train as is. The llama3_* entries are the published shapes (Llama 3.2 1B
 // ties its output projection; 3.1 models use RoPE scaling for their 128K context).
 static const NamedConfig NAMED_CONFIGS[] = {
     {"tiny", 64, 4, 8, 4, 128, 256, 32, false, 0},
-    {"small", 384, 6, 6, 2, 1024, 4096, 256, false, 0},
+    {"small", 384, 6, 6, 2, 1152, 256, 256, false, 0},
     {"llama3_1b", 2048, 16, 32, 8, 8192, 128256, 8192, true, 32},
     {"llama3_8b", 4096, 32, 32, 8, 14336, 128256, 8192, false, 8},
     {"llama3_70b", 8192, 80, 64, 8, 28672, 128256, 8192, false, 8},

@@ -25,12 +25,15 @@ timing_field() {  # file, key -> value from the file's last `timing:` line
     grep '^timing:' "$1" | tail -1 | tr ' ' '\n' | sed -n "s/^$2=//p"
 }
 
-shapes="--model $MODEL --steps $STEPS --batch $BATCH --seq-len $SEQ"
-echo "bench: $BUILD/train $shapes  (OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS)"
-"$BUILD/train" $shapes >"$LOG/c.txt" 2>&1 || { cat "$LOG/c.txt"; echo "bench: $BUILD/train failed" >&2; exit 1; }
+shapes="--steps $STEPS --batch $BATCH --seq-len $SEQ"
+# The shapes come from the C trainer's own table: one source of truth for both sides.
+config_json=$("$BUILD/train" --model "$MODEL" --model-info | sed -n 's/^config: //p')
+[ -n "$config_json" ] || { echo "bench: could not read the config of --model $MODEL" >&2; exit 1; }
+echo "bench: $BUILD/train --model $MODEL $shapes  (OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS)"
+"$BUILD/train" --model "$MODEL" $shapes >"$LOG/c.txt" 2>&1 || { cat "$LOG/c.txt"; echo "bench: $BUILD/train failed" >&2; exit 1; }
 grep '^timing:' "$LOG/c.txt" || { tail -20 "$LOG/c.txt"; echo "bench: no timing line from train" >&2; exit 1; }
-echo "bench: $PYTHON scripts/bench_torch.py $shapes --threads $THREADS"
-"$PYTHON" scripts/bench_torch.py $shapes --threads "$THREADS" >"$LOG/torch.txt" 2>&1 \
+echo "bench: $PYTHON scripts/bench_torch.py --config-json <model $MODEL> $shapes --threads $THREADS"
+"$PYTHON" scripts/bench_torch.py --config-json "$config_json" $shapes --threads "$THREADS" >"$LOG/torch.txt" 2>&1 \
     || { cat "$LOG/torch.txt"; echo "bench: bench_torch.py failed" >&2; exit 1; }
 grep '^timing:' "$LOG/torch.txt"
 

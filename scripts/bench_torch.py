@@ -1,6 +1,6 @@
 """Times one training step of the Llama 3 model in eager PyTorch (fp32, CPU): forward, backward,
 clip_grad_norm_ and AdamW, on random weights and random tokens, with the same shapes as the C
-trainer's `--model` configs. Prints the same `timing:` line as build/train:
+trainer's `--model` configs (pass the JSON that `build/train --model X --model-info` prints). Prints the same `timing:` line as build/train:
 
     timing: steps=<n> measured=<m> mean_step_ms=<x> tokens_per_s=<y>
 
@@ -15,12 +15,15 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "py"))
-from llama_torch import MODEL_CONFIGS, Llama, LlamaConfig  # noqa: E402
+import json  # noqa: E402
+
+from llama_torch import Llama, LlamaConfig  # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", choices=sorted(MODEL_CONFIGS), default="small")
+    ap.add_argument("--config-json", required=True,
+                    help="the model config as printed by `build/train --model X --model-info` (config: ...)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=0, help="default: the model's max_seq_len")
     ap.add_argument("--steps", type=int, default=12)
@@ -38,7 +41,7 @@ def main():
         ap.error("--steps must exceed --warmup")
 
     torch.set_num_threads(args.threads)
-    cfg = LlamaConfig(**MODEL_CONFIGS[args.model].to_dict())
+    cfg = LlamaConfig.from_dict(json.loads(args.config_json))
     for field in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"):
         if getattr(args, field) is not None:
             setattr(cfg, field, getattr(args, field))
@@ -53,7 +56,7 @@ def main():
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=args.weight_decay)
     rng = np.random.default_rng(args.seed)
-    print(f"bench_torch: torch {torch.__version__}, threads {torch.get_num_threads()}, model {args.model} "
+    print(f"bench_torch: torch {torch.__version__}, threads {torch.get_num_threads()}, dim {cfg.dim} x {cfg.n_layers} layers "
           f"({n_params / 1e6:.2f} M params), batch {B}, seq {T}, steps {args.steps}", flush=True)
 
     times = []

@@ -5,7 +5,7 @@ set -euo pipefail
 BUILD=${BUILD:-build}
 
 # Debian packages: compiler, pkg-config, Open MPI, Check, Graphviz, OpenBLAS, cJSON, PyTorch (oracle).
-PACKAGES="build-essential pkg-config libopenmpi-dev openmpi-bin check graphviz libopenblas-dev
+PACKAGES="build-essential pkg-config libopenmpi-dev openmpi-bin check graphviz libopenblas-dev libopenblas-openmp-dev
           libcjson-dev python3-torch python3-numpy python3-venv python3-pip"
 missing=""
 for p in $PACKAGES; do
@@ -23,7 +23,7 @@ fi
 # Python environment inside the build folder. It sees Debian's python3-torch (system site packages)
 # and adds the PyPI packages the tests use: perfetto (official trace schema) and a recent protobuf.
 VENV="$BUILD/venv"
-PY_PACKAGES="perfetto protobuf"
+PY_PACKAGES="perfetto protobuf holistictraceanalysis numpy<2"
 if [ ! -x "$VENV/bin/python" ]; then
     mkdir -p "$BUILD"
     /usr/bin/python3 -m venv --system-site-packages "$VENV"

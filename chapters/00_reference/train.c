@@ -101,6 +101,9 @@ static void print_model_info(const ModelConfig *c, int seq_len) {
              " (6N + 6 L h s, causal)",
              model_param_count(c) / 1e6, model_param_count_non_embedding(c) / 1e6, seq_len,
              model_flops_per_token(c, seq_len));
+    char *json = model_config_to_json(c);
+    log_info("config: %s", json);  // the one source of the shapes: scripts/bench.sh hands it to PyTorch
+    free(json);
 }
 
 static void ensure_directory(const char *dir) {

@@ -58,15 +58,6 @@ class LlamaConfig:
         return asdict(self)
 
 
-# The `--model` configs of the C trainer (reference_cpu/config.h), for the benchmark and self-tests.
-MODEL_CONFIGS = {
-    "tiny": LlamaConfig(dim=64, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=128, vocab_size=256,
-                        max_seq_len=32),
-    "small": LlamaConfig(dim=384, n_layers=6, n_heads=6, n_kv_heads=2, ffn_dim=1024, vocab_size=4096,
-                         max_seq_len=256),
-}
-
-
 def rope_frequencies(cfg):
     """Per-pair angular frequencies f_i = theta^(-2i/hd), i in [0, hd/2), with the Llama 3.1
     scaling applied when cfg.rope_scaling_factor > 0. Computed in float64 numpy."""
