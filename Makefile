@@ -13,7 +13,12 @@ have_pkg = $(shell pkg-config --exists $(1) 2>/dev/null && echo yes)
 HAVE_CHECK := $(call have_pkg,check)
 HAVE_CJSON := $(call have_pkg,libcjson)
 HAVE_OPENBLAS := $(call have_pkg,openblas)
+# Open MPI: its compiler wrapper gives the flags; every program links it (common/comm.c).
 MPICC := $(shell command -v mpicc 2>/dev/null)
+MPI_CFLAGS := $(if $(MPICC),$(shell $(MPICC) --showme:compile 2>/dev/null))
+MPI_LIBS := $(if $(MPICC),$(shell $(MPICC) --showme:link 2>/dev/null))
+# How the tests start ranks: oversubscribed (more ranks than cores), and as root where that is us.
+MPIRUN := mpirun --oversubscribe$(if $(filter 0,$(shell id -u)), --allow-run-as-root)
 NVCC := $(shell command -v nvcc 2>/dev/null)
 # NCCL: found when a program including nccl.h links against -lnccl (next to nvcc's CUDA, or system-wide).
 CUDA_HOME_FOUND := $(if $(NVCC),$(abspath $(dir $(NVCC))/..))
@@ -26,6 +31,12 @@ WARN := -Wall -Wextra -Wno-unused-parameter
 CFLAGS ?= -O3 -march=native
 CFLAGS += -std=gnu11 $(WARN) -I. -MMD -MP
 LDLIBS := -lm -lpthread
+CFLAGS += $(MPI_CFLAGS)
+LDLIBS += $(MPI_LIBS)
+# Checked here rather than in `probe` so that a single target (make build/tests/test_x) says it too.
+ifeq ($(MPI_LIBS)$(filter deps clean,$(MAKECMDGOALS)),)
+  $(error Open MPI is required (ranks are MPI processes) but `mpicc --showme:link` failed: run 'make deps')
+endif
 
 ifeq ($(HAVE_CJSON),yes)
   CFLAGS += $(shell pkg-config --cflags libcjson)
@@ -54,7 +65,11 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 
 # ---- sources ----------------------------------------------------------------------------------
 COMMON_SRC := $(wildcard common/*.c)
-REF_SRC := $(wildcard reference_cpu/*.c)
+# Chapter modules (ddp.c, ...) are built with the reference, in fp32 and float64; a chapter's
+# chapters/NN_x/main_NAME.c is a program, build/NAME; chapters/00_reference/train.c is the trainer.
+CHAPTER_PROGRAM_SRC := $(wildcard chapters/*/main_*.c)
+CHAPTER_SRC := $(filter-out $(CHAPTER_PROGRAM_SRC) chapters/00_reference/train.c,$(wildcard chapters/*/*.c))
+REF_SRC := $(wildcard reference_cpu/*.c) $(CHAPTER_SRC)
 COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/obj/%.o)
 REF32_OBJ := $(REF_SRC:%.c=$(BUILD)/obj/f32/%.o)
 REF64_OBJ := $(REF_SRC:%.c=$(BUILD)/obj/f64/%.o)
@@ -67,7 +82,8 @@ TEST32_SRC := $(wildcard tests/test_*.c)
 TEST64_SRC := $(wildcard tests/test64_*.c)
 TEST_BIN := $(TEST32_SRC:tests/%.c=$(BUILD)/tests/%) $(TEST64_SRC:tests/%.c=$(BUILD)/tests/%)
 
-PROGRAMS := $(BUILD)/train $(BUILD)/train64
+CHAPTER_PROGRAMS := $(foreach f,$(CHAPTER_PROGRAM_SRC),$(BUILD)/$(patsubst main_%.c,%,$(notdir $(f))))
+PROGRAMS := $(BUILD)/train $(BUILD)/train64 $(CHAPTER_PROGRAMS)
 
 .PHONY: all run test bench deps clean probe
 all: probe $(PROGRAMS) $(if $(HAVE_CHECK),$(TEST_BIN))
@@ -106,6 +122,13 @@ $(BUILD)/train: chapters/00_reference/train.c $(LIBREF32) $(LIBCOMMON)
 $(BUILD)/train64: chapters/00_reference/train.c $(LIBREF64) $(LIBCOMMON)
 	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(LDLIBS)
 
+# build/NAME from chapters/*/main_NAME.c
+define chapter_program
+$(BUILD)/$(patsubst main_%.c,%,$(notdir $(1))): $(1) $(LIBREF32) $(LIBCOMMON)
+	$$(CC) $$(CFLAGS) $$^ -o $$@ $$(LDLIBS)
+endef
+$(foreach f,$(CHAPTER_PROGRAM_SRC),$(eval $(call chapter_program,$(f))))
+
 $(BUILD)/tests/test_%: tests/test_%.c $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $^ -o $@ $(CHECK_LIBS) $(LDLIBS)
@@ -119,7 +142,7 @@ run: all
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-2} ./$(BUILD)/train $(RUN_FLAGS)
 
 test: all
-	BUILD=$(BUILD) PYTHON=$(PYTHON) tests/run_tests.sh
+	BUILD=$(BUILD) PYTHON=$(PYTHON) MPIRUN="$(MPIRUN)" tests/run_tests.sh
 
 bench: all
 	BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/bench.sh

@@ -3,18 +3,32 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 static const char *program_name = "llama";
+static int log_rank = -1;  // -1: not set yet, look at the launcher's environment
 
 void log_set_program(const char *name) { program_name = name; }
+void log_set_rank(int rank) { log_rank = rank; }
+
+static int current_rank(void) {
+    if (log_rank >= 0) return log_rank;
+    const char *env = getenv("OMPI_COMM_WORLD_RANK");
+    return env ? atoi(env) : 0;
+}
 
 static void vprint_line(const char *fmt, va_list ap) {
-    fprintf(stderr, "%s: ", program_name);
+    if (current_rank() > 0) fprintf(stderr, "%s [rank %d]: ", program_name, current_rank());
+    else fprintf(stderr, "%s: ", program_name);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
 }
 
 void fatal_input(const char *fmt, ...) {
+    if (current_rank() > 0) {  // rank 0 says it once; give it time to, before mpirun ends the job
+        sleep(1);
+        exit(EXIT_BAD_INPUT);
+    }
     va_list ap;
     va_start(ap, fmt);
     vprint_line(fmt, ap);
@@ -31,6 +45,7 @@ void fatal(const char *fmt, ...) {
 }
 
 void log_info(const char *fmt, ...) {
+    if (current_rank() > 0) return;
     va_list ap;
     va_start(ap, fmt);
     vfprintf(stdout, fmt, ap);

@@ -12,6 +12,11 @@ void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // Program name printed in front of every message ("train: --tp 3: must divide ...").
 void log_set_program(const char *name);
+// Under mpirun every rank runs the same checks: only rank 0 prints log_info lines and
+// fatal_input's one line (the others exit with the same status, silently); fatal() messages carry
+// "[rank r]" from every rank. Until this is called the rank is read from Open MPI's environment
+// (OMPI_COMM_WORLD_RANK), so errors before the communicator exists are printed once too.
+void log_set_rank(int rank);
 
 // Monotonic wall clock in nanoseconds.
 long long now_ns(void);

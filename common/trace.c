@@ -2,6 +2,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -168,20 +169,61 @@ static TraceRankData *rank_data_new(void) {
 // The only state: NULL means disabled, and every recording call tests just this.
 static TraceRankData *local;
 
+// Two threads record: the main thread (compute) and the comm stream's worker (common/comm.c). One
+// lock guards the buffer; it is recursive because entry points call one another (trace_serialize,
+// the writers). The unlocked atomic read of `local` in front of it keeps disabled tracing at one
+// load and no lock. `local` only changes under the lock.
+static pthread_mutex_t buffer_lock;
+static pthread_once_t buffer_lock_once = PTHREAD_ONCE_INIT;
+
+static void create_buffer_lock(void) {
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&buffer_lock, &attr);
+    pthread_mutexattr_destroy(&attr);
+}
+
+static void lock_buffer(void) {
+    pthread_once(&buffer_lock_once, create_buffer_lock);
+    pthread_mutex_lock(&buffer_lock);
+}
+
+static void unlock_buffer(void) { pthread_mutex_unlock(&buffer_lock); }
+
+static bool is_recording(void) { return __atomic_load_n(&local, __ATOMIC_ACQUIRE) != NULL; }
+
+// Takes the lock when recording is on. False, without the lock, when it is off (or was switched
+// off by another thread between the test and the lock).
+static bool lock_if_recording(void) {
+    if (!is_recording()) return false;
+    lock_buffer();
+    if (local) return true;
+    unlock_buffer();
+    return false;
+}
+
+static void set_local(TraceRankData *d) { __atomic_store_n(&local, d, __ATOMIC_RELEASE); }
+
 void trace_init(int rank, const char *process_name) {
     if (rank < 0) fatal("trace_init: rank %d is negative", rank);
+    lock_buffer();
     trace_shutdown();
-    local = rank_data_new();
-    local->rank = rank;
-    local->process_name = intern(local, process_name);
+    TraceRankData *d = rank_data_new();
+    d->rank = rank;
+    d->process_name = intern(d, process_name);
+    set_local(d);
+    unlock_buffer();
 }
 
 void trace_shutdown(void) {
+    lock_buffer();
     trace_rank_data_free(local);
-    local = NULL;
+    set_local(NULL);
+    unlock_buffer();
 }
 
-bool trace_enabled(void) { return local != NULL; }
+bool trace_enabled(void) { return is_recording(); }
 const TraceRankData *trace_local(void) { return local; }
 int trace_rank(const TraceRankData *d) { return d ? d->rank : -1; }
 
@@ -189,13 +231,16 @@ int trace_rank(const TraceRankData *d) { return d ? d->rank : -1; }
 #define MAX_TRACKS 999
 
 int trace_track(const char *name) {
-    if (!local) return 0;
+    if (!lock_if_recording()) return 0;
     uint32_t id = intern(local, name);
-    for (size_t i = 0; i < local->tracks.n; i++)
-        if (local->tracks.at[i].name == id) return (int)i;
-    if (local->tracks.n == MAX_TRACKS) fatal("trace_track(\"%s\"): more than %d tracks", name, MAX_TRACKS);
-    *PUSH(local->tracks) = (Track){.name = id, .open = NONE, .last_ts = INT64_MIN};
-    return (int)local->tracks.n - 1;
+    size_t handle = 0;
+    while (handle < local->tracks.n && local->tracks.at[handle].name != id) handle++;
+    if (handle == local->tracks.n) {
+        if (handle == MAX_TRACKS) fatal("trace_track(\"%s\"): more than %d tracks", name, MAX_TRACKS);
+        *PUSH(local->tracks) = (Track){.name = id, .open = NONE, .last_ts = INT64_MIN};
+    }
+    unlock_buffer();
+    return (int)handle;
 }
 
 static Track *checked_track(int track, const char *caller) {
@@ -220,7 +265,7 @@ static void log_event(int64_t ts, EventKind kind, size_t ref) {
 }
 
 void trace_begin_at(int track, const char *name, const char *category, int64_t ts_ns) {
-    if (!local) return;
+    if (!lock_if_recording()) return;
     Track *t = checked_track(track, "trace_begin");
     advance_track_clock(t, ts_ns, "trace_begin", name ? name : "");
     size_t index = local->slices.n;
@@ -229,10 +274,11 @@ void trace_begin_at(int track, const char *name, const char *category, int64_t t
         .category = intern(local, category), .parent = t->open, .first_att = NONE, .last_att = NONE};
     log_event(ts_ns, EV_BEGIN, index);
     t->open = (uint32_t)index;
+    unlock_buffer();
 }
 
 void trace_end_at(int track, int64_t ts_ns) {
-    if (!local) return;
+    if (!lock_if_recording()) return;
     Track *t = checked_track(track, "trace_end");
     if (t->open == NONE) fatal("trace_end: track '%s' has no open slice", string_at(local, t->name));
     Slice *s = &local->slices.at[t->open];
@@ -240,16 +286,18 @@ void trace_end_at(int track, int64_t ts_ns) {
     s->end = ts_ns;
     log_event(ts_ns, EV_END, t->open);
     t->open = s->parent;
+    unlock_buffer();
 }
 
 void trace_begin(int track, const char *name, const char *category) {
-    if (local) trace_begin_at(track, name, category, now_ns());
+    if (is_recording()) trace_begin_at(track, name, category, now_ns());
 }
 
 void trace_end(int track) {
-    if (local) trace_end_at(track, now_ns());
+    if (is_recording()) trace_end_at(track, now_ns());
 }
 
+// Called with the lock held.
 static void attach(int track, const char *caller, AttKind kind, uint32_t key, uint64_t value) {
     Track *t = checked_track(track, caller);
     if (t->open == NONE) fatal("%s: track '%s' has no open slice to attach to", caller, string_at(local, t->name));
@@ -265,26 +313,35 @@ static void attach(int track, const char *caller, AttKind kind, uint32_t key, ui
 }
 
 void trace_arg_int(int track, const char *key, int64_t value) {
-    if (local) attach(track, "trace_arg_int", ATT_INT, intern(local, key), (uint64_t)value);
+    if (!lock_if_recording()) return;
+    attach(track, "trace_arg_int", ATT_INT, intern(local, key), (uint64_t)value);
+    unlock_buffer();
 }
 
 void trace_arg_double(int track, const char *key, double value) {
-    if (!local) return;
+    if (!lock_if_recording()) return;
     uint64_t bits;
     memcpy(&bits, &value, sizeof bits);
     attach(track, "trace_arg_double", ATT_DOUBLE, intern(local, key), bits);
+    unlock_buffer();
 }
 
 void trace_arg_str(int track, const char *key, const char *value) {
-    if (local) attach(track, "trace_arg_str", ATT_STR, intern(local, key), intern(local, value));
+    if (!lock_if_recording()) return;
+    attach(track, "trace_arg_str", ATT_STR, intern(local, key), intern(local, value));
+    unlock_buffer();
 }
 
 void trace_flow_out(int track, uint64_t flow_id) {
-    if (local) attach(track, "trace_flow_out", ATT_FLOW_OUT, 0, flow_id);
+    if (!lock_if_recording()) return;
+    attach(track, "trace_flow_out", ATT_FLOW_OUT, 0, flow_id);
+    unlock_buffer();
 }
 
 void trace_flow_in(int track, uint64_t flow_id) {
-    if (local) attach(track, "trace_flow_in", ATT_FLOW_IN, 0, flow_id);
+    if (!lock_if_recording()) return;
+    attach(track, "trace_flow_in", ATT_FLOW_IN, 0, flow_id);
+    unlock_buffer();
 }
 
 uint64_t trace_flow_id(int src_rank, int dst_rank, uint64_t seq) {
@@ -296,21 +353,22 @@ uint64_t trace_flow_id(int src_rank, int dst_rank, uint64_t seq) {
 }
 
 void trace_counter_at(const char *name, double value, int64_t ts_ns) {
-    if (!local) return;
+    if (!lock_if_recording()) return;
     uint32_t id = intern(local, name);
     size_t counter = 0;
     while (counter < local->counters.n && local->counters.at[counter] != id) counter++;
     if (counter == local->counters.n) *PUSH(local->counters) = id;
     log_event(ts_ns, EV_COUNTER, local->samples.n);
     *PUSH(local->samples) = (Sample){.value = value, .counter = (uint32_t)counter};
+    unlock_buffer();
 }
 
 void trace_counter(const char *name, double value) {
-    if (local) trace_counter_at(name, value, now_ns());
+    if (is_recording()) trace_counter_at(name, value, now_ns());
 }
 
 void trace_memory_observer(MemCategory category, size_t current_bytes) {
-    if (!local) return;
+    if (!is_recording()) return;
     char name[64];
     snprintf(name, sizeof name, "mem %s", mem_category_name(category));
     trace_counter(name, (double)current_bytes);
@@ -319,6 +377,7 @@ void trace_memory_observer(MemCategory category, size_t current_bytes) {
 TraceStats trace_stats(const TraceRankData *d) {
     TraceStats st = {0};
     if (!d) return st;
+    lock_buffer();  // d may be the buffer the other thread records into
     st.tracks = d->tracks.n;
     st.counters = d->counters.n;
     st.slices = d->slices.n;
@@ -330,6 +389,7 @@ TraceStats trace_stats(const TraceRankData *d) {
         else
             st.flows++;
     }
+    unlock_buffer();
     return st;
 }
 
@@ -472,13 +532,20 @@ bool trace_serialize_rank(const TraceRankData *d, void **blob, size_t *len) {
     *len = 0;
     if (!d) return false;
     Codec c = {.reading = false};
+    lock_buffer();
     io_rank_data(&c, (TraceRankData *)d);  // writing only reads from d
+    unlock_buffer();
     *blob = c.out.at;
     *len = c.out.n;
     return true;
 }
 
-bool trace_serialize(void **blob, size_t *len) { return trace_serialize_rank(local, blob, len); }
+bool trace_serialize(void **blob, size_t *len) {
+    lock_buffer();
+    bool ok = trace_serialize_rank(local, blob, len);
+    unlock_buffer();
+    return ok;
+}
 
 static bool is_index(uint32_t id, size_t n) { return id < n; }
 static bool is_link(uint32_t id, size_t n) { return id == NONE || id < n; }
@@ -844,12 +911,16 @@ typedef void (*BodyWriter)(FILE *fp, const TraceRankInput *ranks, int n, int64_t
 
 static bool write_atomically(const char *path, BodyWriter body, const TraceRankInput *ranks, int n, char *err,
                              size_t err_len) {
+    lock_buffer();  // one of the buffers may be this process's, still recording on another thread
     int64_t shift;
-    if (!check_ranks(ranks, n, &shift, err, err_len)) return false;
     AtomicFile f;
-    if (!atomic_create(&f, path, err, err_len)) return false;
-    body(f.fp, ranks, n, shift);
-    return atomic_commit(&f, err, err_len);
+    bool ok = check_ranks(ranks, n, &shift, err, err_len) && atomic_create(&f, path, err, err_len);
+    if (ok) {
+        body(f.fp, ranks, n, shift);
+        ok = atomic_commit(&f, err, err_len);
+    }
+    unlock_buffer();
+    return ok;
 }
 
 bool trace_write_pftrace_ranks(const char *path, const TraceRankInput *ranks, int n_ranks, char *err,
@@ -1075,6 +1146,7 @@ bool trace_write_json_ranks(const char *path, const TraceRankInput *ranks, int n
 
 static bool write_local(const char *path, bool json) {
     char err[512];
+    lock_buffer();
     TraceRankInput input = {.data = local, .clock_offset_ns = 0};
     bool ok = false;
     if (!local)
@@ -1083,6 +1155,7 @@ static bool write_local(const char *path, bool json) {
         ok = trace_write_json_ranks(path, &input, 1, err, sizeof err);
     else
         ok = trace_write_pftrace_ranks(path, &input, 1, err, sizeof err);
+    unlock_buffer();
     if (!ok) fprintf(stderr, "trace: %s: %s\n", path, err);
     return ok;
 }

@@ -9,8 +9,11 @@
 //   trace_write_pftrace("run.pftrace");
 //
 // Until trace_init() (or after trace_shutdown()) every recording call returns at once, so
-// instrumented code costs one pointer test when tracing is off. Recording is not thread-safe:
-// record from one thread per process.
+// instrumented code costs one pointer test when tracing is off. Recording is thread-safe (one
+// lock per process): the main thread records compute while the comm stream's worker thread
+// records its own tracks. Each track must still be recorded from one thread only, since a slice's
+// begin, args and end are separate calls; call trace_init()/trace_shutdown() while no other thread
+// is between a begin and its end.
 //
 // Misuse is a bug in the instrumentation, so it ends the run with fatal() (exit status 1) and a
 // message naming the track and slice: trace_end() or an arg/flow on a track with no open slice, an

@@ -1,0 +1,803 @@
+// comm.c: the Open MPI backend of comm.h, and the comm stream that runs it.
+//
+// Threads. The main thread only queues operations and waits on them; one worker thread takes them
+// in FIFO order and is the only thread that calls MPI between MPI_Init_thread and MPI_Finalize
+// (comm_split and comm_free too, queued like the rest). MPI_THREAD_SERIALIZED is therefore enough,
+// and it keeps Open MPI on its cheaper, lock-free paths.
+//
+// Every operation is posted with nonblocking MPI calls and polled with MPI_Test*, so a peer that
+// never shows up ends the run with a message after the timeout instead of hanging it.
+//
+// Reductions never use MPI's own: each element is folded locally in rank order (x0 + x1 + ... +
+// x(n-1)), which makes float sums bit-identical on every rank and in every run (COMM.md).
+#include "comm.h"
+
+#include <limits.h>
+#include <math.h>
+#include <mpi.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "trace.h"
+
+#define DEFAULT_TIMEOUT_S 300.0
+// One MPI call moves at most this much: MPI counts are int, and Open MPI's datatype engine is
+// safest well below 2 GiB.
+#define MAX_CHUNK_BYTES ((size_t)1 << 30)
+
+struct Comm {
+    MPI_Comm mpi;
+    char name[48];
+    int rank, size;
+    int *world_ranks;  // world rank of each member
+};
+
+typedef enum {
+    OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_ALL_TO_ALL, OP_BARRIER, OP_P2P,
+    OP_SPLIT, OP_FREE, OP_STOP
+} OpKind;
+
+struct CommHandle {
+    OpKind kind;
+    const char *name;  // "all_reduce", "send", ...: names the operation in messages and trace slices
+    Comm *comm;
+    const void *send;
+    void *recv;  // also the in-place buffer of all_reduce and broadcast
+    size_t count;
+    CommDtype dtype;
+    CommReduceOp reduce;
+    int root;
+    CommP2P *p2p;   // OP_P2P: the caller's list, copied
+    uint64_t *seq;  // OP_P2P: the message number of each transfer between its two ranks (flows)
+    int n_p2p;
+    int color, key;  // OP_SPLIT
+    char split_name[48];
+    Comm *split_result;
+    long long start_ns;  // when the worker began it (the timeout and the trace slice count from here)
+    bool done;           // under stream.lock
+    CommHandle *next;
+};
+
+static struct {
+    bool started;
+    pthread_t worker;
+    pthread_mutex_t lock;
+    pthread_cond_t queued, finished;
+    CommHandle *head, *tail;
+    double timeout_s;
+    size_t chunk_bytes;
+    bool trace;
+    int tag_ub;
+    Comm *world;
+    // Messages so far to and from each world rank, the seq of trace flow ids. Worker only.
+    uint64_t *sent, *received;
+} stream;
+
+static void *checked_calloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size);
+    if (!p) fatal("comm: out of memory (%zu x %zu bytes)", n, size);
+    return p;
+}
+
+// ================================================================================================
+// Data types
+// ================================================================================================
+
+size_t comm_dtype_size(CommDtype dtype) {
+    switch (dtype) {
+    case COMM_FLOAT32: return sizeof(float);
+    case COMM_FLOAT64: return sizeof(double);
+    case COMM_INT32: return sizeof(int32_t);
+    case COMM_BYTE: return 1;
+    }
+    fatal("comm: unknown dtype %d", (int)dtype);
+}
+
+size_t comm_bytes(CommDtype dtype, size_t count) {
+    size_t size = comm_dtype_size(dtype);
+    if (count > SIZE_MAX / size) fatal("comm: %zu elements of %zu bytes overflow size_t", count, size);
+    return count * size;
+}
+
+static MPI_Datatype mpi_dtype(CommDtype dtype) {
+    switch (dtype) {
+    case COMM_FLOAT32: return MPI_FLOAT;
+    case COMM_FLOAT64: return MPI_DOUBLE;
+    case COMM_INT32: return MPI_INT32_T;
+    case COMM_BYTE: return MPI_BYTE;
+    }
+    fatal("comm: unknown dtype %d", (int)dtype);
+}
+
+// Element i of buf (MPI takes send buffers as const; the cast only serves the pointer arithmetic).
+static char *element(const void *buf, CommDtype dtype, size_t i) { return (char *)buf + comm_bytes(dtype, i); }
+
+static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+// ================================================================================================
+// The queue
+// ================================================================================================
+
+static CommHandle *new_op(OpKind kind, const char *name, Comm *c) {
+    if (!stream.started) fatal("comm: %s before comm_init()", name);
+    if (!c) fatal("comm: %s on a NULL communicator", name);
+    CommHandle *h = checked_calloc(1, sizeof *h);
+    h->kind = kind;
+    h->name = name;
+    h->comm = c;
+    return h;
+}
+
+static CommHandle *enqueue(CommHandle *h) {
+    pthread_mutex_lock(&stream.lock);
+    if (stream.tail)
+        stream.tail->next = h;
+    else
+        stream.head = h;
+    stream.tail = h;
+    pthread_cond_signal(&stream.queued);
+    pthread_mutex_unlock(&stream.lock);
+    return h;
+}
+
+static CommHandle *dequeue(void) {
+    pthread_mutex_lock(&stream.lock);
+    while (!stream.head) pthread_cond_wait(&stream.queued, &stream.lock);
+    CommHandle *h = stream.head;
+    stream.head = h->next;
+    if (!stream.head) stream.tail = NULL;
+    pthread_mutex_unlock(&stream.lock);
+    return h;
+}
+
+static void mark_done(CommHandle *h) {
+    pthread_mutex_lock(&stream.lock);
+    h->done = true;
+    pthread_cond_broadcast(&stream.finished);
+    pthread_mutex_unlock(&stream.lock);
+}
+
+static void wait_done(CommHandle *h) {
+    pthread_mutex_lock(&stream.lock);
+    while (!h->done) pthread_cond_wait(&stream.finished, &stream.lock);
+    pthread_mutex_unlock(&stream.lock);
+}
+
+static void free_handle(CommHandle *h) {
+    free(h->p2p);
+    free(h->seq);
+    free(h);
+}
+
+void comm_wait(CommHandle *h) {
+    if (!h) return;
+    wait_done(h);
+    free_handle(h);
+}
+
+bool comm_test(CommHandle *h) {
+    if (!h) return true;
+    pthread_mutex_lock(&stream.lock);
+    bool done = h->done;
+    pthread_mutex_unlock(&stream.lock);
+    return done;
+}
+
+// ================================================================================================
+// Waiting for MPI requests, with the timeout
+// ================================================================================================
+
+// Yield for the first millisecond of an operation, then sleep between tests. MPI progresses only
+// inside its calls, so the worker must keep testing, but tests often run more ranks than cores
+// (8 ranks on 2 cores) and a rank that spins starves the peer it is waiting for.
+#define SPIN_NS 1000000LL
+#define POLL_SLEEP_NS 20000L
+
+__attribute__((noreturn)) static void die_timed_out(const CommHandle *h, MPI_Request *reqs, const int *peers, int n) {
+    const Comm *c = h->comm;
+    char waiting[128] = "a rank may have died, or not have started it";
+    // The first transfer still open names the peer (MPI_Test frees the ones that completed).
+    for (int i = 0; peers && i < n; i++) {
+        int complete;
+        MPI_Test(&reqs[i], &complete, MPI_STATUS_IGNORE);
+        if (!complete) {
+            snprintf(waiting, sizeof waiting, "waiting on peer rank %d (world rank %d), which may have died",
+                     peers[i], c->world_ranks[peers[i]]);
+            break;
+        }
+    }
+    fprintf(stderr, "comm: %s on group %s (%d ranks) did not finish after %g s on world rank %d; %s\n", h->name,
+            c->name, c->size, stream.timeout_s, stream.world->rank, waiting);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);  // MPI_Abort does not return
+}
+
+// peers: the group rank each request talks to, or NULL for a collective.
+static void wait_requests(const CommHandle *h, MPI_Request *reqs, const int *peers, int n) {
+    long long timeout_ns = (long long)(stream.timeout_s * 1e9);
+    for (;;) {
+        int complete;
+        MPI_Testall(n, reqs, &complete, MPI_STATUSES_IGNORE);
+        if (complete) return;
+        long long waited = now_ns() - h->start_ns;
+        if (waited > timeout_ns) die_timed_out(h, reqs, peers, n);
+        if (waited < SPIN_NS)
+            sched_yield();
+        else
+            nanosleep(&(struct timespec){.tv_nsec = POLL_SLEEP_NS}, NULL);
+    }
+}
+
+static void wait_request(const CommHandle *h, MPI_Request *req) { wait_requests(h, req, NULL, 1); }
+
+// ================================================================================================
+// Pieces: every operation moves at most chunk_bytes per MPI call, so counts above INT_MAX work
+// ================================================================================================
+
+// Elements per piece when one MPI call carries a piece of each of `blocks` blocks.
+static size_t piece_len(CommDtype dtype, int blocks) {
+    size_t len = stream.chunk_bytes / comm_dtype_size(dtype) / (size_t)blocks;
+    return len ? len : 1;
+}
+
+// `len` elements repeated every `stride` elements. In a buffer of one block of `stride` elements
+// per rank (all_gather's recv, reduce_scatter's send, all_to_all's both), it selects the same piece
+// of every block, so one MPI call with count 1 moves piece [k, k + len) of each block, uncopied.
+static MPI_Datatype piece_of_each_block(CommDtype dtype, size_t len, size_t stride) {
+    MPI_Datatype piece, strided;
+    MPI_Type_contiguous((int)len, mpi_dtype(dtype), &piece);
+    MPI_Type_create_resized(piece, 0, (MPI_Aint)comm_bytes(dtype, stride), &strided);
+    MPI_Type_free(&piece);
+    MPI_Type_commit(&strided);
+    return strided;
+}
+
+// ================================================================================================
+// Reductions, in rank order
+// ================================================================================================
+
+// Folds blocks 1..n-1 into out (which holds block 0), element by element, in rank order.
+#define FOLD(T, COMBINE)                                             \
+    for (int r = 1; r < n; r++) {                                    \
+        const T *x_r = (const T *)blocks + (size_t)r * len;          \
+        T *acc = out;                                                \
+        for (size_t i = 0; i < len; i++) {                           \
+            T a = acc[i], x = x_r[i];                                \
+            acc[i] = COMBINE;                                        \
+        }                                                            \
+    }
+
+// out = block 0 (op) block 1 (op) ... (op) block n-1, where block r starts at blocks + r * len.
+// The fixed order is what makes float sums identical on every rank and in every run.
+static void fold_in_rank_order(const void *blocks, int n, size_t len, void *out, CommDtype dtype, CommReduceOp op) {
+    memcpy(out, blocks, comm_bytes(dtype, len));
+    bool max = op == COMM_MAX;
+    switch (dtype) {
+    case COMM_FLOAT32:
+        if (max) {
+            FOLD(float, x > a || isnan(x) ? x : a)  // NaN wins, so an overflow is never hidden
+        } else {
+            FOLD(float, a + x)
+        }
+        break;
+    case COMM_FLOAT64:
+        if (max) {
+            FOLD(double, x > a || isnan(x) ? x : a)
+        } else {
+            FOLD(double, a + x)
+        }
+        break;
+    case COMM_INT32:
+        if (max) {
+            FOLD(int32_t, x > a ? x : a)
+        } else {
+            FOLD(uint32_t, a + x)  // unsigned: an overflow wraps instead of being undefined
+        }
+        break;
+    case COMM_BYTE: fatal("comm: bytes cannot be reduced");
+    }
+    if (op != COMM_AVG) return;
+    for (size_t i = 0; i < len; i++) {
+        if (dtype == COMM_FLOAT32) ((float *)out)[i] /= (float)n;
+        if (dtype == COMM_FLOAT64) ((double *)out)[i] /= (double)n;
+    }
+}
+
+// ================================================================================================
+// The operations, as the worker runs them
+// ================================================================================================
+
+// Rank b owns block b of each piece: it receives every rank's copy of block b (all-to-all), folds
+// the copies in rank order, and all-gathers its result back. That is a reduce-scatter plus an
+// all-gather, the same 2(n-1)/n of the buffer per rank on the wire as a ring all-reduce, and every
+// element is summed once, by one rank, in rank order.
+static void run_all_reduce(const CommHandle *h) {
+    const Comm *c = h->comm;
+    int n = c->size, me = c->rank;
+    size_t step = piece_len(h->dtype, 1);
+    int *counts = checked_calloc((size_t)n, sizeof *counts), *displs = checked_calloc((size_t)n, sizeof *displs);
+    int *my_counts = checked_calloc((size_t)n, sizeof *my_counts);
+    int *my_displs = checked_calloc((size_t)n, sizeof *my_displs);
+    void *copies = checked_calloc(comm_bytes(h->dtype, (min_size(step, h->count) / (size_t)n + 1) * (size_t)n), 1);
+    for (size_t k = 0; k < h->count; k += step) {
+        size_t len = min_size(step, h->count - k);
+        for (int b = 0; b < n; b++) {
+            displs[b] = (int)(len * (size_t)b / (size_t)n);
+            counts[b] = (int)(len * (size_t)(b + 1) / (size_t)n) - displs[b];
+        }
+        for (int r = 0; r < n; r++) {
+            my_counts[r] = counts[me];
+            my_displs[r] = r * counts[me];
+        }
+        char *piece = element(h->recv, h->dtype, k);
+        MPI_Datatype type = mpi_dtype(h->dtype);
+        MPI_Request req;
+        MPI_Ialltoallv(piece, counts, displs, type, copies, my_counts, my_displs, type, c->mpi, &req);
+        wait_request(h, &req);
+        fold_in_rank_order(copies, n, (size_t)counts[me], element(piece, h->dtype, (size_t)displs[me]), h->dtype,
+                           h->reduce);
+        MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, piece, counts, displs, type, c->mpi, &req);
+        wait_request(h, &req);
+    }
+    free(copies);
+    free(my_displs);
+    free(my_counts);
+    free(displs);
+    free(counts);
+}
+
+// reduce_scatter, all_gather and all_to_all: their blocked buffers hold one block of `count`
+// elements per rank, and each MPI call moves the same piece [k, k + len) of every block. A
+// reduce-scatter is an all-to-all that brings every rank's copy of block `me` here, then the fold
+// of all_reduce.
+static void run_blocked(const CommHandle *h) {
+    const Comm *c = h->comm;
+    size_t step = piece_len(h->dtype, c->size);
+    MPI_Datatype type = mpi_dtype(h->dtype);
+    bool reduce = h->kind == OP_REDUCE_SCATTER;
+    void *copies = reduce ? checked_calloc(comm_bytes(h->dtype, min_size(step, h->count) * (size_t)c->size), 1) : NULL;
+    for (size_t k = 0; k < h->count; k += step) {
+        size_t len = min_size(step, h->count - k);
+        MPI_Datatype blocks = piece_of_each_block(h->dtype, len, h->count);
+        char *send = element(h->send, h->dtype, k), *recv = element(h->recv, h->dtype, k);
+        MPI_Request req;
+        if (h->kind == OP_ALL_GATHER)
+            MPI_Iallgather(send, (int)len, type, recv, 1, blocks, c->mpi, &req);
+        else if (h->kind == OP_ALL_TO_ALL)
+            MPI_Ialltoall(send, 1, blocks, recv, 1, blocks, c->mpi, &req);
+        else
+            MPI_Ialltoall(send, 1, blocks, copies, (int)len, type, c->mpi, &req);
+        wait_request(h, &req);
+        MPI_Type_free(&blocks);
+        if (reduce) fold_in_rank_order(copies, c->size, len, recv, h->dtype, h->reduce);
+    }
+    free(copies);
+}
+
+static void run_broadcast(const CommHandle *h) {
+    size_t step = piece_len(h->dtype, 1);
+    for (size_t k = 0; k < h->count; k += step) {
+        MPI_Request req;
+        MPI_Ibcast(element(h->recv, h->dtype, k), (int)min_size(step, h->count - k), mpi_dtype(h->dtype), h->root,
+                   h->comm->mpi, &req);
+        wait_request(h, &req);
+    }
+}
+
+static void run_barrier(const CommHandle *h) {
+    MPI_Request req;
+    MPI_Ibarrier(h->comm->mpi, &req);
+    wait_request(h, &req);
+}
+
+// A transfer of 0 elements is still one (empty) message, so sends and receives keep matching.
+static size_t pieces_of(const CommP2P *t) {
+    size_t step = piece_len(t->dtype, 1);
+    return t->count ? (t->count + step - 1) / step : 1;
+}
+
+// The message number of each transfer between its two world ranks, for flow ids: both sides count
+// the messages between them in stream order, and within one batch in the order of (tag, position),
+// which is the order MPI matches them in when both batches hold the same messages.
+static void number_messages(const CommHandle *h) {
+    int *order = checked_calloc((size_t)h->n_p2p, sizeof *order);
+    for (int i = 0; i < h->n_p2p; i++) {
+        int j = i;
+        for (; j > 0 && h->p2p[order[j - 1]].tag > h->p2p[i].tag; j--) order[j] = order[j - 1];
+        order[j] = i;
+    }
+    for (int i = 0; i < h->n_p2p; i++) {
+        const CommP2P *t = &h->p2p[order[i]];
+        int peer = h->comm->world_ranks[t->peer];
+        h->seq[order[i]] = t->kind == COMM_SEND ? stream.sent[peer]++ : stream.received[peer]++;
+    }
+    free(order);
+}
+
+// Posts every transfer (in pieces), then waits for all of them together: a send never waits for
+// a receive queued behind it, which is what makes a ring exchange safe.
+static void run_p2p(const CommHandle *h) {
+    size_t n_requests = 0;
+    for (int i = 0; i < h->n_p2p; i++) n_requests += pieces_of(&h->p2p[i]);
+    if (n_requests > INT_MAX) fatal("comm: %s on group %s: %zu messages in one batch", h->name, h->comm->name, n_requests);
+    MPI_Request *reqs = checked_calloc(n_requests, sizeof *reqs);
+    int *peers = checked_calloc(n_requests, sizeof *peers);
+    size_t r = 0;
+    for (int i = 0; i < h->n_p2p; i++) {
+        const CommP2P *t = &h->p2p[i];
+        size_t step = piece_len(t->dtype, 1), k = 0;
+        do {
+            size_t len = min_size(step, t->count - k);
+            char *at = element(t->buf, t->dtype, k);
+            if (t->kind == COMM_SEND)
+                MPI_Isend(at, (int)len, mpi_dtype(t->dtype), t->peer, t->tag, h->comm->mpi, &reqs[r]);
+            else
+                MPI_Irecv(at, (int)len, mpi_dtype(t->dtype), t->peer, t->tag, h->comm->mpi, &reqs[r]);
+            peers[r++] = t->peer;
+            k += len;
+        } while (k < t->count);
+    }
+    wait_requests(h, reqs, peers, (int)n_requests);
+    number_messages(h);
+    free(peers);
+    free(reqs);
+}
+
+static Comm *new_comm(MPI_Comm mpi, const char *name, int *world_ranks) {
+    Comm *c = checked_calloc(1, sizeof *c);
+    c->mpi = mpi;
+    snprintf(c->name, sizeof c->name, "%s", name);
+    MPI_Comm_rank(mpi, &c->rank);
+    MPI_Comm_size(mpi, &c->size);
+    c->world_ranks = world_ranks;
+    return c;
+}
+
+// MPI_Comm_split cannot be polled, so: all-gather every rank's (color, key) with the timeout, then
+// MPI_Comm_create_group, which involves only the members, who have all just shown up.
+static void run_split(CommHandle *h) {
+    const Comm *parent = h->comm;
+    int n = parent->size, mine[2] = {h->color, h->key};
+    int *all = checked_calloc(2 * (size_t)n, sizeof *all);
+    MPI_Request req;
+    MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, parent->mpi, &req);
+    wait_request(h, &req);
+    // The parent ranks of my color, by key and then by parent rank (MPI_Comm_split's order).
+    int *members = checked_calloc((size_t)n, sizeof *members), m = 0;
+    for (int r = 0; r < n; r++) {
+        if (all[2 * r] != h->color) continue;
+        int j = m++;
+        for (; j > 0 && all[2 * members[j - 1] + 1] > all[2 * r + 1]; j--) members[j] = members[j - 1];
+        members[j] = r;
+    }
+    MPI_Group parent_group, group;
+    MPI_Comm_group(parent->mpi, &parent_group);
+    MPI_Group_incl(parent_group, m, members, &group);
+    MPI_Comm mpi;
+    MPI_Comm_create_group(parent->mpi, group, 0, &mpi);
+    MPI_Group_free(&group);
+    MPI_Group_free(&parent_group);
+    int *world_ranks = checked_calloc((size_t)m, sizeof *world_ranks);
+    for (int i = 0; i < m; i++) world_ranks[i] = parent->world_ranks[members[i]];
+    h->split_result = new_comm(mpi, h->split_name, world_ranks);
+    free(members);
+    free(all);
+}
+
+static void destroy_comm(Comm *c) {
+    MPI_Comm_free(&c->mpi);
+    free(c->world_ranks);
+    free(c);
+}
+
+static void execute(CommHandle *h) {
+    switch (h->kind) {
+    case OP_ALL_REDUCE: run_all_reduce(h); break;
+    case OP_REDUCE_SCATTER:
+    case OP_ALL_GATHER:
+    case OP_ALL_TO_ALL: run_blocked(h); break;
+    case OP_BROADCAST: run_broadcast(h); break;
+    case OP_BARRIER: run_barrier(h); break;
+    case OP_P2P: run_p2p(h); break;
+    case OP_SPLIT: run_split(h); break;
+    case OP_FREE: destroy_comm(h->comm); break;
+    case OP_STOP: break;
+    }
+}
+
+// ================================================================================================
+// Trace: one slice per data operation on "comm:<group>", recorded after it finished
+// ================================================================================================
+
+// The size of the whole tensor the operation works on (nccl-tests' "size"): the in-place buffer,
+// the larger side of the blocked ones, the sum of a batch's transfers.
+static size_t op_bytes(const CommHandle *h) {
+    size_t blocks = h->kind == OP_REDUCE_SCATTER || h->kind == OP_ALL_GATHER || h->kind == OP_ALL_TO_ALL
+                        ? (size_t)h->comm->size : 1;
+    if (h->kind != OP_P2P) return comm_bytes(h->dtype, h->count) * blocks;
+    size_t bytes = 0;
+    for (int i = 0; i < h->n_p2p; i++) bytes += comm_bytes(h->p2p[i].dtype, h->p2p[i].count);
+    return bytes;
+}
+
+// "peer" (a world rank) when every transfer goes to one rank, else "peers": "send 3, recv 1, ...".
+static void record_peers(int track, const CommHandle *h) {
+    const int *world = h->comm->world_ranks;
+    bool one_peer = true;
+    for (int i = 1; i < h->n_p2p; i++) one_peer &= h->p2p[i].peer == h->p2p[0].peer;
+    if (one_peer && h->n_p2p > 0) {
+        trace_arg_int(track, "peer", world[h->p2p[0].peer]);
+        return;
+    }
+    char peers[256] = "";
+    for (int i = 0, used = 0; i < h->n_p2p && used < (int)sizeof peers; i++)
+        used += snprintf(peers + used, sizeof peers - (size_t)used, "%s%s %d", i ? ", " : "",
+                         h->p2p[i].kind == COMM_SEND ? "send" : "recv", world[h->p2p[i].peer]);
+    trace_arg_str(track, "peers", peers);
+}
+
+static void record_flows(int track, const CommHandle *h) {
+    int me = stream.world->rank;
+    for (int i = 0; i < h->n_p2p; i++) {
+        int peer = h->comm->world_ranks[h->p2p[i].peer];
+        if (h->p2p[i].kind == COMM_SEND)
+            trace_flow_out(track, trace_flow_id(me, peer, h->seq[i]));
+        else
+            trace_flow_in(track, trace_flow_id(peer, me, h->seq[i]));
+    }
+}
+
+static void record_slice(const CommHandle *h) {
+    if (!stream.trace || !trace_enabled() || h->kind >= OP_SPLIT) return;
+    char track_name[64];
+    snprintf(track_name, sizeof track_name, "comm:%s", h->comm->name);
+    int track = trace_track(track_name);
+    trace_begin_at(track, h->name, "comm", h->start_ns);
+    trace_arg_str(track, "op", h->name);
+    trace_arg_str(track, "group", h->comm->name);
+    trace_arg_int(track, "bytes", (int64_t)op_bytes(h));
+    size_t count = h->count;
+    for (int i = 0; i < h->n_p2p; i++) count += h->p2p[i].count;
+    trace_arg_int(track, "count", (int64_t)count);
+    if (h->kind == OP_P2P) {
+        record_peers(track, h);
+        record_flows(track, h);
+    }
+    trace_end_at(track, now_ns());
+}
+
+static void *worker_main(void *unused) {
+    (void)unused;
+    for (;;) {
+        CommHandle *h = dequeue();
+        bool stop = h->kind == OP_STOP;
+        h->start_ns = now_ns();
+        execute(h);
+        record_slice(h);
+        mark_done(h);
+        if (stop) return NULL;
+    }
+}
+
+// ================================================================================================
+// Setup
+// ================================================================================================
+
+void comm_init(int *argc, char ***argv, const CommOptions *options) {
+    if (stream.started) fatal("comm_init: called twice");
+    CommOptions o = options ? *options : (CommOptions){0};
+    stream.timeout_s = o.timeout_seconds > 0 ? o.timeout_seconds : DEFAULT_TIMEOUT_S;
+    stream.chunk_bytes = o.chunk_bytes && o.chunk_bytes < MAX_CHUNK_BYTES ? o.chunk_bytes : MAX_CHUNK_BYTES;
+    stream.trace = o.trace;
+
+    int provided;
+    MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+    if (provided < MPI_THREAD_SERIALIZED)
+        fatal("comm_init: this MPI offers thread level %d, the comm stream needs MPI_THREAD_SERIALIZED", provided);
+    int *tag_ub, has_tag_ub;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);
+    stream.tag_ub = has_tag_ub ? *tag_ub : 32767;  // 32767: the least the standard guarantees
+
+    // A private copy of MPI_COMM_WORLD, so that our messages never match anybody else's.
+    MPI_Comm world;
+    MPI_Comm_dup(MPI_COMM_WORLD, &world);
+    int size;
+    MPI_Comm_size(world, &size);
+    int *world_ranks = checked_calloc((size_t)size, sizeof *world_ranks);
+    for (int r = 0; r < size; r++) world_ranks[r] = r;
+    stream.world = new_comm(world, "world", world_ranks);
+    log_set_rank(stream.world->rank);  // for launchers other than Open MPI's, whose variables log.c reads
+    stream.sent = checked_calloc((size_t)size, sizeof *stream.sent);
+    stream.received = checked_calloc((size_t)size, sizeof *stream.received);
+
+    pthread_mutex_init(&stream.lock, NULL);
+    pthread_cond_init(&stream.queued, NULL);
+    pthread_cond_init(&stream.finished, NULL);
+    stream.started = true;
+    if (pthread_create(&stream.worker, NULL, worker_main, NULL) != 0) fatal("comm_init: cannot start the comm thread");
+}
+
+void comm_finalize(void) {
+    if (!stream.started) return;
+    comm_wait(enqueue(new_op(OP_STOP, "finalize", stream.world)));
+    pthread_join(stream.worker, NULL);
+    stream.started = false;
+    // The worker has ended, so the main thread may call MPI again: SERIALIZED allows that.
+    destroy_comm(stream.world);
+    stream.world = NULL;
+    free(stream.sent);
+    free(stream.received);
+    pthread_cond_destroy(&stream.finished);
+    pthread_cond_destroy(&stream.queued);
+    pthread_mutex_destroy(&stream.lock);
+    MPI_Finalize();
+}
+
+Comm *comm_world(void) {
+    if (!stream.started) fatal("comm_world: comm_init() was not called");
+    return stream.world;
+}
+
+int comm_rank(const Comm *c) { return c->rank; }
+int comm_size(const Comm *c) { return c->size; }
+const char *comm_name(const Comm *c) { return c->name; }
+
+int comm_world_rank_of(const Comm *c, int r) {
+    if (r < 0 || r >= c->size) fatal("comm_world_rank_of: rank %d is not in group %s (%d ranks)", r, c->name, c->size);
+    return c->world_ranks[r];
+}
+
+Comm *comm_split(Comm *parent, int color, int key, const char *name) {
+    CommHandle *h = new_op(OP_SPLIT, "split", parent);
+    h->color = color;
+    h->key = key;
+    snprintf(h->split_name, sizeof h->split_name, "%s", name ? name : "?");
+    enqueue(h);
+    wait_done(h);
+    Comm *c = h->split_result;
+    free_handle(h);
+    return c;
+}
+
+void comm_free(Comm *c) {
+    if (!c) return;
+    if (c == stream.world) fatal("comm_free: the world communicator is freed by comm_finalize()");
+    comm_wait(enqueue(new_op(OP_FREE, "free", c)));
+}
+
+// ================================================================================================
+// Starting operations (on the caller's thread: misuse is caught here, before anything is queued)
+// ================================================================================================
+
+static void check_rank(const char *op, const Comm *c, int r, const char *what) {
+    if (r < 0 || r >= c->size) fatal("comm: %s on group %s: %s %d is not in [0, %d)", op, c->name, what, r, c->size);
+}
+
+static CommHandle *new_collective(OpKind kind, const char *name, Comm *c, const void *send, void *recv, size_t count,
+                                  CommDtype dtype) {
+    CommHandle *h = new_op(kind, name, c);
+    comm_bytes(dtype, count);  // checks the dtype and the size
+    if (count > SIZE_MAX / (size_t)c->size) fatal("comm: %s: %zu elements x %d ranks overflow", name, count, c->size);
+    if (count && (!send || !recv)) fatal("comm: %s on group %s: NULL buffer for %zu elements", name, c->name, count);
+    h->send = send;
+    h->recv = recv;
+    h->count = count;
+    h->dtype = dtype;
+    return h;
+}
+
+static void set_reduce(CommHandle *h, CommReduceOp op) {
+    if (op != COMM_SUM && op != COMM_AVG && op != COMM_MAX) fatal("comm: %s: unknown reduce op %d", h->name, (int)op);
+    if (h->dtype == COMM_BYTE) fatal("comm: %s: bytes cannot be reduced", h->name);
+    if (op == COMM_AVG && h->dtype == COMM_INT32) fatal("comm: %s: AVG needs a float dtype, not INT32", h->name);
+    h->reduce = op;
+}
+
+CommHandle *comm_all_reduce_start(Comm *c, void *buf, size_t count, CommDtype dtype, CommReduceOp op) {
+    CommHandle *h = new_collective(OP_ALL_REDUCE, "all_reduce", c, buf, buf, count, dtype);
+    set_reduce(h, op);
+    return enqueue(h);
+}
+
+CommHandle *comm_reduce_scatter_start(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype,
+                                      CommReduceOp op) {
+    CommHandle *h = new_collective(OP_REDUCE_SCATTER, "reduce_scatter", c, send, recv, count, dtype);
+    set_reduce(h, op);
+    return enqueue(h);
+}
+
+CommHandle *comm_all_gather_start(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype) {
+    return enqueue(new_collective(OP_ALL_GATHER, "all_gather", c, send, recv, count, dtype));
+}
+
+CommHandle *comm_broadcast_start(Comm *c, void *buf, size_t count, CommDtype dtype, int root) {
+    CommHandle *h = new_collective(OP_BROADCAST, "broadcast", c, buf, buf, count, dtype);
+    check_rank(h->name, c, root, "root");
+    h->root = root;
+    return enqueue(h);
+}
+
+CommHandle *comm_all_to_all_start(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype) {
+    return enqueue(new_collective(OP_ALL_TO_ALL, "all_to_all", c, send, recv, count, dtype));
+}
+
+CommHandle *comm_barrier_start(Comm *c) { return enqueue(new_op(OP_BARRIER, "barrier", c)); }
+
+static CommHandle *start_p2p(Comm *c, const CommP2P *ops, int n_ops, const char *name) {
+    CommHandle *h = new_op(OP_P2P, name, c);
+    if (n_ops < 0 || (n_ops && !ops)) fatal("comm: %s on group %s: bad list of %d transfers", name, c->name, n_ops);
+    for (int i = 0; i < n_ops; i++) {
+        const CommP2P *t = &ops[i];
+        if (t->kind != COMM_SEND && t->kind != COMM_RECV) fatal("comm: %s: transfer %d has unknown kind %d", name, i, (int)t->kind);
+        check_rank(name, c, t->peer, "peer");
+        comm_bytes(t->dtype, t->count);
+        if (t->count && !t->buf) fatal("comm: %s on group %s: transfer %d has a NULL buffer", name, c->name, i);
+        if (t->tag < 0 || t->tag > stream.tag_ub)
+            fatal("comm: %s on group %s: tag %d is not in [0, %d]", name, c->name, t->tag, stream.tag_ub);
+    }
+    h->p2p = checked_calloc((size_t)n_ops, sizeof *h->p2p);
+    if (n_ops) memcpy(h->p2p, ops, (size_t)n_ops * sizeof *ops);
+    h->seq = checked_calloc((size_t)n_ops, sizeof *h->seq);
+    h->n_p2p = n_ops;
+    return enqueue(h);
+}
+
+CommHandle *comm_batch_start(Comm *c, const CommP2P *ops, int n_ops) { return start_p2p(c, ops, n_ops, "batch"); }
+
+CommHandle *comm_send_start(Comm *c, const void *buf, size_t count, CommDtype dtype, int peer, int tag) {
+    CommP2P t = {COMM_SEND, (void *)buf, count, dtype, peer, tag};
+    return start_p2p(c, &t, 1, "send");
+}
+
+CommHandle *comm_recv_start(Comm *c, void *buf, size_t count, CommDtype dtype, int peer, int tag) {
+    CommP2P t = {COMM_RECV, buf, count, dtype, peer, tag};
+    return start_p2p(c, &t, 1, "recv");
+}
+
+// ================================================================================================
+// Blocking forms
+// ================================================================================================
+
+void comm_all_reduce(Comm *c, void *buf, size_t count, CommDtype dtype, CommReduceOp op) {
+    comm_wait(comm_all_reduce_start(c, buf, count, dtype, op));
+}
+
+void comm_reduce_scatter(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype, CommReduceOp op) {
+    comm_wait(comm_reduce_scatter_start(c, send, recv, count, dtype, op));
+}
+
+void comm_all_gather(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype) {
+    comm_wait(comm_all_gather_start(c, send, recv, count, dtype));
+}
+
+void comm_broadcast(Comm *c, void *buf, size_t count, CommDtype dtype, int root) {
+    comm_wait(comm_broadcast_start(c, buf, count, dtype, root));
+}
+
+void comm_all_to_all(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype) {
+    comm_wait(comm_all_to_all_start(c, send, recv, count, dtype));
+}
+
+void comm_barrier(Comm *c) { comm_wait(comm_barrier_start(c)); }
+
+void comm_send(Comm *c, const void *buf, size_t count, CommDtype dtype, int peer, int tag) {
+    comm_wait(comm_send_start(c, buf, count, dtype, peer, tag));
+}
+
+void comm_recv(Comm *c, void *buf, size_t count, CommDtype dtype, int peer, int tag) {
+    comm_wait(comm_recv_start(c, buf, count, dtype, peer, tag));
+}
+
+void comm_sendrecv(Comm *c, const void *send, size_t send_count, int dst, void *recv, size_t recv_count, int src,
+                   CommDtype dtype, int tag) {
+    CommP2P pair[2] = {{COMM_SEND, (void *)send, send_count, dtype, dst, tag},
+                       {COMM_RECV, recv, recv_count, dtype, src, tag}};
+    comm_wait(start_p2p(c, pair, 2, "sendrecv"));
+}

@@ -1,0 +1,110 @@
+// comm.h: the communicator every parallel module talks to. Backend-neutral: today Open MPI on host
+// memory; the GPU chapter adds NCCL behind the same calls.
+//
+// Streams. Each rank has a compute stream (its main thread) and a comm stream: one worker thread
+// that runs queued operations one after another, in the order they were started (like a CUDA
+// stream with NCCL on it). `*_start` queues an operation and returns a handle at once; comm_wait()
+// blocks until that operation has finished. Compute on the main thread therefore really overlaps
+// communication, and the timeline shows it. The blocking forms are start + wait.
+//
+//   CommHandle *h = comm_all_reduce_start(dp, grads, n, COMM_FLOAT32, COMM_AVG);
+//   ... more backward ...                     // runs while the all-reduce is in flight
+//   comm_wait(h);                              // grads now hold the average over dp
+//
+// Point to point. Because the stream runs one operation at a time to completion, a send that
+// waits for its receiver must not be queued before the receive the receiver is waiting on. Queue
+// the sends and receives that belong together as ONE operation with comm_batch_start() (as
+// ncclGroupStart/End or torch.distributed.batch_isend_irecv do); comm_send/comm_recv alone are
+// for one-directional transfers.
+//
+// Buffers passed to a *_start call belong to the comm stream until comm_wait returns: do not read
+// or write them in between (the in-place all-reduce writes its result into `buf`).
+//
+// Failure. An operation that has not finished after the timeout (comm_init, default 300 s) ends
+// the run with one line naming the operation, the group and, for point to point, the peer rank
+// (a killed rank shows up this way if mpirun has not already ended the job; see common/COMM.md).
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+typedef struct Comm Comm;
+typedef struct CommHandle CommHandle;
+
+typedef enum { COMM_FLOAT32, COMM_FLOAT64, COMM_INT32, COMM_BYTE } CommDtype;
+typedef enum { COMM_SUM, COMM_AVG, COMM_MAX } CommReduceOp;  // AVG = SUM / group size
+
+typedef struct {
+    double timeout_seconds;  // per operation; <= 0 means the default, 300
+    bool trace;              // record a slice per operation on the track "comm:<group name>"
+    size_t chunk_bytes;      // most bytes one MPI call moves (larger operations go in pieces);
+                             // 0 means the default, 1 GiB. Tests set it small to exercise pieces.
+} CommOptions;
+
+// MPI_Init_thread (MPI_THREAD_SERIALIZED: after it, only the worker thread calls MPI) and the comm
+// stream's worker thread. Call once, before anything else; options may be NULL (defaults). Works
+// without mpirun too, as a world of one rank.
+void comm_init(int *argc, char ***argv, const CommOptions *options);
+void comm_finalize(void);  // waits for queued work, stops the worker, then MPI_Finalize
+
+Comm *comm_world(void);  // named "world"
+int comm_rank(const Comm *c);
+int comm_size(const Comm *c);
+const char *comm_name(const Comm *c);
+// The world rank of rank `r` of c (for naming peers and drawing flows).
+int comm_world_rank_of(const Comm *c, int r);
+// Collective over parent: ranks with the same color form a group, ordered by key (ties by rank in
+// parent). name labels the group in messages and trace tracks ("dp_shard", "tp", ...). Runs on
+// the comm stream (after the work queued before it) and blocks until done.
+Comm *comm_split(Comm *parent, int color, int key, const char *name);
+void comm_free(Comm *c);  // waits for the work queued on c; not for comm_world()
+
+size_t comm_dtype_size(CommDtype dtype);
+size_t comm_bytes(CommDtype dtype, size_t count);
+
+// ---- collectives (count is in elements) ---------------------------------------------------------
+// Reductions are bit-reproducible: every element is folded in rank order, x0 + x1 + ... + x(n-1),
+// on every rank and in every run (see common/COMM.md). AVG needs a float dtype; COMM_BYTE cannot be
+// reduced. MAX propagates NaN.
+// In place: buf (count) becomes the reduction over the group.
+CommHandle *comm_all_reduce_start(Comm *c, void *buf, size_t count, CommDtype dtype, CommReduceOp op);
+// send (count * size), recv (count): rank r receives the reduction of block r.
+CommHandle *comm_reduce_scatter_start(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype,
+                                      CommReduceOp op);
+// send (count), recv (count * size): block r of recv is rank r's send.
+CommHandle *comm_all_gather_start(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype);
+CommHandle *comm_broadcast_start(Comm *c, void *buf, size_t count, CommDtype dtype, int root);
+// send (count * size): block r goes to rank r; recv (count * size): block r came from rank r.
+CommHandle *comm_all_to_all_start(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype);
+CommHandle *comm_barrier_start(Comm *c);
+
+// ---- point to point -----------------------------------------------------------------------------
+typedef enum { COMM_SEND, COMM_RECV } CommP2PKind;
+typedef struct {
+    CommP2PKind kind;
+    void *buf;  // const for sends
+    size_t count;
+    CommDtype dtype;
+    int peer;  // rank in c
+    int tag;   // >= 0
+} CommP2P;
+// Posts every transfer, then waits for all of them: one operation on the stream. A receive's count
+// must equal its send's (large transfers travel as several messages).
+CommHandle *comm_batch_start(Comm *c, const CommP2P *ops, int n_ops);
+CommHandle *comm_send_start(Comm *c, const void *buf, size_t count, CommDtype dtype, int peer, int tag);
+CommHandle *comm_recv_start(Comm *c, void *buf, size_t count, CommDtype dtype, int peer, int tag);
+
+// Blocks until the operation finished; frees the handle. NULL is fine.
+void comm_wait(CommHandle *h);
+bool comm_test(CommHandle *h);  // true once finished (the handle still needs comm_wait)
+
+// ---- blocking forms -------------------------------------------------------------------------------
+void comm_all_reduce(Comm *c, void *buf, size_t count, CommDtype dtype, CommReduceOp op);
+void comm_reduce_scatter(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype, CommReduceOp op);
+void comm_all_gather(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype);
+void comm_broadcast(Comm *c, void *buf, size_t count, CommDtype dtype, int root);
+void comm_all_to_all(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype);
+void comm_barrier(Comm *c);
+void comm_send(Comm *c, const void *buf, size_t count, CommDtype dtype, int peer, int tag);
+void comm_recv(Comm *c, void *buf, size_t count, CommDtype dtype, int peer, int tag);
+void comm_sendrecv(Comm *c, const void *send, size_t send_count, int dst, void *recv, size_t recv_count, int src,
+                   CommDtype dtype, int tag);
