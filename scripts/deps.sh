@@ -28,7 +28,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     mkdir -p "$BUILD"
     /usr/bin/python3 -m venv --system-site-packages "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import torch, perfetto.protos.perfetto.trace.perfetto_trace_pb2" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import torch, hta, perfetto.protos.perfetto.trace.perfetto_trace_pb2" 2>/dev/null; then
     echo "deps: installing PyPI packages into $VENV: $PY_PACKAGES"
     "$VENV/bin/python" -m pip install -q --upgrade $PY_PACKAGES
 else

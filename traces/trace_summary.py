@@ -1,0 +1,227 @@
+"""trace-summary: per rank, where the time went in a trace written by common/trace.c.
+
+    trace_summary.py FILE [--json]
+
+FILE is a merged .pftrace (native Perfetto) or the Chrome-trace JSON of the same run. Each process
+track is a rank; its "compute" thread track holds compute, every "comm:<group>" track holds
+communication. Per rank (all figures are lengths of unions of intervals, so overlapping or nested
+slices count once):
+
+  compute   union of the top-level slices on "compute", except those of category "comm-wait"
+            (the main thread blocked on communication, e.g. DDP's final wait)
+  comm      union of the slices on the "comm:*" tracks
+  exposed   comm time during which no compute slice runs (what communication costs the step)
+  overlap   1 - exposed / comm, in percent (empty when the rank has no comm)
+  span      first begin to last end of the rank's compute and comm slices
+  idle      span minus the union of compute and comm
+  bubble    the part of idle between the first compute begin and the last compute end: the
+            pipeline bubble (waiting inside the step, not before the first or after the last work)
+
+Other tracks (data loading, counters) are outside every figure. The total line adds the ranks up
+(overlap from those sums) and gives the wall time from the earliest to the latest slice of any rank.
+Text output is in milliseconds; --json prints microseconds (exact to the nanosecond) for tests.
+"""
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+
+# ---- intervals: lists of (begin, end) in ns --------------------------------------------------------
+
+def union(intervals):
+    """Sorted, disjoint, non-touching intervals covering the same time."""
+    merged = []
+    for begin, end in sorted(intervals):
+        if merged and begin <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([begin, end])
+    return [tuple(m) for m in merged]
+
+
+def length(merged):
+    return sum(end - begin for begin, end in merged)
+
+
+def intersection_length(a, b):
+    """Time covered by both of two unions (each sorted and disjoint): one merge-like sweep."""
+    i = j = total = 0
+    while i < len(a) and j < len(b):
+        total += max(0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+# ---- reading the two file forms ---------------------------------------------------------------------
+
+WAIT_CATEGORY = "comm-wait"
+
+
+class Rank:
+    def __init__(self, rank, name=""):
+        self.rank, self.name = rank, name
+        self.compute, self.comm = [], []  # (begin, end) in ns
+
+    def add(self, track_name, begin, end, depth, category=""):
+        # A top-level slice of category "comm-wait" on the compute track (DDP's "ddp wait") is the
+        # main thread blocked on communication: not compute, so the comm under it counts as exposed.
+        if track_name == "compute" and depth == 0 and category != WAIT_CATEGORY:
+            self.compute.append((begin, end))
+        elif track_name.startswith("comm:"):
+            self.comm.append((begin, end))
+
+
+def read_pftrace(data):
+    """Ranks from the protobuf form. trace.c gives rank r the pid r + 1 (Perfetto ignores pid 0)."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    trace = pb.Trace()
+    try:
+        trace.ParseFromString(data)
+    except Exception as e:  # protobuf's DecodeError
+        raise ValueError(f"not a Perfetto protobuf trace ({e})") from e
+    ranks, threads = {}, {}  # pid -> Rank; track uuid -> (pid, thread name)
+    for packet in trace.packet:
+        track = packet.track_descriptor
+        if not packet.HasField("track_descriptor"):
+            continue
+        if track.HasField("process"):
+            ranks.setdefault(track.process.pid, Rank(track.process.pid - 1)).name = track.process.process_name
+        elif track.HasField("thread"):
+            threads[track.uuid] = (track.thread.pid, track.thread.thread_name)
+    events = [(p.timestamp, i, p.track_event) for i, p in enumerate(trace.packet)
+              if p.HasField("track_event") and p.track_event.track_uuid in threads]
+    events.sort(key=lambda e: (e[0], e[1]))  # as the trace processor orders them
+    stacks = defaultdict(list)  # track uuid -> begin times of the open slices
+    for ts, _, event in events:
+        stack = stacks[event.track_uuid]
+        if event.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+            stack.append((ts, event.categories[0] if event.categories else ""))
+        elif event.type == pb.TrackEvent.TYPE_SLICE_END and stack:
+            begin, category = stack.pop()
+            pid, name = threads[event.track_uuid]
+            ranks.setdefault(pid, Rank(pid - 1)).add(name, begin, ts, len(stack), category)
+    return list(ranks.values())
+
+
+def read_json(text):
+    """Ranks from the Chrome JSON form (pid = rank, one tid per track, X events in time order)."""
+    doc = json.loads(text)
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    ranks, thread_names = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            ranks.setdefault(e["pid"], Rank(e["pid"])).name = e["args"]["name"]
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            thread_names[(e["pid"], e["tid"])] = e["args"]["name"]
+    open_ends = defaultdict(list)  # (pid, tid) -> end times of the enclosing slices
+    slices = [e for e in events if e.get("ph") == "X"]
+    for e in sorted(slices, key=lambda e: e["ts"]):  # stable: a parent stays before its children
+        begin = round(e["ts"] * 1000)
+        end = begin + round(e["dur"] * 1000)
+        stack = open_ends[(e["pid"], e["tid"])]
+        while stack and stack[-1] <= begin:
+            stack.pop()
+        name = thread_names.get((e["pid"], e["tid"]), "")
+        ranks.setdefault(e["pid"], Rank(e["pid"])).add(name, begin, end, len(stack), e.get("cat", ""))
+        stack.append(end)
+    return list(ranks.values())
+
+
+def read_trace(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    if data.lstrip()[:1] in (b"{", b"["):
+        return read_json(data.decode("utf-8"))
+    return read_pftrace(data)
+
+
+# ---- the figures ---------------------------------------------------------------------------------
+
+def overlap_pct(comm, exposed):
+    return 100.0 * (1 - exposed / comm) if comm else None
+
+
+def summarize(rank):
+    compute, comm = union(rank.compute), union(rank.comm)
+    busy = union(compute + comm)
+    row = {"rank": rank.rank, "name": rank.name, "compute": length(compute), "comm": length(comm)}
+    row["exposed"] = row["comm"] - intersection_length(comm, compute)
+    row["overlap_pct"] = overlap_pct(row["comm"], row["exposed"])
+    if not busy:
+        row.update(start=0, end=0, span=0, idle=0, bubble=0)
+        return row
+    row.update(start=busy[0][0], end=busy[-1][1])
+    row["span"] = row["end"] - row["start"]
+    row["idle"] = row["span"] - length(busy)
+    if compute:
+        window = [(compute[0][0], compute[-1][1])]
+        row["bubble"] = length(window) - intersection_length(busy, window)
+    else:
+        row["bubble"] = 0
+    return row
+
+
+TIMES = ("compute", "comm", "exposed", "idle", "bubble", "span")
+US_KEYS = TIMES + ("start", "end", "wall")  # in ns internally; microseconds in --json
+
+
+def total_of(rows):
+    total = {key: sum(row[key] for row in rows) for key in TIMES}
+    total["overlap_pct"] = overlap_pct(total["comm"], total["exposed"])
+    active = [row for row in rows if row["span"]]
+    total["wall"] = max(r["end"] for r in active) - min(r["start"] for r in active) if active else 0
+    total["ranks"] = len(rows)
+    return total
+
+
+def as_us(row):
+    out = {}
+    for key, value in row.items():
+        if key in US_KEYS:
+            out[f"{key}_us"] = value / 1000
+        else:
+            out[key] = value
+    return out
+
+
+def table_line(label, row, note):
+    overlap = "-" if row["overlap_pct"] is None else f"{row['overlap_pct']:.1f}"
+    ms = [f"{row[key] / 1e6:10.3f}" for key in ("compute", "comm", "exposed", "idle", "bubble", "span")]
+    return f"{label:>5} {' '.join(ms[:3])} {overlap:>8} {' '.join(ms[3:])}  {note}"
+
+
+def print_table(rows, total):
+    print(f"{'rank':>5} {'compute':>10} {'comm':>10} {'exposed':>10} {'overlap%':>8} {'idle':>10} {'bubble':>10} "
+          f"{'span':>10}  (ms)")
+    for row in rows:
+        print(table_line(row["rank"], row, row["name"]))
+    print(table_line("total", total, f"({total['ranks']} ranks, wall {total['wall'] / 1e6:.3f} ms)"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     epilog="Definitions: see the top of traces/trace_summary.py or traces/README.md.")
+    parser.add_argument("trace", help=".pftrace or Chrome-trace .json written by common/trace.c")
+    parser.add_argument("--json", action="store_true", help="print JSON (microseconds) instead of the table")
+    args = parser.parse_args()
+    try:
+        ranks = read_trace(args.trace)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"trace-summary: {args.trace}: {e}", file=sys.stderr)
+        return 2
+    rows = [summarize(rank) for rank in sorted(ranks, key=lambda r: r.rank)]
+    total = total_of(rows)
+    if args.json:
+        print(json.dumps({"ranks": [as_us(row) for row in rows], "total": as_us(total)}, indent=1))
+    else:
+        print_table(rows, total)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
