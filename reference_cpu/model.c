@@ -200,6 +200,10 @@ double model_forward(const Model *m, ModelActs *acts, const int *inputs, const i
     return loss;
 }
 
+static void notify_grads_ready(const Model *m, int layer) {
+    if (m->grads_ready) m->grads_ready(layer, m->grads_ready_ctx);
+}
+
 void model_backward(Model *m, ModelActs *acts, const int *inputs, double dloss) {
     const ModelConfig *c = &m->cfg;
     int B = acts->B, T = acts->T, BT = B * T, D = c->dim, V = c->vocab_size;
@@ -218,6 +222,8 @@ void model_backward(Model *m, ModelActs *acts, const int *inputs, double dloss) 
     rmsnorm_backward(acts->dx, m->grads + norm_p->offset, acts->dxn, acts->x_final, m->params + norm_p->offset,
                      acts->rstd_final, BT, D);
     trace_end(track);
+    // final norm and output are done (tied: the output weight is tok_embeddings, notified last)
+    notify_grads_ready(m, c->n_layers);
     // blocks in reverse; dx holds the gradient of the current block's output
     for (int l = c->n_layers - 1; l >= 0; l--) {
         BlockWeights w = block_weights(m, m->params, l), g = block_weights(m, m->grads, l);
@@ -226,9 +232,11 @@ void model_backward(Model *m, ModelActs *acts, const int *inputs, double dloss) 
         trace_arg_double(track, "flops", 2 * model_block_forward_flops(c, B, T));
         block_backward(m, &w, &g, &acts->blocks[l], acts, acts->dx, acts->dx_next, B, T);
         trace_end(track);
+        notify_grads_ready(m, l);
         real *swap = acts->dx;
         acts->dx = acts->dx_next;
         acts->dx_next = swap;
     }
     embedding_backward(m->grads + emb_p->offset, acts->dx, inputs, BT, D);
+    notify_grads_ready(m, LAYER_EMBEDDING);
 }

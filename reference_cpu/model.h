@@ -19,6 +19,11 @@
 
 typedef enum { ATTN_FLASH, ATTN_NAIVE } AttentionImpl;
 
+// Called by model_backward as soon as the gradients of every parameter owned by `layer` are final
+// for this backward (order: n_layers (final norm, output), n_layers-1, ..., 0, LAYER_EMBEDDING).
+// Data parallelism starts communicating a bucket of gradients from here, while backward goes on.
+typedef void (*GradsReadyHook)(int layer, void *ctx);
+
 typedef struct {
     ModelConfig cfg;
     ParamTable table;
@@ -26,6 +31,8 @@ typedef struct {
     real *grads;   // (table.total_numel), same layout
     RopeTable rope;
     AttentionImpl attention;
+    GradsReadyHook grads_ready;  // NULL: no hook
+    void *grads_ready_ctx;
 } Model;
 
 // Pointers to one block's tensors inside a flat buffer laid out by the table (params or grads).

@@ -1,10 +1,11 @@
-// train.c: the training program. Today it runs the single-process reference; later chapters add
-// their parallel modules behind the same flags (DESIGN.md), so every config can be compared with
-// this one at equal tokens per step.
+// train.c: the training program. Alone it runs the single-process reference; under mpirun the
+// chapters' parallel modules split the work behind the same flags (DESIGN.md). --batch is always
+// the GLOBAL batch, so every config can be compared with the single process at equal tokens/step.
 //
 //   ./build/train --model small --steps 150 --trace build/small.pftrace
 //   ./build/train --model tiny --steps 10 --dump ref.safetensors     (what other code checks against)
 //   ./build/train --compare their_dump.safetensors                    (check their numbers against ours)
+//   mpirun -np 4 ./build/train --dp-replicate 4 --trace ddp.pftrace   (chapter 2: data parallel)
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,11 +13,15 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "chapters/02_data_parallel/ddp.h"
 #include "common/args.h"
+#include "common/comm.h"
 #include "common/data.h"
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/mesh.h"
 #include "common/trace.h"
+#include "common/trace_dist.h"
 #include "reference_cpu/adamw.h"
 #include "reference_cpu/checkpoint.h"
 #include "reference_cpu/dump.h"
@@ -24,11 +29,13 @@
 
 typedef struct {
     const char *model, *data, *lr_decay, *attention, *matmul;
-    const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare;
+    const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot;
     int steps, batch, seq_len, warmup_steps, checkpoint_every, log_every;
+    int dp_replicate, dp_shard, grad_accum_steps;
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
-    bool model_info;
+    double bucket_mb, comm_timeout;
+    bool model_info, no_overlap, desync_init;
 } Options;
 
 static Options opt = {.seq_len = -1, .warmup_steps = -1, .rope_theta = -1};
@@ -74,6 +81,19 @@ static const ArgSpec FLAGS[] = {
     {"compare-rtol", ARG_DOUBLE, &opt.compare_rtol, "1e-4", "--compare tolerance: max|diff| / max|reference|",
      .min = 0, .max = 1},
     {"log-every", ARG_INT, &opt.log_every, "1", "print a log line every N steps", .min = 1, .max = UNBOUNDED},
+    {"dp-replicate", ARG_INT, &opt.dp_replicate, "1", "data-parallel replicas (DDP, chapter 2)", .min = 1,
+     .max = UNBOUNDED},
+    {"dp-shard", ARG_INT, &opt.dp_shard, "1", "data-parallel shards (FSDP, chapter 3)", .min = 1, .max = UNBOUNDED},
+    {"grad-accum-steps", ARG_INT, &opt.grad_accum_steps, "1",
+     "micro-batches per optimizer step on each rank; gradients sync after the last", .min = 1, .max = UNBOUNDED},
+    {"bucket-mb", ARG_DOUBLE, &opt.bucket_mb, "25", "DDP gradient bucket size in MiB", .min = 1e-6, .max = 1e6},
+    {"no-overlap", ARG_BOOL, &opt.no_overlap, NULL, "DDP: all-reduce every bucket after backward instead of during it",
+     .value_name = ""},
+    {"desync-init", ARG_BOOL, &opt.desync_init, NULL,
+     "give every rank a different init (seed + rank) to show the initial broadcast fixes it", .value_name = ""},
+    {"comm-timeout", ARG_DOUBLE, &opt.comm_timeout, "300", "seconds before a stuck collective ends the run",
+     .min = 0.1, .max = UNBOUNDED},
+    {"mesh-dot", ARG_STRING, &opt.mesh_dot, NULL, "write the device mesh as a Graphviz diagram", .value_name = "FILE"},
     {"model-info", ARG_BOOL, &opt.model_info, NULL, "print the config, parameter count and FLOPs per token, and exit", .value_name = ""},
 };
 #define N_FLAGS ((int)(sizeof FLAGS / sizeof FLAGS[0]))
@@ -131,38 +151,84 @@ typedef struct {
     double loss, grad_norm, lr;
 } StepResult;
 
-// One optimizer step: forward, backward, clip, AdamW. Returns the loss before the update.
-static StepResult train_step(Model *m, ModelActs *acts, real *adam_m, real *adam_v, const int *inputs,
-                             const int *targets, long long step, const LrSchedule *schedule, const AdamWConfig *adam,
-                             DumpRecorder *dump) {
+// Everything one rank trains with.
+typedef struct {
+    Model model;
+    ModelActs acts;                // for one micro-batch
+    real *adam_m, *adam_v;
+    int *inputs, *targets;         // one micro-batch: (micro, T)
+    DataSource *data;
+    Mesh *mesh;
+    Ddp *ddp;                      // NULL with a single data-parallel rank
+    int B, T;                      // global batch, sequence length
+    int micro, n_micro;            // sequences per micro-batch, micro-batches per step on this rank
+    int dp_index, dp_size;
+    LrSchedule schedule;
+    AdamWConfig adam;
+    DumpRecorder *dump;            // single process only
+} Trainer;
+
+// Forward and backward of every micro-batch of this rank's slice of the global batch. The
+// gradients accumulate; each backward is scaled by 1/n_micro and DDP averages over the dp ranks,
+// so the result is the gradient of the mean loss over the global batch (each micro-batch has the
+// same number of targets). Returns this rank's mean loss.
+static double forward_backward(Trainer *t, long long step) {
+    int track = trace_track("compute");
+    double loss_sum = 0;
+    int local = t->micro * t->n_micro;
+    for (int mb = 0; mb < t->n_micro; mb++) {
+        int first_seq = t->dp_index * local + mb * t->micro;
+        data_batch(t->data, step, t->B, first_seq, t->micro, t->T, t->inputs, t->targets);
+        trace_begin(track, "forward", "phase");
+        trace_arg_int(track, "microbatch", mb);
+        double loss = model_forward(&t->model, &t->acts, t->inputs, t->targets);
+        trace_end(track);
+        if (!isfinite(loss)) fatal("step %lld: loss is %g; stopping (try a lower --lr)", step, loss);
+        if (t->ddp) ddp_begin_backward(t->ddp, mb == t->n_micro - 1);
+        trace_begin(track, "backward", "phase");
+        trace_arg_int(track, "microbatch", mb);
+        model_backward(&t->model, &t->acts, t->inputs, 1.0 / t->n_micro);
+        trace_end(track);
+        loss_sum += loss;
+    }
+    if (t->ddp) ddp_finish_backward(t->ddp);
+    return loss_sum / t->n_micro;
+}
+
+// One optimizer step: forward/backward (with gradient sync), clip, AdamW. Returns the loss over the
+// global batch before the update.
+static StepResult train_step(Trainer *t, long long step) {
     int track = trace_track("compute");
     StepResult r;
-    model_zero_grads(m);
-    trace_begin(track, "forward", "phase");
-    r.loss = model_forward(m, acts, inputs, targets);
-    trace_end(track);
-    if (!isfinite(r.loss)) fatal("step %lld: loss is %g; stopping (try a lower --lr)", step, r.loss);
-    trace_begin(track, "backward", "phase");
-    model_backward(m, acts, inputs, 1.0);
-    trace_end(track);
+    model_zero_grads(&t->model);
+    r.loss = forward_backward(t, step);
+    if (t->dp_size > 1) comm_all_reduce(t->mesh->dp, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
     trace_begin(track, "optimizer", "phase");
-    size_t n = m->table.total_numel;
-    r.grad_norm = sqrt(sum_of_squares(m->grads, n));
+    size_t n = t->model.table.total_numel;
+    r.grad_norm = sqrt(sum_of_squares(t->model.grads, n));  // grads are identical on every dp rank
     if (!isfinite(r.grad_norm)) fatal("step %lld: gradient norm is %g; stopping", step, r.grad_norm);
-    r.lr = lr_at(schedule, step);
-    if (dump) dump_record_step(dump, m, acts, step, inputs, targets, r.loss, r.grad_norm, r.lr);
-    clip_by_global_norm(m->grads, n, r.grad_norm, opt.grad_clip);
-    adamw_step(m->params, m->grads, adam_m, adam_v, n, step, r.lr, adam);
+    r.lr = lr_at(&t->schedule, step);
+    if (t->dump) dump_record_step(t->dump, &t->model, &t->acts, step, t->inputs, t->targets, r.loss, r.grad_norm, r.lr);
+    clip_by_global_norm(t->model.grads, n, r.grad_norm, opt.grad_clip);
+    adamw_step(t->model.params, t->model.grads, t->adam_m, t->adam_v, n, step, r.lr, &t->adam);
     trace_end(track);
     return r;
 }
 
-static void write_traces(void) {
-    if (opt.trace && !trace_write_pftrace(opt.trace)) fatal("--trace %s: could not write the trace", opt.trace);
-    if (opt.trace_json && !trace_write_json(opt.trace_json))
-        fatal("--trace-json %s: could not write the trace", opt.trace_json);
-    if (opt.trace) log_info("trace written to %s (open it at https://ui.perfetto.dev)", opt.trace);
-    if (opt.trace_json) log_info("trace written to %s", opt.trace_json);
+// The parallel layout: checks the flags against the world size and the batch.
+static Mesh *setup_mesh(void) {
+    if (opt.dp_shard > 1)
+        fatal_input("--dp-shard %d: sharded data parallel (FSDP) comes with chapter 3; use --dp-replicate for DDP",
+                    opt.dp_shard);
+    Mesh *mesh = mesh_create(1, opt.dp_replicate, opt.dp_shard, 1, 1);
+    int dp = opt.dp_replicate * opt.dp_shard;
+    if (opt.batch % (dp * opt.grad_accum_steps) != 0)
+        fatal_input("--batch %d: must be divisible by data-parallel ranks (%d) x --grad-accum-steps (%d) = %d",
+                    opt.batch, dp, opt.grad_accum_steps, dp * opt.grad_accum_steps);
+    if (opt.dump && (mesh->world_size > 1 || opt.grad_accum_steps > 1))
+        fatal_input("--dump: records the single-process reference; run it without mpirun and --grad-accum-steps");
+    if (opt.mesh_dot && mesh->rank == 0) mesh_write_dot(mesh, opt.mesh_dot);
+    return mesh;
 }
 
 int main(int argc, char **argv) {
@@ -170,8 +236,7 @@ int main(int argc, char **argv) {
     memcpy(flags, FLAGS, sizeof flags);
     flags[0].choices = MODEL_CONFIG_NAMES;
     args_parse(flags, N_FLAGS, argc, argv, "train",
-               "Trains Llama 3 with the single-process CPU reference (the oracle every parallel module is checked "
-               "against).");
+               "Trains Llama 3: the single-process CPU reference alone, the parallel modules under mpirun.");
     matmul_set_backend(strcmp(opt.matmul, "loop") == 0 ? MATMUL_LOOP : MATMUL_BLAS);
     AttentionImpl attention = strcmp(opt.attention, "naive") == 0 ? ATTN_NAIVE : ATTN_FLASH;
     if (opt.compare) return dump_compare(opt.compare, attention, opt.compare_rtol);
@@ -179,91 +244,120 @@ int main(int argc, char **argv) {
     ModelConfig cfg = resolve_config();
     print_model_info(&cfg, opt.seq_len);
     if (opt.model_info) return 0;
-    int B = opt.batch, T = opt.seq_len;
     check_writable("trace", opt.trace);
     check_writable("trace-json", opt.trace_json);
     check_writable("dump", opt.dump);
-    if (opt.checkpoint_dir) ensure_directory(opt.checkpoint_dir);
+    check_writable("mesh-dot", opt.mesh_dot);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
 
-    if (opt.trace || opt.trace_json) {
-        trace_init(0, "rank 0 [single process]");
+    bool tracing = opt.trace || opt.trace_json;
+    comm_init(&argc, &argv, &(CommOptions){.timeout_seconds = opt.comm_timeout, .trace = tracing});
+    log_set_rank(comm_rank(comm_world()));
+    Trainer t = {.B = opt.batch, .T = opt.seq_len};
+    t.mesh = setup_mesh();
+    t.dp_size = comm_size(t.mesh->dp);
+    t.dp_index = comm_rank(t.mesh->dp);
+    t.n_micro = opt.grad_accum_steps;
+    t.micro = t.B / (t.dp_size * t.n_micro);
+    if (opt.checkpoint_dir && t.mesh->rank == 0) ensure_directory(opt.checkpoint_dir);
+    if (tracing) {
+        trace_align_clocks(comm_world());
+        trace_init(t.mesh->rank, t.mesh->label);
         mem_set_observer(trace_memory_observer);
     }
-    DataSource *data = data_open(opt.data, cfg.vocab_size, T, (uint64_t)opt.seed);
-    Model model;
-    model_init(&model, &cfg, (uint64_t)opt.seed, attention);
-    size_t n = model.table.total_numel;
-    real *adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n), *adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
-    ModelActs acts = model_acts_alloc(&model, B, T);
-    int *inputs = mem_alloc(MEM_OTHER, sizeof(int) * B * T), *targets = mem_alloc(MEM_OTHER, sizeof(int) * B * T);
 
-    RunIdentity run = {(uint64_t)opt.seed, opt.data, B, T, opt.steps};
+    t.data = data_open(opt.data, cfg.vocab_size, t.T, (uint64_t)opt.seed);
+    uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.mesh->rank : 0);
+    model_init(&t.model, &cfg, init_seed, attention);
+    size_t n = t.model.table.total_numel;
+    t.adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
+    t.adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
+    t.acts = model_acts_alloc(&t.model, t.micro, t.T);
+    t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.T);
+    t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.T);
+
+    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.T, opt.steps};
     long long start_step = 0;
     if (opt.resume) {
         char path[4096];
         checkpoint_resolve(opt.resume, path, sizeof path);
-        start_step = checkpoint_load(path, &model, adam_m, adam_v, &run);
+        start_step = checkpoint_load(path, &t.model, t.adam_m, t.adam_v, &run);
         log_info("resumed from %s after step %lld", path, start_step);
     }
-    LrSchedule schedule = {opt.lr, opt.min_lr_ratio, opt.warmup_steps, opt.steps,
-                           strcmp(opt.lr_decay, "linear") == 0     ? DECAY_LINEAR
-                           : strcmp(opt.lr_decay, "constant") == 0 ? DECAY_CONSTANT
-                                                                   : DECAY_COSINE};
-    AdamWConfig adam = {opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
-    DumpRecorder dump_recorder, *dump = NULL;
-    if (opt.dump) {
-        dump_begin(&dump_recorder, &model, opt.steps, B, T, &adam, opt.grad_clip);
-        dump = &dump_recorder;
+    if (t.dp_size > 1) {
+        t.ddp = ddp_create(&t.model, t.mesh->dp, (size_t)(opt.bucket_mb * 1048576.0), !opt.no_overlap);
+        ddp_broadcast_params(t.ddp);  // replicas start equal, whatever each rank initialised
+        log_info("ddp: %d replicas, %d micro-batch(es) of %d sequences each per rank, %d buckets of <= %g MiB, %s",
+                 t.dp_size, t.n_micro, t.micro, t.ddp->n_buckets, opt.bucket_mb,
+                 opt.no_overlap ? "all-reduce after backward" : "all-reduce overlapping backward");
     }
-    double floor = data_entropy_floor(data);
-    log_info("data: %s", data_describe(data));
+    t.schedule = (LrSchedule){opt.lr, opt.min_lr_ratio, opt.warmup_steps, opt.steps,
+                              strcmp(opt.lr_decay, "linear") == 0     ? DECAY_LINEAR
+                              : strcmp(opt.lr_decay, "constant") == 0 ? DECAY_CONSTANT
+                                                                      : DECAY_COSINE};
+    t.adam = (AdamWConfig){opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
+    DumpRecorder dump_recorder;
+    if (opt.dump) {
+        dump_begin(&dump_recorder, &t.model, opt.steps, t.B, t.T, &t.adam, opt.grad_clip);
+        t.dump = &dump_recorder;
+    }
+    double floor = data_entropy_floor(t.data);
+    log_info("data: %s", data_describe(t.data));
     if (!isnan(floor)) log_info("loss floor (entropy rate of the source): %.4f nats/token", floor);
-    log_info("batch %d x seq %d = %d tokens/step, %d steps, lr %g (warmup %d, %s decay), seed %lld", B, T, B * T,
-             opt.steps, opt.lr, opt.warmup_steps, opt.lr_decay, opt.seed);
+    log_info("batch %d x seq %d = %d tokens/step, %d steps, lr %g (warmup %d, %s decay), seed %lld", t.B, t.T,
+             t.B * t.T, opt.steps, opt.lr, opt.warmup_steps, opt.lr_decay, opt.seed);
+    if (t.mesh->world_size > 1) log_info("mesh: %d ranks; rank 0 is %s", t.mesh->world_size, t.mesh->label);
 
-    int track = trace_track("compute");
+    // Step boundaries get their own track, so the compute track holds only work (and the marked waits):
+    // that is what trace-summary measures overlap against.
+    int track = trace_track("steps");
     double measured_seconds = 0;
     int measured_steps = 0;
     for (long long step = start_step + 1; step <= opt.steps; step++) {
         long long t0 = now_ns();
         trace_begin(track, "step", "step");
         trace_arg_int(track, "step", step);
-        data_batch(data, step, B, 0, B, T, inputs, targets);
-        StepResult r = train_step(&model, &acts, adam_m, adam_v, inputs, targets, step, &schedule, &adam, dump);
+        StepResult r = train_step(&t, step);
         trace_end(track);
         double seconds = (now_ns() - t0) * 1e-9;
         if (step - start_step > 2) measured_seconds += seconds, measured_steps++;  // skip warm-up steps
         if (step % opt.log_every == 0 || step == opt.steps)
             log_info("step %5lld | loss %.6f | grad_norm %.4f | lr %.3e | %.0f tok/s | mem %.1f MiB", step, r.loss,
-                     r.grad_norm, r.lr, B * T / seconds, mem_current_total() / 1048576.0);
+                     r.grad_norm, r.lr, t.B * t.T / seconds, mem_current_total() / 1048576.0);
         bool periodic = opt.checkpoint_every > 0 && step % opt.checkpoint_every == 0;
-        if (opt.checkpoint_dir && (periodic || step == opt.steps)) {
-            char path[4096];
+        if (opt.checkpoint_dir && (periodic || step == opt.steps) && t.mesh->rank == 0) {
+            char path[4096];  // replicas hold identical state: rank 0 writes it
             checkpoint_path_for_step(opt.checkpoint_dir, step, path, sizeof path);
             trace_begin(track, "checkpoint", "io");
-            checkpoint_save(path, &model, adam_m, adam_v, step, &run);
+            checkpoint_save(path, &t.model, t.adam_m, t.adam_v, step, &run);
             trace_end(track);
             log_info("checkpoint written to %s", path);
         }
     }
     if (measured_steps > 0)
         log_info("timing: steps=%d measured=%d mean_step_ms=%.2f tokens_per_s=%.1f", opt.steps, measured_steps,
-                 1e3 * measured_seconds / measured_steps, (double)B * T * measured_steps / measured_seconds);
+                 1e3 * measured_seconds / measured_steps, (double)t.B * t.T * measured_steps / measured_seconds);
     mem_print_report();
-    if (dump) {
-        dump_write(dump, &model, opt.dump);
+    if (t.dump) {
+        dump_write(t.dump, &t.model, opt.dump);
         log_info("dump written to %s", opt.dump);
     }
-    write_traces();
+    if (tracing) {
+        if (!trace_gather_and_write(comm_world(), opt.trace, opt.trace_json)) fatal("could not write the trace");
+        if (opt.trace) log_info("trace written to %s (open it at https://ui.perfetto.dev)", opt.trace);
+        if (opt.trace_json) log_info("trace written to %s", opt.trace_json);
+    }
 
-    mem_free(inputs);
-    mem_free(targets);
-    model_acts_free(&acts);
-    mem_free(adam_m);
-    mem_free(adam_v);
-    model_free(&model);
-    data_close(data);
+    ddp_free(t.ddp);
+    mem_free(t.inputs);
+    mem_free(t.targets);
+    model_acts_free(&t.acts);
+    mem_free(t.adam_m);
+    mem_free(t.adam_v);
+    model_free(&t.model);
+    data_close(t.data);
+    mesh_free(t.mesh);
     trace_shutdown();
+    comm_finalize();
     return 0;
 }

@@ -1,0 +1,66 @@
+"""Compares two training runs of build/train: the per-step losses in their logs and the parameters
+in their final checkpoints. For each parameter prints max abs error, max relative error
+(max|a - b| / max|b|) and the worst index; exits 1 if a loss or a parameter is off by more than
+its tolerance.
+
+    compare_runs.py --log A.log --log-ref REF.log --ckpt A.safetensors --ckpt-ref REF.safetensors \\
+                    --loss-rtol 1e-6 --param-rtol 1e-4 [--exact]
+"""
+import argparse
+import re
+import sys
+
+import numpy as np
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import safetensors_io  # noqa: E402
+
+STEP = re.compile(r"^step +(\d+) \| loss ([0-9.eE+-]+)")
+
+
+def losses(path):
+    with open(path) as f:
+        return {int(m.group(1)): float(m.group(2)) for m in map(STEP.match, f) if m}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--log"), ap.add_argument("--log-ref")
+    ap.add_argument("--ckpt"), ap.add_argument("--ckpt-ref")
+    ap.add_argument("--loss-rtol", type=float, default=0.0)
+    ap.add_argument("--param-rtol", type=float, default=0.0)
+    ap.add_argument("--exact", action="store_true", help="require bit-identical parameters")
+    args = ap.parse_args()
+    failures = 0
+    if args.log:
+        ours, ref = losses(args.log), losses(args.log_ref)
+        if not ref or set(ours) != set(ref):
+            print(f"FAIL: logged steps differ: {sorted(ours)} vs {sorted(ref)}")
+            return 1
+        worst = max(abs(ours[s] - ref[s]) / abs(ref[s]) for s in ref)
+        print(f"loss: {len(ref)} steps, max rel err {worst:.3e} (rtol {args.loss_rtol:.1e})")
+        failures += worst > args.loss_rtol
+    if args.ckpt:
+        ours, _ = safetensors_io.load(args.ckpt)
+        ref, _ = safetensors_io.load(args.ckpt_ref)
+        worst_rel = 0.0
+        for name in sorted(ref):
+            if not name.startswith("param."):
+                continue
+            a, b = ours[name].astype(np.float64), ref[name].astype(np.float64)
+            diff = np.abs(a - b)
+            idx = int(np.argmax(diff))
+            rel = diff.flat[idx] / max(np.abs(b).max(), 1e-30)
+            worst_rel = max(worst_rel, rel)
+            bad = (diff.max() > 0) if args.exact else (rel > args.param_rtol)
+            if bad or diff.max() > 0 and rel == worst_rel:
+                print(f"  {name:44s} max_abs {diff.max():.3e} max_rel {rel:.3e} worst [{idx}] "
+                      f"{a.flat[idx]:.9g} vs {b.flat[idx]:.9g}{'  MISMATCH' if bad else ''}")
+            failures += bad
+        print(f"params after the last step: max rel err {worst_rel:.3e} "
+              f"({'exact required' if args.exact else f'rtol {args.param_rtol:.1e}'})")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
