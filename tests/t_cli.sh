@@ -33,6 +33,9 @@ expect_error "markov" --data "markov:order=0"
 expect_error "nofile.txt" --data text:"$T/nofile.txt"
 expect_error "does not exist" --trace "$T/no/such/dir/x.pftrace"
 expect_error "--resume $T/missing.safetensors" --resume "$T/missing.safetensors"
+expect_error "--bucket-mb 0: must be between" --bucket-mb 0
+expect_error "--bucket-mb x: not a finite number" --bucket-mb x
+expect_error "--grad-accum-steps 0: must be at least 1" --grad-accum-steps 0
 
 # A checkpoint that is truncated, or from another run, is refused; the good one is not touched.
 "$TRAIN" --model tiny --steps 2 --batch 2 --checkpoint-dir "$T/ck" >/dev/null || { echo "FAIL: training run"; exit 1; }
