@@ -29,7 +29,7 @@
 
 typedef struct {
     const char *model, *data, *lr_decay, *attention, *matmul;
-    const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot;
+    const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta;
     int steps, batch, seq_len, warmup_steps, checkpoint_every, log_every;
     int dp_replicate, dp_shard, grad_accum_steps;
     long long seed;
@@ -74,6 +74,8 @@ static const ArgSpec FLAGS[] = {
     {"trace", ARG_STRING, &opt.trace, NULL, "write a Perfetto timeline (.pftrace)", .value_name = "FILE"},
     {"trace-json", ARG_STRING, &opt.trace_json, NULL, "write the timeline as Chrome-trace JSON",
      .value_name = "FILE"},
+    {"trace-hta", ARG_STRING, &opt.trace_hta, NULL,
+     "write one PyTorch-profiler-shaped JSON per rank into DIR, for Holistic Trace Analysis", .value_name = "DIR"},
     {"dump", ARG_STRING, &opt.dump, NULL, "write inputs, weights, step-1 logits and gradients, losses (safetensors)",
      .value_name = "FILE"},
     {"compare", ARG_STRING, &opt.compare, NULL, "check a dump against this reference and exit",
@@ -250,7 +252,7 @@ int main(int argc, char **argv) {
     check_writable("mesh-dot", opt.mesh_dot);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
 
-    bool tracing = opt.trace || opt.trace_json;
+    bool tracing = opt.trace || opt.trace_json || opt.trace_hta;
     comm_init(&argc, &argv, &(CommOptions){.timeout_seconds = opt.comm_timeout, .trace = tracing});
     log_set_rank(comm_rank(comm_world()));
     Trainer t = {.B = opt.batch, .T = opt.seq_len};
@@ -343,9 +345,11 @@ int main(int argc, char **argv) {
         log_info("dump written to %s", opt.dump);
     }
     if (tracing) {
-        if (!trace_gather_and_write(comm_world(), opt.trace, opt.trace_json)) fatal("could not write the trace");
+        TraceOutputs outputs = {opt.trace, opt.trace_json, opt.trace_hta};
+        if (!trace_gather_and_write_outputs(comm_world(), &outputs)) fatal("could not write the trace");
         if (opt.trace) log_info("trace written to %s (open it at https://ui.perfetto.dev)", opt.trace);
         if (opt.trace_json) log_info("trace written to %s", opt.trace_json);
+        if (opt.trace_hta) log_info("per-rank traces for Holistic Trace Analysis written to %s/", opt.trace_hta);
     }
 
     ddp_free(t.ddp);
