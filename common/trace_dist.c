@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "fileio.h"
 #include "log.h"
+#include "rng.h"
 
 // Tags of this module's point-to-point messages; any value >= 0 below MPI's guaranteed 32767.
 enum { TAG_PING = 31001, TAG_PONG = 31002, TAG_BLOB = 31003 };
@@ -66,7 +68,30 @@ static TraceClockReport report_of(const TraceClockOffset *now, int n) {
     return report;
 }
 
-TraceClockReport trace_align_clocks_with(Comm *world, int64_t (*clock_ns)(void)) {
+// Identifies the kernel a rank runs on: processes under one kernel read one CLOCK_MONOTONIC.
+// The boot id changes at every boot and differs between machines; the host name is the fallback.
+static uint64_t clock_domain(void) {
+    char id[256] = {0};
+    FILE *fp = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!fp || !fgets(id, sizeof id, fp)) gethostname(id, sizeof id - 1);
+    if (fp) fclose(fp);
+    return hash_string(id);
+}
+
+// Ranks that share rank 0's clock get offset 0 and error 0: exact, where a measurement would only
+// be right to within half a round trip (tens of microseconds here, more than the gap between a
+// send and its receive, which could then be drawn in the wrong order).
+static void zero_same_clock_offsets(Comm *world, TraceClockOffset *table) {
+    int n = comm_size(world);
+    uint64_t mine = clock_domain(), *domains = calloc((size_t)n, sizeof *domains);
+    if (!domains) fatal("trace_align_clocks: out of memory for %d ranks", n);
+    comm_all_gather(world, &mine, domains, sizeof mine, COMM_BYTE);
+    for (int r = 1; r < n; r++)
+        if (domains[r] == domains[0]) table[r] = (TraceClockOffset){0, 0};
+    free(domains);
+}
+
+static TraceClockReport align_clocks(Comm *world, int64_t (*clock_ns)(void), bool trust_shared_clock) {
     int n = comm_size(world);
     TraceClockOffset *table = calloc((size_t)n, sizeof *table);
     if (!table) fatal("trace_align_clocks: out of memory for %d ranks", n);
@@ -77,6 +102,7 @@ TraceClockReport trace_align_clocks_with(Comm *world, int64_t (*clock_ns)(void))
         answer_pings(world, clock_ns);
     // Every rank gets the table: then any rank can write a trace or print the report.
     comm_broadcast(world, table, (size_t)n * sizeof *table, COMM_BYTE, 0);
+    if (trust_shared_clock) zero_same_clock_offsets(world, table);
     TraceClockReport report = report_of(table, n);
     if (clocks.n == n) {
         free(table);
@@ -88,7 +114,10 @@ TraceClockReport trace_align_clocks_with(Comm *world, int64_t (*clock_ns)(void))
     return report;
 }
 
-TraceClockReport trace_align_clocks(Comm *world) { return trace_align_clocks_with(world, now_clock); }
+TraceClockReport trace_align_clocks(Comm *world) { return align_clocks(world, now_clock, true); }
+TraceClockReport trace_align_clocks_with(Comm *world, int64_t (*clock_ns)(void)) {
+    return align_clocks(world, clock_ns, false);
+}
 
 TraceClockOffset trace_clock_offset(int rank) {
     if (rank < 0 || rank >= clocks.n) return (TraceClockOffset){0, 0};
