@@ -169,7 +169,7 @@ int dump_compare(const char *path, AttentionImpl attention, double rtol) {
                         step_inputs[i] < 0 || step_inputs[i] >= cfg.vocab_size ? step_inputs[i] : step_targets[i], i,
                         cfg.vocab_size);
 
-    ModelActs acts = model_acts_alloc(&m, B, T);
+    ModelActs acts = model_acts_alloc(&m, B, T, AC_NONE);
     model_zero_grads(&m);
     real loss = (real)model_forward(&m, &acts, step_inputs, step_targets);
     model_backward(&m, &acts, step_inputs, 1.0);

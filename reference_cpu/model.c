@@ -1,24 +1,31 @@
 #include "reference_cpu/model.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/trace.h"
 
-void model_init(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention) {
+const char *const AC_MODE_NAMES = "none|full|selective";
+
+void model_init_unallocated(Model *m, const ModelConfig *cfg, AttentionImpl attention) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->table = param_table_build(cfg);
+    m->rope = rope_table_build(cfg->max_seq_len, model_head_dim(cfg), cfg->rope_theta, cfg->rope_scaling_factor,
+                               cfg->rope_low_freq_factor, cfg->rope_high_freq_factor, cfg->rope_original_max_seq_len);
+    m->attention = attention;
+}
+
+void model_init(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention) {
+    model_init_unallocated(m, cfg, attention);
     m->params = mem_alloc(MEM_PARAMS, sizeof(real) * m->table.total_numel);
     m->grads = mem_alloc(MEM_GRADS, sizeof(real) * m->table.total_numel);
     for (int i = 0; i < m->table.count; i++) {
         const ParamInfo *p = &m->table.items[i];
         param_init_range(p, seed, 0, p->numel, m->params + p->offset);
     }
-    m->rope = rope_table_build(cfg->max_seq_len, model_head_dim(cfg), cfg->rope_theta, cfg->rope_scaling_factor,
-                               cfg->rope_low_freq_factor, cfg->rope_high_freq_factor, cfg->rope_original_max_seq_len);
-    m->attention = attention;
 }
 
 void model_free(Model *m) {
@@ -28,44 +35,141 @@ void model_free(Model *m) {
     param_table_free(&m->table);
 }
 
-void model_zero_grads(Model *m) { memset(m->grads, 0, sizeof(real) * m->table.total_numel); }
+void model_zero_grads(Model *m) {
+    if (m->grads) memset(m->grads, 0, sizeof(real) * m->table.total_numel);
+}
 
-BlockWeights block_weights(const Model *m, real *flat, int layer) {
+size_t model_unit_offset(const Model *m, int unit) {
+    int first, end;
+    param_table_layer_range(&m->table, unit, &first, &end);
+    return m->table.items[first].offset;
+}
+
+size_t model_unit_numel(const Model *m, int unit) {
+    int first, end;
+    param_table_layer_range(&m->table, unit, &first, &end);
+    const ParamInfo *last = &m->table.items[end - 1];
+    return last->offset + last->numel - m->table.items[first].offset;
+}
+
+BlockWeights block_weights(const Model *m, real *unit_buffer, int layer) {
     int first, end;
     param_table_layer_range(&m->table, layer, &first, &end);
     const ParamInfo *p = &m->table.items[first];  // the table order of params.h
-    BlockWeights w = {flat + p[0].offset, flat + p[1].offset, flat + p[2].offset, flat + p[3].offset,
-                      flat + p[4].offset, flat + p[5].offset, flat + p[6].offset, flat + p[7].offset,
-                      flat + p[8].offset};
+    size_t base = p[0].offset;
+    real *u = unit_buffer;
+    BlockWeights w = {u + p[0].offset - base, u + p[1].offset - base, u + p[2].offset - base,
+                      u + p[3].offset - base, u + p[4].offset - base, u + p[5].offset - base,
+                      u + p[6].offset - base, u + p[7].offset - base, u + p[8].offset - base};
     return w;
 }
 
+// ---- unit storage: the default is the flat buffers; FSDP installs its own ----------------------
+static const real *unit_params(const Model *m, int unit, ModelPass pass) {
+    if (m->storage.params) return m->storage.params(m->storage.ctx, unit, pass);
+    return m->params + model_unit_offset(m, unit);
+}
+
+static void unit_params_done(const Model *m, int unit, ModelPass pass) {
+    if (m->storage.params_done) m->storage.params_done(m->storage.ctx, unit, pass);
+}
+
+static real *unit_grads(const Model *m, int unit) {
+    if (m->storage.grads) return m->storage.grads(m->storage.ctx, unit);
+    return m->grads + model_unit_offset(m, unit);
+}
+
+// A tensor of `unit` by name, inside that unit's buffer.
+static real *unit_tensor(const Model *m, const real *unit_buffer, int unit, const char *name) {
+    const ParamInfo *p = param_table_find(&m->table, name);
+    return (real *)unit_buffer + (p->offset - model_unit_offset(m, unit));
+}
+
+// ---- activations ---------------------------------------------------------------------------------
 static real *alloc_acts(size_t n) { return mem_alloc(MEM_ACTIVATIONS, sizeof(real) * n); }
 
-ModelActs model_acts_alloc(const Model *m, int B, int T) {
+// The fields of BlockActs, with their sizes and which checkpointing modes keep them per block.
+typedef struct {
+    size_t offset;     // offsetof(BlockActs, field)
+    size_t numel;
+    bool kept_full, kept_selective;
+} ActField;
+
+#define N_ACT_FIELDS 14
+
+// Selective policy: keep the block input, the matmul outputs (q, k, v after RoPE, gate, up), the
+// attention output with its log-sum-exp and the residual h; recompute the RMSNorms and SwiGLU
+// (element-wise, cheap) and, with naive attention, the (T, T) probabilities.
+static void act_fields(const Model *m, int B, int T, ActField f[N_ACT_FIELDS]) {
+    const ModelConfig *c = &m->cfg;
+    size_t BT = (size_t)B * T, D = c->dim, F = c->ffn_dim;
+    size_t hq = (size_t)c->n_heads * model_head_dim(c), hkv = (size_t)c->n_kv_heads * model_head_dim(c);
+    bool naive = m->attention == ATTN_NAIVE;
+    size_t stats = naive ? (size_t)B * c->n_heads * T * T : (size_t)B * c->n_heads * T;
+#define FIELD(i, name, n, full, sel) f[i] = (ActField){offsetof(BlockActs, name), (n), (full), (sel)}
+    FIELD(0, x, BT * D, true, true);
+    FIELD(1, xn1, BT * D, false, false);
+    FIELD(2, rstd1, BT, false, false);
+    FIELD(3, q, BT * hq, false, true);
+    FIELD(4, k, BT * hkv, false, true);
+    FIELD(5, v, BT * hkv, false, true);
+    FIELD(6, attn, BT * hq, false, true);
+    FIELD(7, attn_stats, stats, false, !naive);
+    FIELD(8, h, BT * D, false, true);
+    FIELD(9, xn2, BT * D, false, false);
+    FIELD(10, rstd2, BT, false, false);
+    FIELD(11, gate, BT * F, false, true);
+    FIELD(12, up, BT * F, false, true);
+    FIELD(13, act, BT * F, false, false);
+#undef FIELD
+}
+
+static bool field_kept(const ActField *f, ActCheckpoint ac) {
+    return ac == AC_NONE || (ac == AC_FULL ? f->kept_full : f->kept_selective);
+}
+
+static real **field_ptr(BlockActs *b, const ActField *f) { return (real **)((char *)b + f->offset); }
+
+size_t model_acts_bytes_per_block(const Model *m, int B, int T, ActCheckpoint ac) {
+    ActField f[N_ACT_FIELDS];
+    act_fields(m, B, T, f);
+    size_t n = 0;
+    for (int i = 0; i < N_ACT_FIELDS; i++)
+        if (field_kept(&f[i], ac)) n += f[i].numel;
+    return n * sizeof(real);
+}
+
+void model_recompute_flops(const Model *m, int B, int T, ActCheckpoint ac, double *matmul_flops,
+                           double *elementwise_flops) {
+    const ModelConfig *c = &m->cfg;
+    double BT = (double)B * T, hq = (double)c->n_heads * model_head_dim(c);
+    // element-wise cost, counted per element: RMSNorm 4 (square, add, two multiplies), SwiGLU 5
+    // (exp, add, divide, two multiplies)
+    double norms = 2 * 4 * BT * c->dim, swiglu = 5 * BT * c->ffn_dim;
+    *matmul_flops = *elementwise_flops = 0;
+    if (ac == AC_FULL) {
+        *matmul_flops = model_block_forward_flops(c, B, T);
+        *elementwise_flops = norms + swiglu;
+    } else if (ac == AC_SELECTIVE) {
+        if (m->attention == ATTN_NAIVE) *matmul_flops = 2.0 * B * hq * (double)T * T;  // QK^T and PV again
+        *elementwise_flops = norms + swiglu;
+    }
+}
+
+ModelActs model_acts_alloc(const Model *m, int B, int T, ActCheckpoint ac) {
     const ModelConfig *c = &m->cfg;
     size_t BT = (size_t)B * T, D = c->dim, F = c->ffn_dim, V = c->vocab_size;
     size_t hq = (size_t)c->n_heads * model_head_dim(c), hkv = (size_t)c->n_kv_heads * model_head_dim(c);
-    size_t stats = m->attention == ATTN_NAIVE ? (size_t)B * c->n_heads * T * T : (size_t)B * c->n_heads * T;
-    ModelActs a = {.B = B, .T = T, .n_layers = c->n_layers};
+    ModelActs a = {.B = B, .T = T, .n_layers = c->n_layers, .ac = ac};
+    ActField f[N_ACT_FIELDS];
+    act_fields(m, B, T, f);
     a.blocks = mem_alloc(MEM_OTHER, sizeof(BlockActs) * c->n_layers);
-    for (int l = 0; l < c->n_layers; l++) {
-        BlockActs *b = &a.blocks[l];
-        b->x = alloc_acts(BT * D);
-        b->xn1 = alloc_acts(BT * D);
-        b->rstd1 = alloc_acts(BT);
-        b->q = alloc_acts(BT * hq);
-        b->k = alloc_acts(BT * hkv);
-        b->v = alloc_acts(BT * hkv);
-        b->attn = alloc_acts(BT * hq);
-        b->attn_stats = alloc_acts(stats);
-        b->h = alloc_acts(BT * D);
-        b->xn2 = alloc_acts(BT * D);
-        b->rstd2 = alloc_acts(BT);
-        b->gate = alloc_acts(BT * F);
-        b->up = alloc_acts(BT * F);
-        b->act = alloc_acts(BT * F);
+    for (int i = 0; i < N_ACT_FIELDS; i++) {
+        if (!field_kept(&f[i], ac)) *field_ptr(&a.recompute, &f[i]) = alloc_acts(f[i].numel);
+        for (int l = 0; l < c->n_layers; l++)
+            if (field_kept(&f[i], ac)) *field_ptr(&a.blocks[l], &f[i]) = alloc_acts(f[i].numel);
     }
+    if (ac == AC_FULL) a.recompute_out = alloc_acts(BT * D);
     a.x_final = alloc_acts(BT * D);
     a.xn_final = alloc_acts(BT * D);
     a.rstd_final = alloc_acts(BT);
@@ -86,18 +190,32 @@ ModelActs model_acts_alloc(const Model *m, int B, int T) {
     return a;
 }
 
+static void free_block_acts(BlockActs *b) {
+    real *owned[] = {b->x, b->xn1, b->rstd1, b->q, b->k, b->v, b->attn, b->attn_stats,
+                     b->h, b->xn2, b->rstd2, b->gate, b->up, b->act};
+    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) mem_free(owned[i]);
+}
+
 void model_acts_free(ModelActs *a) {
-    for (int l = 0; l < a->n_layers; l++) {
-        BlockActs *b = &a->blocks[l];
-        real *owned[] = {b->x, b->xn1, b->rstd1, b->q, b->k, b->v, b->attn, b->attn_stats,
-                         b->h, b->xn2, b->rstd2, b->gate, b->up, b->act};
-        for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) mem_free(owned[i]);
-    }
+    for (int l = 0; l < a->n_layers; l++) free_block_acts(&a->blocks[l]);
+    free_block_acts(&a->recompute);
     mem_free(a->blocks);
-    real *owned[] = {a->x_final, a->xn_final, a->rstd_final, a->logits, a->lse, a->dx, a->dx_next, a->dxn,
-                     a->dh, a->dq, a->dk, a->dv, a->dattn, a->dgate, a->dup, a->dact, a->dlogits};
+    real *owned[] = {a->recompute_out, a->x_final, a->xn_final, a->rstd_final, a->logits, a->lse, a->dx,
+                     a->dx_next, a->dxn, a->dh, a->dq, a->dk, a->dv, a->dattn, a->dgate, a->dup, a->dact,
+                     a->dlogits};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) mem_free(owned[i]);
     memset(a, 0, sizeof *a);
+}
+
+_Static_assert(sizeof(BlockActs) == N_ACT_FIELDS * sizeof(real *), "BlockActs holds only the tensor pointers");
+
+BlockActs block_acts_view(const ModelActs *a, int l) {
+    BlockActs v = a->blocks[l];
+    real **fields = (real **)&v;
+    real *const *shared = (real *const *)&a->recompute;
+    for (size_t i = 0; i < sizeof v / sizeof(real *); i++)
+        if (!fields[i]) fields[i] = shared[i];
+    return v;
 }
 
 static AttnShape attn_shape(const Model *m, int B, int T) {
@@ -169,34 +287,67 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
     rmsnorm_backward(dinp, g->attention_norm, scratch->dxn, a->x, w->attention_norm, a->rstd1, BT, D);
 }
 
-static const real *output_weight(const Model *m) {
-    const char *name = m->cfg.tied ? "tok_embeddings.weight" : "output.weight";
-    return m->params + param_table_find(&m->table, name)->offset;
+// Selective checkpointing: rebuild the element-wise results from the kept matmul outputs, with the
+// same calls as block_forward (so the same bits).
+static void block_recompute_selective(const Model *m, const BlockWeights *w, BlockActs *a, int B, int T) {
+    const ModelConfig *c = &m->cfg;
+    int BT = B * T, D = c->dim, F = c->ffn_dim;
+    rmsnorm_forward(a->xn1, a->rstd1, a->x, w->attention_norm, BT, D, c->norm_eps);
+    if (m->attention == ATTN_NAIVE) {  // the probabilities (and attn again, the same values)
+        AttnShape s = attn_shape(m, B, T);
+        attention_naive_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
+    }
+    rmsnorm_forward(a->xn2, a->rstd2, a->h, w->ffn_norm, BT, D, c->norm_eps);
+    swiglu_forward(a->act, a->gate, a->up, (size_t)BT * F);
 }
+
+// Rebuilds what checkpointing dropped from block l's kept activations, before its backward.
+static void block_recompute(const Model *m, const BlockWeights *w, ModelActs *acts, BlockActs *view, int l) {
+    if (acts->ac == AC_NONE) return;
+    int track = trace_track("compute");
+    trace_begin(track, "block recompute", "recompute");
+    trace_arg_int(track, "layer", l);
+    trace_arg_str(track, "ac", acts->ac == AC_FULL ? "full" : "selective");
+    if (acts->ac == AC_FULL) block_forward(m, w, view, acts->recompute_out, acts->B, acts->T);
+    else block_recompute_selective(m, w, view, acts->B, acts->T);
+    trace_end(track);
+}
+
+// The head reads norm.weight from its own unit and the output weight from its unit, or from the
+// embedding's when tied.
+static int output_unit(const Model *m) { return m->cfg.tied ? LAYER_EMBEDDING : m->cfg.n_layers; }
+static const char *output_name(const Model *m) { return m->cfg.tied ? "tok_embeddings.weight" : "output.weight"; }
 
 double model_forward(const Model *m, ModelActs *acts, const int *inputs, const int *targets) {
     const ModelConfig *c = &m->cfg;
-    int B = acts->B, T = acts->T, BT = B * T, D = c->dim, V = c->vocab_size;
+    int B = acts->B, T = acts->T, BT = B * T, D = c->dim, V = c->vocab_size, L = c->n_layers;
     if (T > c->max_seq_len) fatal_input("--seq-len %d: longer than the model's max_seq_len %d", T, c->max_seq_len);
-    const real *embedding = m->params + param_table_find(&m->table, "tok_embeddings.weight")->offset;
     int track = trace_track("compute");
+    const real *embedding = unit_params(m, LAYER_EMBEDDING, PASS_FORWARD);
     embedding_forward(acts->blocks[0].x, inputs, embedding, BT, D);
-    for (int l = 0; l < c->n_layers; l++) {
-        BlockWeights w = block_weights(m, m->params, l);
-        real *out = l + 1 < c->n_layers ? acts->blocks[l + 1].x : acts->x_final;
+    unit_params_done(m, LAYER_EMBEDDING, PASS_FORWARD);
+    for (int l = 0; l < L; l++) {
+        BlockWeights w = block_weights(m, (real *)unit_params(m, l, PASS_FORWARD), l);
+        BlockActs view = block_acts_view(acts, l);
+        real *out = l + 1 < L ? acts->blocks[l + 1].x : acts->x_final;
         trace_begin(track, "block fwd", "forward");
         trace_arg_int(track, "layer", l);
         trace_arg_double(track, "flops", model_block_forward_flops(c, B, T));
-        block_forward(m, &w, &acts->blocks[l], out, B, T);
+        block_forward(m, &w, &view, out, B, T);
         trace_end(track);
+        unit_params_done(m, l, PASS_FORWARD);
     }
     trace_begin(track, "head fwd + loss", "forward");
-    const real *final_norm = m->params + param_table_find(&m->table, "norm.weight")->offset;
-    rmsnorm_forward(acts->xn_final, acts->rstd_final, acts->x_final, final_norm, BT, D, c->norm_eps);
-    matmul_forward(acts->logits, acts->xn_final, output_weight(m), BT, D, V);
+    const real *head = unit_params(m, L, PASS_FORWARD);
+    const real *out_unit = c->tied ? unit_params(m, LAYER_EMBEDDING, PASS_FORWARD) : head;
+    rmsnorm_forward(acts->xn_final, acts->rstd_final, acts->x_final, unit_tensor(m, head, L, "norm.weight"), BT, D,
+                    c->norm_eps);
+    matmul_forward(acts->logits, acts->xn_final, unit_tensor(m, out_unit, output_unit(m), output_name(m)), BT, D, V);
     acts->targets = targets;
     double loss = cross_entropy_forward(acts->lse, acts->logits, targets, BT, V);
     trace_end(track);
+    if (c->tied) unit_params_done(m, LAYER_EMBEDDING, PASS_FORWARD);
+    unit_params_done(m, L, PASS_FORWARD);
     return loss;
 }
 
@@ -204,39 +355,54 @@ static void notify_grads_ready(const Model *m, int layer) {
     if (m->grads_ready) m->grads_ready(layer, m->grads_ready_ctx);
 }
 
-void model_backward(Model *m, ModelActs *acts, const int *inputs, double dloss) {
+// Loss -> logits -> final norm: the head's gradients, and the gradient of the last block's output
+// in acts->dx.
+static void head_backward(Model *m, ModelActs *acts, double dloss) {
     const ModelConfig *c = &m->cfg;
-    int B = acts->B, T = acts->T, BT = B * T, D = c->dim, V = c->vocab_size;
-    const ParamInfo *out_p = param_table_find(&m->table, c->tied ? "tok_embeddings.weight" : "output.weight");
-    const ParamInfo *norm_p = param_table_find(&m->table, "norm.weight");
-    const ParamInfo *emb_p = param_table_find(&m->table, "tok_embeddings.weight");
-    int track = trace_track("compute");
-    // head: loss -> logits -> final norm
-    trace_begin(track, "head bwd", "backward");
+    int BT = acts->B * acts->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
+    const real *head = unit_params(m, L, PASS_BACKWARD);
+    const real *out_unit = c->tied ? unit_params(m, LAYER_EMBEDDING, PASS_BACKWARD) : head;
+    real *head_grads = unit_grads(m, L);
+    real *out_grads = c->tied ? unit_grads(m, LAYER_EMBEDDING) : head_grads;
     zero(acts->dlogits, (size_t)BT * V);
     cross_entropy_backward(acts->dlogits, acts->logits, acts->lse, acts->targets, BT, V, dloss);
     zero(acts->dxn, (size_t)BT * D);
-    matmul_backward(acts->dxn, m->grads + out_p->offset, acts->dlogits, acts->xn_final, m->params + out_p->offset,
-                    BT, D, V);
+    matmul_backward(acts->dxn, unit_tensor(m, out_grads, output_unit(m), output_name(m)), acts->dlogits,
+                    acts->xn_final, unit_tensor(m, out_unit, output_unit(m), output_name(m)), BT, D, V);
     zero(acts->dx, (size_t)BT * D);
-    rmsnorm_backward(acts->dx, m->grads + norm_p->offset, acts->dxn, acts->x_final, m->params + norm_p->offset,
-                     acts->rstd_final, BT, D);
+    rmsnorm_backward(acts->dx, unit_tensor(m, head_grads, L, "norm.weight"), acts->dxn, acts->x_final,
+                     unit_tensor(m, head, L, "norm.weight"), acts->rstd_final, BT, D);
+    if (c->tied) unit_params_done(m, LAYER_EMBEDDING, PASS_BACKWARD);
+    unit_params_done(m, L, PASS_BACKWARD);
+}
+
+void model_backward(Model *m, ModelActs *acts, const int *inputs, double dloss) {
+    const ModelConfig *c = &m->cfg;
+    int B = acts->B, T = acts->T, BT = B * T, D = c->dim;
+    int track = trace_track("compute");
+    trace_begin(track, "head bwd", "backward");
+    head_backward(m, acts, dloss);
     trace_end(track);
     // final norm and output are done (tied: the output weight is tok_embeddings, notified last)
     notify_grads_ready(m, c->n_layers);
     // blocks in reverse; dx holds the gradient of the current block's output
     for (int l = c->n_layers - 1; l >= 0; l--) {
-        BlockWeights w = block_weights(m, m->params, l), g = block_weights(m, m->grads, l);
+        real *unit = (real *)unit_params(m, l, PASS_BACKWARD);
+        BlockWeights w = block_weights(m, unit, l), g = block_weights(m, unit_grads(m, l), l);
+        BlockActs view = block_acts_view(acts, l);
+        block_recompute(m, &w, acts, &view, l);
         trace_begin(track, "block bwd", "backward");
         trace_arg_int(track, "layer", l);
         trace_arg_double(track, "flops", 2 * model_block_forward_flops(c, B, T));
-        block_backward(m, &w, &g, &acts->blocks[l], acts, acts->dx, acts->dx_next, B, T);
+        block_backward(m, &w, &g, &view, acts, acts->dx, acts->dx_next, B, T);
         trace_end(track);
+        unit_params_done(m, l, PASS_BACKWARD);
         notify_grads_ready(m, l);
         real *swap = acts->dx;
         acts->dx = acts->dx_next;
         acts->dx_next = swap;
     }
-    embedding_backward(m->grads + emb_p->offset, acts->dx, inputs, BT, D);
+    // the lookup's backward needs no weights, only the embedding's gradient buffer
+    embedding_backward(unit_grads(m, LAYER_EMBEDDING), acts->dx, inputs, BT, D);
     notify_grads_ready(m, LAYER_EMBEDDING);
 }

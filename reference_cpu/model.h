@@ -7,9 +7,18 @@
 //   logits = output( rmsnorm(x_L, norm) )                         (B*T, vocab)
 //   loss   = mean cross-entropy over targets != IGNORE_INDEX
 //
-// The blocks read their weights through BlockWeights (pointers into any flat buffer laid out by the
-// parameter table), so later chapters can run a block on gathered shards, on a pipeline stage,
-// or recompute it in backward without touching the math.
+// Units. The parameters are grouped into units, the `layer` of the parameter table: the embedding
+// (LAYER_EMBEDDING), each block (0..n_layers-1) and the head (n_layers: final norm and output).
+// Each unit is one contiguous range of the table's flat layout, and the model only ever asks for a
+// whole unit, through UnitStorage: by default the unit's range of m->params / m->grads; FSDP
+// (chapter 3) installs storage that all-gathers a unit's shards before use and frees them after.
+// The blocks read their weights through BlockWeights, pointers into a unit's buffer, so the same
+// math runs on full weights, on gathered shards, on a pipeline stage, or in a recompute.
+//
+// Activation checkpointing (chapter 5) is a property of the activations: ModelActs allocated with
+// AC_FULL keeps only each block's input and recomputes the block's forward in backward;
+// AC_SELECTIVE keeps the matmul outputs and recomputes the cheap element-wise ops. The recompute
+// runs the same functions on the same inputs, so the gradients are bit-identical.
 #pragma once
 #include <stdbool.h>
 
@@ -24,15 +33,33 @@ typedef enum { ATTN_FLASH, ATTN_NAIVE } AttentionImpl;
 // Data parallelism starts communicating a bucket of gradients from here, while backward goes on.
 typedef void (*GradsReadyHook)(int layer, void *ctx);
 
+typedef enum { PASS_FORWARD, PASS_BACKWARD } ModelPass;
+
+// Where the model finds a unit's weights and gradients. Every call names the unit (a table
+// `layer`). The pointers returned address the unit's first parameter; the unit's tensors follow in
+// table order (unit-relative offsets: ParamInfo.offset - unit_offset).
+typedef struct {
+    // The unit's full weights, valid until the matching params_done.
+    const real *(*params)(void *ctx, int unit, ModelPass pass);
+    void (*params_done)(void *ctx, int unit, ModelPass pass);
+    // Where backward accumulates (+=) the unit's gradients; final when grads_ready(unit) is called.
+    real *(*grads)(void *ctx, int unit);
+    void *ctx;
+} UnitStorage;
+
+typedef enum { AC_NONE, AC_FULL, AC_SELECTIVE } ActCheckpoint;
+extern const char *const AC_MODE_NAMES;  // "none|full|selective", in enum order
+
 typedef struct {
     ModelConfig cfg;
     ParamTable table;
-    real *params;  // (table.total_numel) fp32 master weights (float64 in the float64 build)
-    real *grads;   // (table.total_numel), same layout
+    real *params;  // (table.total_numel) fp32 master weights (float64 in the float64 build); NULL if sharded
+    real *grads;   // (table.total_numel), same layout; NULL if sharded
     RopeTable rope;
     AttentionImpl attention;
     GradsReadyHook grads_ready;  // NULL: no hook
     void *grads_ready_ctx;
+    UnitStorage storage;         // .params == NULL: m->params and m->grads
 } Model;
 
 // Pointers to one block's tensors inside a flat buffer laid out by the table (params or grads).
@@ -40,7 +67,8 @@ typedef struct {
     real *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
 } BlockWeights;
 
-// Everything one block keeps from forward for backward, for B*T tokens.
+// Everything one block keeps from forward for backward, for B*T tokens. With checkpointing, the
+// fields a mode drops point into ModelActs.recompute, shared by every block (see block_acts_view).
 typedef struct {
     real *x;             // (BT, dim) block input
     real *xn1, *rstd1;   // (BT, dim) attention_norm output, (BT)
@@ -55,7 +83,10 @@ typedef struct {
 
 typedef struct {
     int B, T, n_layers;
-    BlockActs *blocks;   // (n_layers)
+    ActCheckpoint ac;
+    BlockActs *blocks;   // (n_layers) what each block keeps; with checkpointing, the dropped fields are NULL
+    BlockActs recompute; // one block's dropped fields, rebuilt in backward (all NULL without checkpointing)
+    real *recompute_out; // (BT, dim) where a full recompute writes the block output (not needed again)
     real *x_final;       // (BT, dim) output of the last block
     real *xn_final, *rstd_final;
     real *logits;        // (BT, vocab)
@@ -67,11 +98,28 @@ typedef struct {
 
 // Allocates params and grads (MEM_PARAMS, MEM_GRADS) and initialises the weights from the seed.
 void model_init(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention);
+// The same without params and grads (NULL): for storage that shards them (FSDP).
+void model_init_unallocated(Model *m, const ModelConfig *cfg, AttentionImpl attention);
 void model_free(Model *m);
-BlockWeights block_weights(const Model *m, real *flat, int layer);
+// Unit ranges in the flat layout (in elements).
+size_t model_unit_offset(const Model *m, int unit);
+size_t model_unit_numel(const Model *m, int unit);
+// Block `layer`'s tensors inside its unit buffer (as returned by UnitStorage.params or .grads).
+BlockWeights block_weights(const Model *m, real *unit_buffer, int layer);
 
-ModelActs model_acts_alloc(const Model *m, int B, int T);  // MEM_ACTIVATIONS
+// MEM_ACTIVATIONS. ac chooses what each block keeps for backward.
+ModelActs model_acts_alloc(const Model *m, int B, int T, ActCheckpoint ac);
 void model_acts_free(ModelActs *a);
+// Block l's activations: its own buffers, with the fields checkpointing dropped taken from
+// a->recompute.
+BlockActs block_acts_view(const ModelActs *a, int l);
+// Bytes ModelActs keeps per block and in the shared recompute buffers, for each mode (the
+// estimate chapter 5 prints next to the measured peak).
+size_t model_acts_bytes_per_block(const Model *m, int B, int T, ActCheckpoint ac);
+// Forward FLOPs a backward adds per block to rebuild what ac dropped: matmul + attention FLOPs as
+// model_block_forward_flops counts them, and element-wise ops (norms, SwiGLU) separately.
+void model_recompute_flops(const Model *m, int B, int T, ActCheckpoint ac, double *matmul_flops,
+                           double *elementwise_flops);
 
 // One block. a->x must hold the block input; writes the block output to out (BT, dim).
 void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, real *out, int B, int T);

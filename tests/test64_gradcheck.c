@@ -227,7 +227,7 @@ static void check_model(bool tied, AttentionImpl attention) {
     cfg.n_layers = 2;  // two blocks exercise the block-to-block gradient path; four only cost time
     static ModelCtx c;
     model_init(&c.m, &cfg, 7, attention);
-    c.acts = model_acts_alloc(&c.m, MODEL_B, MODEL_T);
+    c.acts = model_acts_alloc(&c.m, MODEL_B, MODEL_T, AC_NONE);
     for (int i = 0; i < MODEL_B * MODEL_T; i++) {
         c.inputs[i] = (int)rng_below(3, 0, i, cfg.vocab_size);
         c.targets[i] = i % 5 == 4 ? IGNORE_INDEX : (int)rng_below(3, 1, i, cfg.vocab_size);

@@ -166,7 +166,7 @@ START_TEST(test_step_is_bit_reproducible) {
     for (int run = 0; run < 2; run++) {
         Model m;
         model_init(&m, &cfg, 99, ATTN_FLASH);
-        ModelActs acts = model_acts_alloc(&m, B, T);
+        ModelActs acts = model_acts_alloc(&m, B, T, AC_NONE);
         model_zero_grads(&m);
         loss[run] = model_forward(&m, &acts, inputs, targets);
         model_backward(&m, &acts, inputs, 1.0);

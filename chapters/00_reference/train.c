@@ -28,7 +28,7 @@
 #include "reference_cpu/model.h"
 
 typedef struct {
-    const char *model, *data, *lr_decay, *attention, *matmul;
+    const char *model, *data, *lr_decay, *attention, *matmul, *ac;
     const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta;
     int steps, batch, seq_len, warmup_steps, checkpoint_every, log_every;
     int dp_replicate, dp_shard, grad_accum_steps;
@@ -65,6 +65,9 @@ static const ArgSpec FLAGS[] = {
      .max = UNBOUNDED},
     {"attention", ARG_CHOICE, &opt.attention, "flash", "attention kernel", .choices = "flash|naive"},
     {"matmul", ARG_CHOICE, &opt.matmul, "blas", "matmul backend", .choices = "blas|loop"},
+    {"ac", ARG_CHOICE, &opt.ac, "none",
+     "activation checkpointing: full recomputes each block in backward, selective only its element-wise ops "
+     "(chapter 5)", .choices = "none|full|selective"},
     {"checkpoint-dir", ARG_STRING, &opt.checkpoint_dir, NULL, "write DIR/step_N.safetensors checkpoints",
      .value_name = "DIR"},
     {"checkpoint-every", ARG_INT, &opt.checkpoint_every, "0", "checkpoint period in steps (0 = only at the end)",
@@ -147,6 +150,20 @@ static void check_writable(const char *flag, const char *path) {
     struct stat st;
     if (dir[0] && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)))
         fatal_input("--%s %s: directory %s does not exist", flag, path, dir);
+}
+
+// Chapter 5's figures: what each block keeps for backward and what the recompute costs, per
+// micro-batch, against no checkpointing.
+static void log_checkpointing(const Model *m, int B, int T, ActCheckpoint ac) {
+    if (ac == AC_NONE) return;
+    double kept = (double)model_acts_bytes_per_block(m, B, T, ac), all = (double)model_acts_bytes_per_block(m, B, T, AC_NONE);
+    double mm, ew, fwd = model_block_forward_flops(&m->cfg, B, T);
+    model_recompute_flops(m, B, T, ac, &mm, &ew);
+    log_info("ac %s: each block keeps %.2f MiB of activations instead of %.2f MiB (saves %.2f MiB x %d blocks, "
+             "minus %.2f MiB of shared recompute buffers); backward recomputes %.3g matmul FLOPs (+%.1f%% of the "
+             "block's 3x forward) and %.3g element-wise ops per block",
+             opt.ac, kept / 1048576, all / 1048576, (all - kept) / 1048576, m->cfg.n_layers, (all - kept) / 1048576,
+             mm, 100 * mm / (3 * fwd), ew);
 }
 
 typedef struct {
@@ -274,7 +291,9 @@ int main(int argc, char **argv) {
     size_t n = t.model.table.total_numel;
     t.adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
     t.adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
-    t.acts = model_acts_alloc(&t.model, t.micro, t.T);
+    ActCheckpoint ac = strcmp(opt.ac, "full") == 0 ? AC_FULL : strcmp(opt.ac, "selective") == 0 ? AC_SELECTIVE : AC_NONE;
+    t.acts = model_acts_alloc(&t.model, t.micro, t.T, ac);
+    log_checkpointing(&t.model, t.micro, t.T, ac);
     t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.T);
     t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.T);
 
