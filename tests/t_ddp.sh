@@ -13,6 +13,7 @@ T="$TEST_TMP"
 MPIRUN=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
 export OMP_NUM_THREADS=1
 P="$PYTHON tests/py/compare_runs.py"
+source tests/lib.sh
 common=(--model tiny --steps 20 --batch 8 --seed 5 --lr 1e-3 --bucket-mb 0.05)
 "$BUILD/train" "${common[@]}" --checkpoint-dir "$T/ref" > "$T/ref.log"
 run() {  # name, ranks, extra flags...
@@ -39,19 +40,9 @@ echo "== ranks initialised differently, then broadcast: bit-identical to dp2"
 $P --ckpt "$T/dp2_desync/step_000020.safetensors" --ckpt-ref "$T/dp2/step_000020.safetensors" --exact
 
 echo "== bad meshes and batches exit 2 with one line"
-expect_error() {  # ranks, wanted substring, flags...
-    local np=$1 want=$2; shift 2
-    local out rc
-    out=$($MPIRUN -np "$np" "$BUILD/train" --model tiny --steps 1 "$@" 2>&1 >/dev/null); rc=$?
-    local ours; ours=$(printf '%s\n' "$out" | grep '^train' || true)
-    if [ "$rc" -eq 0 ] || [ "$(printf '%s\n' "$ours" | grep -c .)" -ne 1 ] || [[ "$ours" != *"$want"* ]]; then
-        echo "FAIL: -np $np $* -> rc $rc: $out"; exit 1
-    fi
-    echo "ok: -np $np $* -> $ours"
-}
 set +e
 expect_error 4 "3" --dp-replicate 3
 expect_error 2 "--batch 6: must be divisible" --dp-replicate 2 --batch 6 --grad-accum-steps 2
-expect_error 2 "--dp-shard 2" --dp-shard 2
+expect_error 2 "--desync-init: shows DDP" --dp-shard 2 --desync-init
 set -e
 echo "t_ddp: OK"

@@ -6,6 +6,8 @@
 //   ./build/train --model tiny --steps 10 --dump ref.safetensors     (what other code checks against)
 //   ./build/train --compare their_dump.safetensors                    (check their numbers against ours)
 //   mpirun -np 4 ./build/train --dp-replicate 4 --trace ddp.pftrace   (chapter 2: data parallel)
+//   mpirun -np 4 ./build/train --dp-shard 4 --zero-stage 3            (chapter 3: FSDP)
+//   mpirun -np 4 ./build/train --dp-replicate 2 --dp-shard 2          (chapter 4: HSDP)
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "chapters/02_data_parallel/ddp.h"
+#include "chapters/03_fsdp/fsdp.h"
 #include "common/args.h"
 #include "common/comm.h"
 #include "common/data.h"
@@ -28,10 +31,10 @@
 #include "reference_cpu/model.h"
 
 typedef struct {
-    const char *model, *data, *lr_decay, *attention, *matmul, *ac;
+    const char *model, *data, *lr_decay, *attention, *matmul, *ac, *reshard;
     const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta;
     int steps, batch, seq_len, warmup_steps, checkpoint_every, log_every;
-    int dp_replicate, dp_shard, grad_accum_steps;
+    int dp_replicate, dp_shard, grad_accum_steps, zero_stage;
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
     double bucket_mb, comm_timeout;
@@ -88,11 +91,19 @@ static const ArgSpec FLAGS[] = {
     {"log-every", ARG_INT, &opt.log_every, "1", "print a log line every N steps", .min = 1, .max = UNBOUNDED},
     {"dp-replicate", ARG_INT, &opt.dp_replicate, "1", "data-parallel replicas (DDP, chapter 2)", .min = 1,
      .max = UNBOUNDED},
-    {"dp-shard", ARG_INT, &opt.dp_shard, "1", "data-parallel shards (FSDP, chapter 3)", .min = 1, .max = UNBOUNDED},
+    {"dp-shard", ARG_INT, &opt.dp_shard, "1", "data-parallel shards (FSDP, chapter 3; with --dp-replicate: HSDP)",
+     .min = 1, .max = UNBOUNDED},
+    {"zero-stage", ARG_INT, &opt.zero_stage, "3",
+     "with --dp-shard > 1: 1 shards the optimizer state, 2 also the gradients, 3 also the weights (FSDP)", .min = 1,
+     .max = 3},
+    {"reshard-after-forward", ARG_CHOICE, &opt.reshard, "default",
+     "ZeRO-3: free gathered weights after forward (default: all but the embedding, head and last block)",
+     .choices = "default|always|never"},
     {"grad-accum-steps", ARG_INT, &opt.grad_accum_steps, "1",
      "micro-batches per optimizer step on each rank; gradients sync after the last", .min = 1, .max = UNBOUNDED},
     {"bucket-mb", ARG_DOUBLE, &opt.bucket_mb, "25", "DDP gradient bucket size in MiB", .min = 1e-6, .max = 1e6},
-    {"no-overlap", ARG_BOOL, &opt.no_overlap, NULL, "DDP: all-reduce every bucket after backward instead of during it",
+    {"no-overlap", ARG_BOOL, &opt.no_overlap, NULL,
+     "DDP: all-reduce every bucket after backward instead of during it; FSDP: no all-gather prefetch",
      .value_name = ""},
     {"desync-init", ARG_BOOL, &opt.desync_init, NULL,
      "give every rank a different init (seed + rank) to show the initial broadcast fixes it", .value_name = ""},
@@ -178,7 +189,8 @@ typedef struct {
     int *inputs, *targets;         // one micro-batch: (micro, T)
     DataSource *data;
     Mesh *mesh;
-    Ddp *ddp;                      // NULL with a single data-parallel rank
+    Ddp *ddp;                      // DDP: dp_replicate > 1 and dp_shard == 1
+    Fsdp *fsdp;                    // FSDP / HSDP: dp_shard > 1 (then adam_m, adam_v and model.params are NULL)
     int B, T;                      // global batch, sequence length
     int micro, n_micro;            // sequences per micro-batch, micro-batches per step on this rank
     int dp_index, dp_size;
@@ -204,10 +216,12 @@ static double forward_backward(Trainer *t, long long step) {
         trace_end(track);
         if (!isfinite(loss)) fatal("step %lld: loss is %g; stopping (try a lower --lr)", step, loss);
         if (t->ddp) ddp_begin_backward(t->ddp, mb == t->n_micro - 1);
+        if (t->fsdp) fsdp_begin_backward(t->fsdp, mb == t->n_micro - 1);
         trace_begin(track, "backward", "phase");
         trace_arg_int(track, "microbatch", mb);
         model_backward(&t->model, &t->acts, t->inputs, 1.0 / t->n_micro);
         trace_end(track);
+        if (t->fsdp) fsdp_end_backward(t->fsdp);
         loss_sum += loss;
     }
     if (t->ddp) ddp_finish_backward(t->ddp);
@@ -220,13 +234,22 @@ static StepResult train_step(Trainer *t, long long step) {
     int track = trace_track("compute");
     StepResult r;
     model_zero_grads(&t->model);
+    if (t->fsdp) fsdp_zero_grads(t->fsdp);
     r.loss = forward_backward(t, step);
     if (t->dp_size > 1) comm_all_reduce(t->mesh->dp, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
     trace_begin(track, "optimizer", "phase");
+    r.lr = lr_at(&t->schedule, step);
+    if (t->fsdp) {  // each rank clips and updates its shards only
+        r.grad_norm = fsdp_grad_norm(t->fsdp);
+        if (!isfinite(r.grad_norm)) fatal("step %lld: gradient norm is %g; stopping", step, r.grad_norm);
+        fsdp_clip(t->fsdp, r.grad_norm, opt.grad_clip);
+        fsdp_adamw_step(t->fsdp, step, r.lr, &t->adam);
+        trace_end(track);
+        return r;
+    }
     size_t n = t->model.table.total_numel;
     r.grad_norm = sqrt(sum_of_squares(t->model.grads, n));  // grads are identical on every dp rank
     if (!isfinite(r.grad_norm)) fatal("step %lld: gradient norm is %g; stopping", step, r.grad_norm);
-    r.lr = lr_at(&t->schedule, step);
     if (t->dump) dump_record_step(t->dump, &t->model, &t->acts, step, t->inputs, t->targets, r.loss, r.grad_norm, r.lr);
     clip_by_global_norm(t->model.grads, n, r.grad_norm, opt.grad_clip);
     adamw_step(t->model.params, t->model.grads, t->adam_m, t->adam_v, n, step, r.lr, &t->adam);
@@ -234,11 +257,68 @@ static StepResult train_step(Trainer *t, long long step) {
     return r;
 }
 
+// The weights, gradients and optimizer state: whole on every rank (single process, DDP), or
+// sharded over dp_shard (ZeRO / FSDP, replicated over dp_replicate for HSDP).
+static void setup_training_state(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, uint64_t seed) {
+    Mesh *mesh = t->mesh;
+    if (mesh->degree[MESH_DP_SHARD] == 1) {
+        model_init(&t->model, cfg, seed, attention);
+        size_t n = t->model.table.total_numel;
+        t->adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
+        t->adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
+        return;
+    }
+    model_init_unallocated(&t->model, cfg, attention);
+    FsdpOptions options = {opt.zero_stage, strcmp(opt.reshard, "always") == 0  ? RESHARD_ALWAYS
+                                           : strcmp(opt.reshard, "never") == 0 ? RESHARD_NEVER
+                                                                               : RESHARD_DEFAULT,
+                           !opt.no_overlap};
+    Comm *replicate = mesh->degree[MESH_DP_REPLICATE] > 1 ? mesh->dim[MESH_DP_REPLICATE] : NULL;
+    t->fsdp = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, &options, seed);
+    log_info("%s: zero stage %d over %d shards%s, %d micro-batch(es) of %d sequences per rank, reshard after "
+             "forward: %s, prefetch %s",
+             replicate ? "hsdp" : "fsdp", opt.zero_stage, comm_size(mesh->dp_shard_cp),
+             replicate ? " x replicated" : "", t->n_micro, t->micro, opt.reshard, opt.no_overlap ? "off" : "on");
+    if (replicate) log_info("hsdp: %d replicas of the shard group", comm_size(replicate));
+}
+
+// Sharded state is gathered in full for the file (every shard rank takes part; rank 0 writes).
+static void save_state(Trainer *t, const char *path, long long step, const RunIdentity *run) {
+    if (!t->fsdp) {
+        if (t->mesh->rank == 0) checkpoint_save(path, &t->model, t->adam_m, t->adam_v, step, run);  // replicas agree
+        return;
+    }
+    size_t n = t->model.table.total_numel;
+    real *full[3];
+    for (int which = 0; which < 3; which++) {
+        full[which] = mem_alloc(MEM_OTHER, sizeof(real) * n);
+        fsdp_gather_full(t->fsdp, which, full[which]);
+    }
+    Model whole = t->model;
+    whole.params = full[0];
+    if (t->mesh->rank == 0) checkpoint_save(path, &whole, full[1], full[2], step, run);
+    for (int which = 0; which < 3; which++) mem_free(full[which]);
+}
+
+static long long load_state(Trainer *t, const char *path, const RunIdentity *run) {
+    if (!t->fsdp) return checkpoint_load(path, &t->model, t->adam_m, t->adam_v, run);
+    size_t n = t->model.table.total_numel;
+    real *full[3];
+    for (int which = 0; which < 3; which++) full[which] = mem_alloc(MEM_OTHER, sizeof(real) * n);
+    Model whole = t->model;
+    whole.params = full[0];
+    long long step = checkpoint_load(path, &whole, full[1], full[2], run);
+    for (int which = 0; which < 3; which++) {
+        fsdp_load_full(t->fsdp, which, full[which]);
+        mem_free(full[which]);
+    }
+    return step;
+}
+
 // The parallel layout: checks the flags against the world size and the batch.
 static Mesh *setup_mesh(void) {
-    if (opt.dp_shard > 1)
-        fatal_input("--dp-shard %d: sharded data parallel (FSDP) comes with chapter 3; use --dp-replicate for DDP",
-                    opt.dp_shard);
+    if (opt.desync_init && opt.dp_shard > 1)
+        fatal_input("--desync-init: shows DDP's initial broadcast; sharded ranks each build only their own shard");
     Mesh *mesh = mesh_create(1, opt.dp_replicate, opt.dp_shard, 1, 1);
     int dp = opt.dp_replicate * opt.dp_shard;
     if (opt.batch % (dp * opt.grad_accum_steps) != 0)
@@ -287,10 +367,7 @@ int main(int argc, char **argv) {
 
     t.data = data_open(opt.data, cfg.vocab_size, t.T, (uint64_t)opt.seed);
     uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.mesh->rank : 0);
-    model_init(&t.model, &cfg, init_seed, attention);
-    size_t n = t.model.table.total_numel;
-    t.adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
-    t.adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
+    setup_training_state(&t, &cfg, attention, init_seed);
     ActCheckpoint ac = strcmp(opt.ac, "full") == 0 ? AC_FULL : strcmp(opt.ac, "selective") == 0 ? AC_SELECTIVE : AC_NONE;
     t.acts = model_acts_alloc(&t.model, t.micro, t.T, ac);
     log_checkpointing(&t.model, t.micro, t.T, ac);
@@ -302,10 +379,10 @@ int main(int argc, char **argv) {
     if (opt.resume) {
         char path[4096];
         checkpoint_resolve(opt.resume, path, sizeof path);
-        start_step = checkpoint_load(path, &t.model, t.adam_m, t.adam_v, &run);
+        start_step = load_state(&t, path, &run);
         log_info("resumed from %s after step %lld", path, start_step);
     }
-    if (t.dp_size > 1) {
+    if (t.dp_size > 1 && !t.fsdp) {
         t.ddp = ddp_create(&t.model, t.mesh->dp, (size_t)(opt.bucket_mb * 1048576.0), !opt.no_overlap);
         ddp_broadcast_params(t.ddp);  // replicas start equal, whatever each rank initialised
         log_info("ddp: %d replicas, %d micro-batch(es) of %d sequences each per rank, %d buckets of <= %g MiB, %s",
@@ -346,19 +423,20 @@ int main(int argc, char **argv) {
             log_info("step %5lld | loss %.6f | grad_norm %.4f | lr %.3e | %.0f tok/s | mem %.1f MiB", step, r.loss,
                      r.grad_norm, r.lr, t.B * t.T / seconds, mem_current_total() / 1048576.0);
         bool periodic = opt.checkpoint_every > 0 && step % opt.checkpoint_every == 0;
-        if (opt.checkpoint_dir && (periodic || step == opt.steps) && t.mesh->rank == 0) {
-            char path[4096];  // replicas hold identical state: rank 0 writes it
+        if (opt.checkpoint_dir && (periodic || step == opt.steps)) {
+            char path[4096];
             checkpoint_path_for_step(opt.checkpoint_dir, step, path, sizeof path);
             trace_begin(track, "checkpoint", "io");
-            checkpoint_save(path, &t.model, t.adam_m, t.adam_v, step, &run);
+            save_state(&t, path, step, &run);
             trace_end(track);
-            log_info("checkpoint written to %s", path);
+            if (t.mesh->rank == 0) log_info("checkpoint written to %s", path);
         }
     }
     if (measured_steps > 0)
         log_info("timing: steps=%d measured=%d mean_step_ms=%.2f tokens_per_s=%.1f", opt.steps, measured_steps,
                  1e3 * measured_seconds / measured_steps, (double)t.B * t.T * measured_steps / measured_seconds);
     mem_print_report();
+    if (t.fsdp) fsdp_print_memory_estimate(t.fsdp);
     if (t.dump) {
         dump_write(t.dump, &t.model, opt.dump);
         log_info("dump written to %s", opt.dump);
@@ -372,6 +450,7 @@ int main(int argc, char **argv) {
     }
 
     ddp_free(t.ddp);
+    fsdp_free(t.fsdp);
     mem_free(t.inputs);
     mem_free(t.targets);
     model_acts_free(&t.acts);

@@ -1,0 +1,104 @@
+// fsdp.h: sharded data parallelism, ZeRO stages 1, 2 and 3 (FSDP), and HSDP, as one module.
+//
+// Every data-parallel rank still runs the whole model on its slice of the batch, but the training
+// state is divided across the N ranks of the shard group (dp_shard x cp) instead of copied:
+//
+//   stage 1  optimizer state (AdamW m and v) sharded; each rank updates only its shard of the
+//            weights, then the weights are all-gathered. Gradients: full, one reduce-scatter
+//            per step (after the last micro-batch).
+//   stage 2  + gradients sharded: each unit's gradients are reduce-scattered as soon as its
+//            backward ends, into the rank's gradient shard; the full gradient buffer is freed.
+//   stage 3  + weights sharded (FSDP): a unit's weights exist in full only between an all-gather
+//            just before it is used and its release after; the next unit's all-gather is
+//            prefetched on the comm stream while the current one computes.
+//
+// The shard unit is the model's unit (model.h): the embedding, each transformer block, the head.
+// A unit's tensors are one contiguous range of the table's flat layout (U elements); it is padded
+// with zeros to a multiple of N, and rank r owns elements [r*S, (r+1)*S) with S = ceil(U/N). The
+// padding is never read by the model; its gradients are zero and AdamW keeps it at zero.
+//
+// HSDP: with dp_replicate > 1 the shard group is one replica; the gradient shards are then
+// averaged over the replicate group (all-reduce), queued right behind the reduce-scatter.
+//
+//   Fsdp *f = fsdp_create(&model, shard_group, replicate_group, &options, seed);  // installs UnitStorage
+//   fsdp_zero_grads(f);
+//   for each micro-batch:  model_forward(...); fsdp_begin_backward(f, last); model_backward(...);
+//                          fsdp_end_backward(f);
+//   norm = fsdp_grad_norm(f); fsdp_clip(f, norm, max); fsdp_adamw_step(f, step, lr, &adam);
+#pragma once
+#include <stdbool.h>
+
+#include "common/comm.h"
+#include "reference_cpu/adamw.h"
+#include "reference_cpu/model.h"
+
+typedef enum { RESHARD_DEFAULT, RESHARD_ALWAYS, RESHARD_NEVER } ReshardPolicy;
+extern const char *const RESHARD_POLICY_NAMES;  // "default|always|never", in enum order
+
+typedef struct {
+    int stage;                // 1, 2 or 3
+    ReshardPolicy reshard;    // stage 3: free a unit's gathered weights after its forward?
+                              //   default: yes, except the root units (embedding, head) and the last
+                              //   block, which backward needs first (as torchtitan does)
+    bool prefetch;            // stage 3: all-gather the next unit while this one computes
+} FsdpOptions;
+
+typedef struct {
+    int unit;                  // the table layer: LAYER_EMBEDDING, 0..n_layers-1, n_layers
+    size_t offset, numel;      // the unit's range in the flat layout
+    size_t shard;              // S: elements per rank (the unit is padded to S * N)
+    real *params_shard;        // (S) this rank's weights; stages 1-2: a view into full
+    real *grads_shard;         // (S) this rank's averaged gradients; stage 1: a view into full_grads
+    real *adam_m, *adam_v;     // (S)
+    real *full;                // (S * N) gathered weights; stage 3: NULL while resharded
+    real *full_grads;          // (S * N) this rank's gradients; stages 2-3: only during backward
+    real *reduced;             // (S) the reduce-scatter's output while it is in flight
+    CommHandle *gather;        // all-gather into full, in flight
+    CommHandle *reduce, *replicate_reduce;  // reduce-scatter (+ HSDP all-reduce), in flight
+    bool reshard_after_forward;
+} FsdpUnit;
+
+typedef struct {
+    Model *model;
+    Comm *shard_group;         // N ranks: dp_shard x cp
+    Comm *replicate_group;     // HSDP: dp_replicate; NULL when there is one replica
+    FsdpOptions options;
+    int n_units;               // n_layers + 2, in forward order: embedding, blocks, head
+    FsdpUnit *units;
+    bool sync;                 // this backward ends the step (the last micro-batch)
+    int frontier;              // stage 3 prefetch: the furthest unit gathered ahead in this pass
+    real *staging;             // (max S) stages 1-2: this rank's shard, sent by the all-gather
+} Fsdp;
+
+// Collective over shard_group (and replicate_group). The model must come from
+// model_init_unallocated; every rank builds only its shards, from the seed (sharding-independent
+// init, so the weights equal the single process's). Installs the model's UnitStorage and hook.
+Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, const FsdpOptions *options,
+                  uint64_t seed);
+void fsdp_free(Fsdp *f);
+
+void fsdp_zero_grads(Fsdp *f);
+// Around each micro-batch's model_backward. sync: the last micro-batch of the step (stage 1
+// reduces only then; stages 2-3 reduce every micro-batch into the shards). end waits for the
+// reductions still in flight.
+void fsdp_begin_backward(Fsdp *f, bool sync);
+void fsdp_end_backward(Fsdp *f);
+
+// The global gradient norm (sum of squares of every shard, all-reduced over the shard group).
+double fsdp_grad_norm(Fsdp *f);
+void fsdp_clip(Fsdp *f, double grad_norm, double max_norm);
+// AdamW on this rank's shards; stages 1-2 then all-gather the updated weights into the full copy.
+void fsdp_adamw_step(Fsdp *f, long long step, double lr, const AdamWConfig *cfg);
+
+// Full tensors (table layout, total_numel) for checkpoints: gathered on every rank of the shard
+// group. which: 0 weights, 1 AdamW m, 2 AdamW v.
+void fsdp_gather_full(Fsdp *f, int which, real *flat);
+// The reverse, for --resume: takes this rank's shard of a full tensor.
+void fsdp_load_full(Fsdp *f, int which, const real *flat);
+
+// Prints the memory model of this stage next to the measured peaks (bytes by category):
+//   stage 1: params 4P, grads 4P, optimizer 8P/N
+//   stage 2: params 4P, grads 4P/N + the units in flight, optimizer 8P/N
+//   stage 3: params 4P/N + the gathered units, grads 4P/N + the units in flight, optimizer 8P/N
+// (fp32: 4 bytes per weight and per gradient, 8 for AdamW's two moments; P = parameter count.)
+void fsdp_print_memory_estimate(const Fsdp *f);

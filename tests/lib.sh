@@ -1,0 +1,14 @@
+# tests/lib.sh: helpers the end-to-end scripts share (source it; needs $BUILD and $MPIRUN).
+
+# expect_error RANKS WANTED FLAGS...: the trainer under mpirun must fail, and print exactly one
+# line of its own (starting "train") that contains WANTED.
+expect_error() {
+    local np=$1 want=$2; shift 2
+    local out rc
+    out=$($MPIRUN -np "$np" "$BUILD/train" --model tiny --steps 1 "$@" 2>&1 >/dev/null); rc=$?
+    local ours; ours=$(printf '%s\n' "$out" | grep '^train' || true)
+    if [ "$rc" -eq 0 ] || [ "$(printf '%s\n' "$ours" | grep -c .)" -ne 1 ] || [[ "$ours" != *"$want"* ]]; then
+        echo "FAIL: -np $np $* -> rc $rc: $out"; exit 1
+    fi
+    echo "ok: -np $np $* -> $ours"
+}

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Chapters 3-5 under mpirun: ZeRO stages 1-3 at 2, 4 and 8 ranks, HSDP, activation checkpointing
+# with DDP and FSDP, resume of sharded state, memory by stage, bad input.
+# Tolerances (fp32), as in tests/t_ddp.sh: the sharded gradient is the reference's sum added in
+# another order (per-rank matmuls, then the reduce-scatter's rank-order sum), so
+#   losses: rtol 1e-5; params after 20 AdamW steps: rtol 5e-4 of each tensor's max (AdamW's
+#   1/sqrt(v) turns last-bit gradient differences on tiny gradients into ~lr moves).
+#   Seen: 3.3e-5 (2 ranks, every stage), 1.1e-4 (8 ranks).
+# Exact (bit-identical) where the arithmetic is the same: reshard-after-forward policies, prefetch
+# on/off and activation checkpointing change when and where values live, never the sums.
+set -eu
+T="$TEST_TMP"
+MPIRUN=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
+export OMP_NUM_THREADS=1
+P="$PYTHON tests/py/compare_runs.py"
+source tests/lib.sh
+common=(--model tiny --steps 20 --batch 8 --seed 5 --lr 1e-3)
+"$BUILD/train" "${common[@]}" --checkpoint-dir "$T/ref" > "$T/ref.log"
+run() {  # name, ranks, extra flags...
+    local name=$1 np=$2; shift 2
+    $MPIRUN -np "$np" "$BUILD/train" "${common[@]}" "$@" --checkpoint-dir "$T/$name" \
+        > "$T/$name.log" 2>&1 || { cat "$T/$name.log"; echo "FAIL: run $name"; exit 1; }
+}
+ckpt() { echo "$T/$1/step_000020.safetensors"; }
+check_vs_ref() {  # name
+    echo "== $1 vs the single process"
+    $P --log "$T/$1.log" --log-ref "$T/ref.log" --loss-rtol 1e-5 --ckpt "$(ckpt "$1")" --ckpt-ref "$(ckpt ref)" \
+       --param-rtol 5e-4
+}
+check_exact() {  # name, reference name, what
+    echo "== $1 vs $2 ($3): bit-identical"
+    $P --ckpt "$(ckpt "$1")" --ckpt-ref "$(ckpt "$2")" --exact
+}
+
+for np in 2 4 8; do
+    for stage in 1 2 3; do
+        run "z${stage}_np$np" "$np" --dp-shard "$np" --zero-stage "$stage"
+        check_vs_ref "z${stage}_np$np"
+    done
+done
+run z2_np2_accum 2 --dp-shard 2 --zero-stage 2 --grad-accum-steps 2
+check_vs_ref z2_np2_accum
+run z1_np2_accum 2 --dp-shard 2 --zero-stage 1 --grad-accum-steps 4
+check_vs_ref z1_np2_accum
+
+# ZeRO-3 policies: memory changes, arithmetic does not.
+run z3_always 2 --dp-shard 2 --reshard-after-forward always
+check_exact z3_always z3_np2 "reshard always vs default"
+run z3_never 2 --dp-shard 2 --reshard-after-forward never --no-overlap
+check_exact z3_never z3_np2 "reshard never, no prefetch vs default"
+
+# HSDP: shard within pairs, replicate across them. Against the reference and against plain FSDP
+# over the same 4 ranks (the same averages, in another grouping: tolerance, not bits).
+run hsdp_2x2 4 --dp-replicate 2 --dp-shard 2
+check_vs_ref hsdp_2x2
+echo "== hsdp 2x2 vs fsdp 4"
+$P --ckpt "$(ckpt hsdp_2x2)" --ckpt-ref "$(ckpt z3_np4)" --param-rtol 5e-4
+run hsdp_2x2_z2 4 --dp-replicate 2 --dp-shard 2 --zero-stage 2
+check_vs_ref hsdp_2x2_z2
+
+# Activation checkpointing: recompute is exact, under every data-parallel scheme.
+run z3_ac_full 2 --dp-shard 2 --ac full
+check_exact z3_ac_full z3_np2 "ac full vs none, zero-3"
+run z1_ac_selective 2 --dp-shard 2 --zero-stage 1 --ac selective
+check_exact z1_ac_selective z1_np2 "ac selective vs none, zero-1"
+run z2_ac_full 2 --dp-shard 2 --zero-stage 2 --ac full
+check_exact z2_ac_full z2_np2 "ac full vs none, zero-2"
+run ddp_np2 2 --dp-replicate 2
+run ddp_ac_selective 2 --dp-replicate 2 --ac selective
+check_exact ddp_ac_selective ddp_np2 "ac selective vs none, ddp"
+"$BUILD/train" "${common[@]}" --ac full --checkpoint-dir "$T/ref_ac_full" > "$T/ref_ac_full.log"
+check_exact ref_ac_full ref "ac full vs none, single process"
+
+# Resume: 10 steps, then 10 more from the gathered checkpoint, equals 20 in one go.
+$MPIRUN -np 2 "$BUILD/train" "${common[@]}" --dp-shard 2 --checkpoint-dir "$T/resume" --checkpoint-every 10 \
+    > "$T/resume_a.log" 2>&1
+rm "$T/resume/step_000020.safetensors"
+run resume 2 --dp-shard 2 --resume "$T/resume/step_000010.safetensors"
+check_exact resume z3_np2 "zero-3 resumed at step 10 vs straight through"
+
+echo "== memory: measured peaks against the stage's formula (tests/py/check_zero_memory.py)"
+$PYTHON tests/py/check_zero_memory.py "$T/z1_np4.log" "$T/z2_np4.log" "$T/z3_np4.log"
+
+echo "== bad input exits 2 with one line"
+set +e
+expect_error 2 "--zero-stage 4: must be between 1 and 3" --dp-shard 2 --zero-stage 4
+expect_error 2 "--zero-stage 0: must be between 1 and 3" --dp-shard 2 --zero-stage 0
+expect_error 2 "--ac partial: must be one of none|full|selective" --dp-shard 2 --ac partial
+expect_error 4 "but mpirun started 4" --dp-shard 3
+expect_error 4 "but mpirun started 4" --dp-shard 2 --dp-replicate 3
+expect_error 2 "--reshard-after-forward sometimes" --dp-shard 2 --reshard-after-forward sometimes
+set -e
+echo "t_fsdp: OK"
