@@ -7,8 +7,9 @@ track is a rank; its "compute" thread track holds compute, every "comm:<group>" 
 communication. Per rank (all figures are lengths of unions of intervals, so overlapping or nested
 slices count once):
 
-  compute   union of the top-level slices on "compute", except those of category "comm-wait"
-            (the main thread blocked on communication, e.g. DDP's final wait)
+  compute   union of the top-level slices on "compute", minus the slices of category "comm-wait"
+            at any depth (the main thread blocked on communication: DDP's final wait, FSDP's
+            all-gather waits inside forward)
   comm      union of the slices on the "comm:*" tracks
   exposed   comm time during which no compute slice runs (what communication costs the step)
   overlap   1 - exposed / comm, in percent (empty when the rank has no comm)
@@ -44,6 +45,23 @@ def length(merged):
     return sum(end - begin for begin, end in merged)
 
 
+def subtract(a, b):
+    """The parts of union a not covered by union b (both sorted and disjoint)."""
+    out, j = [], 0
+    for begin, end in a:
+        while j < len(b) and b[j][1] <= begin:
+            j += 1
+        k, cursor = j, begin
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cursor:
+                out.append((cursor, b[k][0]))
+            cursor = max(cursor, b[k][1])
+            k += 1
+        if cursor < end:
+            out.append((cursor, end))
+    return out
+
+
 def intersection_length(a, b):
     """Time covered by both of two unions (each sorted and disjoint): one merge-like sweep."""
     i = j = total = 0
@@ -64,12 +82,15 @@ WAIT_CATEGORY = "comm-wait"
 class Rank:
     def __init__(self, rank, name=""):
         self.rank, self.name = rank, name
-        self.compute, self.comm = [], []  # (begin, end) in ns
+        self.compute, self.comm, self.waits = [], [], []  # (begin, end) in ns
 
     def add(self, track_name, begin, end, depth, category=""):
-        # A top-level slice of category "comm-wait" on the compute track (DDP's "ddp wait") is the
-        # main thread blocked on communication: not compute, so the comm under it counts as exposed.
-        if track_name == "compute" and depth == 0 and category != WAIT_CATEGORY:
+        # A slice of category "comm-wait" on the compute track (DDP's "ddp wait", FSDP's all-gather
+        # waits) is the main thread blocked on communication: not compute, so the comm under it
+        # counts as exposed, even when it sits inside a "forward" slice.
+        if track_name == "compute" and category == WAIT_CATEGORY:
+            self.waits.append((begin, end))
+        elif track_name == "compute" and depth == 0:
             self.compute.append((begin, end))
         elif track_name.startswith("comm:"):
             self.comm.append((begin, end))
@@ -147,7 +168,7 @@ def overlap_pct(comm, exposed):
 
 
 def summarize(rank):
-    compute, comm = union(rank.compute), union(rank.comm)
+    compute, comm = subtract(union(rank.compute), union(rank.waits)), union(rank.comm)
     busy = union(compute + comm)
     row = {"rank": rank.rank, "name": rank.name, "compute": length(compute), "comm": length(comm)}
     row["exposed"] = row["comm"] - intersection_length(comm, compute)
