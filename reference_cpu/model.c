@@ -157,24 +157,33 @@ void model_recompute_flops(const Model *m, int B, int T, ActCheckpoint ac, doubl
 }
 
 ModelActs model_acts_alloc(const Model *m, int B, int T, ActCheckpoint ac) {
+    return model_acts_alloc_stage(m, B, T, ac, 0, m->cfg.n_layers);
+}
+
+ModelActs model_acts_alloc_stage(const Model *m, int B, int T, ActCheckpoint ac, int first, int end) {
     const ModelConfig *c = &m->cfg;
     size_t BT = (size_t)B * T, D = c->dim, F = c->ffn_dim, V = c->vocab_size;
     size_t hq = (size_t)c->n_heads * model_head_dim(c), hkv = (size_t)c->n_kv_heads * model_head_dim(c);
-    ModelActs a = {.B = B, .T = T, .n_layers = c->n_layers, .ac = ac};
+    ModelActs a = {.B = B, .T = T, .n_layers = c->n_layers, .ac = ac, .first = first, .end = end};
     ActField f[N_ACT_FIELDS];
     act_fields(m, B, T, f);
     a.blocks = mem_alloc(MEM_OTHER, sizeof(BlockActs) * c->n_layers);
     for (int i = 0; i < N_ACT_FIELDS; i++) {
         if (!field_kept(&f[i], ac)) *field_ptr(&a.recompute, &f[i]) = alloc_acts(f[i].numel);
-        for (int l = 0; l < c->n_layers; l++)
+        for (int l = first; l < end; l++)
             if (field_kept(&f[i], ac)) *field_ptr(&a.blocks[l], &f[i]) = alloc_acts(f[i].numel);
     }
     if (ac == AC_FULL) a.recompute_out = alloc_acts(BT * D);
-    a.x_final = alloc_acts(BT * D);
-    a.xn_final = alloc_acts(BT * D);
-    a.rstd_final = alloc_acts(BT);
-    a.logits = alloc_acts(BT * V);
-    a.lse = alloc_acts(BT);
+    if (end < c->n_layers) {
+        a.blocks[end].x = alloc_acts(BT * D);  // the stage's output, the next stage's input
+    } else {
+        a.x_final = alloc_acts(BT * D);
+        a.xn_final = alloc_acts(BT * D);
+        a.rstd_final = alloc_acts(BT);
+        a.logits = alloc_acts(BT * V);
+        a.lse = alloc_acts(BT);
+        a.dlogits = alloc_acts(BT * V);
+    }
     a.dx = alloc_acts(BT * D);
     a.dx_next = alloc_acts(BT * D);
     a.dxn = alloc_acts(BT * D);
@@ -186,7 +195,6 @@ ModelActs model_acts_alloc(const Model *m, int B, int T, ActCheckpoint ac) {
     a.dgate = alloc_acts(BT * F);
     a.dup = alloc_acts(BT * F);
     a.dact = alloc_acts(BT * F);
-    a.dlogits = alloc_acts(BT * V);
     return a;
 }
 
@@ -318,15 +326,23 @@ static void block_recompute(const Model *m, const BlockWeights *w, ModelActs *ac
 static int output_unit(const Model *m) { return m->cfg.tied ? LAYER_EMBEDDING : m->cfg.n_layers; }
 static const char *output_name(const Model *m) { return m->cfg.tied ? "tok_embeddings.weight" : "output.weight"; }
 
-double model_forward(const Model *m, ModelActs *acts, const int *inputs, const int *targets) {
-    const ModelConfig *c = &m->cfg;
-    int B = acts->B, T = acts->T, BT = B * T, D = c->dim, V = c->vocab_size, L = c->n_layers;
-    if (T > c->max_seq_len) fatal_input("--seq-len %d: longer than the model's max_seq_len %d", T, c->max_seq_len);
-    int track = trace_track("compute");
+static void check_seq_len(const Model *m, int T) {
+    if (T > m->cfg.max_seq_len) fatal_input("--seq-len %d: longer than the model's max_seq_len %d", T, m->cfg.max_seq_len);
+}
+
+void model_embed_forward(const Model *m, ModelActs *acts, const int *inputs) {
+    check_seq_len(m, acts->T);
     const real *embedding = unit_params(m, LAYER_EMBEDDING, PASS_FORWARD);
-    embedding_forward(acts->blocks[0].x, inputs, embedding, BT, D);
+    embedding_forward(acts->blocks[0].x, inputs, embedding, acts->B * acts->T, m->cfg.dim);
     unit_params_done(m, LAYER_EMBEDDING, PASS_FORWARD);
-    for (int l = 0; l < L; l++) {
+}
+
+void model_blocks_forward(const Model *m, ModelActs *acts, int first, int end) {
+    const ModelConfig *c = &m->cfg;
+    int B = acts->B, T = acts->T, L = c->n_layers;
+    check_seq_len(m, T);
+    int track = trace_track("compute");
+    for (int l = first; l < end; l++) {
         BlockWeights w = block_weights(m, (real *)unit_params(m, l, PASS_FORWARD), l);
         BlockActs view = block_acts_view(acts, l);
         real *out = l + 1 < L ? acts->blocks[l + 1].x : acts->x_final;
@@ -337,6 +353,12 @@ double model_forward(const Model *m, ModelActs *acts, const int *inputs, const i
         trace_end(track);
         unit_params_done(m, l, PASS_FORWARD);
     }
+}
+
+double model_head_forward(const Model *m, ModelActs *acts, const int *targets) {
+    const ModelConfig *c = &m->cfg;
+    int BT = acts->B * acts->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
+    int track = trace_track("compute");
     trace_begin(track, "head fwd + loss", "forward");
     const real *head = unit_params(m, L, PASS_FORWARD);
     const real *out_unit = c->tied ? unit_params(m, LAYER_EMBEDDING, PASS_FORWARD) : head;
@@ -351,15 +373,23 @@ double model_forward(const Model *m, ModelActs *acts, const int *inputs, const i
     return loss;
 }
 
+double model_forward(const Model *m, ModelActs *acts, const int *inputs, const int *targets) {
+    model_embed_forward(m, acts, inputs);
+    model_blocks_forward(m, acts, 0, m->cfg.n_layers);
+    return model_head_forward(m, acts, targets);
+}
+
 static void notify_grads_ready(const Model *m, int layer) {
     if (m->grads_ready) m->grads_ready(layer, m->grads_ready_ctx);
 }
 
 // Loss -> logits -> final norm: the head's gradients, and the gradient of the last block's output
 // in acts->dx.
-static void head_backward(Model *m, ModelActs *acts, double dloss) {
+void model_head_backward(Model *m, ModelActs *acts, double dloss) {
     const ModelConfig *c = &m->cfg;
     int BT = acts->B * acts->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
+    int track = trace_track("compute");
+    trace_begin(track, "head bwd", "backward");
     const real *head = unit_params(m, L, PASS_BACKWARD);
     const real *out_unit = c->tied ? unit_params(m, LAYER_EMBEDDING, PASS_BACKWARD) : head;
     real *head_grads = unit_grads(m, L);
@@ -374,19 +404,16 @@ static void head_backward(Model *m, ModelActs *acts, double dloss) {
                      unit_tensor(m, head, L, "norm.weight"), acts->rstd_final, BT, D);
     if (c->tied) unit_params_done(m, LAYER_EMBEDDING, PASS_BACKWARD);
     unit_params_done(m, L, PASS_BACKWARD);
-}
-
-void model_backward(Model *m, ModelActs *acts, const int *inputs, double dloss) {
-    const ModelConfig *c = &m->cfg;
-    int B = acts->B, T = acts->T, BT = B * T, D = c->dim;
-    int track = trace_track("compute");
-    trace_begin(track, "head bwd", "backward");
-    head_backward(m, acts, dloss);
     trace_end(track);
     // final norm and output are done (tied: the output weight is tok_embeddings, notified last)
-    notify_grads_ready(m, c->n_layers);
-    // blocks in reverse; dx holds the gradient of the current block's output
-    for (int l = c->n_layers - 1; l >= 0; l--) {
+    notify_grads_ready(m, L);
+}
+
+void model_blocks_backward(Model *m, ModelActs *acts, int first, int end) {
+    const ModelConfig *c = &m->cfg;
+    int B = acts->B, T = acts->T;
+    int track = trace_track("compute");
+    for (int l = end - 1; l >= first; l--) {
         real *unit = (real *)unit_params(m, l, PASS_BACKWARD);
         BlockWeights w = block_weights(m, unit, l), g = block_weights(m, unit_grads(m, l), l);
         BlockActs view = block_acts_view(acts, l);
@@ -402,7 +429,16 @@ void model_backward(Model *m, ModelActs *acts, const int *inputs, double dloss) 
         acts->dx = acts->dx_next;
         acts->dx_next = swap;
     }
-    // the lookup's backward needs no weights, only the embedding's gradient buffer
-    embedding_backward(unit_grads(m, LAYER_EMBEDDING), acts->dx, inputs, BT, D);
+}
+
+// The lookup's backward needs no weights, only the embedding's gradient buffer.
+void model_embed_backward(Model *m, ModelActs *acts, const int *inputs) {
+    embedding_backward(unit_grads(m, LAYER_EMBEDDING), acts->dx, inputs, acts->B * acts->T, m->cfg.dim);
     notify_grads_ready(m, LAYER_EMBEDDING);
+}
+
+void model_backward(Model *m, ModelActs *acts, const int *inputs, double dloss) {
+    model_head_backward(m, acts, dloss);
+    model_blocks_backward(m, acts, 0, m->cfg.n_layers);
+    model_embed_backward(m, acts, inputs);
 }

@@ -83,11 +83,12 @@ typedef struct {
 
 typedef struct {
     int B, T, n_layers;
+    int first, end;      // the blocks this set holds: [first, end) (all of them but for a pipeline stage)
     ActCheckpoint ac;
     BlockActs *blocks;   // (n_layers) what each block keeps; with checkpointing, the dropped fields are NULL
     BlockActs recompute; // one block's dropped fields, rebuilt in backward (all NULL without checkpointing)
     real *recompute_out; // (BT, dim) where a full recompute writes the block output (not needed again)
-    real *x_final;       // (BT, dim) output of the last block
+    real *x_final;       // (BT, dim) output of the last block (NULL, like the head's buffers, unless end == n_layers)
     real *xn_final, *rstd_final;
     real *logits;        // (BT, vocab)
     real *lse;           // (BT) cross-entropy log-sum-exp
@@ -109,6 +110,9 @@ BlockWeights block_weights(const Model *m, real *unit_buffer, int layer);
 
 // MEM_ACTIVATIONS. ac chooses what each block keeps for backward.
 ModelActs model_acts_alloc(const Model *m, int B, int T, ActCheckpoint ac);
+// For a pipeline stage holding blocks [first, end): their activations, blocks[end].x (the stage's
+// output) when end < n_layers, or the head's buffers when end == n_layers.
+ModelActs model_acts_alloc_stage(const Model *m, int B, int T, ActCheckpoint ac, int first, int end);
 void model_acts_free(ModelActs *a);
 // Block l's activations: its own buffers, with the fields checkpointing dropped taken from
 // a->recompute.
@@ -132,4 +136,14 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
 double model_forward(const Model *m, ModelActs *acts, const int *inputs, const int *targets);
 // Accumulates d(dloss * loss)/d(params) into m->grads (call model_zero_grads first).
 void model_backward(Model *m, ModelActs *acts, const int *inputs, double dloss);
+
+// The same in pieces, for pipeline stages (model_forward is embed, blocks [0, L), head):
+void model_embed_forward(const Model *m, ModelActs *acts, const int *inputs);   // -> blocks[0].x
+// Blocks [first, end): reads blocks[first].x, writes blocks[end].x (x_final when end == n_layers).
+void model_blocks_forward(const Model *m, ModelActs *acts, int first, int end);
+double model_head_forward(const Model *m, ModelActs *acts, const int *targets); // x_final -> loss
+void model_head_backward(Model *m, ModelActs *acts, double dloss);              // -> acts->dx
+// Reads acts->dx (gradient of block end-1's output), leaves the gradient of blocks[first].x in acts->dx.
+void model_blocks_backward(Model *m, ModelActs *acts, int first, int end);
+void model_embed_backward(Model *m, ModelActs *acts, const int *inputs);        // reads acts->dx
 void model_zero_grads(Model *m);
