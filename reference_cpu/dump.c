@@ -64,6 +64,17 @@ static void add_param_tensors(StWriter *w, const Model *m, const char *prefix, c
     }
 }
 
+void dump_write_flat(const Model *m, const char *prefix, const real *flat, const char *path) {
+    char err[1024];
+    StWriter *w = st_writer_new();
+    add_param_tensors(w, m, prefix, flat);
+    char *config = model_config_to_json(&m->cfg);
+    if (!st_writer_add_metadata(w, "config", config, err, sizeof err) || !st_write(w, path, err, sizeof err))
+        fatal("%s: %s", path, err);
+    free(config);
+    st_writer_free(w);
+}
+
 void dump_write(DumpRecorder *d, const Model *m, const char *path) {
     char err[1024], text[512];
     StWriter *w = st_writer_new();

@@ -9,23 +9,49 @@
 
 const char *const AC_MODE_NAMES = "none|full|selective";
 
-void model_init_unallocated(Model *m, const ModelConfig *cfg, AttentionImpl attention) {
+void model_init_tp(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention, int tp_size,
+                   int tp_rank, bool allocate) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
-    m->table = param_table_build(cfg);
+    m->table = param_table_build_tp(cfg, tp_size);
     m->rope = rope_table_build(cfg->max_seq_len, model_head_dim(cfg), cfg->rope_theta, cfg->rope_scaling_factor,
                                cfg->rope_low_freq_factor, cfg->rope_high_freq_factor, cfg->rope_original_max_seq_len);
     m->attention = attention;
-}
-
-void model_init(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention) {
-    model_init_unallocated(m, cfg, attention);
+    m->tp = (TensorParallel){.size = tp_size, .rank = tp_rank};
+    int vocab = cfg->vocab_size / tp_size;
+    m->local = (LocalShape){cfg->n_heads / tp_size, cfg->n_kv_heads / tp_size, cfg->ffn_dim / tp_size, vocab,
+                            tp_rank * vocab};
+    if (!allocate) return;
     m->params = mem_alloc(MEM_PARAMS, sizeof(real) * m->table.total_numel);
     m->grads = mem_alloc(MEM_GRADS, sizeof(real) * m->table.total_numel);
     for (int i = 0; i < m->table.count; i++) {
         const ParamInfo *p = &m->table.items[i];
-        param_init_range(p, seed, 0, p->numel, m->params + p->offset);
+        param_init_local_range(p, tp_rank, tp_size, seed, 0, p->numel, m->params + p->offset);
     }
+}
+
+void model_init_unallocated(Model *m, const ModelConfig *cfg, AttentionImpl attention) {
+    model_init_tp(m, cfg, 0, attention, 1, 0, false);
+}
+
+void model_init(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention) {
+    model_init_tp(m, cfg, seed, attention, 1, 0, true);
+}
+
+// ---- tensor parallelism: the sums over the tp group (nothing without it) ------------------------
+static void *tp_sum_start(const Model *m, real *buf, size_t n) {
+    return m->tp.size > 1 ? m->tp.sum_start(m->tp.ctx, buf, n) : NULL;
+}
+
+static void tp_wait(const Model *m, void *pending) {
+    if (pending) m->tp.wait(m->tp.ctx, pending);
+}
+
+static void tp_sum(const Model *m, real *buf, size_t n) { tp_wait(m, tp_sum_start(m, buf, n)); }
+
+// Forward FLOPs of one block on this rank (the trace's "flops" argument).
+static double block_flops_here(const Model *m, int B, int T) {
+    return model_block_forward_flops(&m->cfg, B, T) / m->tp.size;
 }
 
 void model_free(Model *m) {
@@ -102,10 +128,11 @@ typedef struct {
 // (element-wise, cheap) and, with naive attention, the (T, T) probabilities.
 static void act_fields(const Model *m, int B, int T, ActField f[N_ACT_FIELDS]) {
     const ModelConfig *c = &m->cfg;
-    size_t BT = (size_t)B * T, D = c->dim, F = c->ffn_dim;
-    size_t hq = (size_t)c->n_heads * model_head_dim(c), hkv = (size_t)c->n_kv_heads * model_head_dim(c);
+    const LocalShape *s = &m->local;
+    size_t BT = (size_t)B * T, D = c->dim, F = s->ffn_dim;
+    size_t hq = (size_t)s->n_heads * model_head_dim(c), hkv = (size_t)s->n_kv_heads * model_head_dim(c);
     bool naive = m->attention == ATTN_NAIVE;
-    size_t stats = naive ? (size_t)B * c->n_heads * T * T : (size_t)B * c->n_heads * T;
+    size_t stats = naive ? (size_t)B * s->n_heads * T * T : (size_t)B * s->n_heads * T;
 #define FIELD(i, name, n, full, sel) f[i] = (ActField){offsetof(BlockActs, name), (n), (full), (sel)}
     FIELD(0, x, BT * D, true, true);
     FIELD(1, xn1, BT * D, false, false);
@@ -142,13 +169,13 @@ size_t model_acts_bytes_per_block(const Model *m, int B, int T, ActCheckpoint ac
 void model_recompute_flops(const Model *m, int B, int T, ActCheckpoint ac, double *matmul_flops,
                            double *elementwise_flops) {
     const ModelConfig *c = &m->cfg;
-    double BT = (double)B * T, hq = (double)c->n_heads * model_head_dim(c);
+    double BT = (double)B * T, hq = (double)m->local.n_heads * model_head_dim(c);
     // element-wise cost, counted per element: RMSNorm 4 (square, add, two multiplies), SwiGLU 5
     // (exp, add, divide, two multiplies)
-    double norms = 2 * 4 * BT * c->dim, swiglu = 5 * BT * c->ffn_dim;
+    double norms = 2 * 4 * BT * c->dim, swiglu = 5 * BT * m->local.ffn_dim;
     *matmul_flops = *elementwise_flops = 0;
     if (ac == AC_FULL) {
-        *matmul_flops = model_block_forward_flops(c, B, T);
+        *matmul_flops = block_flops_here(m, B, T);
         *elementwise_flops = norms + swiglu;
     } else if (ac == AC_SELECTIVE) {
         if (m->attention == ATTN_NAIVE) *matmul_flops = 2.0 * B * hq * (double)T * T;  // QK^T and PV again
@@ -162,8 +189,8 @@ ModelActs model_acts_alloc(const Model *m, int B, int T, ActCheckpoint ac) {
 
 ModelActs model_acts_alloc_stage(const Model *m, int B, int T, ActCheckpoint ac, int first, int end) {
     const ModelConfig *c = &m->cfg;
-    size_t BT = (size_t)B * T, D = c->dim, F = c->ffn_dim, V = c->vocab_size;
-    size_t hq = (size_t)c->n_heads * model_head_dim(c), hkv = (size_t)c->n_kv_heads * model_head_dim(c);
+    size_t BT = (size_t)B * T, D = c->dim, F = m->local.ffn_dim, V = m->local.vocab_size;
+    size_t hq = (size_t)m->local.n_heads * model_head_dim(c), hkv = (size_t)m->local.n_kv_heads * model_head_dim(c);
     ModelActs a = {.B = B, .T = T, .n_layers = c->n_layers, .ac = ac, .first = first, .end = end};
     ActField f[N_ACT_FIELDS];
     act_fields(m, B, T, f);
@@ -227,25 +254,27 @@ BlockActs block_acts_view(const ModelActs *a, int l) {
 }
 
 static AttnShape attn_shape(const Model *m, int B, int T) {
-    AttnShape s = {B, T, T, m->cfg.n_heads, m->cfg.n_kv_heads, model_head_dim(&m->cfg), NULL, NULL, true};
+    AttnShape s = {B, T, T, m->local.n_heads, m->local.n_kv_heads, model_head_dim(&m->cfg), NULL, NULL, true};
     return s;
 }
 
 void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, real *out, int B, int T) {
     const ModelConfig *c = &m->cfg;
-    int BT = B * T, D = c->dim, F = c->ffn_dim, hd = model_head_dim(c);
-    int hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
+    const LocalShape *l = &m->local;
+    int BT = B * T, D = c->dim, F = l->ffn_dim, hd = model_head_dim(c);
+    int hq = l->n_heads * hd, hkv = l->n_kv_heads * hd;
     AttnShape s = attn_shape(m, B, T);
     // attention half: h = x + wo(attention(rope(q), rope(k), v))
     rmsnorm_forward(a->xn1, a->rstd1, a->x, w->attention_norm, BT, D, c->norm_eps);
     matmul_forward(a->q, a->xn1, w->wq, BT, D, hq);
     matmul_forward(a->k, a->xn1, w->wk, BT, D, hkv);
     matmul_forward(a->v, a->xn1, w->wv, BT, D, hkv);
-    rope_forward(a->q, &m->rope, NULL, B, T, c->n_heads);
-    rope_forward(a->k, &m->rope, NULL, B, T, c->n_kv_heads);
+    rope_forward(a->q, &m->rope, NULL, B, T, l->n_heads);
+    rope_forward(a->k, &m->rope, NULL, B, T, l->n_kv_heads);
     if (m->attention == ATTN_NAIVE) attention_naive_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     else attention_flash_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     matmul_forward(a->h, a->attn, w->wo, BT, hq, D);
+    tp_sum(m, a->h, (size_t)BT * D);  // row-parallel wo: each tp rank holds its heads' share of the sum
     add_inplace(a->h, a->x, (size_t)BT * D);
     // feed-forward half: out = h + w2(silu(w1(n2)) * w3(n2))
     rmsnorm_forward(a->xn2, a->rstd2, a->h, w->ffn_norm, BT, D, c->norm_eps);
@@ -253,16 +282,21 @@ void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, real *ou
     matmul_forward(a->up, a->xn2, w->w3, BT, D, F);
     swiglu_forward(a->act, a->gate, a->up, (size_t)BT * F);
     matmul_forward(out, a->act, w->w2, BT, F, D);
+    tp_sum(m, out, (size_t)BT * D);  // row-parallel w2
     add_inplace(out, a->h, (size_t)BT * D);
 }
 
 static void zero(real *x, size_t n) { memset(x, 0, sizeof(real) * n); }
 
+// Input gradients first, then weight gradients: under tensor parallelism the input gradient's sum
+// over the tp group runs on the comm stream while the weight-gradient matmuls compute (the same
+// numbers either way: the two never touch the same buffer).
 void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g, BlockActs *a, ModelActs *scratch,
                     const real *dout, real *dinp, int B, int T) {
     const ModelConfig *c = &m->cfg;
-    int BT = B * T, D = c->dim, F = c->ffn_dim, hd = model_head_dim(c);
-    int hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
+    const LocalShape *l = &m->local;
+    int BT = B * T, D = c->dim, F = l->ffn_dim, hd = model_head_dim(c);
+    int hq = l->n_heads * hd, hkv = l->n_kv_heads * hd;
     AttnShape s = attn_shape(m, B, T);
     // feed-forward half, in reverse. The residual passes dout straight to dh.
     memcpy(scratch->dh, dout, sizeof(real) * BT * D);
@@ -272,8 +306,12 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
     zero(scratch->dup, (size_t)BT * F);
     swiglu_backward(scratch->dgate, scratch->dup, scratch->dact, a->gate, a->up, (size_t)BT * F);
     zero(scratch->dxn, (size_t)BT * D);
-    matmul_backward(scratch->dxn, g->w1, scratch->dgate, a->xn2, w->w1, BT, D, F);
-    matmul_backward(scratch->dxn, g->w3, scratch->dup, a->xn2, w->w3, BT, D, F);
+    matmul_backward(scratch->dxn, NULL, scratch->dgate, a->xn2, w->w1, BT, D, F);
+    matmul_backward(scratch->dxn, NULL, scratch->dup, a->xn2, w->w3, BT, D, F);
+    void *pending = tp_sum_start(m, scratch->dxn, (size_t)BT * D);  // column-parallel w1, w3
+    matmul_backward(NULL, g->w1, scratch->dgate, a->xn2, w->w1, BT, D, F);
+    matmul_backward(NULL, g->w3, scratch->dup, a->xn2, w->w3, BT, D, F);
+    tp_wait(m, pending);
     rmsnorm_backward(scratch->dh, g->ffn_norm, scratch->dxn, a->h, w->ffn_norm, a->rstd2, BT, D);
     // attention half. dinp starts as the residual's copy of dh.
     memcpy(dinp, scratch->dh, sizeof(real) * BT * D);
@@ -286,12 +324,17 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
         attention_naive_backward(scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v, a->attn_stats, &s);
     else
         attention_flash_backward(scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v, a->attn, a->attn_stats, &s);
-    rope_backward(scratch->dq, &m->rope, NULL, B, T, c->n_heads);
-    rope_backward(scratch->dk, &m->rope, NULL, B, T, c->n_kv_heads);
+    rope_backward(scratch->dq, &m->rope, NULL, B, T, l->n_heads);
+    rope_backward(scratch->dk, &m->rope, NULL, B, T, l->n_kv_heads);
     zero(scratch->dxn, (size_t)BT * D);
-    matmul_backward(scratch->dxn, g->wq, scratch->dq, a->xn1, w->wq, BT, D, hq);
-    matmul_backward(scratch->dxn, g->wk, scratch->dk, a->xn1, w->wk, BT, D, hkv);
-    matmul_backward(scratch->dxn, g->wv, scratch->dv, a->xn1, w->wv, BT, D, hkv);
+    matmul_backward(scratch->dxn, NULL, scratch->dq, a->xn1, w->wq, BT, D, hq);
+    matmul_backward(scratch->dxn, NULL, scratch->dk, a->xn1, w->wk, BT, D, hkv);
+    matmul_backward(scratch->dxn, NULL, scratch->dv, a->xn1, w->wv, BT, D, hkv);
+    pending = tp_sum_start(m, scratch->dxn, (size_t)BT * D);  // column-parallel wq, wk, wv
+    matmul_backward(NULL, g->wq, scratch->dq, a->xn1, w->wq, BT, D, hq);
+    matmul_backward(NULL, g->wk, scratch->dk, a->xn1, w->wk, BT, D, hkv);
+    matmul_backward(NULL, g->wv, scratch->dv, a->xn1, w->wv, BT, D, hkv);
+    tp_wait(m, pending);
     rmsnorm_backward(dinp, g->attention_norm, scratch->dxn, a->x, w->attention_norm, a->rstd1, BT, D);
 }
 
@@ -333,7 +376,10 @@ static void check_seq_len(const Model *m, int T) {
 void model_embed_forward(const Model *m, ModelActs *acts, const int *inputs) {
     check_seq_len(m, acts->T);
     const real *embedding = unit_params(m, LAYER_EMBEDDING, PASS_FORWARD);
-    embedding_forward(acts->blocks[0].x, inputs, embedding, acts->B * acts->T, m->cfg.dim);
+    int BT = acts->B * acts->T;
+    embedding_forward_rows(acts->blocks[0].x, inputs, embedding, BT, m->cfg.dim, m->local.vocab_start,
+                           m->local.vocab_size);
+    tp_sum(m, acts->blocks[0].x, (size_t)BT * m->cfg.dim);  // vocab-parallel: one tp rank holds each row
     unit_params_done(m, LAYER_EMBEDDING, PASS_FORWARD);
 }
 
@@ -348,7 +394,7 @@ void model_blocks_forward(const Model *m, ModelActs *acts, int first, int end) {
         real *out = l + 1 < L ? acts->blocks[l + 1].x : acts->x_final;
         trace_begin(track, "block fwd", "forward");
         trace_arg_int(track, "layer", l);
-        trace_arg_double(track, "flops", model_block_forward_flops(c, B, T));
+        trace_arg_double(track, "flops", block_flops_here(m, B, T));
         block_forward(m, &w, &view, out, B, T);
         trace_end(track);
         unit_params_done(m, l, PASS_FORWARD);
@@ -357,7 +403,7 @@ void model_blocks_forward(const Model *m, ModelActs *acts, int first, int end) {
 
 double model_head_forward(const Model *m, ModelActs *acts, const int *targets) {
     const ModelConfig *c = &m->cfg;
-    int BT = acts->B * acts->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
+    int BT = acts->B * acts->T, D = c->dim, V = m->local.vocab_size, L = c->n_layers;
     int track = trace_track("compute");
     trace_begin(track, "head fwd + loss", "forward");
     const real *head = unit_params(m, L, PASS_FORWARD);
@@ -366,7 +412,9 @@ double model_head_forward(const Model *m, ModelActs *acts, const int *targets) {
                     c->norm_eps);
     matmul_forward(acts->logits, acts->xn_final, unit_tensor(m, out_unit, output_unit(m), output_name(m)), BT, D, V);
     acts->targets = targets;
-    double loss = cross_entropy_forward(acts->lse, acts->logits, targets, BT, V);
+    double loss = m->tp.size == 1 ? cross_entropy_forward(acts->lse, acts->logits, targets, BT, V)
+                                   : m->tp.loss_forward(m->tp.ctx, acts->lse, acts->logits, targets, BT,
+                                                        m->local.vocab_start, V);
     trace_end(track);
     if (c->tied) unit_params_done(m, LAYER_EMBEDDING, PASS_FORWARD);
     unit_params_done(m, L, PASS_FORWARD);
@@ -387,7 +435,7 @@ static void notify_grads_ready(const Model *m, int layer) {
 // in acts->dx.
 void model_head_backward(Model *m, ModelActs *acts, double dloss) {
     const ModelConfig *c = &m->cfg;
-    int BT = acts->B * acts->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
+    int BT = acts->B * acts->T, D = c->dim, V = m->local.vocab_size, L = c->n_layers;
     int track = trace_track("compute");
     trace_begin(track, "head bwd", "backward");
     const real *head = unit_params(m, L, PASS_BACKWARD);
@@ -395,10 +443,16 @@ void model_head_backward(Model *m, ModelActs *acts, double dloss) {
     real *head_grads = unit_grads(m, L);
     real *out_grads = c->tied ? unit_grads(m, LAYER_EMBEDDING) : head_grads;
     zero(acts->dlogits, (size_t)BT * V);
-    cross_entropy_backward(acts->dlogits, acts->logits, acts->lse, acts->targets, BT, V, dloss);
+    if (m->tp.size == 1) cross_entropy_backward(acts->dlogits, acts->logits, acts->lse, acts->targets, BT, V, dloss);
+    else m->tp.loss_backward(m->tp.ctx, acts->dlogits, acts->logits, acts->lse, acts->targets, BT,
+                             m->local.vocab_start, V, dloss);
     zero(acts->dxn, (size_t)BT * D);
-    matmul_backward(acts->dxn, unit_tensor(m, out_grads, output_unit(m), output_name(m)), acts->dlogits,
-                    acts->xn_final, unit_tensor(m, out_unit, output_unit(m), output_name(m)), BT, D, V);
+    real *w_out = unit_tensor(m, out_unit, output_unit(m), output_name(m));
+    matmul_backward(acts->dxn, NULL, acts->dlogits, acts->xn_final, w_out, BT, D, V);
+    void *pending = tp_sum_start(m, acts->dxn, (size_t)BT * D);  // vocab-parallel output projection
+    matmul_backward(NULL, unit_tensor(m, out_grads, output_unit(m), output_name(m)), acts->dlogits, acts->xn_final,
+                    w_out, BT, D, V);
+    tp_wait(m, pending);
     zero(acts->dx, (size_t)BT * D);
     rmsnorm_backward(acts->dx, unit_tensor(m, head_grads, L, "norm.weight"), acts->dxn, acts->x_final,
                      unit_tensor(m, head, L, "norm.weight"), acts->rstd_final, BT, D);
@@ -410,7 +464,6 @@ void model_head_backward(Model *m, ModelActs *acts, double dloss) {
 }
 
 void model_blocks_backward(Model *m, ModelActs *acts, int first, int end) {
-    const ModelConfig *c = &m->cfg;
     int B = acts->B, T = acts->T;
     int track = trace_track("compute");
     for (int l = end - 1; l >= first; l--) {
@@ -420,7 +473,7 @@ void model_blocks_backward(Model *m, ModelActs *acts, int first, int end) {
         block_recompute(m, &w, acts, &view, l);
         trace_begin(track, "block bwd", "backward");
         trace_arg_int(track, "layer", l);
-        trace_arg_double(track, "flops", 2 * model_block_forward_flops(c, B, T));
+        trace_arg_double(track, "flops", 2 * block_flops_here(m, B, T));
         block_backward(m, &w, &g, &view, acts, acts->dx, acts->dx_next, B, T);
         trace_end(track);
         unit_params_done(m, l, PASS_BACKWARD);
@@ -433,7 +486,8 @@ void model_blocks_backward(Model *m, ModelActs *acts, int first, int end) {
 
 // The lookup's backward needs no weights, only the embedding's gradient buffer.
 void model_embed_backward(Model *m, ModelActs *acts, const int *inputs) {
-    embedding_backward(unit_grads(m, LAYER_EMBEDDING), acts->dx, inputs, acts->B * acts->T, m->cfg.dim);
+    embedding_backward_rows(unit_grads(m, LAYER_EMBEDDING), acts->dx, inputs, acts->B * acts->T, m->cfg.dim,
+                            m->local.vocab_start, m->local.vocab_size);
     notify_grads_ready(m, LAYER_EMBEDDING);
 }
 

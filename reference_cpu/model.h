@@ -47,6 +47,31 @@ typedef struct {
     void *ctx;
 } UnitStorage;
 
+// Tensor parallelism (chapter 6, Megatron). The model holds one tp rank's shards (the table from
+// param_table_build_tp): wq wk wv w1 w3 and the output split by rows (this rank's heads, ffn
+// columns, vocab rows), wo w2 by columns. It calls these where the partial results must be summed
+// over the tp group: after wo and w2 (forward), before the norms' backward (the input gradients of
+// the column-parallel linears), after the vocab-parallel embedding lookup and the head's input
+// gradient. The loss over a vocab shard needs the group too. size == 1: none of this runs.
+typedef struct {
+    int size, rank;
+    // In-place sum of buf (n) over the tp group, started on the comm stream; wait finishes it.
+    void *(*sum_start)(void *ctx, real *buf, size_t n);
+    void (*wait)(void *ctx, void *pending);
+    // Cross-entropy over logits split by vocabulary: logits (BT, v_count) hold vocab entries
+    // [v_start, v_start + v_count). Same results as cross_entropy_forward/backward on the full logits.
+    double (*loss_forward)(void *ctx, real *lse, const real *logits, const int *targets, int BT, int v_start,
+                           int v_count);
+    void (*loss_backward)(void *ctx, real *dlogits, const real *logits, const real *lse, const int *targets, int BT,
+                          int v_start, int v_count, double dloss);
+    void *ctx;
+} TensorParallel;
+
+// This rank's share of the sharded dimensions (the config's values without tensor parallelism).
+typedef struct {
+    int n_heads, n_kv_heads, ffn_dim, vocab_size, vocab_start;
+} LocalShape;
+
 typedef enum { AC_NONE, AC_FULL, AC_SELECTIVE } ActCheckpoint;
 extern const char *const AC_MODE_NAMES;  // "none|full|selective", in enum order
 
@@ -60,6 +85,8 @@ typedef struct {
     GradsReadyHook grads_ready;  // NULL: no hook
     void *grads_ready_ctx;
     UnitStorage storage;         // .params == NULL: m->params and m->grads
+    TensorParallel tp;           // .size == 1: no tensor parallelism
+    LocalShape local;            // the shapes this rank computes with
 } Model;
 
 // Pointers to one block's tensors inside a flat buffer laid out by the table (params or grads).
@@ -67,7 +94,8 @@ typedef struct {
     real *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
 } BlockWeights;
 
-// Everything one block keeps from forward for backward, for B*T tokens. With checkpointing, the
+// Everything one block keeps from forward for backward, for B*T tokens (heads and ffn columns:
+// this tensor-parallel rank's). With checkpointing, the
 // fields a mode drops point into ModelActs.recompute, shared by every block (see block_acts_view).
 typedef struct {
     real *x;             // (BT, dim) block input
@@ -101,6 +129,11 @@ typedef struct {
 void model_init(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention);
 // The same without params and grads (NULL): for storage that shards them (FSDP).
 void model_init_unallocated(Model *m, const ModelConfig *cfg, AttentionImpl attention);
+// Tensor-parallel rank tp_rank of tp_size: the table and shapes of this rank's shards; with
+// allocate, its params and grads initialised to the full tensors' values. The caller installs m->tp
+// (chapters/06_tensor_parallel/tp.h) before the first forward.
+void model_init_tp(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention, int tp_size,
+                   int tp_rank, bool allocate);
 void model_free(Model *m);
 // Unit ranges in the flat layout (in elements).
 size_t model_unit_offset(const Model *m, int unit);

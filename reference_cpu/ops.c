@@ -4,6 +4,7 @@
 #include "reference_cpu/ops.h"
 
 #include <float.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,12 +97,32 @@ void matmul_backward(real *dinp, real *dweight, const real *dout, const real *in
 // ================================ embedding =====================================================
 
 void embedding_forward(real *out, const int *tokens, const real *table, int N, int C) {
-    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, table + (size_t)tokens[n] * C, sizeof(real) * C);
+    embedding_forward_rows(out, tokens, table, N, C, 0, INT_MAX);
 }
 
 // Serial: two positions holding the same token add into the same row.
 void embedding_backward(real *dtable, const real *dout, const int *tokens, int N, int C) {
-    for (int n = 0; n < N; n++) axpy(dtable + (size_t)tokens[n] * C, 1, dout + (size_t)n * C, C);
+    embedding_backward_rows(dtable, dout, tokens, N, C, 0, INT_MAX);
+}
+
+static bool row_here(int token, int row_start, int n_rows) {
+    return token >= row_start && token - row_start < n_rows;
+}
+
+void embedding_forward_rows(real *out, const int *tokens, const real *table, int N, int C, int row_start, int n_rows) {
+    for (int n = 0; n < N; n++) {
+        if (row_here(tokens[n], row_start, n_rows))
+            memcpy(out + (size_t)n * C, table + (size_t)(tokens[n] - row_start) * C, sizeof(real) * C);
+        else
+            memset(out + (size_t)n * C, 0, sizeof(real) * C);
+    }
+}
+
+void embedding_backward_rows(real *dtable, const real *dout, const int *tokens, int N, int C, int row_start,
+                             int n_rows) {
+    for (int n = 0; n < N; n++)
+        if (row_here(tokens[n], row_start, n_rows))
+            axpy(dtable + (size_t)(tokens[n] - row_start) * C, 1, dout + (size_t)n * C, C);
 }
 
 // ================================ RMSNorm =======================================================

@@ -27,6 +27,11 @@ bool matmul_blas_available(void);
 // out (N,C) = table[tokens[n]] ; tokens (N) in [0, V)
 void embedding_forward(real *out, const int *tokens, const real *table, int N, int C);
 void embedding_backward(real *dtable, const real *dout, const int *tokens, int N, int C);
+// A table holding rows [row_start, row_start + n_rows) of the full one (vocab-parallel): tokens
+// outside it give zero rows forward and no gradient backward.
+void embedding_forward_rows(real *out, const int *tokens, const real *table, int N, int C, int row_start, int n_rows);
+void embedding_backward_rows(real *dtable, const real *dout, const int *tokens, int N, int C, int row_start,
+                             int n_rows);
 
 // ---- RMSNorm: out = inp / sqrt(mean(inp^2) + eps) * weight ----------------------------------
 // inp, out (N,C); rstd (N) keeps 1/sqrt(mean + eps) for backward

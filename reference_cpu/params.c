@@ -56,6 +56,39 @@ ParamTable param_table_build(const ModelConfig *c) {
     return t;
 }
 
+ParamTable param_table_build_tp(const ModelConfig *c, int tp_size) {
+    if (c->n_heads % tp_size || c->n_kv_heads % tp_size || c->ffn_dim % tp_size || c->vocab_size % tp_size)
+        fatal_input("--tp %d: must divide n_heads %d, n_kv_heads %d, ffn_dim %d and vocab_size %d of model %s",
+                    tp_size, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, c->name);
+    ParamTable t = param_table_build(c);
+    t.total_numel = 0;
+    for (int i = 0; i < t.count; i++) {  // same order and names; split dimensions divided, offsets redone
+        ParamInfo *p = &t.items[i];
+        if (p->tp_split != TP_NONE) p->shape[p->tp_split] /= tp_size;
+        p->numel = (size_t)p->shape[0] * (p->ndim == 2 ? (size_t)p->shape[1] : 1);
+        p->offset = t.total_numel;
+        t.total_numel += p->numel;
+    }
+    return t;
+}
+
+void param_init_local_range(const ParamInfo *p, int tp_rank, int tp_size, uint64_t seed, size_t first, size_t count,
+                            real *out) {
+    if (p->tp_split == TP_NONE) {
+        param_init_range(p, seed, first, count, out);
+    } else if (p->tp_split == TP_ROWS) {  // this rank's rows are one contiguous block of the full tensor
+        param_init_range(p, seed, (size_t)tp_rank * p->numel + first, count, out);
+    } else {  // TP_COLS: local row i, column j is full element i * (cols * tp) + tp_rank * cols + j
+        size_t cols = (size_t)p->shape[1], full_cols = cols * (size_t)tp_size;
+        for (size_t done = 0; done < count;) {
+            size_t local = first + done, row = local / cols, col = local % cols;
+            size_t run = cols - col < count - done ? cols - col : count - done;  // to the end of the row
+            param_init_range(p, seed, row * full_cols + (size_t)tp_rank * cols + col, run, out + done);
+            done += run;
+        }
+    }
+}
+
 void param_table_free(ParamTable *t) {
     free(t->items);
     memset(t, 0, sizeof *t);

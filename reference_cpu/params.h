@@ -53,6 +53,9 @@ typedef struct {
 // are found with param_table_layer_range.
 ParamTable param_table_build(const ModelConfig *c);
 void param_table_free(ParamTable *t);
+// The table of one tensor-parallel rank: the same entries, with the TP_ROWS / TP_COLS dimension
+// divided by tp_size (exits 2 if tp_size does not divide the heads, kv heads, ffn_dim, vocab).
+ParamTable param_table_build_tp(const ModelConfig *c, int tp_size);
 const ParamInfo *param_table_find(const ParamTable *t, const char *name);  // NULL if absent
 void param_table_layer_range(const ParamTable *t, int layer, int *first, int *end);
 
@@ -62,3 +65,7 @@ void param_table_layer_range(const ParamTable *t, int layer, int *first, int *en
 // depend on which rank builds it or how the tensor is sharded.
 real param_init_value(const ParamInfo *p, uint64_t seed, size_t element_index);
 void param_init_range(const ParamInfo *p, uint64_t seed, size_t first, size_t count, real *out);
+// The same for elements [first, first + count) of tensor-parallel rank tp_rank's shard of p (p from
+// param_table_build_tp): each element gets the value of the element it is in the full tensor.
+void param_init_local_range(const ParamInfo *p, int tp_rank, int tp_size, uint64_t seed, size_t first, size_t count,
+                            real *out);

@@ -1,4 +1,9 @@
-# tests/lib.sh: helpers the end-to-end scripts share (source it; needs $BUILD and $MPIRUN).
+# tests/lib.sh: what the multi-rank end-to-end scripts share (source it after `set -eu`; needs
+# $BUILD, $PYTHON and $TEST_TMP from tests/run_tests.sh).
+T="$TEST_TMP"
+MPIRUN=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
+export OMP_NUM_THREADS=1  # oversubscribed ranks: one thread each
+P="$PYTHON tests/py/compare_runs.py"
 
 # expect_error RANKS WANTED FLAGS...: the trainer under mpirun must fail, and print exactly one
 # line of its own (starting "train") that contains WANTED.

@@ -9,10 +9,6 @@
 # Exact (bit-identical) where the arithmetic is the same: overlap on vs off, and ranks that start
 # from different weights (--desync-init) vs the same ones, once rank 0's weights are broadcast.
 set -eu
-T="$TEST_TMP"
-MPIRUN=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
-export OMP_NUM_THREADS=1
-P="$PYTHON tests/py/compare_runs.py"
 source tests/lib.sh
 common=(--model tiny --steps 20 --batch 8 --seed 5 --lr 1e-3 --bucket-mb 0.05)
 "$BUILD/train" "${common[@]}" --checkpoint-dir "$T/ref" > "$T/ref.log"

@@ -8,6 +8,7 @@
 //   mpirun -np 4 ./build/train --dp-replicate 4 --trace ddp.pftrace   (chapter 2: data parallel)
 //   mpirun -np 4 ./build/train --dp-shard 4 --zero-stage 3            (chapter 3: FSDP)
 //   mpirun -np 4 ./build/train --dp-replicate 2 --dp-shard 2          (chapter 4: HSDP)
+//   mpirun -np 4 ./build/train --tp 2 --dp-shard 2                    (chapter 6: tensor parallel, with FSDP)
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 
 #include "chapters/02_data_parallel/ddp.h"
 #include "chapters/03_fsdp/fsdp.h"
+#include "chapters/06_tensor_parallel/tp.h"
 #include "common/args.h"
 #include "common/comm.h"
 #include "common/data.h"
@@ -32,9 +34,9 @@
 
 typedef struct {
     const char *model, *data, *lr_decay, *attention, *matmul, *ac, *reshard;
-    const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta;
+    const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta, *grad_dump;
     int steps, batch, seq_len, warmup_steps, checkpoint_every, log_every;
-    int dp_replicate, dp_shard, grad_accum_steps, zero_stage;
+    int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp;
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
     double bucket_mb, comm_timeout;
@@ -84,6 +86,9 @@ static const ArgSpec FLAGS[] = {
      "write one PyTorch-profiler-shaped JSON per rank into DIR, for Holistic Trace Analysis", .value_name = "DIR"},
     {"dump", ARG_STRING, &opt.dump, NULL, "write inputs, weights, step-1 logits and gradients, losses (safetensors)",
      .value_name = "FILE"},
+    {"grad-dump", ARG_STRING, &opt.grad_dump, NULL,
+     "write the step-1 gradients (averaged over data-parallel ranks, before clipping) in full, as grad.<name>; "
+     "any layout, to compare with a --dump", .value_name = "FILE"},
     {"compare", ARG_STRING, &opt.compare, NULL, "check a dump against this reference and exit",
      .value_name = "FILE"},
     {"compare-rtol", ARG_DOUBLE, &opt.compare_rtol, "1e-4", "--compare tolerance: max|diff| / max|reference|",
@@ -92,6 +97,8 @@ static const ArgSpec FLAGS[] = {
     {"dp-replicate", ARG_INT, &opt.dp_replicate, "1", "data-parallel replicas (DDP, chapter 2)", .min = 1,
      .max = UNBOUNDED},
     {"dp-shard", ARG_INT, &opt.dp_shard, "1", "data-parallel shards (FSDP, chapter 3; with --dp-replicate: HSDP)",
+     .min = 1, .max = UNBOUNDED},
+    {"tp", ARG_INT, &opt.tp, "1", "tensor-parallel ranks (Megatron: heads, ffn columns and vocabulary split; chapter 6)",
      .min = 1, .max = UNBOUNDED},
     {"zero-stage", ARG_INT, &opt.zero_stage, "3",
      "with --dp-shard > 1: 1 shards the optimizer state, 2 also the gradients, 3 also the weights (FSDP)", .min = 1,
@@ -228,6 +235,8 @@ static double forward_backward(Trainer *t, long long step) {
     return loss_sum / t->n_micro;
 }
 
+static void write_grad_dump(Trainer *t, const char *path);  // (with the checkpoint code below)
+
 // One optimizer step: forward/backward (with gradient sync), clip, AdamW. Returns the loss over the
 // global batch before the update.
 static StepResult train_step(Trainer *t, long long step) {
@@ -239,6 +248,7 @@ static StepResult train_step(Trainer *t, long long step) {
     if (t->dp_size > 1) comm_all_reduce(t->mesh->dp, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
     trace_begin(track, "optimizer", "phase");
     r.lr = lr_at(&t->schedule, step);
+    if (opt.grad_dump && step == 1) write_grad_dump(t, opt.grad_dump);
     if (t->fsdp) {  // each rank clips and updates its shards only
         r.grad_norm = fsdp_grad_norm(t->fsdp);
         if (!isfinite(r.grad_norm)) fatal("step %lld: gradient norm is %g; stopping", step, r.grad_norm);
@@ -248,7 +258,9 @@ static StepResult train_step(Trainer *t, long long step) {
         return r;
     }
     size_t n = t->model.table.total_numel;
-    r.grad_norm = sqrt(sum_of_squares(t->model.grads, n));  // grads are identical on every dp rank
+    // grads are identical on every dp rank; tp ranks hold slices (replicated norms counted once)
+    r.grad_norm = sqrt(t->model.tp.size > 1 ? tp_sum_of_squares(&t->model, t->mesh->dim[MESH_TP], t->model.grads)
+                                            : sum_of_squares(t->model.grads, n));
     if (!isfinite(r.grad_norm)) fatal("step %lld: gradient norm is %g; stopping", step, r.grad_norm);
     if (t->dump) dump_record_step(t->dump, &t->model, &t->acts, step, t->inputs, t->targets, r.loss, r.grad_norm, r.lr);
     clip_by_global_norm(t->model.grads, n, r.grad_norm, opt.grad_clip);
@@ -261,20 +273,28 @@ static StepResult train_step(Trainer *t, long long step) {
 // sharded over dp_shard (ZeRO / FSDP, replicated over dp_replicate for HSDP).
 static void setup_training_state(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, uint64_t seed) {
     Mesh *mesh = t->mesh;
-    if (mesh->degree[MESH_DP_SHARD] == 1) {
-        model_init(&t->model, cfg, seed, attention);
+    int tp = mesh->degree[MESH_TP], tp_rank = mesh->coord[MESH_TP];
+    bool sharded = mesh->degree[MESH_DP_SHARD] > 1;
+    model_init_tp(&t->model, cfg, seed, attention, tp, tp_rank, !sharded);
+    if (tp > 1) {
+        tp_install(&t->model, mesh->dim[MESH_TP]);
+        log_info("tp: %d ranks; this one holds %d of %d heads, %d of %d kv heads, %d of %d ffn columns, vocab rows "
+                 "[%d, %d)", tp, t->model.local.n_heads, cfg->n_heads, t->model.local.n_kv_heads, cfg->n_kv_heads,
+                 t->model.local.ffn_dim, cfg->ffn_dim, t->model.local.vocab_start,
+                 t->model.local.vocab_start + t->model.local.vocab_size);
+    }
+    if (!sharded) {
         size_t n = t->model.table.total_numel;
         t->adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
         t->adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
         return;
     }
-    model_init_unallocated(&t->model, cfg, attention);
     FsdpOptions options = {opt.zero_stage, strcmp(opt.reshard, "always") == 0  ? RESHARD_ALWAYS
                                            : strcmp(opt.reshard, "never") == 0 ? RESHARD_NEVER
                                                                                : RESHARD_DEFAULT,
                            !opt.no_overlap};
     Comm *replicate = mesh->degree[MESH_DP_REPLICATE] > 1 ? mesh->dim[MESH_DP_REPLICATE] : NULL;
-    t->fsdp = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, &options, seed);
+    t->fsdp = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, tp > 1 ? mesh->dim[MESH_TP] : NULL, &options, seed);
     log_info("%s: zero stage %d over %d shards%s, %d micro-batch(es) of %d sequences per rank, reshard after "
              "forward: %s, prefetch %s",
              replicate ? "hsdp" : "fsdp", opt.zero_stage, comm_size(mesh->dp_shard_cp),
@@ -282,36 +302,80 @@ static void setup_training_state(Trainer *t, const ModelConfig *cfg, AttentionIm
     if (replicate) log_info("hsdp: %d replicas of the shard group", comm_size(replicate));
 }
 
-// Sharded state is gathered in full for the file (every shard rank takes part; rank 0 writes).
-static void save_state(Trainer *t, const char *path, long long step, const RunIdentity *run) {
-    if (!t->fsdp) {
-        if (t->mesh->rank == 0) checkpoint_save(path, &t->model, t->adam_m, t->adam_v, step, run);  // replicas agree
+// This rank's weights (which 0), AdamW m (1), v (2) or gradients (3) in its local layout (tp
+// shard, table order).
+static void local_state(Trainer *t, int which, real *out) {
+    if (t->fsdp) {
+        fsdp_gather_full(t->fsdp, which, out);
         return;
     }
-    size_t n = t->model.table.total_numel;
-    real *full[3];
+    const real *sources[4] = {t->model.params, t->adam_m, t->adam_v, t->model.grads};
+    memcpy(out, sources[which], sizeof(real) * t->model.table.total_numel);
+}
+
+static void set_local_state(Trainer *t, int which, const real *in) {
+    if (t->fsdp) {
+        fsdp_load_full(t->fsdp, which, in);
+        return;
+    }
+    real *dst = which == 0 ? t->model.params : which == 1 ? t->adam_m : t->adam_v;
+    memcpy(dst, in, sizeof(real) * t->model.table.total_numel);
+}
+
+// The full tensors of one kind (see local_state) on every rank, in the full table's layout.
+static void full_state(Trainer *t, int which, real *local, real *full) {
+    local_state(t, which, local);
+    tp_gather_full(&t->model, t->mesh->dim[MESH_TP], local, full);
+}
+
+static void write_grad_dump(Trainer *t, const char *path) {
+    Model whole = t->model;
+    whole.table = param_table_build(&t->model.cfg);
+    real *local = mem_alloc(MEM_OTHER, sizeof(real) * t->model.table.total_numel);
+    real *full = mem_alloc(MEM_OTHER, sizeof(real) * whole.table.total_numel);
+    full_state(t, 3, local, full);
+    if (t->mesh->rank == 0) {
+        dump_write_flat(&whole, "grad.", full, path);
+        log_info("step-1 gradients written to %s", path);
+    }
+    mem_free(local);
+    mem_free(full);
+    param_table_free(&whole.table);
+}
+
+// Checkpoints hold the full tensors whatever the layout: FSDP shards are gathered over dp_shard,
+// then tensor-parallel slices over tp; every rank takes part, rank 0 writes.
+static void save_state(Trainer *t, const char *path, long long step, const RunIdentity *run) {
+    Model whole = t->model;
+    whole.table = param_table_build(&t->model.cfg);
+    size_t n_local = t->model.table.total_numel, n = whole.table.total_numel;
+    real *local = mem_alloc(MEM_OTHER, sizeof(real) * n_local), *full[3];
     for (int which = 0; which < 3; which++) {
         full[which] = mem_alloc(MEM_OTHER, sizeof(real) * n);
-        fsdp_gather_full(t->fsdp, which, full[which]);
+        full_state(t, which, local, full[which]);
     }
-    Model whole = t->model;
     whole.params = full[0];
     if (t->mesh->rank == 0) checkpoint_save(path, &whole, full[1], full[2], step, run);
     for (int which = 0; which < 3; which++) mem_free(full[which]);
+    mem_free(local);
+    param_table_free(&whole.table);
 }
 
 static long long load_state(Trainer *t, const char *path, const RunIdentity *run) {
-    if (!t->fsdp) return checkpoint_load(path, &t->model, t->adam_m, t->adam_v, run);
-    size_t n = t->model.table.total_numel;
-    real *full[3];
-    for (int which = 0; which < 3; which++) full[which] = mem_alloc(MEM_OTHER, sizeof(real) * n);
     Model whole = t->model;
+    whole.table = param_table_build(&t->model.cfg);
+    size_t n_local = t->model.table.total_numel, n = whole.table.total_numel;
+    real *local = mem_alloc(MEM_OTHER, sizeof(real) * n_local), *full[3];
+    for (int which = 0; which < 3; which++) full[which] = mem_alloc(MEM_OTHER, sizeof(real) * n);
     whole.params = full[0];
     long long step = checkpoint_load(path, &whole, full[1], full[2], run);
     for (int which = 0; which < 3; which++) {
-        fsdp_load_full(t->fsdp, which, full[which]);
+        tp_scatter_full(&t->model, full[which], local);
+        set_local_state(t, which, local);
         mem_free(full[which]);
     }
+    mem_free(local);
+    param_table_free(&whole.table);
     return step;
 }
 
@@ -319,7 +383,7 @@ static long long load_state(Trainer *t, const char *path, const RunIdentity *run
 static Mesh *setup_mesh(void) {
     if (opt.desync_init && opt.dp_shard > 1)
         fatal_input("--desync-init: shows DDP's initial broadcast; sharded ranks each build only their own shard");
-    Mesh *mesh = mesh_create(1, opt.dp_replicate, opt.dp_shard, 1, 1);
+    Mesh *mesh = mesh_create(1, opt.dp_replicate, opt.dp_shard, 1, opt.tp);
     int dp = opt.dp_replicate * opt.dp_shard;
     if (opt.batch % (dp * opt.grad_accum_steps) != 0)
         fatal_input("--batch %d: must be divisible by data-parallel ranks (%d) x --grad-accum-steps (%d) = %d",
@@ -346,6 +410,7 @@ int main(int argc, char **argv) {
     check_writable("trace", opt.trace);
     check_writable("trace-json", opt.trace_json);
     check_writable("dump", opt.dump);
+    check_writable("grad-dump", opt.grad_dump);
     check_writable("mesh-dot", opt.mesh_dot);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
 

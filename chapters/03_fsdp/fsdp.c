@@ -147,7 +147,7 @@ static void init_unit_range(const Model *m, const FsdpUnit *u, uint64_t seed, si
         if (p->layer != u->unit) continue;
         size_t p_first = p->offset - u->offset, p_end = p_first + p->numel;  // unit-relative
         size_t lo = p_first > first ? p_first : first, hi = p_end < first + count ? p_end : first + count;
-        if (lo < hi) param_init_range(p, seed, lo - p_first, hi - lo, out + (lo - first));
+        if (lo < hi) param_init_local_range(p, m->tp.rank, m->tp.size, seed, lo - p_first, hi - lo, out + (lo - first));
     }
 }
 
@@ -160,11 +160,11 @@ static bool reshard_after_forward(const Fsdp *f, int unit) {
     }
 }
 
-Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, const FsdpOptions *options,
-                  uint64_t seed) {
+Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *tp_group,
+                  const FsdpOptions *options, uint64_t seed) {
     if (model->params) fatal("fsdp_create: the model must come from model_init_unallocated");
     Fsdp *f = calloc(1, sizeof *f);
-    f->model = model, f->shard_group = shard_group, f->replicate_group = replicate_group;
+    f->model = model, f->shard_group = shard_group, f->replicate_group = replicate_group, f->tp_group = tp_group;
     f->options = *options;
     int N = comm_size(shard_group), r = comm_rank(shard_group), L = model->cfg.n_layers;
     f->n_units = L + 2;
@@ -250,11 +250,29 @@ void fsdp_end_backward(Fsdp *f) {
     f->frontier = -1;  // the next forward starts at the embedding
 }
 
+// Sum of squares of the part of unit u's shard that belongs to tensor-parallel-sharded parameters
+// (sharded) and to replicated ones (replicated). The padding is zero and adds nothing.
+static void shard_sums(const Fsdp *f, const FsdpUnit *u, double *sharded, double *replicated) {
+    const ParamTable *t = &f->model->table;
+    size_t mine = (size_t)comm_rank(f->shard_group) * u->shard;
+    for (int i = 0; i < t->count; i++) {
+        const ParamInfo *p = &t->items[i];
+        if (p->layer != u->unit) continue;
+        size_t first = p->offset - u->offset, end = first + p->numel;  // unit-relative
+        size_t lo = first > mine ? first : mine, hi = end < mine + u->shard ? end : mine + u->shard;
+        if (lo >= hi) continue;
+        double s = sum_of_squares(u->grads_shard + (lo - mine), hi - lo);
+        if (p->tp_split == TP_NONE) *replicated += s;
+        else *sharded += s;
+    }
+}
+
 double fsdp_grad_norm(Fsdp *f) {
-    double sum = 0;  // the padding is zero, so it adds nothing
-    for (int i = 0; i < f->n_units; i++) sum += sum_of_squares(f->units[i].grads_shard, f->units[i].shard);
-    comm_all_reduce(f->shard_group, &sum, 1, COMM_FLOAT64, COMM_SUM);  // replicas hold equal shards
-    return sqrt(sum);
+    double sums[2] = {0, 0};  // tp-sharded parameters, tp-replicated ones
+    for (int i = 0; i < f->n_units; i++) shard_sums(f, &f->units[i], &sums[0], &sums[1]);
+    comm_all_reduce(f->shard_group, sums, 2, COMM_FLOAT64, COMM_SUM);  // replicas hold equal shards
+    if (f->tp_group) comm_all_reduce(f->tp_group, sums, 1, COMM_FLOAT64, COMM_SUM);  // replicated: same everywhere
+    return sqrt(sums[0] + sums[1]);
 }
 
 void fsdp_clip(Fsdp *f, double grad_norm, double max_norm) {
@@ -281,7 +299,8 @@ void fsdp_adamw_step(Fsdp *f, long long step, double lr, const AdamWConfig *cfg)
 }
 
 static real *shard_of(FsdpUnit *u, int which) {
-    return which == 0 ? u->params_shard : which == 1 ? u->adam_m : u->adam_v;
+    real *shards[4] = {u->params_shard, u->adam_m, u->adam_v, u->grads_shard};
+    return shards[which];
 }
 
 void fsdp_gather_full(Fsdp *f, int which, real *flat) {

@@ -62,6 +62,7 @@ typedef struct {
     Model *model;
     Comm *shard_group;         // N ranks: dp_shard x cp
     Comm *replicate_group;     // HSDP: dp_replicate; NULL when there is one replica
+    Comm *tp_group;            // with tensor parallelism (the model holds tp slices); else NULL
     FsdpOptions options;
     int n_units;               // n_layers + 2, in forward order: embedding, blocks, head
     FsdpUnit *units;
@@ -73,8 +74,8 @@ typedef struct {
 // Collective over shard_group (and replicate_group). The model must come from
 // model_init_unallocated; every rank builds only its shards, from the seed (sharding-independent
 // init, so the weights equal the single process's). Installs the model's UnitStorage and hook.
-Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, const FsdpOptions *options,
-                  uint64_t seed);
+Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *tp_group,
+                  const FsdpOptions *options, uint64_t seed);
 void fsdp_free(Fsdp *f);
 
 void fsdp_zero_grads(Fsdp *f);
@@ -84,14 +85,15 @@ void fsdp_zero_grads(Fsdp *f);
 void fsdp_begin_backward(Fsdp *f, bool sync);
 void fsdp_end_backward(Fsdp *f);
 
-// The global gradient norm (sum of squares of every shard, all-reduced over the shard group).
+// The global gradient norm (sum of squares of every shard, all-reduced over the shard group; with
+// tensor parallelism also over tp, the replicated norm weights counted once).
 double fsdp_grad_norm(Fsdp *f);
 void fsdp_clip(Fsdp *f, double grad_norm, double max_norm);
 // AdamW on this rank's shards; stages 1-2 then all-gather the updated weights into the full copy.
 void fsdp_adamw_step(Fsdp *f, long long step, double lr, const AdamWConfig *cfg);
 
-// Full tensors (table layout, total_numel) for checkpoints: gathered on every rank of the shard
-// group. which: 0 weights, 1 AdamW m, 2 AdamW v.
+// This rank's full tensors (its table layout, total_numel: the tp slice with tensor parallelism) for checkpoints: gathered on every rank of the shard
+// group. which: 0 weights, 1 AdamW m, 2 AdamW v, 3 gradients (gather only).
 void fsdp_gather_full(Fsdp *f, int which, real *flat);
 // The reverse, for --resume: takes this rank's shard of a full tensor.
 void fsdp_load_full(Fsdp *f, int which, const real *flat);

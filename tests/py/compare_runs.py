@@ -30,6 +30,8 @@ def main():
     ap.add_argument("--loss-rtol", type=float, default=0.0)
     ap.add_argument("--param-rtol", type=float, default=0.0)
     ap.add_argument("--exact", action="store_true", help="require bit-identical parameters")
+    ap.add_argument("--prefix", default="param.",
+                    help="tensors compared in the --ckpt files (grad. for --grad-dump files against a --dump)")
     args = ap.parse_args()
     failures = 0
     if args.log:
@@ -45,7 +47,7 @@ def main():
         ref, _ = safetensors_io.load(args.ckpt_ref)
         worst_rel = 0.0
         for name in sorted(ref):
-            if not name.startswith("param."):
+            if not name.startswith(args.prefix):
                 continue
             a, b = ours[name].astype(np.float64), ref[name].astype(np.float64)
             diff = np.abs(a - b)
@@ -57,7 +59,7 @@ def main():
                 print(f"  {name:44s} max_abs {diff.max():.3e} max_rel {rel:.3e} worst [{idx}] "
                       f"{a.flat[idx]:.9g} vs {b.flat[idx]:.9g}{'  MISMATCH' if bad else ''}")
             failures += bad
-        print(f"params after the last step: max rel err {worst_rel:.3e} "
+        print(f"{args.prefix}* tensors{' after the last step' if args.prefix == 'param.' else ''}: max rel err {worst_rel:.3e} "
               f"({'exact required' if args.exact else f'rtol {args.param_rtol:.1e}'})")
     return 1 if failures else 0
 
