@@ -49,6 +49,50 @@ static void tp_wait(const Model *m, void *pending) {
 
 static void tp_sum(const Model *m, real *buf, size_t n) { tp_wait(m, tp_sum_start(m, buf, n)); }
 
+int model_rows_here(const Model *m, int B, int T) { return m->tp.sequence_parallel ? B * T / m->tp.size : B * T; }
+
+// The (BT, D) rows a column-parallel linear reads, from this rank's R rows: the rows themselves,
+// or (sequence parallel) all-gathered into `full`.
+static const real *gather_rows(const Model *m, const real *rows, real *full, size_t rows_n) {
+    if (!m->tp.sequence_parallel) return rows;
+    tp_wait(m, m->tp.gather_start(m->tp.ctx, rows, full, rows_n));
+    return full;
+}
+
+// Where a row-parallel linear writes its partial (BT, D) sums: straight into the R rows they sum
+// into (no sequence parallelism: R = BT, summed in place), or into the shared `full` buffer,
+// reduce-scattered by sum_partial_start.
+static real *partial_target(const Model *m, real *rows, real *full) { return m->tp.sequence_parallel ? full : rows; }
+
+static void *sum_partial_start(const Model *m, real *partial, real *rows, size_t rows_n) {
+    if (!m->tp.sequence_parallel) return tp_sum_start(m, rows, rows_n);
+    return m->tp.sum_scatter_start(m->tp.ctx, partial, rows, rows_n);
+}
+
+// RMSNorm on this rank's R rows, then the full (BT, D) output a column-parallel linear reads.
+static void norm_then_gather(const Model *m, ModelActs *s, real *out_full, real *rstd, const real *inp,
+                             const real *weight, int R, int D) {
+    real *rows = m->tp.sequence_parallel ? s->sp_rows : out_full;
+    rmsnorm_forward(rows, rstd, inp, weight, R, D, m->cfg.norm_eps);
+    gather_rows(m, rows, out_full, (size_t)R * D);
+}
+
+static void zero(real *x, size_t n) { memset(x, 0, sizeof(real) * n); }
+
+// RMSNorm backward on this rank's R rows. Under sequence parallelism the weight's gradient from
+// these rows is a partial sum over the sequence: summed over tp before it is accumulated.
+static void norm_backward(const Model *m, ModelActs *s, real *dinp, real *dweight, const real *dout, const real *inp,
+                          const real *weight, const real *rstd, int R, int D) {
+    if (!m->tp.sequence_parallel) {
+        rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, R, D);
+        return;
+    }
+    zero(s->sp_norm_grad, (size_t)D);
+    rmsnorm_backward(dinp, s->sp_norm_grad, dout, inp, weight, rstd, R, D);
+    tp_sum(m, s->sp_norm_grad, (size_t)D);
+    add_inplace(dweight, s->sp_norm_grad, (size_t)D);
+}
+
 // Forward FLOPs of one block on this rank (the trace's "flops" argument).
 static double block_flops_here(const Model *m, int B, int T) {
     return model_block_forward_flops(&m->cfg, B, T) / m->tp.size;
@@ -129,22 +173,22 @@ typedef struct {
 static void act_fields(const Model *m, int B, int T, ActField f[N_ACT_FIELDS]) {
     const ModelConfig *c = &m->cfg;
     const LocalShape *s = &m->local;
-    size_t BT = (size_t)B * T, D = c->dim, F = s->ffn_dim;
+    size_t BT = (size_t)B * T, D = c->dim, F = s->ffn_dim, R = (size_t)model_rows_here(m, B, T);
     size_t hq = (size_t)s->n_heads * model_head_dim(c), hkv = (size_t)s->n_kv_heads * model_head_dim(c);
     bool naive = m->attention == ATTN_NAIVE;
     size_t stats = naive ? (size_t)B * s->n_heads * T * T : (size_t)B * s->n_heads * T;
 #define FIELD(i, name, n, full, sel) f[i] = (ActField){offsetof(BlockActs, name), (n), (full), (sel)}
-    FIELD(0, x, BT * D, true, true);
+    FIELD(0, x, R * D, true, true);
     FIELD(1, xn1, BT * D, false, false);
-    FIELD(2, rstd1, BT, false, false);
+    FIELD(2, rstd1, R, false, false);
     FIELD(3, q, BT * hq, false, true);
     FIELD(4, k, BT * hkv, false, true);
     FIELD(5, v, BT * hkv, false, true);
     FIELD(6, attn, BT * hq, false, true);
     FIELD(7, attn_stats, stats, false, !naive);
-    FIELD(8, h, BT * D, false, true);
+    FIELD(8, h, R * D, false, true);
     FIELD(9, xn2, BT * D, false, false);
-    FIELD(10, rstd2, BT, false, false);
+    FIELD(10, rstd2, R, false, false);
     FIELD(11, gate, BT * F, false, true);
     FIELD(12, up, BT * F, false, true);
     FIELD(13, act, BT * F, false, false);
@@ -190,6 +234,7 @@ ModelActs model_acts_alloc(const Model *m, int B, int T, ActCheckpoint ac) {
 ModelActs model_acts_alloc_stage(const Model *m, int B, int T, ActCheckpoint ac, int first, int end) {
     const ModelConfig *c = &m->cfg;
     size_t BT = (size_t)B * T, D = c->dim, F = m->local.ffn_dim, V = m->local.vocab_size;
+    size_t R = (size_t)model_rows_here(m, B, T);
     size_t hq = (size_t)m->local.n_heads * model_head_dim(c), hkv = (size_t)m->local.n_kv_heads * model_head_dim(c);
     ModelActs a = {.B = B, .T = T, .n_layers = c->n_layers, .ac = ac, .first = first, .end = end};
     ActField f[N_ACT_FIELDS];
@@ -200,21 +245,26 @@ ModelActs model_acts_alloc_stage(const Model *m, int B, int T, ActCheckpoint ac,
         for (int l = first; l < end; l++)
             if (field_kept(&f[i], ac)) *field_ptr(&a.blocks[l], &f[i]) = alloc_acts(f[i].numel);
     }
-    if (ac == AC_FULL) a.recompute_out = alloc_acts(BT * D);
+    if (ac == AC_FULL) a.recompute_out = alloc_acts(R * D);
     if (end < c->n_layers) {
-        a.blocks[end].x = alloc_acts(BT * D);  // the stage's output, the next stage's input
+        a.blocks[end].x = alloc_acts(R * D);  // the stage's output, the next stage's input
     } else {
-        a.x_final = alloc_acts(BT * D);
+        a.x_final = alloc_acts(R * D);
         a.xn_final = alloc_acts(BT * D);
-        a.rstd_final = alloc_acts(BT);
+        a.rstd_final = alloc_acts(R);
         a.logits = alloc_acts(BT * V);
         a.lse = alloc_acts(BT);
         a.dlogits = alloc_acts(BT * V);
     }
-    a.dx = alloc_acts(BT * D);
-    a.dx_next = alloc_acts(BT * D);
+    a.dx = alloc_acts(R * D);
+    a.dx_next = alloc_acts(R * D);
     a.dxn = alloc_acts(BT * D);
-    a.dh = alloc_acts(BT * D);
+    a.dh = alloc_acts(R * D);
+    if (m->tp.sequence_parallel) {
+        a.sp_full = alloc_acts(BT * D);
+        a.sp_rows = alloc_acts(R * D);
+        a.sp_norm_grad = alloc_acts(D);
+    }
     a.dq = alloc_acts(BT * hq);
     a.dk = alloc_acts(BT * hkv);
     a.dv = alloc_acts(BT * hkv);
@@ -237,7 +287,7 @@ void model_acts_free(ModelActs *a) {
     mem_free(a->blocks);
     real *owned[] = {a->recompute_out, a->x_final, a->xn_final, a->rstd_final, a->logits, a->lse, a->dx,
                      a->dx_next, a->dxn, a->dh, a->dq, a->dk, a->dv, a->dattn, a->dgate, a->dup, a->dact,
-                     a->dlogits};
+                     a->dlogits, a->sp_full, a->sp_rows, a->sp_norm_grad};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) mem_free(owned[i]);
     memset(a, 0, sizeof *a);
 }
@@ -258,14 +308,14 @@ static AttnShape attn_shape(const Model *m, int B, int T) {
     return s;
 }
 
-void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, real *out, int B, int T) {
+void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, ModelActs *scratch, real *out, int B, int T) {
     const ModelConfig *c = &m->cfg;
     const LocalShape *l = &m->local;
-    int BT = B * T, D = c->dim, F = l->ffn_dim, hd = model_head_dim(c);
+    int BT = B * T, R = model_rows_here(m, B, T), D = c->dim, F = l->ffn_dim, hd = model_head_dim(c);
     int hq = l->n_heads * hd, hkv = l->n_kv_heads * hd;
     AttnShape s = attn_shape(m, B, T);
     // attention half: h = x + wo(attention(rope(q), rope(k), v))
-    rmsnorm_forward(a->xn1, a->rstd1, a->x, w->attention_norm, BT, D, c->norm_eps);
+    norm_then_gather(m, scratch, a->xn1, a->rstd1, a->x, w->attention_norm, R, D);
     matmul_forward(a->q, a->xn1, w->wq, BT, D, hq);
     matmul_forward(a->k, a->xn1, w->wk, BT, D, hkv);
     matmul_forward(a->v, a->xn1, w->wv, BT, D, hkv);
@@ -273,20 +323,21 @@ void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, real *ou
     rope_forward(a->k, &m->rope, NULL, B, T, l->n_kv_heads);
     if (m->attention == ATTN_NAIVE) attention_naive_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     else attention_flash_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
-    matmul_forward(a->h, a->attn, w->wo, BT, hq, D);
-    tp_sum(m, a->h, (size_t)BT * D);  // row-parallel wo: each tp rank holds its heads' share of the sum
-    add_inplace(a->h, a->x, (size_t)BT * D);
+    real *partial = partial_target(m, a->h, scratch->sp_full);
+    matmul_forward(partial, a->attn, w->wo, BT, hq, D);
+    // row-parallel wo: each tp rank holds its heads' share of the sum
+    tp_wait(m, sum_partial_start(m, partial, a->h, (size_t)R * D));
+    add_inplace(a->h, a->x, (size_t)R * D);
     // feed-forward half: out = h + w2(silu(w1(n2)) * w3(n2))
-    rmsnorm_forward(a->xn2, a->rstd2, a->h, w->ffn_norm, BT, D, c->norm_eps);
+    norm_then_gather(m, scratch, a->xn2, a->rstd2, a->h, w->ffn_norm, R, D);
     matmul_forward(a->gate, a->xn2, w->w1, BT, D, F);
     matmul_forward(a->up, a->xn2, w->w3, BT, D, F);
     swiglu_forward(a->act, a->gate, a->up, (size_t)BT * F);
-    matmul_forward(out, a->act, w->w2, BT, F, D);
-    tp_sum(m, out, (size_t)BT * D);  // row-parallel w2
-    add_inplace(out, a->h, (size_t)BT * D);
+    partial = partial_target(m, out, scratch->sp_full);
+    matmul_forward(partial, a->act, w->w2, BT, F, D);
+    tp_wait(m, sum_partial_start(m, partial, out, (size_t)R * D));  // row-parallel w2
+    add_inplace(out, a->h, (size_t)R * D);
 }
-
-static void zero(real *x, size_t n) { memset(x, 0, sizeof(real) * n); }
 
 // Input gradients first, then weight gradients: under tensor parallelism the input gradient's sum
 // over the tp group runs on the comm stream while the weight-gradient matmuls compute (the same
@@ -295,28 +346,31 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
                     const real *dout, real *dinp, int B, int T) {
     const ModelConfig *c = &m->cfg;
     const LocalShape *l = &m->local;
-    int BT = B * T, D = c->dim, F = l->ffn_dim, hd = model_head_dim(c);
+    int BT = B * T, R = model_rows_here(m, B, T), D = c->dim, F = l->ffn_dim, hd = model_head_dim(c);
     int hq = l->n_heads * hd, hkv = l->n_kv_heads * hd;
     AttnShape s = attn_shape(m, B, T);
     // feed-forward half, in reverse. The residual passes dout straight to dh.
-    memcpy(scratch->dh, dout, sizeof(real) * BT * D);
+    memcpy(scratch->dh, dout, sizeof(real) * R * D);
+    const real *dout_full = gather_rows(m, dout, scratch->sp_full, (size_t)R * D);  // what w2 multiplied
     zero(scratch->dact, (size_t)BT * F);
-    matmul_backward(scratch->dact, g->w2, dout, a->act, w->w2, BT, F, D);
+    matmul_backward(scratch->dact, g->w2, dout_full, a->act, w->w2, BT, F, D);
     zero(scratch->dgate, (size_t)BT * F);
     zero(scratch->dup, (size_t)BT * F);
     swiglu_backward(scratch->dgate, scratch->dup, scratch->dact, a->gate, a->up, (size_t)BT * F);
     zero(scratch->dxn, (size_t)BT * D);
     matmul_backward(scratch->dxn, NULL, scratch->dgate, a->xn2, w->w1, BT, D, F);
     matmul_backward(scratch->dxn, NULL, scratch->dup, a->xn2, w->w3, BT, D, F);
-    void *pending = tp_sum_start(m, scratch->dxn, (size_t)BT * D);  // column-parallel w1, w3
+    real *dxn_rows = m->tp.sequence_parallel ? scratch->sp_rows : scratch->dxn;
+    void *pending = sum_partial_start(m, scratch->dxn, dxn_rows, (size_t)R * D);  // column-parallel w1, w3
     matmul_backward(NULL, g->w1, scratch->dgate, a->xn2, w->w1, BT, D, F);
     matmul_backward(NULL, g->w3, scratch->dup, a->xn2, w->w3, BT, D, F);
     tp_wait(m, pending);
-    rmsnorm_backward(scratch->dh, g->ffn_norm, scratch->dxn, a->h, w->ffn_norm, a->rstd2, BT, D);
+    norm_backward(m, scratch, scratch->dh, g->ffn_norm, dxn_rows, a->h, w->ffn_norm, a->rstd2, R, D);
     // attention half. dinp starts as the residual's copy of dh.
-    memcpy(dinp, scratch->dh, sizeof(real) * BT * D);
+    memcpy(dinp, scratch->dh, sizeof(real) * R * D);
+    const real *dh_full = gather_rows(m, scratch->dh, scratch->sp_full, (size_t)R * D);  // what wo multiplied
     zero(scratch->dattn, (size_t)BT * hq);
-    matmul_backward(scratch->dattn, g->wo, scratch->dh, a->attn, w->wo, BT, hq, D);
+    matmul_backward(scratch->dattn, g->wo, dh_full, a->attn, w->wo, BT, hq, D);
     zero(scratch->dq, (size_t)BT * hq);
     zero(scratch->dk, (size_t)BT * hkv);
     zero(scratch->dv, (size_t)BT * hkv);
@@ -330,25 +384,25 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
     matmul_backward(scratch->dxn, NULL, scratch->dq, a->xn1, w->wq, BT, D, hq);
     matmul_backward(scratch->dxn, NULL, scratch->dk, a->xn1, w->wk, BT, D, hkv);
     matmul_backward(scratch->dxn, NULL, scratch->dv, a->xn1, w->wv, BT, D, hkv);
-    pending = tp_sum_start(m, scratch->dxn, (size_t)BT * D);  // column-parallel wq, wk, wv
+    pending = sum_partial_start(m, scratch->dxn, dxn_rows, (size_t)R * D);  // column-parallel wq, wk, wv
     matmul_backward(NULL, g->wq, scratch->dq, a->xn1, w->wq, BT, D, hq);
     matmul_backward(NULL, g->wk, scratch->dk, a->xn1, w->wk, BT, D, hkv);
     matmul_backward(NULL, g->wv, scratch->dv, a->xn1, w->wv, BT, D, hkv);
     tp_wait(m, pending);
-    rmsnorm_backward(dinp, g->attention_norm, scratch->dxn, a->x, w->attention_norm, a->rstd1, BT, D);
+    norm_backward(m, scratch, dinp, g->attention_norm, dxn_rows, a->x, w->attention_norm, a->rstd1, R, D);
 }
 
 // Selective checkpointing: rebuild the element-wise results from the kept matmul outputs, with the
 // same calls as block_forward (so the same bits).
-static void block_recompute_selective(const Model *m, const BlockWeights *w, BlockActs *a, int B, int T) {
-    const ModelConfig *c = &m->cfg;
-    int BT = B * T, D = c->dim, F = c->ffn_dim;
-    rmsnorm_forward(a->xn1, a->rstd1, a->x, w->attention_norm, BT, D, c->norm_eps);
+static void block_recompute_selective(const Model *m, const BlockWeights *w, BlockActs *a, ModelActs *scratch, int B,
+                                      int T) {
+    int BT = B * T, R = model_rows_here(m, B, T), D = m->cfg.dim, F = m->local.ffn_dim;
+    norm_then_gather(m, scratch, a->xn1, a->rstd1, a->x, w->attention_norm, R, D);
     if (m->attention == ATTN_NAIVE) {  // the probabilities (and attn again, the same values)
         AttnShape s = attn_shape(m, B, T);
         attention_naive_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     }
-    rmsnorm_forward(a->xn2, a->rstd2, a->h, w->ffn_norm, BT, D, c->norm_eps);
+    norm_then_gather(m, scratch, a->xn2, a->rstd2, a->h, w->ffn_norm, R, D);
     swiglu_forward(a->act, a->gate, a->up, (size_t)BT * F);
 }
 
@@ -359,8 +413,8 @@ static void block_recompute(const Model *m, const BlockWeights *w, ModelActs *ac
     trace_begin(track, "block recompute", "recompute");
     trace_arg_int(track, "layer", l);
     trace_arg_str(track, "ac", acts->ac == AC_FULL ? "full" : "selective");
-    if (acts->ac == AC_FULL) block_forward(m, w, view, acts->recompute_out, acts->B, acts->T);
-    else block_recompute_selective(m, w, view, acts->B, acts->T);
+    if (acts->ac == AC_FULL) block_forward(m, w, view, acts, acts->recompute_out, acts->B, acts->T);
+    else block_recompute_selective(m, w, view, acts, acts->B, acts->T);
     trace_end(track);
 }
 
@@ -376,10 +430,10 @@ static void check_seq_len(const Model *m, int T) {
 void model_embed_forward(const Model *m, ModelActs *acts, const int *inputs) {
     check_seq_len(m, acts->T);
     const real *embedding = unit_params(m, LAYER_EMBEDDING, PASS_FORWARD);
-    int BT = acts->B * acts->T;
-    embedding_forward_rows(acts->blocks[0].x, inputs, embedding, BT, m->cfg.dim, m->local.vocab_start,
-                           m->local.vocab_size);
-    tp_sum(m, acts->blocks[0].x, (size_t)BT * m->cfg.dim);  // vocab-parallel: one tp rank holds each row
+    int BT = acts->B * acts->T, R = model_rows_here(m, acts->B, acts->T), D = m->cfg.dim;
+    real *partial = partial_target(m, acts->blocks[0].x, acts->sp_full);
+    embedding_forward_rows(partial, inputs, embedding, BT, D, m->local.vocab_start, m->local.vocab_size);
+    tp_wait(m, sum_partial_start(m, partial, acts->blocks[0].x, (size_t)R * D));  // vocab-parallel: one rank has each row
     unit_params_done(m, LAYER_EMBEDDING, PASS_FORWARD);
 }
 
@@ -395,7 +449,7 @@ void model_blocks_forward(const Model *m, ModelActs *acts, int first, int end) {
         trace_begin(track, "block fwd", "forward");
         trace_arg_int(track, "layer", l);
         trace_arg_double(track, "flops", block_flops_here(m, B, T));
-        block_forward(m, &w, &view, out, B, T);
+        block_forward(m, &w, &view, acts, out, B, T);
         trace_end(track);
         unit_params_done(m, l, PASS_FORWARD);
     }
@@ -408,8 +462,8 @@ double model_head_forward(const Model *m, ModelActs *acts, const int *targets) {
     trace_begin(track, "head fwd + loss", "forward");
     const real *head = unit_params(m, L, PASS_FORWARD);
     const real *out_unit = c->tied ? unit_params(m, LAYER_EMBEDDING, PASS_FORWARD) : head;
-    rmsnorm_forward(acts->xn_final, acts->rstd_final, acts->x_final, unit_tensor(m, head, L, "norm.weight"), BT, D,
-                    c->norm_eps);
+    norm_then_gather(m, acts, acts->xn_final, acts->rstd_final, acts->x_final, unit_tensor(m, head, L, "norm.weight"),
+                     model_rows_here(m, acts->B, acts->T), D);
     matmul_forward(acts->logits, acts->xn_final, unit_tensor(m, out_unit, output_unit(m), output_name(m)), BT, D, V);
     acts->targets = targets;
     double loss = m->tp.size == 1 ? cross_entropy_forward(acts->lse, acts->logits, targets, BT, V)
@@ -449,13 +503,15 @@ void model_head_backward(Model *m, ModelActs *acts, double dloss) {
     zero(acts->dxn, (size_t)BT * D);
     real *w_out = unit_tensor(m, out_unit, output_unit(m), output_name(m));
     matmul_backward(acts->dxn, NULL, acts->dlogits, acts->xn_final, w_out, BT, D, V);
-    void *pending = tp_sum_start(m, acts->dxn, (size_t)BT * D);  // vocab-parallel output projection
+    int R = model_rows_here(m, acts->B, acts->T);
+    real *dxn_rows = m->tp.sequence_parallel ? acts->sp_rows : acts->dxn;
+    void *pending = sum_partial_start(m, acts->dxn, dxn_rows, (size_t)R * D);  // vocab-parallel output projection
     matmul_backward(NULL, unit_tensor(m, out_grads, output_unit(m), output_name(m)), acts->dlogits, acts->xn_final,
                     w_out, BT, D, V);
     tp_wait(m, pending);
-    zero(acts->dx, (size_t)BT * D);
-    rmsnorm_backward(acts->dx, unit_tensor(m, head_grads, L, "norm.weight"), acts->dxn, acts->x_final,
-                     unit_tensor(m, head, L, "norm.weight"), acts->rstd_final, BT, D);
+    zero(acts->dx, (size_t)R * D);
+    norm_backward(m, acts, acts->dx, unit_tensor(m, head_grads, L, "norm.weight"), dxn_rows, acts->x_final,
+                  unit_tensor(m, head, L, "norm.weight"), acts->rstd_final, R, D);
     if (c->tied) unit_params_done(m, LAYER_EMBEDDING, PASS_BACKWARD);
     unit_params_done(m, L, PASS_BACKWARD);
     trace_end(track);
@@ -486,7 +542,9 @@ void model_blocks_backward(Model *m, ModelActs *acts, int first, int end) {
 
 // The lookup's backward needs no weights, only the embedding's gradient buffer.
 void model_embed_backward(Model *m, ModelActs *acts, const int *inputs) {
-    embedding_backward_rows(unit_grads(m, LAYER_EMBEDDING), acts->dx, inputs, acts->B * acts->T, m->cfg.dim,
+    int R = model_rows_here(m, acts->B, acts->T), D = m->cfg.dim;
+    const real *dx_full = gather_rows(m, acts->dx, acts->sp_full, (size_t)R * D);
+    embedding_backward_rows(unit_grads(m, LAYER_EMBEDDING), dx_full, inputs, acts->B * acts->T, D,
                             m->local.vocab_start, m->local.vocab_size);
     notify_grads_ready(m, LAYER_EMBEDDING);
 }

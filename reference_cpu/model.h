@@ -53,10 +53,21 @@ typedef struct {
 // over the tp group: after wo and w2 (forward), before the norms' backward (the input gradients of
 // the column-parallel linears), after the vocab-parallel embedding lookup and the head's input
 // gradient. The loss over a vocab shard needs the group too. size == 1: none of this runs.
+//
+// Sequence parallel (sequence_parallel): between the linears, the residual stream, the norms and
+// their inputs hold only this rank's rows (tokens [rank*R, (rank+1)*R), R = B*T/size); the full
+// rows a column-parallel linear reads are all-gathered, and a row-parallel linear's partial sums
+// are reduce-scattered back to rows instead of all-reduced. Same volume, 1/size of those
+// activations. The norm weights' gradients are then partial sums over rows: summed over tp.
 typedef struct {
     int size, rank;
+    bool sequence_parallel;
     // In-place sum of buf (n) over the tp group, started on the comm stream; wait finishes it.
     void *(*sum_start)(void *ctx, real *buf, size_t n);
+    // Sequence parallel: full (size * n) = every rank's shard (n), in rank order; and shard (n) =
+    // this rank's block of the sum over the group of full (size * n).
+    void *(*gather_start)(void *ctx, const real *shard, real *full, size_t n);
+    void *(*sum_scatter_start)(void *ctx, const real *full, real *shard, size_t n);
     void (*wait)(void *ctx, void *pending);
     // Cross-entropy over logits split by vocabulary: logits (BT, v_count) hold vocab entries
     // [v_start, v_start + v_count). Same results as cross_entropy_forward/backward on the full logits.
@@ -95,7 +106,8 @@ typedef struct {
 } BlockWeights;
 
 // Everything one block keeps from forward for backward, for B*T tokens (heads and ffn columns:
-// this tensor-parallel rank's). With checkpointing, the
+// this tensor-parallel rank's; with sequence parallelism x, rstd1, h and rstd2 hold this rank's
+// R = B*T/tp rows, the gathered xn1 and xn2 all of them). With checkpointing, the
 // fields a mode drops point into ModelActs.recompute, shared by every block (see block_acts_view).
 typedef struct {
     real *x;             // (BT, dim) block input
@@ -121,8 +133,11 @@ typedef struct {
     real *logits;        // (BT, vocab)
     real *lse;           // (BT) cross-entropy log-sum-exp
     const int *targets;  // of the last forward
-    // backward scratch, reused by every block
+    // backward scratch, reused by every block (dx, dx_next, dh: R rows under sequence parallelism)
     real *dx, *dx_next, *dxn, *dh, *dq, *dk, *dv, *dattn, *dgate, *dup, *dact, *dlogits;
+    // sequence parallel only: (BT, dim) gathered rows or partial sums, (R, dim) a norm's output
+    // before its all-gather or a reduce-scatter's result, (dim) a norm weight's partial gradient
+    real *sp_full, *sp_rows, *sp_norm_grad;
 } ModelActs;
 
 // Allocates params and grads (MEM_PARAMS, MEM_GRADS) and initialises the weights from the seed.
@@ -158,8 +173,11 @@ size_t model_acts_bytes_per_block(const Model *m, int B, int T, ActCheckpoint ac
 void model_recompute_flops(const Model *m, int B, int T, ActCheckpoint ac, double *matmul_flops,
                            double *elementwise_flops);
 
-// One block. a->x must hold the block input; writes the block output to out (BT, dim).
-void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, real *out, int B, int T);
+// One block. a->x must hold the block input; writes the block output to out (BT, dim; R rows
+// under sequence parallelism). Uses the sequence-parallel scratch in acts.
+void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, ModelActs *scratch, real *out, int B, int T);
+// Rows of the residual stream this rank holds: B*T, or B*T/tp under sequence parallelism.
+int model_rows_here(const Model *m, int B, int T);
 // dout (BT, dim) is the gradient of the block output; writes the gradient of the block input to
 // dinp (overwritten) and accumulates the weight gradients into g. Uses the scratch in acts.
 void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g, BlockActs *a, ModelActs *scratch,

@@ -9,7 +9,8 @@
 #   heads, its ffn columns, its vocabulary rows) are summed by the all-reduce instead of inside one
 #   matmul, and the softmax's normaliser is built from per-shard sums; that changes the rounding of
 #   a few fp32 operations, ~1e-7 relative, far below 1e-5.
-# Exact: activation checkpointing on vs off under tp (the recompute repeats the all-reduces).
+# Exact: activation checkpointing on vs off under tp (the recompute repeats the all-reduces), with
+# and without sequence parallel.
 set -eu
 source tests/lib.sh
 common=(--model tiny --steps 20 --batch 8 --seed 5 --lr 1e-3)
@@ -37,6 +38,15 @@ run tp2_fsdp2 4 --tp 2 --dp-shard 2
 check_vs_ref tp2_fsdp2
 run tp2_zero1 4 --tp 2 --dp-shard 2 --zero-stage 1
 check_vs_ref tp2_zero1
+run tp2_sp 2 --tp 2 --sequence-parallel
+check_vs_ref tp2_sp
+run tp4_sp 4 --tp 4 --sequence-parallel
+check_vs_ref tp4_sp
+run tp2_sp_fsdp2 4 --tp 2 --sequence-parallel --dp-shard 2 --ac selective
+check_vs_ref tp2_sp_fsdp2
+run tp2_sp_ac 2 --tp 2 --sequence-parallel --ac full
+echo "== tp2 + sequence parallel with full activation checkpointing vs without: bit-identical"
+$P --ckpt "$(ckpt tp2_sp_ac)" --ckpt-ref "$(ckpt tp2_sp)" --exact
 run tp2_accum 2 --tp 2 --grad-accum-steps 2 --attention naive
 "$BUILD/train" "${common[@]}" --grad-accum-steps 2 --attention naive --checkpoint-dir "$T/ref_naive" > "$T/ref_naive.log"
 echo "== tp2, naive attention, 2 micro-batches vs the single process"
@@ -50,11 +60,16 @@ $P --ckpt "$(ckpt tp2_ac)" --ckpt-ref "$(ckpt tp2)" --exact
 echo "== the trace: tp all-reduces on comm:tp, sized tokens x dim"
 $MPIRUN -np 2 "$BUILD/train" --model tiny --steps 1 --batch 4 --tp 2 --trace-json "$T/tp.json" > "$T/tp_trace.log" 2>&1
 $PYTHON tests/py/check_tp_trace.py "$T/tp.json" --layers 4 --tokens $((4 * 32)) --dim 64
+$MPIRUN -np 2 "$BUILD/train" --model tiny --steps 1 --batch 4 --tp 2 --sequence-parallel --trace-json "$T/tp_sp.json" \
+    > "$T/tp_sp_trace.log" 2>&1
+$PYTHON tests/py/check_tp_trace.py "$T/tp_sp.json" --layers 4 --tokens $((4 * 32)) --dim 64 --sequence-parallel
 
 echo "== bad input exits 2 with one line"
 set +e
 expect_error 4 "--tp 4: must divide" --tp 4 --model small
 expect_error 3 "--tp 3: must divide" --tp 3
 expect_error 4 "but mpirun started 4" --tp 2
+expect_error 1 "--sequence-parallel: needs --tp 2" --sequence-parallel
+expect_error 4 "--sequence-parallel: the 3 tokens" --tp 4 --sequence-parallel --batch 1 --seq-len 3
 set -e
 echo "t_tp: OK"

@@ -40,7 +40,7 @@ typedef struct {
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
     double bucket_mb, comm_timeout;
-    bool model_info, no_overlap, desync_init;
+    bool model_info, no_overlap, desync_init, sequence_parallel;
 } Options;
 
 static Options opt = {.seq_len = -1, .warmup_steps = -1, .rope_theta = -1};
@@ -100,6 +100,9 @@ static const ArgSpec FLAGS[] = {
      .min = 1, .max = UNBOUNDED},
     {"tp", ARG_INT, &opt.tp, "1", "tensor-parallel ranks (Megatron: heads, ffn columns and vocabulary split; chapter 6)",
      .min = 1, .max = UNBOUNDED},
+    {"sequence-parallel", ARG_BOOL, &opt.sequence_parallel, NULL,
+     "with --tp: norms and residuals on sequence shards (all-gather / reduce-scatter instead of all-reduce)",
+     .value_name = ""},
     {"zero-stage", ARG_INT, &opt.zero_stage, "3",
      "with --dp-shard > 1: 1 shards the optimizer state, 2 also the gradients, 3 also the weights (FSDP)", .min = 1,
      .max = 3},
@@ -277,9 +280,11 @@ static void setup_training_state(Trainer *t, const ModelConfig *cfg, AttentionIm
     bool sharded = mesh->degree[MESH_DP_SHARD] > 1;
     model_init_tp(&t->model, cfg, seed, attention, tp, tp_rank, !sharded);
     if (tp > 1) {
-        tp_install(&t->model, mesh->dim[MESH_TP]);
-        log_info("tp: %d ranks; this one holds %d of %d heads, %d of %d kv heads, %d of %d ffn columns, vocab rows "
-                 "[%d, %d)", tp, t->model.local.n_heads, cfg->n_heads, t->model.local.n_kv_heads, cfg->n_kv_heads,
+        if (opt.sequence_parallel && (t->micro * t->T) % tp != 0)
+            fatal_input("--sequence-parallel: the %d tokens of a micro-batch must divide by --tp %d", t->micro * t->T, tp);
+        tp_install(&t->model, mesh->dim[MESH_TP], opt.sequence_parallel);
+        log_info("tp: %d ranks%s; this one holds %d of %d heads, %d of %d kv heads, %d of %d ffn columns, vocab rows "
+                 "[%d, %d)", tp, opt.sequence_parallel ? " with sequence parallel" : "", t->model.local.n_heads, cfg->n_heads, t->model.local.n_kv_heads, cfg->n_kv_heads,
                  t->model.local.ffn_dim, cfg->ffn_dim, t->model.local.vocab_start,
                  t->model.local.vocab_start + t->model.local.vocab_size);
     }
@@ -381,6 +386,7 @@ static long long load_state(Trainer *t, const char *path, const RunIdentity *run
 
 // The parallel layout: checks the flags against the world size and the batch.
 static Mesh *setup_mesh(void) {
+    if (opt.sequence_parallel && opt.tp == 1) fatal_input("--sequence-parallel: needs --tp 2 or more");
     if (opt.desync_init && opt.dp_shard > 1)
         fatal_input("--desync-init: shows DDP's initial broadcast; sharded ranks each build only their own shard");
     Mesh *mesh = mesh_create(1, opt.dp_replicate, opt.dp_shard, 1, opt.tp);

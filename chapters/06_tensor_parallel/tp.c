@@ -15,6 +15,12 @@
 
 // ---- the model's callbacks -------------------------------------------------------------------------
 static void *sum_start(void *ctx, real *buf, size_t n) { return comm_all_reduce_start(ctx, buf, n, COMM_REAL, COMM_SUM); }
+static void *gather_start(void *ctx, const real *shard, real *full, size_t n) {
+    return comm_all_gather_start(ctx, shard, full, n, COMM_REAL);
+}
+static void *sum_scatter_start(void *ctx, const real *full, real *shard, size_t n) {
+    return comm_reduce_scatter_start(ctx, full, shard, n, COMM_REAL, COMM_SUM);
+}
 static void wait_pending(void *ctx, void *pending) {
     (void)ctx;
     comm_wait(pending);
@@ -78,8 +84,11 @@ static void loss_backward(void *ctx, real *dlogits, const real *logits, const re
     }
 }
 
-void tp_install(Model *m, Comm *tp_group) {
+void tp_install(Model *m, Comm *tp_group, bool sequence_parallel) {
+    m->tp.sequence_parallel = sequence_parallel;
     m->tp.sum_start = sum_start;
+    m->tp.gather_start = gather_start;
+    m->tp.sum_scatter_start = sum_scatter_start;
     m->tp.wait = wait_pending;
     m->tp.loss_forward = loss_forward;
     m->tp.loss_backward = loss_backward;

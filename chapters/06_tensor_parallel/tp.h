@@ -23,9 +23,14 @@
 #include "common/comm.h"
 #include "reference_cpu/model.h"
 
+// Sequence parallel (Megatron-SP, model.h): the norms and residuals run on this rank's B*T/T rows;
+// each all-reduce becomes an all-gather before a column-parallel linear plus a reduce-scatter
+// after a row-parallel one (the same bytes: an all-reduce is a reduce-scatter then an
+// all-gather), and the norm weights' gradients are summed over tp.
+//
 // Installs the model's tensor-parallel callbacks (the model came from model_init_tp with this
-// group's size and rank).
-void tp_install(Model *m, Comm *tp_group);
+// group's size and rank), before its activations are allocated.
+void tp_install(Model *m, Comm *tp_group, bool sequence_parallel);
 
 // Sum of squares of a gradient in this rank's layout (table order, local shapes), counted once
 // over the tp group: the sharded tensors' parts are summed over the group, the replicated ones

@@ -5,7 +5,10 @@ vocab-parallel embedding lookup and one for the head's input gradient. So each r
 track must hold exactly 4 L + 2 all-reduces of tokens*dim*4 bytes (fp32), besides the loss's
 small ones (one number or two per token) and the gradient norm's single double.
 
-usage: check_tp_trace.py TRACE.json --layers L --tokens B*T --dim D
+With --sequence-parallel each of those all-reduces becomes a pair: 4 L + 2 all-gathers and
+4 L + 2 reduce-scatters of the same (tokens x dim) buffer, and no activation-sized all-reduce.
+
+usage: check_tp_trace.py TRACE.json --layers L --tokens B*T --dim D [--sequence-parallel]
 """
 import argparse
 import json
@@ -19,25 +22,29 @@ def main():
     ap.add_argument("--layers", type=int, required=True)
     ap.add_argument("--tokens", type=int, required=True)
     ap.add_argument("--dim", type=int, required=True)
+    ap.add_argument("--sequence-parallel", action="store_true")
     args = ap.parse_args()
     with open(args.trace) as f:
         data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
-    per_rank = defaultdict(Counter)  # pid -> bytes -> count
+    per_rank = defaultdict(Counter)  # pid -> (op, bytes) -> count
     for e in events:
-        if e.get("ph") == "X" and names.get((e["pid"], e["tid"])) == "comm:tp" and e["name"] == "all_reduce":
-            per_rank[e["pid"]][e["args"]["bytes"]] += 1
+        if e.get("ph") == "X" and names.get((e["pid"], e["tid"])) == "comm:tp":
+            per_rank[e["pid"]][(e["name"], e["args"]["bytes"])] += 1
     activation_bytes = args.tokens * args.dim * 4
     expected = 4 * args.layers + 2
+    ops = ("all_gather", "reduce_scatter") if args.sequence_parallel else ("all_reduce",)
     ok = len(per_rank) > 0
     for pid, sizes in sorted(per_rank.items()):
-        n = sizes[activation_bytes]
-        others = {b: c for b, c in sizes.items() if b != activation_bytes}
-        print(f"rank {pid}: {n} all-reduces of {activation_bytes} bytes (expected {expected} = 4 x {args.layers} "
-              f"layers + 2), {activation_bytes * n / 1e6:.3f} MB; others (bytes: count) {others}")
-        ok &= n == expected and all(b <= 16 * args.tokens for b in others)
+        counts = {op: sizes[(op, activation_bytes)] for op in ops}
+        others = {k: c for k, c in sizes.items() if k[1] != activation_bytes}
+        print(f"rank {pid}: " + ", ".join(f"{n} {op} of {activation_bytes} bytes" for op, n in counts.items())
+              + f" (expected {expected} each = 4 x {args.layers} layers + 2), "
+              f"{activation_bytes * sum(counts.values()) / 1e6:.3f} MB; others (op, bytes): count {others}")
+        ok &= all(n == expected for n in counts.values())
+        ok &= all(b <= 16 * args.tokens for (_, b) in others)  # the loss's per-token numbers, the norm grads
     print("ok" if ok else "FAIL")
     sys.exit(0 if ok else 1)
 
