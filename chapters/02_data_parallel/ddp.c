@@ -1,6 +1,7 @@
 #include "chapters/02_data_parallel/ddp.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/log.h"
 #include "common/trace.h"
@@ -12,36 +13,61 @@
 #endif
 
 static void launch_bucket(Ddp *d, DdpBucket *b) {
-    b->inflight = comm_all_reduce_start(d->dp, d->model->grads + b->offset, b->count, COMM_REAL, COMM_AVG);
+    b->inflight = comm_all_reduce_start(d->dp, b->grads, b->count, COMM_REAL, COMM_AVG);
 }
 
 // The grads-ready hook: every parameter of `layer` is final. A bucket whose last pending parameter
-// this was goes onto the comm stream now.
+// this was goes onto the comm stream now, if this backward of its range syncs.
 static void on_grads_ready(int layer, void *ctx) {
     Ddp *d = ctx;
-    if (!d->sync || !d->overlap) return;
+    if (!d->overlap) return;
     const ParamTable *t = &d->model->table;
     for (int i = 0; i < t->count; i++) {
-        if (t->items[i].layer != layer) continue;
+        if (t->items[i].layer != layer || d->bucket_of_param[i] < 0) continue;
         DdpBucket *b = &d->buckets[d->bucket_of_param[i]];
-        if (--b->n_pending == 0) launch_bucket(d, b);
+        if (b->sync && --b->n_pending == 0) launch_bucket(d, b);
     }
 }
 
-Ddp *ddp_create(Model *model, Comm *dp, size_t bucket_bytes, bool overlap) {
+static int range_of_layer(const Ddp *d, int layer) {
+    for (int r = 0; r < d->n_ranges; r++)
+        if (layer >= d->ranges[r].first_unit && layer <= d->ranges[r].last_unit) return r;
+    return -1;
+}
+
+static size_t range_numel(const Ddp *d, const DdpRange *r) {
+    size_t first = model_unit_offset(d->model, r->first_unit);
+    return model_unit_offset(d->model, r->last_unit) + model_unit_numel(d->model, r->last_unit) - first;
+}
+
+Ddp *ddp_create_ranges(Model *model, Comm *dp, const DdpRange *ranges, int n_ranges, size_t bucket_bytes,
+                       bool overlap) {
     Ddp *d = calloc(1, sizeof *d);
     const ParamTable *t = &model->table;
-    d->model = model, d->dp = dp, d->overlap = overlap;
+    d->model = model, d->dp = dp, d->overlap = overlap, d->n_ranges = n_ranges;
+    d->ranges = calloc((size_t)n_ranges, sizeof(DdpRange));
+    memcpy(d->ranges, ranges, sizeof(DdpRange) * (size_t)n_ranges);
     d->buckets = calloc((size_t)t->count, sizeof(DdpBucket));
     d->bucket_of_param = calloc((size_t)t->count, sizeof(int));
+    d->range_of_bucket = calloc((size_t)t->count, sizeof(int));
     // Walk backwards: backward finishes the last table entries first. A bucket is a run of
-    // consecutive entries, hence one contiguous range of the flat buffer: one all-reduce, no copy.
+    // consecutive entries of one range, hence one contiguous piece of its buffer: one all-reduce,
+    // no copy.
     size_t max_count = bucket_bytes / sizeof(real);
     for (int i = t->count - 1; i >= 0; i--) {
         const ParamInfo *p = &t->items[i];
+        int r = range_of_layer(d, p->layer);
+        if (r < 0) {
+            d->bucket_of_param[i] = -1;
+            continue;
+        }
         DdpBucket *b = d->n_buckets ? &d->buckets[d->n_buckets - 1] : NULL;
-        if (!b || b->count + p->numel > max_count) b = &d->buckets[d->n_buckets++];
-        b->offset = p->offset;  // decreasing: the last one added is the start of the range
+        if (!b || d->range_of_bucket[d->n_buckets - 1] != r || b->count + p->numel > max_count) {
+            b = &d->buckets[d->n_buckets];
+            d->range_of_bucket[d->n_buckets++] = r;
+        }
+        const DdpRange *range = &d->ranges[r];
+        b->grads = range->grads + (p->offset - model_unit_offset(model, range->first_unit));  // decreasing
         b->count += p->numel;
         b->n_params++;
         d->bucket_of_param[i] = (int)(b - d->buckets);
@@ -51,42 +77,60 @@ Ddp *ddp_create(Model *model, Comm *dp, size_t bucket_bytes, bool overlap) {
     return d;
 }
 
+Ddp *ddp_create(Model *model, Comm *dp, size_t bucket_bytes, bool overlap) {
+    DdpRange all = {LAYER_EMBEDDING, model->cfg.n_layers, model->params, model->grads};
+    return ddp_create_ranges(model, dp, &all, 1, bucket_bytes, overlap);
+}
+
 void ddp_free(Ddp *d) {
     if (!d) return;
     d->model->grads_ready = NULL;
+    free(d->ranges);
     free(d->buckets);
     free(d->bucket_of_param);
+    free(d->range_of_bucket);
     free(d);
 }
 
 void ddp_broadcast_params(Ddp *d) {
-    comm_broadcast(d->dp, d->model->params, d->model->table.total_numel, COMM_REAL, 0);
+    for (int r = 0; r < d->n_ranges; r++)
+        comm_broadcast(d->dp, d->ranges[r].params, range_numel(d, &d->ranges[r]), COMM_REAL, 0);
 }
 
-void ddp_begin_backward(Ddp *d, bool sync) {
-    d->sync = sync;
+void ddp_begin_backward_range(Ddp *d, int range, bool sync) {
     for (int i = 0; i < d->n_buckets; i++) {
-        d->buckets[i].n_pending = d->buckets[i].n_params;
-        d->buckets[i].inflight = NULL;
+        DdpBucket *b = &d->buckets[i];
+        if (d->range_of_bucket[i] != range) continue;
+        if (b->inflight) fatal("ddp: bucket %d is still in flight at the next backward of its range", i);
+        b->n_pending = b->n_params;
+        b->sync = sync;
     }
 }
 
-// Without overlap every bucket starts here, in the same order; with overlap they are all in flight
-// already. Either way the main thread now waits: the wait is the exposed communication.
+void ddp_begin_backward(Ddp *d, bool sync) {
+    for (int r = 0; r < d->n_ranges; r++) ddp_begin_backward_range(d, r, sync);
+}
+
+// Without overlap every syncing bucket starts here, in the same order; with overlap they are all in
+// flight already. Either way the main thread now waits: the wait is the exposed communication.
 void ddp_finish_backward(Ddp *d) {
-    if (!d->sync) return;
+    bool any = false;
+    for (int i = 0; i < d->n_buckets; i++) any |= d->buckets[i].sync;
+    if (!any) return;
     int track = trace_track("compute");
     trace_begin(track, "ddp wait", "comm-wait");
     for (int i = 0; i < d->n_buckets; i++) {
         DdpBucket *b = &d->buckets[i];
-        if (!b->inflight) {
-            if (d->overlap) fatal("ddp: bucket %d never became ready (%d parameters pending)", i, b->n_pending);
-            launch_bucket(d, b);
-        }
+        if (!b->sync || b->inflight) continue;
+        if (d->overlap) fatal("ddp: bucket %d never became ready (%d parameters pending)", i, b->n_pending);
+        launch_bucket(d, b);
     }
     for (int i = 0; i < d->n_buckets; i++) {
-        comm_wait(d->buckets[i].inflight);
-        d->buckets[i].inflight = NULL;
+        DdpBucket *b = &d->buckets[i];
+        if (!b->sync) continue;
+        comm_wait(b->inflight);
+        b->inflight = NULL;
+        b->sync = false;
     }
     trace_end(track);
 }
