@@ -8,6 +8,10 @@
 
 void fatal_input(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+// Labs (exercises/, generated from the chapters): the part a student has not written yet. Stops the
+// run with status 3 and the hint, naming the file and line.
+void lab_hole(const char *lab, const char *hint, const char *file, int line) __attribute__((noreturn));
+#define LAB_HOLE(lab, hint) lab_hole(lab, hint, __FILE__, __LINE__)
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // Program name printed in front of every message ("train: --tp 3: must divide ...").

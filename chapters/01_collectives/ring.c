@@ -191,6 +191,7 @@ static void reduce_scatter_pass(Comm *c, const void *in, size_t total, void *out
     int n = comm_size(c), me = comm_rank(c);
     size_t largest = comm_bytes(dtype, chunk_len(total, n, 0) + 1);  // chunk sizes differ by at most one
     char *partial = scratch(2 * largest), *incoming = partial + largest;
+    // LAB ring: N-1 steps; at step s send chunk (me-s-1) (your own data at s = 0, then the partial you received) to the right, receive chunk (me-s-2) from the left with exchange(), combine it with your own copy of that chunk (rank 0: its own first), into out at the last step
     for (int s = 0; s < n - 1; s++) {
         Step step = {c, dtype, "reduce-scatter", s, mod(me - s - 1, n), mod(me - s - 2, n)};
         size_t send_len = chunk_len(total, n, step.send_chunk), recv_len = chunk_len(total, n, step.recv_chunk);
@@ -208,11 +209,13 @@ static void reduce_scatter_pass(Comm *c, const void *in, size_t total, void *out
         partial = incoming;
         incoming = sent;
     }
+    // END LAB
 }
 
 // All-gather in place: chunk `me` of buf is this rank's; on return every chunk is filled.
 static void all_gather_pass(Comm *c, void *buf, size_t total, CommDtype dtype) {
     int n = comm_size(c), me = comm_rank(c);
+    // LAB ring: N-1 steps; at step s send chunk (me-s) of buf to the right and receive chunk (me-s-1) from the left into its place in buf (exchange(), step_begin/trace_end around it)
     for (int s = 0; s < n - 1; s++) {
         Step step = {c, dtype, "all-gather", s, mod(me - s, n), mod(me - s - 1, n)};
         int track = step_begin(&step, chunk_len(total, n, step.send_chunk));
@@ -221,6 +224,7 @@ static void all_gather_pass(Comm *c, void *buf, size_t total, CommDtype dtype) {
                  chunk_len(total, n, step.recv_chunk));
         trace_end(track);
     }
+    // END LAB
 }
 
 // ================================================================================================

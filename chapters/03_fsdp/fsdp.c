@@ -58,6 +58,7 @@ static const real *storage_params(void *ctx, int unit, ModelPass pass) {
     Fsdp *f = ctx;
     FsdpUnit *u = unit_of(f, unit);
     if (f->options.stage < 3) return u->full;
+    // LAB fsdp: make sure u's all-gather is started (start_gather), wait for it (wait_exposed), then with options.prefetch start the next unit's (next_to_prefetch) and move f->frontier; return the gathered weights
     start_gather(f, u);  // not prefetched (the first unit, or prefetch off)
     wait_exposed(u->gather, "fsdp all-gather wait", unit);
     u->gather = NULL;
@@ -67,6 +68,7 @@ static const real *storage_params(void *ctx, int unit, ModelPass pass) {
         f->frontier = next;
     }
     return u->full;
+    // END LAB
 }
 
 static void storage_params_done(void *ctx, int unit, ModelPass pass) {
@@ -104,10 +106,12 @@ static void retire_reduce(Fsdp *f, FsdpUnit *u) {
 }
 
 static void start_reduce(Fsdp *f, FsdpUnit *u) {
+    // LAB fsdp: allocate u->reduced (S elements, MEM_COMM), reduce-scatter u->full_grads into it (average over the shard group); with HSDP queue an all-reduce (average) of it over the replicate group behind
     u->reduced = alloc_real(MEM_COMM, u->shard);
     u->reduce = comm_reduce_scatter_start(f->shard_group, u->full_grads, u->reduced, u->shard, COMM_REAL, COMM_AVG);
     if (f->replicate_group)  // queued behind the reduce-scatter on the same stream: runs after it
         u->replicate_reduce = comm_all_reduce_start(f->replicate_group, u->reduced, u->shard, COMM_REAL, COMM_AVG);
+    // END LAB
 }
 
 static bool reduce_finished(const FsdpUnit *u) {

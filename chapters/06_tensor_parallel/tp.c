@@ -44,6 +44,7 @@ static bool target_here(int target, int v_start, int v_count) {
 static double loss_forward(void *ctx, real *lse, const real *logits, const int *targets, int BT, int v_start,
                            int v_count) {
     Comm *tp = ctx;
+    // LAB tp: per token, the max over the whole vocabulary (all-reduce MAX), the sum of exp(logit - max) and the target's logit (all-reduce SUM: only the rank holding the target has it); write lse = max + log(sum) and return the mean of lse - target logit over tokens whose target is not IGNORE_INDEX
     double *row = malloc(sizeof(double) * 3 * (size_t)BT);  // max (BT), sum (BT), target logit (BT)
     double *row_max = row, *row_sum = row + BT, *target_logit = row + 2 * (size_t)BT;
     for (int n = 0; n < BT; n++) {
@@ -71,6 +72,7 @@ static double loss_forward(void *ctx, real *lse, const real *logits, const int *
     }
     free(row);
     return n_valid ? total / n_valid : 0.0;
+    // END LAB
 }
 
 // d loss / d logit_nj = coef * (softmax_nj - [j == target_n]) on this rank's columns: local work.

@@ -1,0 +1,339 @@
+#include "chapters/03_fsdp/fsdp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/mem.h"
+#include "common/trace.h"
+
+#ifdef REF_FLOAT64
+#define COMM_REAL COMM_FLOAT64
+#else
+#define COMM_REAL COMM_FLOAT32
+#endif
+
+const char *const RESHARD_POLICY_NAMES = "default|always|never";
+
+static FsdpUnit *unit_of(Fsdp *f, int unit) { return &f->units[unit + 1]; }  // embedding (-1) is first
+static int n_ranks(const Fsdp *f) { return comm_size(f->shard_group); }
+static size_t padded(const FsdpUnit *u, const Fsdp *f) { return u->shard * (size_t)n_ranks(f); }
+static real *alloc_real(MemCategory category, size_t n) { return mem_alloc(category, sizeof(real) * n); }
+
+// A slice on the compute track for the time the main thread waits on the comm stream: this is the
+// exposed communication trace-summary reports.
+static void wait_exposed(CommHandle *h, const char *what, int unit) {
+    if (!h) return;
+    int track = trace_track("compute");
+    trace_begin(track, what, "comm-wait");
+    trace_arg_int(track, "unit", unit);
+    comm_wait(h);
+    trace_end(track);
+}
+
+// ---- weights: all-gather before use, free after (stage 3) ---------------------------------------
+static void start_gather(Fsdp *f, FsdpUnit *u) {
+    if (u->full) return;  // gathered already, or in flight
+    u->full = alloc_real(MEM_PARAMS, padded(u, f));
+    u->gather = comm_all_gather_start(f->shard_group, u->params_shard, u->full, u->shard, COMM_REAL);
+}
+
+static void release_full(FsdpUnit *u) {
+    mem_free(u->full);
+    u->full = NULL;
+}
+
+// The unit that runs after `idx` in this pass, whose all-gather can start now, or -1. Forward
+// runs the units in index order, backward in reverse; `frontier` is the furthest unit launched in
+// this pass, so a unit used twice (the tied embedding, again in the head) prefetches nothing.
+// Backward needs no weights for the embedding (its gradient is a scatter-add): it stops at block 0.
+static int next_to_prefetch(const Fsdp *f, int idx, ModelPass pass) {
+    int next = pass == PASS_FORWARD ? idx + 1 : idx - 1;
+    bool beyond = pass == PASS_FORWARD ? next > f->frontier : next < f->frontier;
+    return beyond && next >= 1 - (pass == PASS_FORWARD) && next < f->n_units ? next : -1;
+}
+
+static const real *storage_params(void *ctx, int unit, ModelPass pass) {
+    Fsdp *f = ctx;
+    FsdpUnit *u = unit_of(f, unit);
+    if (f->options.stage < 3) return u->full;
+    // LAB fsdp: make sure u's all-gather is started (start_gather), wait for it (wait_exposed), then with options.prefetch start the next unit's (next_to_prefetch) and move f->frontier; return the gathered weights
+    LAB_HOLE("fsdp", "make sure u's all-gather is started (start_gather), wait for it (wait_exposed), then with options.prefetch start the next unit's (next_to_prefetch) and move f->frontier; return the gathered weights");
+    // END LAB
+}
+
+static void storage_params_done(void *ctx, int unit, ModelPass pass) {
+    Fsdp *f = ctx;
+    FsdpUnit *u = unit_of(f, unit);
+    if (f->options.stage < 3) return;
+    if (pass == PASS_FORWARD && !u->reshard_after_forward) return;  // backward uses it soon
+    release_full(u);
+}
+
+// ---- gradients: reduce-scatter each unit as soon as its backward ends ----------------------------
+static real *storage_grads(void *ctx, int unit) {
+    Fsdp *f = ctx;
+    FsdpUnit *u = unit_of(f, unit);
+    if (!u->full_grads) u->full_grads = alloc_real(MEM_GRADS, padded(u, f));  // stages 2-3, zeroed
+    return u->full_grads;
+}
+
+// Folds a finished reduction into the rank's gradient shard and frees what only the reduction
+// needed. Stage 1 reduces once per step, so the shard is the result; stages 2-3 add micro-batches.
+static void retire_reduce(Fsdp *f, FsdpUnit *u) {
+    if (!u->reduce) return;
+    wait_exposed(u->reduce, "fsdp reduce-scatter wait", u->unit);
+    wait_exposed(u->replicate_reduce, "hsdp all-reduce wait", u->unit);
+    u->reduce = u->replicate_reduce = NULL;
+    if (f->options.stage == 1) {
+        memcpy(u->grads_shard, u->reduced, sizeof(real) * u->shard);
+    } else {
+        for (size_t i = 0; i < u->shard; i++) u->grads_shard[i] += u->reduced[i];
+        mem_free(u->full_grads);
+        u->full_grads = NULL;
+    }
+    mem_free(u->reduced);
+    u->reduced = NULL;
+}
+
+static void start_reduce(Fsdp *f, FsdpUnit *u) {
+    // LAB fsdp: allocate u->reduced (S elements, MEM_COMM), reduce-scatter u->full_grads into it (average over the shard group); with HSDP queue an all-reduce (average) of it over the replicate group behind
+    LAB_HOLE("fsdp", "allocate u->reduced (S elements, MEM_COMM), reduce-scatter u->full_grads into it (average over the shard group); with HSDP queue an all-reduce (average) of it over the replicate group behind");
+    // END LAB
+}
+
+static bool reduce_finished(const FsdpUnit *u) {
+    return comm_test(u->reduce) && (!u->replicate_reduce || comm_test(u->replicate_reduce));
+}
+
+// Stages 2-3 free a unit's full gradients as soon as its reduction is done, so only a few units'
+// worth are alive at once: the finished ones are retired at each grads-ready, and at most
+// MAX_REDUCES_IN_FLIGHT stay queued (the oldest is waited for, like FSDP's rate limiter).
+#define MAX_REDUCES_IN_FLIGHT 2
+
+static void retire_finished_reduces(Fsdp *f) {
+    int in_flight = 0;
+    for (int i = 0; i < f->n_units; i++) in_flight += f->units[i].reduce != NULL;
+    for (int i = f->n_units - 1; i >= 0; i--) {  // backward launches the high indices first: oldest first
+        FsdpUnit *u = &f->units[i];
+        if (!u->reduce) continue;
+        if (in_flight > MAX_REDUCES_IN_FLIGHT || reduce_finished(u)) {
+            retire_reduce(f, u);
+            in_flight--;
+        }
+    }
+}
+
+static void on_grads_ready(int unit, void *ctx) {
+    Fsdp *f = ctx;
+    if (f->options.stage == 1 && !f->sync) return;  // stage 1 accumulates full gradients locally
+    start_reduce(f, unit_of(f, unit));
+    if (f->options.stage > 1) retire_finished_reduces(f);
+}
+
+// ---- setup ----------------------------------------------------------------------------------------
+// Writes the initial values of elements [first, first + count) of unit u's flat range into out.
+static void init_unit_range(const Model *m, const FsdpUnit *u, uint64_t seed, size_t first, size_t count, real *out) {
+    for (int i = 0; i < m->table.count; i++) {
+        const ParamInfo *p = &m->table.items[i];
+        if (p->layer != u->unit) continue;
+        size_t p_first = p->offset - u->offset, p_end = p_first + p->numel;  // unit-relative
+        size_t lo = p_first > first ? p_first : first, hi = p_end < first + count ? p_end : first + count;
+        if (lo < hi) param_init_local_range(p, m->tp.rank, m->tp.size, seed, lo - p_first, hi - lo, out + (lo - first));
+    }
+}
+
+static bool reshard_after_forward(const Fsdp *f, int unit) {
+    int L = f->model->cfg.n_layers;
+    switch (f->options.reshard) {
+    case RESHARD_ALWAYS: return true;
+    case RESHARD_NEVER: return false;
+    default: return unit >= 0 && unit < L - 1;  // root units and the last block stay gathered
+    }
+}
+
+Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *tp_group,
+                  const FsdpOptions *options, uint64_t seed) {
+    if (model->params) fatal("fsdp_create: the model must come from model_init_unallocated");
+    Fsdp *f = calloc(1, sizeof *f);
+    f->model = model, f->shard_group = shard_group, f->replicate_group = replicate_group, f->tp_group = tp_group;
+    f->options = *options;
+    int N = comm_size(shard_group), r = comm_rank(shard_group), L = model->cfg.n_layers;
+    f->n_units = L + 2;
+    f->units = calloc((size_t)f->n_units, sizeof(FsdpUnit));
+    size_t max_shard = 0;
+    for (int idx = 0; idx < f->n_units; idx++) {
+        FsdpUnit *u = &f->units[idx];
+        u->unit = idx - 1;
+        u->offset = model_unit_offset(model, u->unit);
+        u->numel = model_unit_numel(model, u->unit);
+        u->shard = (u->numel + (size_t)N - 1) / (size_t)N;
+        u->reshard_after_forward = reshard_after_forward(f, u->unit);
+        u->adam_m = alloc_real(MEM_OPTIMIZER, u->shard);
+        u->adam_v = alloc_real(MEM_OPTIMIZER, u->shard);
+        size_t mine = (size_t)r * u->shard;  // first element of this rank's shard
+        size_t owned = mine < u->numel ? (u->numel - mine < u->shard ? u->numel - mine : u->shard) : 0;
+        if (options->stage < 3) {  // the full copy lives all step; the shard is a slice of it
+            u->full = alloc_real(MEM_PARAMS, padded(u, f));
+            init_unit_range(model, u, seed, 0, u->numel, u->full);
+            u->params_shard = u->full + mine;
+        } else {
+            u->params_shard = alloc_real(MEM_PARAMS, u->shard);
+            init_unit_range(model, u, seed, mine, owned, u->params_shard);
+        }
+        if (options->stage == 1) {
+            u->full_grads = alloc_real(MEM_GRADS, padded(u, f));
+            u->grads_shard = u->full_grads + mine;
+        } else {
+            u->grads_shard = alloc_real(MEM_GRADS, u->shard);
+        }
+        if (u->shard > max_shard) max_shard = u->shard;
+    }
+    if (options->stage < 3) f->staging = alloc_real(MEM_COMM, max_shard);
+    f->frontier = -1;
+    model->storage = (UnitStorage){storage_params, storage_params_done, storage_grads, f};
+    model->grads_ready = on_grads_ready;
+    model->grads_ready_ctx = f;
+    return f;
+}
+
+void fsdp_free(Fsdp *f) {
+    if (!f) return;
+    f->model->storage = (UnitStorage){0};
+    f->model->grads_ready = NULL;
+    for (int i = 0; i < f->n_units; i++) {
+        FsdpUnit *u = &f->units[i];
+        comm_wait(u->gather);
+        retire_reduce(f, u);
+        if (f->options.stage == 3) mem_free(u->params_shard);
+        if (f->options.stage != 1) mem_free(u->grads_shard);
+        real *owned[] = {u->adam_m, u->adam_v, u->full, u->full_grads};
+        for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++) mem_free(owned[k]);
+    }
+    mem_free(f->staging);
+    free(f->units);
+    free(f);
+}
+
+// ---- the step ---------------------------------------------------------------------------------------
+void fsdp_zero_grads(Fsdp *f) {
+    for (int i = 0; i < f->n_units; i++) {
+        FsdpUnit *u = &f->units[i];
+        if (f->options.stage == 1) memset(u->full_grads, 0, sizeof(real) * padded(u, f));
+        else memset(u->grads_shard, 0, sizeof(real) * u->shard);
+    }
+}
+
+void fsdp_begin_backward(Fsdp *f, bool sync) {
+    f->sync = sync;
+    f->frontier = f->n_units;  // backward starts at the head
+}
+
+// Waits for the reductions, and reshards what is still gathered (stage 3: the untied embedding,
+// which backward never asks for), so every micro-batch's forward starts from shards.
+void fsdp_end_backward(Fsdp *f) {
+    for (int i = f->n_units - 1; i >= 0; i--) retire_reduce(f, &f->units[i]);  // in launch order
+    if (f->options.stage == 3)
+        for (int i = 0; i < f->n_units; i++) {
+            comm_wait(f->units[i].gather);
+            f->units[i].gather = NULL;
+            release_full(&f->units[i]);
+        }
+    f->frontier = -1;  // the next forward starts at the embedding
+}
+
+// Sum of squares of the part of unit u's shard that belongs to tensor-parallel-sharded parameters
+// (sharded) and to replicated ones (replicated). The padding is zero and adds nothing.
+static void shard_sums(const Fsdp *f, const FsdpUnit *u, double *sharded, double *replicated) {
+    const ParamTable *t = &f->model->table;
+    size_t mine = (size_t)comm_rank(f->shard_group) * u->shard;
+    for (int i = 0; i < t->count; i++) {
+        const ParamInfo *p = &t->items[i];
+        if (p->layer != u->unit) continue;
+        size_t first = p->offset - u->offset, end = first + p->numel;  // unit-relative
+        size_t lo = first > mine ? first : mine, hi = end < mine + u->shard ? end : mine + u->shard;
+        if (lo >= hi) continue;
+        double s = sum_of_squares(u->grads_shard + (lo - mine), hi - lo);
+        if (p->tp_split == TP_NONE) *replicated += s;
+        else *sharded += s;
+    }
+}
+
+double fsdp_grad_norm(Fsdp *f) {
+    double sums[2] = {0, 0};  // tp-sharded parameters, tp-replicated ones
+    for (int i = 0; i < f->n_units; i++) shard_sums(f, &f->units[i], &sums[0], &sums[1]);
+    comm_all_reduce(f->shard_group, sums, 2, COMM_FLOAT64, COMM_SUM);  // replicas hold equal shards
+    if (f->tp_group) comm_all_reduce(f->tp_group, sums, 1, COMM_FLOAT64, COMM_SUM);  // replicated: same everywhere
+    return sqrt(sums[0] + sums[1]);
+}
+
+void fsdp_clip(Fsdp *f, double grad_norm, double max_norm) {
+    for (int i = 0; i < f->n_units; i++) clip_by_global_norm(f->units[i].grads_shard, f->units[i].shard, grad_norm, max_norm);
+}
+
+// Stages 1-2: every rank's updated shard goes back into everyone's full copy. The shard lives
+// inside the receive buffer, so it is sent from a staging copy.
+static void gather_updated_weights(Fsdp *f) {
+    for (int i = 0; i < f->n_units; i++) {
+        FsdpUnit *u = &f->units[i];
+        memcpy(f->staging, u->params_shard, sizeof(real) * u->shard);
+        wait_exposed(comm_all_gather_start(f->shard_group, f->staging, u->full, u->shard, COMM_REAL),
+                     "fsdp weight all-gather", u->unit);
+    }
+}
+
+void fsdp_adamw_step(Fsdp *f, long long step, double lr, const AdamWConfig *cfg) {
+    for (int i = 0; i < f->n_units; i++) {
+        FsdpUnit *u = &f->units[i];
+        adamw_step(u->params_shard, u->grads_shard, u->adam_m, u->adam_v, u->shard, step, lr, cfg);
+    }
+    if (f->options.stage < 3) gather_updated_weights(f);
+}
+
+static real *shard_of(FsdpUnit *u, int which) {
+    real *shards[4] = {u->params_shard, u->adam_m, u->adam_v, u->grads_shard};
+    return shards[which];
+}
+
+void fsdp_gather_full(Fsdp *f, int which, real *flat) {
+    for (int i = 0; i < f->n_units; i++) {
+        FsdpUnit *u = &f->units[i];
+        real *all = alloc_real(MEM_COMM, padded(u, f));
+        comm_all_gather(f->shard_group, shard_of(u, which), all, u->shard, COMM_REAL);
+        memcpy(flat + u->offset, all, sizeof(real) * u->numel);
+        mem_free(all);
+    }
+}
+
+void fsdp_load_full(Fsdp *f, int which, const real *flat) {
+    int r = comm_rank(f->shard_group);
+    for (int i = 0; i < f->n_units; i++) {
+        FsdpUnit *u = &f->units[i];
+        real *dst = shard_of(u, which);
+        size_t mine = (size_t)r * u->shard;
+        memset(dst, 0, sizeof(real) * u->shard);
+        if (mine < u->numel)
+            memcpy(dst, flat + u->offset + mine, sizeof(real) * (u->numel - mine < u->shard ? u->numel - mine : u->shard));
+    }
+    if (which == 0 && f->options.stage < 3) gather_updated_weights(f);
+}
+
+// ---- memory model ----------------------------------------------------------------------------------
+void fsdp_print_memory_estimate(const Fsdp *f) {
+    double P = (double)f->model->table.total_numel, N = n_ranks(f), MiB = 1048576.0, b = sizeof(real);
+    double biggest = 0;  // elements of the largest padded unit: the transient full buffers
+    for (int i = 0; i < f->n_units; i++)
+        if (f->units[i].shard * N > biggest) biggest = (double)f->units[i].shard * N;
+    int stage = f->options.stage;
+    double params = stage < 3 ? b * P : b * P / N, grads = stage == 1 ? b * P : b * P / N, optim = 2 * b * P / N;
+    log_info("zero-%d memory model: P = %.0f parameters, N = %d shards, b = %zu bytes; the largest unit in full "
+             "is %.4f MiB (stages 2-3 hold a few of those at a time on top of the formula)",
+             stage, P, (int)N, sizeof(real), b * biggest / MiB);
+    MemCategory cats[3] = {MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER};
+    const char *formula[3] = {stage < 3 ? "bP" : "bP/N", stage == 1 ? "bP" : "bP/N", "2bP/N"};
+    double est[3] = {params, grads, optim};
+    for (int c = 0; c < 3; c++)
+        log_info("  %-10s %-6s = %9.4f MiB   measured peak %9.4f MiB", mem_category_name(cats[c]), formula[c],
+                 est[c] / MiB, mem_peak(cats[c]) / MiB);
+}
