@@ -137,6 +137,42 @@ $(BUILD)/tests/test64_%: tests/test64_%.c $(LIBREF64) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(CHECK_LIBS) $(LDLIBS)
 
+# ---- GPU (gpu/): built only where nvcc is found; needs no GPU to build -----------------------
+# Kernels for Hopper (sm_90a, the H100/H200), warnings as errors. GPU programs are C linked against
+# $(LIBGPU) and the CUDA runtime; tests/gpu/ holds the tests that need a device (make test-gpu), which
+# print SKIP and exit 0 without one. tests/test_gpu_host.c (host-side parts) is an ordinary test.
+.PHONY: gpu test-gpu print-nvccflags
+ifneq ($(NVCC),)
+NVCCFLAGS := -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -lineinfo -I. -MMD -MP \
+  -Xcompiler -Wall,-Wextra -Werror all-warnings
+GPU_SRC := $(wildcard gpu/*.cu)
+GPU_OBJ := $(GPU_SRC:%.cu=$(BUILD)/obj/%.o)
+LIBGPU := $(BUILD)/libgpu.a
+GPU_CFLAGS := -I$(CUDA_HOME_FOUND)/include -Werror
+GPU_LDLIBS := -L$(CUDA_HOME_FOUND)/lib64 -Wl,-rpath,$(CUDA_HOME_FOUND)/lib64 -lcublasLt -lcudart -lstdc++
+GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
+GPU_PROGRAMS := $(GPU_TEST_BIN)
+
+$(BUILD)/obj/gpu/%.o: gpu/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(LIBGPU): $(GPU_OBJ)
+	$(AR) rcs $@ $^
+$(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
+
+all: gpu
+gpu: $(LIBGPU) $(GPU_PROGRAMS)
+test-gpu: gpu
+	@for t in $(GPU_TEST_BIN); do echo "== $$t"; $$t || exit 1; done
+print-nvccflags:
+	@echo $(NVCCFLAGS)
+else
+gpu test-gpu:
+	@echo "SKIP: nvcc not found, so no GPU target is built (make probe)"
+endif
+
 # ---- the two commands of the README, and the rest ---------------------------------------------
 RUN_FLAGS ?= --model small --steps 150 --batch 4 --seq-len 128 --lr 1e-3 --log-every 10 --trace $(BUILD)/small.pftrace
 run: all
@@ -158,6 +194,6 @@ deps:
 	BUILD=$(BUILD) scripts/deps.sh
 
 clean:
-	rm -rf $(BUILD)/obj $(BUILD)/tests $(BUILD)/*.a $(PROGRAMS)
+	rm -rf $(BUILD)/obj $(BUILD)/tests $(BUILD)/*.a $(PROGRAMS) $(GPU_PROGRAMS)
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,438 @@
+// attention.cu: causal GQA attention as FlashAttention-2 (Dao, 2023): tiled, online softmax, the
+// log-sum-exp kept from forward, the probabilities recomputed in backward. fp32 arithmetic on the
+// CUDA cores for both storage types: the readable, checkable version (a tensor-core kernel would
+// replace the two inner products below with mma/wgmma tiles and keep the same structure).
+//
+// Shapes (as reference_cpu): q, out, dq (B,Tq,H,hd); k, v, dk, dv (B,Tk,KV,hd); lse, D (B,H,Tq).
+// Query head h reads kv head g = h / (H/KV). S = scale Q K^T, P = softmax(S) under the causal mask
+// (query at position qp sees key at kp iff kp <= qp), O = P V.
+//
+// Tiling (gpu/launch.h): a block holds one tile of ATTN_BR = 64 query rows or ATTN_BC = 64 key rows
+// in shared memory and streams the other side's tiles through it. 256 threads, 4 per row: the
+// lanes 4r..4r+3 of a warp own row r; lane `sub` of a row scores the other tile's rows
+// sub, sub+4, ..., sub+60 and owns the dimensions d = sub, sub+4, ... of the row's accumulators,
+// which live in registers (head_dim <= 128: 32 floats each). The 4 lanes combine their partial
+// maxima and sums with butterfly shuffles, so all four hold identical copies of the row's state.
+//
+//   forward   grid (Tq/64, H, B)   for each key tile: S = Q K^T (64x64), the online softmax
+//             update of m and l per row, O = O * correction + P V. Writes O / l and lse = m + log l.
+//   backward  D = rowsum(dO * O) (one warp per row), then two kernels, so that every gradient
+//             element is summed by one thread in a fixed order (no atomics: reproducible):
+//     dQ      grid (Tq/64, H, B)   for each key tile: recompute P = exp(S - lse), dP = dO V^T,
+//             dS = P (dP - D) scale, dQ += dS K.
+//     dK, dV  grid (Tk/64, KV, B)  for each query head h of the group and each query tile:
+//             recompute P and dS (transposed: a row per key), dV += P^T dO, dK += dS^T Q.
+//             Heads in order, then query rows in order: the reference's order of summation.
+// Recomputing S and dP in both backward kernels costs 2 extra tile products of 5 (1.4x the
+// FLOPs of a single-pass backward with atomic dQ), the price of determinism here.
+//
+// Causal skipping: a tile pair in which no query position reaches the smallest key position does no
+// work. Positions may be arbitrary (ring attention passes chunks), so the block votes with
+// __syncthreads_or rather than assuming the tiles are ordered.
+#include <limits.h>
+
+#include "gpu/internal.cuh"
+#include "gpu/numerics.h"
+#include "gpu/ops.h"
+
+#define TPR ATTN_THREADS_PER_ROW
+constexpr int OTHER_PER_THREAD = ATTN_BC / TPR;        // rows of the other tile a thread scores
+constexpr int DIMS_PER_THREAD = ATTN_MAX_HEAD_DIM / TPR;  // accumulator dimensions a thread owns
+static_assert(ATTN_BR == ATTN_BC, "the thread mapping assumes square tiles");
+static_assert(TPR == 4 && ATTN_THREADS % 32 == 0, "a row's lanes must sit in one warp");
+
+struct AttnParams {
+    int B, Tq, Tk, H, KV, hd, group;
+    const int *q_pos, *k_pos;  // device, or NULL for 0..T-1
+    bool causal;
+    float scale;
+};
+
+__device__ __forceinline__ size_t q_offset(const AttnParams &p, int b, int i, int h) {
+    return (((size_t)b * p.Tq + i) * p.H + h) * p.hd;
+}
+__device__ __forceinline__ size_t kv_offset(const AttnParams &p, int b, int j, int g) {
+    return (((size_t)b * p.Tk + j) * p.KV + g) * p.hd;
+}
+__device__ __forceinline__ size_t stat_offset(const AttnParams &p, int b, int h, int i) {
+    return ((size_t)b * p.H + h) * p.Tq + i;
+}
+
+// Rows [r0, r0 + ATTN_BR) of head `head` of a (B, T_len, n_heads, hd) tensor into a shared tile with
+// row stride ld, as float; rows past T_len are zero. Consecutive threads read consecutive elements.
+template <typename T>
+__device__ void load_tile(float *dst, int ld, const T *src, int b, int r0, int T_len, int n_heads, int head, int hd) {
+    for (int e = threadIdx.x; e < ATTN_BR * hd; e += blockDim.x) {
+        int r = e / hd, d = e % hd, t = r0 + r;
+        dst[r * ld + d] = t < T_len ? to_f32(src[(((size_t)b * T_len + t) * n_heads + head) * hd + d]) : 0.0f;
+    }
+}
+// Positions of rows [r0, r0 + ATTN_BR); rows past T_len get `outside`, chosen so that they see
+// nothing (queries: INT_MIN) or are seen by nothing (keys: INT_MAX).
+__device__ void load_positions(int *dst, const int *pos, int r0, int T_len, int outside) {
+    for (int r = threadIdx.x; r < ATTN_BR; r += blockDim.x) {
+        int t = r0 + r;
+        dst[r] = t < T_len ? (pos ? pos[t] : t) : outside;
+    }
+}
+// Loads the query tile's positions; returns the largest (every thread gets it).
+__device__ int load_query_positions(int *q_pos_s, const AttnParams &p, int i0) {
+    load_positions(q_pos_s, p.q_pos, i0, p.Tq, INT_MIN);
+    __syncthreads();
+    int max_q_pos = INT_MIN;
+    for (int r = 0; r < ATTN_BR; r++) max_q_pos = max(max_q_pos, q_pos_s[r]);
+    return max_q_pos;
+}
+// The forward and dQ kernels' step to the key tile at j0: its positions, then, unless no query of
+// the block (largest position max_q_pos) can see any of its keys, its K and V. False: skip the tile.
+// Either way every thread has passed a barrier after its last read of the previous tile's positions.
+template <typename T>
+__device__ bool load_key_tile(float *Ks, float *Vs, int *k_pos_s, int ld, const T *k, const T *v, const AttnParams &p,
+                              int b, int g, int j0, int max_q_pos) {
+    load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX);
+    __syncthreads();
+    if (p.causal && !__syncthreads_or(threadIdx.x < ATTN_BC && k_pos_s[threadIdx.x] <= max_q_pos)) return false;
+    load_tile(Ks, ld, k, b, j0, p.Tk, p.KV, g, p.hd);
+    load_tile(Vs, ld, v, b, j0, p.Tk, p.KV, g, p.hd);
+    __syncthreads();
+    return true;
+}
+// Sum or max over the TPR lanes of a row (butterfly: every lane gets the same bits).
+__device__ __forceinline__ float row_lanes_sum(float x) {
+    for (int o = 1; o < TPR; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+__device__ __forceinline__ float row_lanes_max(float x) {
+    for (int o = 1; o < TPR; o <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+// ================================ forward ========================================================
+
+template <typename T>
+__global__ void __launch_bounds__(ATTN_THREADS)
+flash_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v, AttnParams p) {
+    extern __shared__ float smem[];
+    const AttnSmemLayout L = attn_smem_layout(ATTN_KERNEL_FORWARD, p.hd);
+    float *Qs = smem + L.q, *Ks = smem + L.k, *Vs = smem + L.v, *Ps = smem + L.p;
+    int *q_pos_s = reinterpret_cast<int *>(smem + L.q_pos), *k_pos_s = reinterpret_cast<int *>(smem + L.k_pos);
+    const int i0 = blockIdx.x * ATTN_BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
+    const int row = threadIdx.x / TPR, sub = threadIdx.x % TPR, i = i0 + row;
+    const bool row_valid = i < p.Tq;
+
+    load_tile(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
+    const int max_q_pos = load_query_positions(q_pos_s, p, i0);  // its barrier also covers Qs
+
+    OnlineSoftmax st = {-INFINITY, 0.0f};
+    float acc[DIMS_PER_THREAD];  // unnormalised output: sum over keys of exp(s - m) v, dims sub + 4 dd
+#pragma unroll
+    for (int dd = 0; dd < DIMS_PER_THREAD; dd++) acc[dd] = 0.0f;
+
+    for (int j0 = 0; j0 < p.Tk; j0 += ATTN_BC) {
+        if (!load_key_tile(Ks, Vs, k_pos_s, L.ld, k, v, p, b, g, j0, max_q_pos)) continue;
+
+        // S for this thread's keys c = sub + 4 kk: dot products over d, q_d read once per d.
+        float s[OTHER_PER_THREAD];
+#pragma unroll
+        for (int kk = 0; kk < OTHER_PER_THREAD; kk++) s[kk] = 0.0f;
+        const float *q_row = Qs + row * L.ld;
+        for (int d = 0; d < p.hd; d++) {
+            float qd = q_row[d];
+#pragma unroll
+            for (int kk = 0; kk < OTHER_PER_THREAD; kk++) s[kk] += qd * Ks[(kk * TPR + sub) * L.ld + d];
+        }
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int kk = 0; kk < OTHER_PER_THREAD; kk++) {
+            int c = kk * TPR + sub, j = j0 + c;
+            bool visible = row_valid && j < p.Tk && attn_pos_visible(p.causal, q_pos_s[row], k_pos_s[c]);
+            s[kk] = visible ? s[kk] * p.scale : -INFINITY;
+            tile_max = fmaxf(tile_max, s[kk]);
+        }
+        float correction = online_softmax_rescale(&st, row_lanes_max(tile_max));
+        float weight_sum = 0.0f;
+        float *p_row = Ps + row * L.ld_scores;
+#pragma unroll
+        for (int kk = 0; kk < OTHER_PER_THREAD; kk++) {
+            float w = online_softmax_weight(&st, s[kk]);
+            weight_sum += w;
+            p_row[kk * TPR + sub] = w;
+        }
+        online_softmax_add(&st, row_lanes_sum(weight_sum));
+        __syncwarp();  // the row's P, written by its 4 lanes, is read by the same 4 lanes
+
+        // O = O * correction + P V over the tile's keys in order.
+#pragma unroll
+        for (int dd = 0; dd < DIMS_PER_THREAD; dd++) acc[dd] *= correction;
+        for (int c = 0; c < ATTN_BC; c++) {
+            float w = p_row[c];
+            const float *v_row = Vs + c * L.ld;
+#pragma unroll
+            for (int dd = 0; dd < DIMS_PER_THREAD; dd++) {
+                int d = dd * TPR + sub;
+                if (d < p.hd) acc[dd] += w * v_row[d];
+            }
+        }
+        __syncthreads();  // before the next tile overwrites K, V, P and the key positions
+    }
+
+    if (!row_valid) return;
+    T *o = out + q_offset(p, b, i, h);
+#pragma unroll
+    for (int dd = 0; dd < DIMS_PER_THREAD; dd++) {
+        int d = dd * TPR + sub;
+        if (d < p.hd) o[d] = from_f32<T>(online_softmax_output(&st, acc[dd]));
+    }
+    if (sub == 0) lse[stat_offset(p, b, h, i)] = online_softmax_lse(&st);
+}
+
+// ================================ backward =======================================================
+
+// D (B,H,Tq) = rowsum(dO * O): one warp per query row.
+template <typename T>
+__global__ void attention_dvec_kernel(float *dvec, const T *dout, const T *out, AttnParams p) {
+    size_t n_rows = (size_t)p.B * p.H * p.Tq;
+    size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32;  // the same for a whole warp
+    int lane = threadIdx.x % 32;
+    if (w >= n_rows) return;
+    int i = (int)(w % p.Tq), h = (int)((w / p.Tq) % p.H), b = (int)(w / ((size_t)p.Tq * p.H));
+    size_t at = q_offset(p, b, i, h);
+    float sum = 0.0f;
+    for (int d = lane; d < p.hd; d += 32) sum += to_f32(dout[at + d]) * to_f32(out[at + d]);
+    sum = warp_sum(sum);
+    if (lane == 0) dvec[w] = sum;  // w = (b H + h) Tq + i: the layout of lse
+}
+
+template <typename T>
+__global__ void __launch_bounds__(ATTN_THREADS)
+flash_backward_dq_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
+                         const float *dvec, AttnParams p) {
+    extern __shared__ float smem[];
+    const AttnSmemLayout L = attn_smem_layout(ATTN_KERNEL_BACKWARD_DQ, p.hd);
+    float *Qs = smem + L.q, *dOs = smem + L.dout, *Ks = smem + L.k, *Vs = smem + L.v, *dSs = smem + L.ds;
+    int *q_pos_s = reinterpret_cast<int *>(smem + L.q_pos), *k_pos_s = reinterpret_cast<int *>(smem + L.k_pos);
+    const int i0 = blockIdx.x * ATTN_BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
+    const int row = threadIdx.x / TPR, sub = threadIdx.x % TPR, i = i0 + row;
+    const bool row_valid = i < p.Tq;
+
+    load_tile(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
+    load_tile(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
+    const int max_q_pos = load_query_positions(q_pos_s, p, i0);
+    const float row_lse = row_valid ? lse[stat_offset(p, b, h, i)] : -INFINITY;
+    const float row_D = row_valid ? dvec[stat_offset(p, b, h, i)] : 0.0f;
+    const bool row_live = row_lse != -INFINITY;  // a row that saw no key has no gradient
+
+    float acc[DIMS_PER_THREAD];  // dQ of the row, dims sub + 4 dd
+#pragma unroll
+    for (int dd = 0; dd < DIMS_PER_THREAD; dd++) acc[dd] = 0.0f;
+
+    for (int j0 = 0; j0 < p.Tk; j0 += ATTN_BC) {
+        if (!load_key_tile(Ks, Vs, k_pos_s, L.ld, k, v, p, b, g, j0, max_q_pos)) continue;
+
+        float s[OTHER_PER_THREAD], dp[OTHER_PER_THREAD];  // S = Q K^T and dP = dO V^T for keys sub + 4 kk
+#pragma unroll
+        for (int kk = 0; kk < OTHER_PER_THREAD; kk++) s[kk] = dp[kk] = 0.0f;
+        const float *q_row = Qs + row * L.ld, *do_row = dOs + row * L.ld;
+        for (int d = 0; d < p.hd; d++) {
+            float qd = q_row[d], dod = do_row[d];
+#pragma unroll
+            for (int kk = 0; kk < OTHER_PER_THREAD; kk++) {
+                int c = kk * TPR + sub;
+                s[kk] += qd * Ks[c * L.ld + d];
+                dp[kk] += dod * Vs[c * L.ld + d];
+            }
+        }
+        float *ds_row = dSs + row * L.ld_scores;
+#pragma unroll
+        for (int kk = 0; kk < OTHER_PER_THREAD; kk++) {
+            int c = kk * TPR + sub, j = j0 + c;
+            bool visible = row_live && j < p.Tk && attn_pos_visible(p.causal, q_pos_s[row], k_pos_s[c]);
+            float prob = visible ? expf(s[kk] * p.scale - row_lse) : 0.0f;
+            ds_row[c] = prob * (dp[kk] - row_D) * p.scale;
+        }
+        __syncwarp();
+
+        for (int c = 0; c < ATTN_BC; c++) {  // dQ += dS K, keys in order
+            float ds = ds_row[c];
+            const float *k_row = Ks + c * L.ld;
+#pragma unroll
+            for (int dd = 0; dd < DIMS_PER_THREAD; dd++) {
+                int d = dd * TPR + sub;
+                if (d < p.hd) acc[dd] += ds * k_row[d];
+            }
+        }
+        __syncthreads();
+    }
+
+    if (!row_valid) return;
+    T *dq_row = dq + q_offset(p, b, i, h);
+#pragma unroll
+    for (int dd = 0; dd < DIMS_PER_THREAD; dd++) {
+        int d = dd * TPR + sub;
+        if (d < p.hd) dq_row[d] = from_f32<T>(to_f32(dq_row[d]) + acc[dd]);
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(ATTN_THREADS)
+flash_backward_dkdv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const float *lse,
+                           const float *dvec, AttnParams p) {
+    extern __shared__ float smem[];
+    const AttnSmemLayout L = attn_smem_layout(ATTN_KERNEL_BACKWARD_DKDV, p.hd);
+    float *Qs = smem + L.q, *dOs = smem + L.dout, *Ks = smem + L.k, *Vs = smem + L.v;
+    float *Pt = smem + L.p, *dSt = smem + L.ds, *lse_s = smem + L.lse, *D_s = smem + L.dvec;
+    int *q_pos_s = reinterpret_cast<int *>(smem + L.q_pos), *k_pos_s = reinterpret_cast<int *>(smem + L.k_pos);
+    const int j0 = blockIdx.x * ATTN_BC, g = blockIdx.y, b = blockIdx.z;
+    const int key = threadIdx.x / TPR, sub = threadIdx.x % TPR, j = j0 + key;
+    const bool key_valid = j < p.Tk;
+
+    load_tile(Ks, L.ld, k, b, j0, p.Tk, p.KV, g, p.hd);
+    load_tile(Vs, L.ld, v, b, j0, p.Tk, p.KV, g, p.hd);
+    load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX);
+    __syncthreads();
+    int min_k_pos = INT_MAX;
+    for (int c = 0; c < ATTN_BC; c++) min_k_pos = min(min_k_pos, k_pos_s[c]);
+
+    float dk_acc[DIMS_PER_THREAD], dv_acc[DIMS_PER_THREAD];  // of this key row, dims sub + 4 dd
+#pragma unroll
+    for (int dd = 0; dd < DIMS_PER_THREAD; dd++) dk_acc[dd] = dv_acc[dd] = 0.0f;
+    const float *k_row = Ks + key * L.ld, *v_row = Vs + key * L.ld;
+    float *p_row = Pt + key * L.ld_scores, *ds_row = dSt + key * L.ld_scores;
+
+    for (int h = g * p.group; h < (g + 1) * p.group; h++)
+        for (int i0 = 0; i0 < p.Tq; i0 += ATTN_BR) {
+            load_positions(q_pos_s, p.q_pos, i0, p.Tq, INT_MIN);
+            for (int r = threadIdx.x; r < ATTN_BR; r += blockDim.x) {
+                bool valid = i0 + r < p.Tq;
+                lse_s[r] = valid ? lse[stat_offset(p, b, h, i0 + r)] : -INFINITY;
+                D_s[r] = valid ? dvec[stat_offset(p, b, h, i0 + r)] : 0.0f;
+            }
+            __syncthreads();
+            if (p.causal && !__syncthreads_or(threadIdx.x < ATTN_BR && q_pos_s[threadIdx.x] >= min_k_pos)) continue;
+            load_tile(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
+            load_tile(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
+            __syncthreads();
+
+            // S^T and dP^T for this key and the queries r = sub + 4 ii.
+            float s[OTHER_PER_THREAD], dp[OTHER_PER_THREAD];
+#pragma unroll
+            for (int ii = 0; ii < OTHER_PER_THREAD; ii++) s[ii] = dp[ii] = 0.0f;
+            for (int d = 0; d < p.hd; d++) {
+                float kd = k_row[d], vd = v_row[d];
+#pragma unroll
+                for (int ii = 0; ii < OTHER_PER_THREAD; ii++) {
+                    int r = ii * TPR + sub;
+                    s[ii] += kd * Qs[r * L.ld + d];
+                    dp[ii] += vd * dOs[r * L.ld + d];
+                }
+            }
+#pragma unroll
+            for (int ii = 0; ii < OTHER_PER_THREAD; ii++) {
+                int r = ii * TPR + sub;
+                bool visible = key_valid && lse_s[r] != -INFINITY &&
+                               attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[key]);
+                float prob = visible ? expf(s[ii] * p.scale - lse_s[r]) : 0.0f;
+                p_row[r] = prob;
+                ds_row[r] = prob * (dp[ii] - D_s[r]) * p.scale;
+            }
+            __syncwarp();
+
+            for (int r = 0; r < ATTN_BR; r++) {  // dV += P^T dO, dK += dS^T Q, queries in order
+                float prob = p_row[r], ds = ds_row[r];
+                const float *do_row = dOs + r * L.ld, *q_row = Qs + r * L.ld;
+#pragma unroll
+                for (int dd = 0; dd < DIMS_PER_THREAD; dd++) {
+                    int d = dd * TPR + sub;
+                    if (d < p.hd) {
+                        dv_acc[dd] += prob * do_row[d];
+                        dk_acc[dd] += ds * q_row[d];
+                    }
+                }
+            }
+            __syncthreads();
+        }
+
+    if (!key_valid) return;
+    size_t at = kv_offset(p, b, j, g);
+#pragma unroll
+    for (int dd = 0; dd < DIMS_PER_THREAD; dd++) {
+        int d = dd * TPR + sub;
+        if (d < p.hd) {
+            dk[at + d] = from_f32<T>(to_f32(dk[at + d]) + dk_acc[dd]);
+            dv[at + d] = from_f32<T>(to_f32(dv[at + d]) + dv_acc[dd]);
+        }
+    }
+}
+
+// ================================ host side ======================================================
+
+static AttnParams params_of(const AttnShape *s) {
+    if (s->head_dim < 2 || s->head_dim > ATTN_MAX_HEAD_DIM || s->head_dim % 2)
+        fatal("gpu attention: head_dim %d must be even and at most %d", s->head_dim, ATTN_MAX_HEAD_DIM);
+    if (s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads)
+        fatal("gpu attention: n_heads %d must be a multiple of n_kv_heads %d", s->n_heads, s->n_kv_heads);
+    if (s->n_heads > 65535 || s->B > 65535) fatal("gpu attention: B %d and n_heads %d must be < 65536", s->B, s->n_heads);
+    AttnParams p;
+    p.B = s->B, p.Tq = s->Tq, p.Tk = s->Tk, p.H = s->n_heads, p.KV = s->n_kv_heads, p.hd = s->head_dim;
+    p.group = s->n_heads / s->n_kv_heads;
+    p.q_pos = s->q_pos, p.k_pos = s->k_pos, p.causal = s->causal;
+    p.scale = (float)(1.0 / sqrt((double)s->head_dim));  // as reference_cpu
+    return p;
+}
+
+// Opts the kernel into the dynamic shared memory it needs (above the default 48 KB).
+template <typename Kernel>
+static size_t prepare(Kernel kernel, AttnKernel which, int head_dim) {
+    size_t bytes = attn_smem_bytes(which, head_dim);
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return bytes;
+}
+
+template <typename T>
+static void attention_forward(T *out, float *lse, const T *q, const T *k, const T *v, const AttnShape *s) {
+    AttnParams p = params_of(s);
+    if (p.B == 0 || p.Tq == 0) return;
+    size_t smem = prepare(flash_forward_kernel<T>, ATTN_KERNEL_FORWARD, p.hd);
+    dim3 grid((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
+    flash_forward_kernel<T><<<grid, ATTN_THREADS, smem, gpu_stream()>>>(out, lse, q, k, v, p);
+    LAUNCH_CHECK();
+}
+
+template <typename T>
+static void attention_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const T *out,
+                               const float *lse, const AttnShape *s) {
+    AttnParams p = params_of(s);
+    if (p.B == 0 || p.Tq == 0 || p.Tk == 0) return;
+    size_t n_rows = (size_t)p.B * p.H * p.Tq;
+    float *dvec = (float *)gpu_scratch_alloc(n_rows * sizeof(float));
+    attention_dvec_kernel<T><<<(unsigned)((n_rows * 32 + 255) / 256), 256, 0, gpu_stream()>>>(dvec, dout, out, p);
+    LAUNCH_CHECK();
+    size_t smem = prepare(flash_backward_dq_kernel<T>, ATTN_KERNEL_BACKWARD_DQ, p.hd);
+    dim3 grid_q((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
+    flash_backward_dq_kernel<T><<<grid_q, ATTN_THREADS, smem, gpu_stream()>>>(dq, dout, q, k, v, lse, dvec, p);
+    LAUNCH_CHECK();
+    smem = prepare(flash_backward_dkdv_kernel<T>, ATTN_KERNEL_BACKWARD_DKDV, p.hd);
+    dim3 grid_kv((p.Tk + ATTN_BC - 1) / ATTN_BC, p.KV, p.B);
+    flash_backward_dkdv_kernel<T><<<grid_kv, ATTN_THREADS, smem, gpu_stream()>>>(dk, dv, dout, q, k, v, lse, dvec, p);
+    LAUNCH_CHECK();
+    gpu_scratch_free(dvec);
+}
+
+extern "C" void gpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                                      const AttnShape *s) {
+    attention_forward(out, lse, q, k, v, s);
+}
+extern "C" void gpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                                       const float *k, const float *v, const float *out, const float *lse,
+                                       const AttnShape *s) {
+    attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+}
+extern "C" void gpu_attention_forward_bf16(gpu_bf16 *out, float *lse, const gpu_bf16 *q, const gpu_bf16 *k,
+                                           const gpu_bf16 *v, const AttnShape *s) {
+    attention_forward(out, lse, q, k, v, s);
+}
+extern "C" void gpu_attention_backward_bf16(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, const gpu_bf16 *dout,
+                                            const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                                            const gpu_bf16 *out, const float *lse, const AttnShape *s) {
+    attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+}

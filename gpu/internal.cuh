@@ -1,0 +1,70 @@
+// internal.cuh: what the .cu files of gpu/ share and nothing outside needs: error checks, the
+// conversions between storage types and float, block-wide reductions, the launch geometry.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "gpu/launch.h"
+#include "gpu/runtime.h"
+
+extern "C" {
+#include "common/log.h"
+}
+
+// Every CUDA runtime call is checked; a failure ends the run naming the call and where it was.
+#define CUDA_CHECK(call)                                                                              \
+    do {                                                                                              \
+        cudaError_t err_ = (call);                                                                    \
+        if (err_ != cudaSuccess) fatal("CUDA error: %s at %s:%d: %s", #call, __FILE__, __LINE__,   \
+                                       cudaGetErrorString(err_));                                     \
+    } while (0)
+// After every launch: a bad configuration (too much shared memory, too many threads) shows up here.
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+// Stream-ordered scratch on the compute stream (from the same pool as gpu_alloc, not counted in a
+// category): for small per-call buffers such as attention's D or the loss's partial sums.
+void *gpu_scratch_alloc(size_t bytes);
+void gpu_scratch_free(void *ptr);
+void gpu_matmul_shutdown(void);  // matmul.cu: destroys the cuBLASLt handle, plans and workspace
+
+// ---- storage types: tensors are float or bf16 in memory, arithmetic is always float -------------
+typedef __nv_bfloat16 bf16;
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+// cvt.rn.bf16.f32: round to nearest even, the rounding gpu/numerics.h's bf16_bits_from_f32 spells out.
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+// ---- block-wide reductions (blockDim.x a multiple of 32, at most 1024) ----------------------------
+// Every thread gets the result. The order of the additions depends only on blockDim.x, so results
+// are the same run to run. `scratch` holds 32 values; it may be reused by the next call.
+template <typename V> __device__ __forceinline__ V warp_sum(V x) {
+    for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+    return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+    for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+    return x;
+}
+template <typename V> __device__ V block_sum(V x, V *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    x = warp_sum(x);
+    __syncthreads();  // a previous call may still be reading scratch
+    if (lane == 0) scratch[warp] = x;
+    __syncthreads();
+    x = lane < n_warps ? scratch[lane] : V(0);
+    return warp_sum(x);
+}
+__device__ __forceinline__ float block_max(float x, float *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    x = warp_max(x);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = x;
+    __syncthreads();
+    x = lane < n_warps ? scratch[lane] : -INFINITY;
+    return warp_max(x);
+}

@@ -1,0 +1,87 @@
+// launch.h: launch geometry and shared-memory layouts as pure functions. The kernels use them, and
+// tests/test_gpu_host.c checks them on any machine (non-overlapping regions, the H100's limits,
+// empty launches).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpu/hd.h"
+
+// ---- element-wise kernels ----------------------------------------------------------------------------
+#define GPU_THREADS_1D 256
+#define GPU_MAX_BLOCKS_1D 65536u  // beyond this the kernels' grid-stride loops cover the rest
+
+// Blocks for n elements, one per thread, at most max_blocks. 0 when n == 0: the caller skips the
+// launch (a grid of 0 blocks is a launch error).
+static inline unsigned grid_1d(size_t n, unsigned threads, unsigned max_blocks) {
+    size_t blocks = (n + threads - 1) / threads;
+    return blocks < max_blocks ? (unsigned)blocks : max_blocks;
+}
+
+// The alignment of a device address: the largest power of two dividing it, capped at 256 (what
+// cuBLASLt's heuristic must be told; it assumes 256 unless told otherwise).
+static inline unsigned ptr_alignment(uintptr_t address) {
+    unsigned a = 256;
+    while (a > 1 && address % a != 0) a >>= 1;
+    return a;
+}
+
+// ---- FlashAttention-2 kernels (gpu/attention.cu) ------------------------------------------------------
+// A block owns a tile of ATTN_BR query rows (forward, dQ) or ATTN_BC key rows (dK/dV) of one head,
+// with ATTN_THREADS threads: ATTN_THREADS_PER_ROW consecutive lanes share a row. Each thread scores
+// ATTN_BC / ATTN_THREADS_PER_ROW keys (or queries) of the other tile and owns head_dim /
+// ATTN_THREADS_PER_ROW dimensions of the row's accumulators, in registers.
+#define ATTN_BR 64
+#define ATTN_BC 64
+#define ATTN_THREADS 256
+#define ATTN_THREADS_PER_ROW (ATTN_THREADS / ATTN_BR)
+#define ATTN_MAX_HEAD_DIM 128
+#define ATTN_SMEM_LIMIT 232448  // bytes a block may opt into on sm_90 (227 KiB)
+
+typedef enum { ATTN_KERNEL_FORWARD, ATTN_KERNEL_BACKWARD_DQ, ATTN_KERNEL_BACKWARD_DKDV } AttnKernel;
+
+// Shared memory of one block, in 4-byte words (floats and ints). Tiles with head_dim columns have
+// row stride head_dim + 1: head_dim is even, so the stride is odd and the lanes of a warp reading one
+// column of different rows hit different banks. Offsets are -1 for regions a kernel does not use.
+typedef struct {
+    int ld;         // row stride of q, dout, k, v
+    int ld_scores;  // row stride of p and ds
+    int q, dout;    // (ATTN_BR, head_dim) query-side tiles
+    int k, v;       // (ATTN_BC, head_dim) key-side tiles
+    int p, ds;      // probabilities and score gradients: (ATTN_BR, ATTN_BC), transposed in dK/dV
+    int q_pos, k_pos;  // positions of the tile's rows (ints)
+    int lse, dvec;     // per query row: log-sum-exp and D = dO . O (dK/dV only)
+    int words;         // total
+} AttnSmemLayout;
+
+GPU_HD AttnSmemLayout attn_smem_layout(AttnKernel kernel, int head_dim) {
+    AttnSmemLayout L;
+    L.ld = head_dim + 1;
+    L.q = L.dout = L.k = L.v = L.p = L.ds = L.q_pos = L.k_pos = L.lse = L.dvec = -1;
+    int at = 0;
+    L.q = at, at += ATTN_BR * L.ld;
+    if (kernel != ATTN_KERNEL_FORWARD) L.dout = at, at += ATTN_BR * L.ld;
+    L.k = at, at += ATTN_BC * L.ld;
+    L.v = at, at += ATTN_BC * L.ld;
+    if (kernel == ATTN_KERNEL_BACKWARD_DKDV) {  // p and ds transposed: a row per key
+        L.ld_scores = ATTN_BR + 1;
+        L.p = at, at += ATTN_BC * L.ld_scores;
+        L.ds = at, at += ATTN_BC * L.ld_scores;
+    } else {
+        L.ld_scores = ATTN_BC + 1;
+        if (kernel == ATTN_KERNEL_FORWARD) L.p = at, at += ATTN_BR * L.ld_scores;
+        else L.ds = at, at += ATTN_BR * L.ld_scores;
+    }
+    L.q_pos = at, at += ATTN_BR;
+    L.k_pos = at, at += ATTN_BC;
+    if (kernel == ATTN_KERNEL_BACKWARD_DKDV) {
+        L.lse = at, at += ATTN_BR;
+        L.dvec = at, at += ATTN_BR;
+    }
+    L.words = at;
+    return L;
+}
+
+static inline size_t attn_smem_bytes(AttnKernel kernel, int head_dim) {
+    return (size_t)attn_smem_layout(kernel, head_dim).words * 4;
+}

@@ -1,0 +1,152 @@
+// matmul.cu: the linear layer's three matmuls through cuBLASLt. gpu/matmul_plan.h maps each onto a
+// column-major GEMM (tested on the host); this file turns a plan into cuBLASLt descriptors, asks the
+// heuristic for an algorithm once per shape, and runs it on the compute stream.
+//
+//   fp32:  A, B, C in fp32, CUBLAS_COMPUTE_32F: true fp32 arithmetic (no TF32), the reference path.
+//   bf16:  A, B in bf16 on the tensor cores, CUBLAS_COMPUTE_32F accumulation; out and dinp stored
+//          bf16, dweight stored and accumulated (beta = 1) in fp32.
+#include <cublasLt.h>
+#include <string.h>
+
+#include "gpu/internal.cuh"
+#include "gpu/matmul_plan.h"
+#include "gpu/ops.h"
+
+#define CUBLAS_CHECK(call)                                                                            \
+    do {                                                                                              \
+        cublasStatus_t st_ = (call);                                                                  \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                             \
+            fatal("cuBLASLt error: %s at %s:%d: %s", #call, __FILE__, __LINE__, cublasLtGetStatusString(st_)); \
+    } while (0)
+
+#define WORKSPACE_BYTES ((size_t)32 << 20)  // what cuBLAS recommends for Hopper
+#define PLAN_CACHE_SIZE 64
+
+static cublasLtHandle_t handle;
+static void *workspace;
+
+// One cached plan: the descriptors and the algorithm the heuristic chose for a shape, types and
+// pointer alignments (an algorithm chosen for 256-byte aligned operands may not run on less).
+typedef struct {
+    int kind, M, K, N;
+    cudaDataType ab_type, c_type;
+    unsigned align_a, align_b, align_c;
+} PlanKey;
+typedef struct {
+    PlanKey key;
+    bool used;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+} PlanEntry;
+static PlanEntry cache[PLAN_CACHE_SIZE];
+static int next_victim;  // round-robin replacement once the cache is full
+
+static void ensure_handle(void) {
+    if (handle) return;
+    CUBLAS_CHECK(cublasLtCreate(&handle));
+    workspace = gpu_alloc(MEM_OTHER, WORKSPACE_BYTES);
+}
+
+static void release(PlanEntry *e) {
+    if (!e->used) return;
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(e->a));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(e->b));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(e->c));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(e->desc));
+    e->used = false;
+}
+
+// Called by gpu_shutdown (runtime.cu).
+void gpu_matmul_shutdown(void) {
+    for (int i = 0; i < PLAN_CACHE_SIZE; i++) release(&cache[i]);
+    if (handle) {
+        CUBLAS_CHECK(cublasLtDestroy(handle));
+        gpu_free(workspace);
+    }
+    handle = NULL;
+    workspace = NULL;
+}
+
+static PlanEntry *plan_for(const PlanKey *key, const GemmPlan *p) {
+    for (int i = 0; i < PLAN_CACHE_SIZE; i++)
+        if (cache[i].used && memcmp(&cache[i].key, key, sizeof *key) == 0) return &cache[i];
+    PlanEntry *e = NULL;
+    for (int i = 0; i < PLAN_CACHE_SIZE && !e; i++)
+        if (!cache[i].used) e = &cache[i];
+    if (!e) {
+        e = &cache[next_victim];
+        next_victim = (next_victim + 1) % PLAN_CACHE_SIZE;
+        release(e);
+    }
+    e->key = *key;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&e->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t op_a = p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->a, key->ab_type, p->a_rows, p->a_cols, p->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->b, key->ab_type, p->b_rows, p->b_cols, p->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->c, key->c_type, p->m, p->n, p->ldc));
+
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = WORKSPACE_BYTES;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    uint32_t align[3] = {key->align_a, key->align_b, key->align_c};
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0], 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1], 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], 4));
+    cublasLtMatmulHeuristicResult_t result;
+    int n_results = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, e->desc, e->a, e->b, e->c, e->c, pref, 1, &result, &n_results));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (n_results == 0)
+        fatal("cuBLASLt has no algorithm for the %s matmul M=%d K=%d N=%d", key->kind == GEMM_FORWARD ? "forward"
+              : key->kind == GEMM_BACKWARD_INPUT ? "input-gradient" : "weight-gradient", key->M, key->K, key->N);
+    e->algo = result.algo;
+    e->used = true;
+    return e;
+}
+
+// C = op(A) op(B) (+ C when backward), with A, B, C the plan's choice of (inp, weight, dout, c).
+static void run(GemmKind kind, int M, int K, int N, const void *inp, const void *weight, const void *dout, void *c,
+                cudaDataType ab_type, cudaDataType c_type) {
+    GemmPlan p = gemm_plan(kind, M, K, N);
+    if (p.m == 0 || p.n == 0) return;
+    if (p.k == 0) {  // an empty sum: forward writes zeros, backward adds nothing
+        if (p.beta == 0) gpu_fill_bytes(c, 0, (size_t)p.m * p.n * (c_type == CUDA_R_32F ? 4 : 2));
+        return;
+    }
+    ensure_handle();
+    const void *operand[3];
+    operand[GEMM_INP] = inp, operand[GEMM_WEIGHT] = weight, operand[GEMM_DOUT] = dout;
+    const void *A = operand[p.a], *B = operand[p.b];
+    PlanKey key;
+    memset(&key, 0, sizeof key);  // padding bytes too: keys are compared with memcmp
+    key.kind = kind, key.M = M, key.K = K, key.N = N, key.ab_type = ab_type, key.c_type = c_type;
+    key.align_a = ptr_alignment((uintptr_t)A), key.align_b = ptr_alignment((uintptr_t)B);
+    key.align_c = ptr_alignment((uintptr_t)c);
+    PlanEntry *e = plan_for(&key, &p);
+    float alpha = 1.0f, beta = p.beta;
+    CUBLAS_CHECK(cublasLtMatmul(handle, e->desc, &alpha, A, e->a, B, e->b, &beta, c, e->c, c, e->c, &e->algo,
+                                workspace, WORKSPACE_BYTES, gpu_stream()));
+}
+
+extern "C" void gpu_matmul_forward(float *out, const float *inp, const float *weight, int M, int K, int N) {
+    run(GEMM_FORWARD, M, K, N, inp, weight, NULL, out, CUDA_R_32F, CUDA_R_32F);
+}
+extern "C" void gpu_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                    const float *weight, int M, int K, int N) {
+    if (dinp) run(GEMM_BACKWARD_INPUT, M, K, N, inp, weight, dout, dinp, CUDA_R_32F, CUDA_R_32F);
+    if (dweight) run(GEMM_BACKWARD_WEIGHT, M, K, N, inp, weight, dout, dweight, CUDA_R_32F, CUDA_R_32F);
+}
+extern "C" void gpu_matmul_forward_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K,
+                                        int N) {
+    run(GEMM_FORWARD, M, K, N, inp, weight, NULL, out, CUDA_R_16BF, CUDA_R_16BF);
+}
+extern "C" void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
+                                         const gpu_bf16 *weight, int M, int K, int N) {
+    if (dinp) run(GEMM_BACKWARD_INPUT, M, K, N, inp, weight, dout, dinp, CUDA_R_16BF, CUDA_R_16BF);
+    if (dweight) run(GEMM_BACKWARD_WEIGHT, M, K, N, inp, weight, dout, dweight, CUDA_R_16BF, CUDA_R_32F);
+}

@@ -1,0 +1,139 @@
+// numerics.h: the per-element arithmetic of the GPU kernels, written once for both compilers.
+// nvcc compiles these into the kernels (__host__ __device__); the C compiler compiles the same
+// text into tests/test_gpu_host.c, which checks it against reference_cpu on this machine, GPU or
+// not. So what the host tests verify is the kernels' own arithmetic, not a copy of it.
+//
+//   bf16:      round-to-nearest-even conversion, bit-identical to cvt.rn.bf16.f32 / cuda_bf16.h
+//   SwiGLU:    silu and its derivative in the reference's order of operations
+//   RoPE:      one pair rotation
+//   AdamW:     the step's scalars (computed on the host, as reference_cpu/adamw.c does) and the
+//              update of one element in the same formula order
+//   attention: the online-softmax state of one query row (FlashAttention-2), and visibility
+#pragma once
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "gpu/hd.h"
+
+// ---- bf16 ------------------------------------------------------------------------------------------
+// bf16 is the top half of a float: sign, 8 exponent bits, 7 mantissa bits. Same exponent range as
+// float, so conversion never overflows except by rounding up past the largest finite value.
+GPU_HD uint32_t f32_as_bits(float x) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(x);
+#else
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+#endif
+}
+GPU_HD float f32_from_bits(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+#endif
+}
+
+// Round to nearest, ties to even. Adding 0x7FFF + (the bit that will become the last kept one)
+// carries into the kept half exactly when the dropped half is above one half, or equal to it with
+// an odd kept half. The carry may ripple into the exponent (rounding up to the next binade, or
+// from the largest finite value to infinity): that is correct IEEE rounding. Subnormals are kept
+// (no flush to zero). Any NaN becomes the canonical quiet NaN 0x7FFF, as the hardware does.
+GPU_HD uint16_t bf16_bits_from_f32(float x) {
+    uint32_t u = f32_as_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
+    uint32_t kept_lsb = (u >> 16) & 1u;
+    return (uint16_t)((u + 0x7fffu + kept_lsb) >> 16);
+}
+GPU_HD float f32_from_bf16_bits(uint16_t b) { return f32_from_bits((uint32_t)b << 16); }
+// x rounded to the nearest bf16, as a float (what a bf16 store followed by a load gives).
+GPU_HD float bf16_round(float x) { return f32_from_bf16_bits(bf16_bits_from_f32(x)); }
+
+// ---- SwiGLU: out = silu(gate) * up, silu(g) = g * sigmoid(g) -----------------------------------------
+GPU_HD float sigmoid_f32(float x) { return 1.0f / (1.0f + expf(-x)); }
+GPU_HD float swiglu_value(float gate, float up) { return gate * sigmoid_f32(gate) * up; }
+// d/dgate and d/dup of dout * silu(gate) * up; silu'(g) = s(g) (1 + g (1 - s(g))).
+GPU_HD void swiglu_grads(float dout, float gate, float up, float *dgate, float *dup) {
+    float sg = sigmoid_f32(gate);
+    *dgate = dout * up * sg * (1 + gate * (1 - sg));
+    *dup = dout * gate * sg;
+}
+
+// ---- RoPE: rotate the pair (x0, x1) by the angle whose cosine and sine are c and s ----------------------
+// Backward passes -s (the transpose of a rotation is its inverse).
+GPU_HD void rope_rotate_pair(float *x0, float *x1, float c, float s) {
+    float a = *x0, b = *x1;
+    *x0 = a * c - b * s;
+    *x1 = a * s + b * c;
+}
+
+// ---- AdamW ---------------------------------------------------------------------------------------------
+// The scalars of one step, rounded to float exactly as reference_cpu/adamw.c rounds them.
+typedef struct {
+    float beta1, beta2, eps;
+    float decay;       // 1 - lr * weight_decay
+    float step_size;   // lr / (1 - beta1^t)
+    float bias2_sqrt;  // sqrt(1 - beta2^t)
+} AdamWScalars;
+
+static inline AdamWScalars adamw_scalars(long long step, double lr, double beta1, double beta2, double eps,
+                                         double weight_decay) {
+    AdamWScalars s;
+    s.beta1 = (float)beta1;
+    s.beta2 = (float)beta2;
+    s.eps = (float)eps;
+    s.decay = (float)(1.0 - lr * weight_decay);
+    s.step_size = (float)(lr / (1.0 - pow(beta1, (double)step)));
+    s.bias2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)step));
+    return s;
+}
+
+// One element: p *= decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+// p -= step_size * m / (sqrt(v) / bias2_sqrt + eps). The order of every operation is adamw.c's.
+GPU_HD void adamw_update(float *param, float *m, float *v, float g, AdamWScalars s) {
+    float p = *param * s.decay;
+    float m_new = s.beta1 * *m + (1 - s.beta1) * g;
+    float v_new = s.beta2 * *v + (1 - s.beta2) * g * g;
+    float denom = sqrtf(v_new) / s.bias2_sqrt + s.eps;
+    *param = p - s.step_size * (m_new / denom);
+    *m = m_new;
+    *v = v_new;
+}
+
+// ---- attention -----------------------------------------------------------------------------------------
+// Causal visibility by positions, as reference_cpu: query at position qp sees key at kp iff kp <= qp.
+GPU_HD bool attn_pos_visible(bool causal, int q_pos, int k_pos) { return !causal || k_pos <= q_pos; }
+
+// The running state of one query row in FlashAttention-2's forward: m is the largest score seen,
+// l the sum of exp(score - m) over the keys seen. Both start at (-inf, 0).
+typedef struct {
+    float m, l;
+} OnlineSoftmax;
+
+// Folds in a tile whose largest visible score is tile_max (-inf: the tile had no visible key).
+// Returns the factor by which the row's output accumulator (a sum of exp(score - m) * v) must be
+// multiplied so that it is relative to the new m; the caller then adds the tile's exp(s - m) v
+// and passes the sum of the tile's exp(s - m) to online_softmax_add. While the row has seen no
+// visible key, m stays -inf and nothing may be exponentiated against it: exp(-inf - -inf) is NaN.
+GPU_HD float online_softmax_rescale(OnlineSoftmax *st, float tile_max) {
+    float m_new = tile_max > st->m ? tile_max : st->m;
+    if (m_new == -INFINITY) return 1.0f;            // still nothing visible: state unchanged
+    float correction = expf(st->m - m_new);         // exp(-inf) = 0 on the first visible tile
+    st->l *= correction;
+    st->m = m_new;
+    return correction;
+}
+// exp(score - m) for a score of the current tile (0 for a masked score, -inf).
+GPU_HD float online_softmax_weight(const OnlineSoftmax *st, float score) {
+    return score == -INFINITY ? 0.0f : expf(score - st->m);
+}
+GPU_HD void online_softmax_add(OnlineSoftmax *st, float tile_weight_sum) { st->l += tile_weight_sum; }
+// The row's log-sum-exp, and an element of its output from the accumulator: -inf and 0 when the
+// row saw no key (as in reference_cpu, which ring attention relies on to merge such rows away).
+GPU_HD float online_softmax_lse(const OnlineSoftmax *st) { return st->l > 0 ? st->m + logf(st->l) : -INFINITY; }
+GPU_HD float online_softmax_output(const OnlineSoftmax *st, float acc) { return st->l > 0 ? acc / st->l : 0.0f; }

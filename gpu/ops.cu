@@ -1,0 +1,443 @@
+// ops.cu: the element-wise and row-wise ops of gpu/ops.h (attention is attention.cu, matmul
+// matmul.cu). Each op is one templated kernel for the two storage types (float, bf16) with the
+// arithmetic in float (or double where the reference sums in double), and a C entry point per type.
+//
+// Determinism: no atomics on data. Reductions inside a row use a fixed tree (block_sum); reductions
+// across rows (dweight of RMSNorm, the embedding's dtable) run serially over rows in one thread per
+// column, in the reference's row order, so they are reproducible and, in fp32, add in the same order
+// as reference_cpu.
+#include <limits.h>
+
+#include "gpu/internal.cuh"
+#include "gpu/numerics.h"
+#include "gpu/ops.h"
+
+static_assert(sizeof(real) == sizeof(float), "gpu/ needs the fp32 build of reference_cpu (RopeTable holds real)");
+
+// Grid-stride loop over [0, n): each launch covers any n with at most GPU_MAX_BLOCKS_1D blocks.
+#define GRID_STRIDE_LOOP(i, n) \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+// Launches an element-wise kernel over n elements, nothing for n == 0.
+#define LAUNCH_1D(kernel, n, ...)                                                                    \
+    do {                                                                                             \
+        unsigned blocks_ = grid_1d((n), GPU_THREADS_1D, GPU_MAX_BLOCKS_1D);                          \
+        if (blocks_) {                                                                               \
+            kernel<<<blocks_, GPU_THREADS_1D, 0, gpu_stream()>>>(__VA_ARGS__);                       \
+            LAUNCH_CHECK();                                                                          \
+        }                                                                                            \
+    } while (0)
+
+#define ROW_THREADS 256  // one block per row for the row-wise ops (RMSNorm, cross-entropy)
+
+// ================================ embedding ======================================================
+
+// out (N,C): block n copies row tokens[n] - row_start of the table, or writes zeros if the token is
+// not one of this table's rows [row_start, row_start + n_rows) (vocab-parallel shards).
+template <typename T>
+__global__ void embedding_forward_kernel(T *out, const int *tokens, const T *table, int C, int row_start,
+                                         int n_rows) {
+    int n = blockIdx.x, token = tokens[n];
+    bool here = token >= row_start && token - row_start < n_rows;
+    T *o = out + (size_t)n * C;
+    if (here) {
+        const T *row = table + (size_t)(token - row_start) * C;
+        for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = row[c];
+    } else {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = from_f32<T>(0.0f);
+    }
+}
+
+// dtable (rows, C) += dout (N, C) scattered by token. Two positions with the same token add into the
+// same row, so the additions into one element must be ordered: thread c owns column c and walks
+// n = 0..N-1 in order, exactly the reference's order. Parallel over C only; the loop is N long.
+template <typename T>
+__global__ void embedding_backward_kernel(float *dtable, const T *dout, const int *tokens, int N, int C,
+                                          int row_start, int n_rows) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int n = 0; n < N; n++) {
+        int token = tokens[n];
+        if (token >= row_start && token - row_start < n_rows)
+            dtable[(size_t)(token - row_start) * C + c] += to_f32(dout[(size_t)n * C + c]);
+    }
+}
+
+template <typename T>
+static void embedding_forward(T *out, const int *tokens, const T *table, int N, int C, int row_start, int n_rows) {
+    if (N == 0 || C == 0) return;
+    embedding_forward_kernel<T><<<N, 128, 0, gpu_stream()>>>(out, tokens, table, C, row_start, n_rows);
+    LAUNCH_CHECK();
+}
+template <typename T>
+static void embedding_backward(float *dtable, const T *dout, const int *tokens, int N, int C, int row_start,
+                               int n_rows) {
+    if (N == 0 || C == 0) return;
+    embedding_backward_kernel<T><<<(C + 63) / 64, 64, 0, gpu_stream()>>>(dtable, dout, tokens, N, C, row_start, n_rows);
+    LAUNCH_CHECK();
+}
+
+extern "C" void gpu_embedding_forward(float *out, const int *tokens, const float *table, int N, int C) {
+    embedding_forward(out, tokens, table, N, C, 0, INT_MAX);
+}
+extern "C" void gpu_embedding_backward(float *dtable, const float *dout, const int *tokens, int N, int C) {
+    embedding_backward(dtable, dout, tokens, N, C, 0, INT_MAX);
+}
+extern "C" void gpu_embedding_forward_rows(float *out, const int *tokens, const float *table, int N, int C,
+                                           int row_start, int n_rows) {
+    embedding_forward(out, tokens, table, N, C, row_start, n_rows);
+}
+extern "C" void gpu_embedding_backward_rows(float *dtable, const float *dout, const int *tokens, int N, int C,
+                                            int row_start, int n_rows) {
+    embedding_backward(dtable, dout, tokens, N, C, row_start, n_rows);
+}
+extern "C" void gpu_embedding_forward_bf16(gpu_bf16 *out, const int *tokens, const gpu_bf16 *table, int N, int C) {
+    embedding_forward(out, tokens, table, N, C, 0, INT_MAX);
+}
+extern "C" void gpu_embedding_backward_bf16(float *dtable, const gpu_bf16 *dout, const int *tokens, int N, int C) {
+    embedding_backward(dtable, dout, tokens, N, C, 0, INT_MAX);
+}
+
+// ================================ RMSNorm ========================================================
+
+// Block per row of (N,C): rstd = 1/sqrt(mean(x^2) + eps) with the sum in double (as the reference:
+// C can be 16384), then out = x * rstd * weight.
+template <typename T>
+__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *weight, int C, double eps) {
+    __shared__ double scratch[32];
+    size_t row = blockIdx.x;
+    const T *x = inp + row * C;
+    double sum_sq = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        double xc = to_f32(x[c]);
+        sum_sq += xc * xc;
+    }
+    sum_sq = block_sum(sum_sq, scratch);
+    float r = (float)(1.0 / sqrt(sum_sq / C + eps));
+    if (threadIdx.x == 0) rstd[row] = r;
+    T *y = out + row * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = from_f32<T>(to_f32(x[c]) * r * to_f32(weight[c]));
+}
+
+// dx_i += r w_i dy_i - x_i r^3 / C * sum_k dy_k w_k x_k  (block per row; the sum in double)
+template <typename T>
+__global__ void rmsnorm_backward_input_kernel(T *dinp, const T *dout, const T *inp, const T *weight, const float *rstd,
+                                              int C) {
+    __shared__ double scratch[32];
+    size_t row = blockIdx.x;
+    const T *x = inp + row * C, *dy = dout + row * C;
+    float r = rstd[row];
+    double proj = 0;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        proj += (double)to_f32(dy[c]) * to_f32(weight[c]) * to_f32(x[c]);
+    proj = block_sum(proj, scratch);
+    float coef = (float)(proj * r * r * r / C);
+    T *dx = dinp + row * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        dx[c] = from_f32<T>(to_f32(dx[c]) + (r * to_f32(weight[c]) * to_f32(dy[c]) - to_f32(x[c]) * coef));
+}
+
+// dweight_c += sum over rows of dy_c x_c r: thread per column, rows in order (the reference's order).
+template <typename T>
+__global__ void rmsnorm_backward_weight_kernel(float *dweight, const T *dout, const T *inp, const float *rstd, int N,
+                                               int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float acc = dweight[c];
+    for (int n = 0; n < N; n++) acc += to_f32(dout[(size_t)n * C + c]) * to_f32(inp[(size_t)n * C + c]) * rstd[n];
+    dweight[c] = acc;
+}
+
+template <typename T>
+static void rmsnorm_forward(T *out, float *rstd, const T *inp, const T *weight, int N, int C, double eps) {
+    if (N == 0) return;
+    rmsnorm_forward_kernel<T><<<N, ROW_THREADS, 0, gpu_stream()>>>(out, rstd, inp, weight, C, eps);
+    LAUNCH_CHECK();
+}
+template <typename T>
+static void rmsnorm_backward(T *dinp, float *dweight, const T *dout, const T *inp, const T *weight, const float *rstd,
+                             int N, int C) {
+    if (N == 0 || C == 0) return;
+    rmsnorm_backward_input_kernel<T><<<N, ROW_THREADS, 0, gpu_stream()>>>(dinp, dout, inp, weight, rstd, C);
+    LAUNCH_CHECK();
+    rmsnorm_backward_weight_kernel<T><<<(C + 63) / 64, 64, 0, gpu_stream()>>>(dweight, dout, inp, rstd, N, C);
+    LAUNCH_CHECK();
+}
+
+extern "C" void gpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                                    double eps) {
+    rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+}
+extern "C" void gpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
+                                     const float *weight, const float *rstd, int N, int C) {
+    rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+extern "C" void gpu_rmsnorm_forward_bf16(gpu_bf16 *out, float *rstd, const gpu_bf16 *inp, const gpu_bf16 *weight,
+                                         int N, int C, double eps) {
+    rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+}
+extern "C" void gpu_rmsnorm_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
+                                          const gpu_bf16 *weight, const float *rstd, int N, int C) {
+    rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+
+// ================================ RoPE ===========================================================
+
+// x (B,T,n_heads,head_dim) in place: thread per pair (2i, 2i+1), rotated by the table's angle at
+// the token's position, times `sign` (-1: the transpose, for backward).
+template <typename T>
+__global__ void rope_kernel(T *x, const float *cos_table, const float *sin_table, const int *positions, int T_len,
+                            int n_heads, int half, size_t n_pairs, float sign) {
+    GRID_STRIDE_LOOP(idx, n_pairs) {
+        int i = (int)(idx % half);
+        size_t row = idx / half;  // (b, t, h) flattened
+        int t = (int)((row / n_heads) % T_len);
+        int pos = positions ? positions[t] : t;
+        float c = cos_table[(size_t)pos * half + i], s = sign * sin_table[(size_t)pos * half + i];
+        T *pair = x + row * (2 * half) + 2 * i;
+        float x0 = to_f32(pair[0]), x1 = to_f32(pair[1]);
+        rope_rotate_pair(&x0, &x1, c, s);
+        pair[0] = from_f32<T>(x0);
+        pair[1] = from_f32<T>(x1);
+    }
+}
+
+template <typename T>
+static void rope(T *x, const RopeTable *t, const int *positions, int B, int T_len, int n_heads, float sign) {
+    int half = t->head_dim / 2;
+    size_t n_pairs = (size_t)B * T_len * n_heads * half;
+    LAUNCH_1D(rope_kernel<T>, n_pairs, x, t->cos, t->sin, positions, T_len, n_heads, half, n_pairs, sign);
+}
+
+extern "C" RopeTable gpu_rope_table_upload(const RopeTable *host) {
+    RopeTable t = *host;
+    size_t bytes = sizeof(float) * (size_t)host->max_pos * (host->head_dim / 2);
+    t.cos = (float *)gpu_alloc(MEM_OTHER, bytes);
+    t.sin = (float *)gpu_alloc(MEM_OTHER, bytes);
+    gpu_upload(t.cos, host->cos, bytes);
+    gpu_upload(t.sin, host->sin, bytes);
+    return t;
+}
+extern "C" void gpu_rope_table_free(RopeTable *t) {
+    gpu_free(t->cos);
+    gpu_free(t->sin);
+    t->cos = t->sin = NULL;
+}
+extern "C" void gpu_rope_forward(float *x, const RopeTable *t, const int *positions, int B, int T, int n_heads) {
+    rope(x, t, positions, B, T, n_heads, 1.0f);
+}
+extern "C" void gpu_rope_backward(float *dx, const RopeTable *t, const int *positions, int B, int T, int n_heads) {
+    rope(dx, t, positions, B, T, n_heads, -1.0f);
+}
+extern "C" void gpu_rope_forward_bf16(gpu_bf16 *x, const RopeTable *t, const int *positions, int B, int T,
+                                      int n_heads) {
+    rope(x, t, positions, B, T, n_heads, 1.0f);
+}
+extern "C" void gpu_rope_backward_bf16(gpu_bf16 *dx, const RopeTable *t, const int *positions, int B, int T,
+                                       int n_heads) {
+    rope(dx, t, positions, B, T, n_heads, -1.0f);
+}
+
+// ================================ SwiGLU =========================================================
+
+template <typename T>
+__global__ void swiglu_forward_kernel(T *out, const T *gate, const T *up, size_t n) {
+    GRID_STRIDE_LOOP(i, n) out[i] = from_f32<T>(swiglu_value(to_f32(gate[i]), to_f32(up[i])));
+}
+template <typename T>
+__global__ void swiglu_backward_kernel(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n) {
+    GRID_STRIDE_LOOP(i, n) {
+        float dg, du;
+        swiglu_grads(to_f32(dout[i]), to_f32(gate[i]), to_f32(up[i]), &dg, &du);
+        dgate[i] = from_f32<T>(to_f32(dgate[i]) + dg);
+        dup[i] = from_f32<T>(to_f32(dup[i]) + du);
+    }
+}
+
+extern "C" void gpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+    LAUNCH_1D(swiglu_forward_kernel<float>, n, out, gate, up, n);
+}
+extern "C" void gpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                    size_t n) {
+    LAUNCH_1D(swiglu_backward_kernel<float>, n, dgate, dup, dout, gate, up, n);
+}
+extern "C" void gpu_swiglu_forward_bf16(gpu_bf16 *out, const gpu_bf16 *gate, const gpu_bf16 *up, size_t n) {
+    LAUNCH_1D(swiglu_forward_kernel<bf16>, n, out, gate, up, n);
+}
+extern "C" void gpu_swiglu_backward_bf16(gpu_bf16 *dgate, gpu_bf16 *dup, const gpu_bf16 *dout, const gpu_bf16 *gate,
+                                         const gpu_bf16 *up, size_t n) {
+    LAUNCH_1D(swiglu_backward_kernel<bf16>, n, dgate, dup, dout, gate, up, n);
+}
+
+// ================================ cross-entropy ==================================================
+
+// lse (N): block per row of logits (N,V): the row's max, then log of the sum of exp(x - max) (the
+// sum in double, as the reference), plus the max.
+template <typename T>
+__global__ void cross_entropy_lse_kernel(float *lse, const T *logits, int V) {
+    __shared__ float max_scratch[32];
+    __shared__ double sum_scratch[32];
+    const T *x = logits + (size_t)blockIdx.x * V;
+    float row_max = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) row_max = fmaxf(row_max, to_f32(x[j]));
+    row_max = block_max(row_max, max_scratch);
+    double sum = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(to_f32(x[j]) - row_max);
+    sum = block_sum(sum, sum_scratch);
+    if (threadIdx.x == 0) lse[blockIdx.x] = (float)(row_max + log(sum));
+}
+
+// What the loss kernel hands back to the host.
+typedef struct {
+    double total;  // sum over valid rows of lse - logit[target]
+    int n_valid;
+    int bad_row;   // first row whose target is neither IGNORE_INDEX nor in [0, V); INT_MAX if none
+} LossSum;
+
+// One block: each thread sums its rows n = tid, tid + blockDim, ... in order, then a fixed tree.
+template <typename T>
+__global__ void cross_entropy_loss_kernel(LossSum *result, const float *lse, const T *logits, const int *targets,
+                                          int N, int V) {
+    __shared__ double total_scratch[32];
+    __shared__ int count_scratch[32];
+    __shared__ int bad_row;
+    if (threadIdx.x == 0) bad_row = INT_MAX;
+    __syncthreads();
+    double total = 0;
+    int count = 0;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) {
+        int t = targets[n];
+        if (t == IGNORE_INDEX) continue;
+        if (t < 0 || t >= V) {
+            atomicMin(&bad_row, n);  // an error report, not data: its order does not matter
+            continue;
+        }
+        total += (double)lse[n] - to_f32(logits[(size_t)n * V + t]);
+        count++;
+    }
+    total = block_sum(total, total_scratch);
+    count = block_sum(count, count_scratch);  // its barriers also order the atomicMin before the read
+    if (threadIdx.x == 0) {
+        result->total = total;
+        result->n_valid = count;
+        result->bad_row = bad_row;
+    }
+}
+
+template <typename T>
+static double cross_entropy_forward(float *lse, const T *logits, const int *targets, int N, int V) {
+    if (N == 0) return 0.0;
+    cross_entropy_lse_kernel<T><<<N, ROW_THREADS, 0, gpu_stream()>>>(lse, logits, V);
+    LAUNCH_CHECK();
+    LossSum *d_sum = (LossSum *)gpu_scratch_alloc(sizeof(LossSum));
+    LossSum sum;
+    cross_entropy_loss_kernel<T><<<1, 1024, 0, gpu_stream()>>>(d_sum, lse, logits, targets, N, V);
+    LAUNCH_CHECK();
+    gpu_download(&sum, d_sum, sizeof sum);
+    gpu_scratch_free(d_sum);
+    if (sum.bad_row != INT_MAX) fatal("cross-entropy: the target of row %d is outside [0, %d)", sum.bad_row, V);
+    return sum.n_valid ? sum.total / sum.n_valid : 0.0;
+}
+
+__global__ void count_valid_targets_kernel(int *n_valid, const int *targets, int N) {
+    __shared__ int scratch[32];
+    int count = 0;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) count += targets[n] != IGNORE_INDEX;
+    count = block_sum(count, scratch);
+    if (threadIdx.x == 0) *n_valid = count;
+}
+
+// dlogits (N,V) += dloss / n_valid * (softmax(x) - onehot(target)), block per row. The target's
+// element gets both terms in the reference's order before its one store.
+template <typename T>
+__global__ void cross_entropy_backward_kernel(T *dlogits, const T *logits, const float *lse, const int *targets,
+                                              const int *n_valid, int V, double dloss) {
+    int t = targets[blockIdx.x];
+    if (t == IGNORE_INDEX || *n_valid == 0) return;
+    float coef = (float)(dloss / *n_valid), row_lse = lse[blockIdx.x];
+    const T *x = logits + (size_t)blockIdx.x * V;
+    T *dx = dlogits + (size_t)blockIdx.x * V;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float g = to_f32(dx[j]) + coef * expf(to_f32(x[j]) - row_lse);
+        if (j == t) g -= coef;
+        dx[j] = from_f32<T>(g);
+    }
+}
+
+template <typename T>
+static void cross_entropy_backward(T *dlogits, const T *logits, const float *lse, const int *targets, int N, int V,
+                                   double dloss) {
+    if (N == 0) return;
+    int *n_valid = (int *)gpu_scratch_alloc(sizeof(int));
+    count_valid_targets_kernel<<<1, 1024, 0, gpu_stream()>>>(n_valid, targets, N);
+    LAUNCH_CHECK();
+    cross_entropy_backward_kernel<T><<<N, ROW_THREADS, 0, gpu_stream()>>>(dlogits, logits, lse, targets, n_valid, V,
+                                                                          dloss);
+    LAUNCH_CHECK();
+    gpu_scratch_free(n_valid);
+}
+
+extern "C" double gpu_cross_entropy_forward(float *lse, const float *logits, const int *targets, int N, int V) {
+    return cross_entropy_forward(lse, logits, targets, N, V);
+}
+extern "C" void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+                                           int N, int V, double dloss) {
+    cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
+}
+extern "C" double gpu_cross_entropy_forward_bf16(float *lse, const gpu_bf16 *logits, const int *targets, int N,
+                                                 int V) {
+    return cross_entropy_forward(lse, logits, targets, N, V);
+}
+extern "C" void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
+                                                const int *targets, int N, int V, double dloss) {
+    cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
+}
+
+// ================================ element-wise ===================================================
+
+template <typename T>
+__global__ void add_inplace_kernel(T *x, const T *y, size_t n) {
+    GRID_STRIDE_LOOP(i, n) x[i] = from_f32<T>(to_f32(x[i]) + to_f32(y[i]));
+}
+template <typename Out, typename In>
+__global__ void cast_kernel(Out *out, const In *inp, size_t n) {
+    GRID_STRIDE_LOOP(i, n) out[i] = from_f32<Out>(to_f32(inp[i]));
+}
+
+extern "C" void gpu_add_inplace(float *x, const float *y, size_t n) { LAUNCH_1D(add_inplace_kernel<float>, n, x, y, n); }
+extern "C" void gpu_add_inplace_bf16(gpu_bf16 *x, const gpu_bf16 *y, size_t n) {
+    LAUNCH_1D(add_inplace_kernel<bf16>, n, x, y, n);
+}
+extern "C" void gpu_cast_f32_to_bf16(gpu_bf16 *out, const float *inp, size_t n) {
+    LAUNCH_1D((cast_kernel<bf16, float>), n, out, inp, n);
+}
+extern "C" void gpu_cast_bf16_to_f32(float *out, const gpu_bf16 *inp, size_t n) {
+    LAUNCH_1D((cast_kernel<float, bf16>), n, out, inp, n);
+}
+
+// ================================ AdamW ==========================================================
+
+// One pass: read param, grad, m, v; write param, m, v (and the bf16 copy). The scalars of the step
+// are computed once on the host, in double, and rounded to float as reference_cpu/adamw.c does.
+template <bool WRITE_BF16>
+__global__ void adamw_kernel(float *params, bf16 *params_bf16, const float *grads, float *m, float *v, size_t n,
+                             AdamWScalars s) {
+    GRID_STRIDE_LOOP(i, n) {
+        float p = params[i], mi = m[i], vi = v[i];
+        adamw_update(&p, &mi, &vi, grads[i], s);
+        params[i] = p, m[i] = mi, v[i] = vi;
+        if (WRITE_BF16) params_bf16[i] = from_f32<bf16>(p);
+    }
+}
+
+static AdamWScalars scalars_of(long long step, double lr, const AdamWConfig *cfg) {
+    return adamw_scalars(step, lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay);
+}
+extern "C" void gpu_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, long long step,
+                               double lr, const AdamWConfig *cfg) {
+    LAUNCH_1D(adamw_kernel<false>, n, params, NULL, grads, m, v, n, scalars_of(step, lr, cfg));
+}
+extern "C" void gpu_adamw_step_bf16_copy(float *params, gpu_bf16 *params_bf16, const float *grads, float *m, float *v,
+                                         size_t n, long long step, double lr, const AdamWConfig *cfg) {
+    LAUNCH_1D(adamw_kernel<true>, n, params, params_bf16, grads, m, v, n, scalars_of(step, lr, cfg));
+}

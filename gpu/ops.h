@@ -1,0 +1,121 @@
+// ops.h: the ops of reference_cpu/ops.h (and AdamW) on the GPU, with the same signatures and the
+// same semantics: the same argument order, row-major layouts, backward functions ACCUMULATE (+=)
+// into their gradient outputs, IGNORE_INDEX targets, positions for causal masking, -inf lse for a
+// query row that sees no key. Every pointer is a device pointer (gpu_alloc), except the RopeTable
+// and AttnShape structs themselves, which are host structs holding device pointers. Each call is
+// queued on gpu_stream() and returns at once; only cross_entropy_forward waits, to return the loss.
+//
+// Two storage types:
+//   float  (no suffix): fp32 in, fp32 arithmetic, fp32 out. The path tests compare with the
+//          reference op by op (tests/gpu/test_gpu_ops.c); matmuls through cuBLASLt in true fp32.
+//   bf16   (_bf16):  activations and weights stored in bf16, arithmetic and accumulation in fp32,
+//          one rounding to bf16 per stored output. Parameter gradients (dweight, dtable) and the
+//          per-row statistics (rstd, lse) stay fp32; AdamW keeps fp32 master weights and moments
+//          and can write the bf16 copy the next forward reads.
+// The kernels' per-element arithmetic is gpu/numerics.h, tested on the host.
+#pragma once
+#include <math.h>  // before extern "C": reference_cpu's headers include it, and C++'s must not be C-linked
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+#include <cuda_bf16.h>
+typedef __nv_bfloat16 gpu_bf16;
+extern "C" {
+#else
+// The same 2 bytes as CUDA's __nv_bfloat16 (C code only passes pointers to it, or fills it with
+// gpu/numerics.h's bf16_bits_from_f32).
+typedef struct {
+    uint16_t bits;
+} gpu_bf16;
+#endif
+
+#include "reference_cpu/adamw.h"
+#include "reference_cpu/ops.h"
+
+// ---- matmul y = x W^T (cuBLASLt) -----------------------------------------------------------------------
+// out (M,N) = inp (M,K) . weight (N,K)^T; dinp (M,K) += dout . weight; dweight (N,K) += dout^T . inp.
+void gpu_matmul_forward(float *out, const float *inp, const float *weight, int M, int K, int N);
+void gpu_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                         int M, int K, int N);
+// bf16 operands on the tensor cores, fp32 accumulation; dweight accumulates in fp32.
+void gpu_matmul_forward_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K, int N);
+void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
+                              const gpu_bf16 *weight, int M, int K, int N);
+
+// ---- embedding ------------------------------------------------------------------------------------------
+void gpu_embedding_forward(float *out, const int *tokens, const float *table, int N, int C);
+void gpu_embedding_backward(float *dtable, const float *dout, const int *tokens, int N, int C);
+void gpu_embedding_forward_rows(float *out, const int *tokens, const float *table, int N, int C, int row_start,
+                                int n_rows);
+void gpu_embedding_backward_rows(float *dtable, const float *dout, const int *tokens, int N, int C, int row_start,
+                                 int n_rows);
+void gpu_embedding_forward_bf16(gpu_bf16 *out, const int *tokens, const gpu_bf16 *table, int N, int C);
+void gpu_embedding_backward_bf16(float *dtable, const gpu_bf16 *dout, const int *tokens, int N, int C);
+
+// ---- RMSNorm ----------------------------------------------------------------------------------------------
+void gpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, double eps);
+void gpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                          const float *rstd, int N, int C);
+void gpu_rmsnorm_forward_bf16(gpu_bf16 *out, float *rstd, const gpu_bf16 *inp, const gpu_bf16 *weight, int N, int C,
+                              double eps);
+void gpu_rmsnorm_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
+                               const gpu_bf16 *weight, const float *rstd, int N, int C);
+
+// ---- RoPE ------------------------------------------------------------------------------------------------------
+// A copy of a host table (reference_cpu's rope_table_build) in device memory; free with gpu_rope_table_free.
+RopeTable gpu_rope_table_upload(const RopeTable *host);
+void gpu_rope_table_free(RopeTable *t);
+// t: a table from gpu_rope_table_upload; positions (T) on the device, or NULL for 0..T-1.
+void gpu_rope_forward(float *x, const RopeTable *t, const int *positions, int B, int T, int n_heads);
+void gpu_rope_backward(float *dx, const RopeTable *t, const int *positions, int B, int T, int n_heads);
+void gpu_rope_forward_bf16(gpu_bf16 *x, const RopeTable *t, const int *positions, int B, int T, int n_heads);
+void gpu_rope_backward_bf16(gpu_bf16 *dx, const RopeTable *t, const int *positions, int B, int T, int n_heads);
+
+// ---- attention: FlashAttention-2 (tiled, online softmax, lse kept, P recomputed in backward) --------------
+// s->q_pos and s->k_pos are device pointers (or NULL). head_dim <= 128 and even; n_heads a multiple
+// of n_kv_heads. lse (B,n_heads,Tq) is fp32 in both variants.
+void gpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, const AttnShape *s);
+void gpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                            const float *v, const float *out, const float *lse, const AttnShape *s);
+void gpu_attention_forward_bf16(gpu_bf16 *out, float *lse, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                                const AttnShape *s);
+void gpu_attention_backward_bf16(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, const gpu_bf16 *dout, const gpu_bf16 *q,
+                                 const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out, const float *lse,
+                                 const AttnShape *s);
+
+// ---- SwiGLU ---------------------------------------------------------------------------------------------------
+void gpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);
+void gpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
+void gpu_swiglu_forward_bf16(gpu_bf16 *out, const gpu_bf16 *gate, const gpu_bf16 *up, size_t n);
+void gpu_swiglu_backward_bf16(gpu_bf16 *dgate, gpu_bf16 *dup, const gpu_bf16 *dout, const gpu_bf16 *gate,
+                              const gpu_bf16 *up, size_t n);
+
+// ---- cross-entropy, mean over targets != IGNORE_INDEX -------------------------------------------------------
+// Returns the loss (waits for the stream). A target outside [0, V) other than IGNORE_INDEX ends the
+// run with a message (the reference would read out of bounds).
+double gpu_cross_entropy_forward(float *lse, const float *logits, const int *targets, int N, int V);
+void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets, int N,
+                                int V, double dloss);
+double gpu_cross_entropy_forward_bf16(float *lse, const gpu_bf16 *logits, const int *targets, int N, int V);
+void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
+                                     const int *targets, int N, int V, double dloss);
+
+// ---- element-wise -------------------------------------------------------------------------------------------
+void gpu_add_inplace(float *x, const float *y, size_t n);  // x += y
+void gpu_add_inplace_bf16(gpu_bf16 *x, const gpu_bf16 *y, size_t n);
+void gpu_cast_f32_to_bf16(gpu_bf16 *out, const float *inp, size_t n);  // round to nearest even
+void gpu_cast_bf16_to_f32(float *out, const gpu_bf16 *inp, size_t n);  // exact
+
+// ---- AdamW (fused: one pass over params, grads, m, v) ---------------------------------------------------------
+// The arithmetic of reference_cpu/adamw.c, element by element (gpu/numerics.h: adamw_update).
+void gpu_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, long long step, double lr,
+                    const AdamWConfig *cfg);
+// The same, also writing the updated parameters rounded to bf16 into params_bf16 (the compute copy).
+void gpu_adamw_step_bf16_copy(float *params, gpu_bf16 *params_bf16, const float *grads, float *m, float *v, size_t n,
+                              long long step, double lr, const AdamWConfig *cfg);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,149 @@
+// runtime.cu: the device, its compute stream, device memory by category, and the memory report.
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/internal.cuh"
+
+static bool initialized;
+static int device_id;
+static cudaStream_t compute_stream;
+static cudaMemPool_t pool;
+
+// Our accounting, per MemCategory, as common/mem.c does for host memory. Device memory carries no
+// header we could read back, so a small table maps each live pointer to its size and category.
+typedef struct {
+    void *ptr;
+    size_t bytes;
+    MemCategory category;
+} Allocation;
+static Allocation *allocations;
+static size_t n_allocations, cap_allocations;
+static size_t current_bytes[MEM_N_CATEGORIES], peak_bytes[MEM_N_CATEGORIES], current_total, peak_total;
+
+int gpu_device_count(char *why, size_t why_len) {
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        if (why && why_len) snprintf(why, why_len, "cudaGetDeviceCount: %s", cudaGetErrorString(err));
+        cudaGetLastError();  // clear it: it is not sticky, but leave no trace for later checks
+        return 0;
+    }
+    if (n == 0 && why && why_len) snprintf(why, why_len, "the CUDA runtime sees no device");
+    return n;
+}
+
+void gpu_init(int device) {
+    if (initialized) fatal("gpu_init called twice");
+    int n = gpu_device_count(NULL, 0);
+    if (device < 0 || device >= n) fatal("gpu_init: device %d requested, %d present", device, n);
+    CUDA_CHECK(cudaSetDevice(device));
+    device_id = device;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&compute_stream, cudaStreamNonBlocking));
+    // Freed blocks stay in the pool for the next cudaMallocAsync instead of going back to the
+    // driver at every synchronisation: allocation in the training loop then costs no driver call.
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+    uint64_t keep_everything = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+    initialized = true;
+}
+
+void gpu_shutdown(void) {
+    if (!initialized) return;
+    gpu_matmul_shutdown();
+    CUDA_CHECK(cudaStreamSynchronize(compute_stream));
+    CUDA_CHECK(cudaStreamDestroy(compute_stream));
+    free(allocations);
+    allocations = NULL;
+    n_allocations = cap_allocations = 0;
+    initialized = false;
+}
+
+bool gpu_initialized(void) { return initialized; }
+
+cudaStream_t gpu_stream(void) {
+    if (!initialized) fatal("a GPU op was called before gpu_init()");
+    return compute_stream;
+}
+
+void gpu_synchronize(void) { CUDA_CHECK(cudaStreamSynchronize(gpu_stream())); }
+
+static void account(MemCategory category, size_t bytes, int sign) {
+    if (sign > 0) current_bytes[category] += bytes, current_total += bytes;
+    else current_bytes[category] -= bytes, current_total -= bytes;
+    if (current_bytes[category] > peak_bytes[category]) peak_bytes[category] = current_bytes[category];
+    if (current_total > peak_total) peak_total = current_total;
+}
+
+void *gpu_alloc(MemCategory category, size_t bytes) {
+    void *ptr = NULL;
+    cudaError_t err = cudaMallocAsync(&ptr, bytes ? bytes : 1, gpu_stream());
+    if (err != cudaSuccess)
+        fatal("out of GPU memory allocating %zu bytes for %s (%s); %.2f MiB in use by this process", bytes,
+              mem_category_name(category), cudaGetErrorString(err), current_total / 1048576.0);
+    CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, compute_stream));
+    if (n_allocations == cap_allocations) {
+        cap_allocations = cap_allocations ? 2 * cap_allocations : 64;
+        allocations = (Allocation *)realloc(allocations, cap_allocations * sizeof(Allocation));
+        if (!allocations) fatal("out of host memory for the GPU allocation table");
+    }
+    Allocation *a = &allocations[n_allocations++];
+    a->ptr = ptr, a->bytes = bytes, a->category = category;
+    account(category, bytes, +1);
+    return ptr;
+}
+
+void gpu_free(void *ptr) {
+    if (!ptr) return;
+    for (size_t i = n_allocations; i-- > 0;) {  // recent allocations are freed first, usually
+        if (allocations[i].ptr != ptr) continue;
+        account(allocations[i].category, allocations[i].bytes, -1);
+        allocations[i] = allocations[--n_allocations];
+        CUDA_CHECK(cudaFreeAsync(ptr, compute_stream));
+        return;
+    }
+    fatal("gpu_free: %p was not allocated by gpu_alloc", ptr);
+}
+
+void *gpu_scratch_alloc(size_t bytes) {
+    void *ptr = NULL;
+    CUDA_CHECK(cudaMallocAsync(&ptr, bytes ? bytes : 1, gpu_stream()));
+    return ptr;
+}
+void gpu_scratch_free(void *ptr) { CUDA_CHECK(cudaFreeAsync(ptr, gpu_stream())); }
+
+void gpu_upload(void *device_dst, const void *host_src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, gpu_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(compute_stream));  // pageable host memory: the copy may be staged
+}
+void gpu_download(void *host_dst, const void *device_src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, gpu_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(compute_stream));
+}
+void gpu_fill_bytes(void *device_dst, int byte, size_t bytes) {
+    CUDA_CHECK(cudaMemsetAsync(device_dst, byte, bytes, gpu_stream()));
+}
+
+size_t gpu_mem_current(MemCategory category) { return current_bytes[category]; }
+size_t gpu_mem_peak(MemCategory category) { return peak_bytes[category]; }
+size_t gpu_mem_peak_total(void) { return peak_total; }
+
+void gpu_memory_report(void) {
+    const double mib = 1024.0 * 1024.0;
+    log_info("GPU %d memory by category (MiB):   current      peak", device_id);
+    for (int c = 0; c < MEM_N_CATEGORIES; c++)
+        log_info("  %-12s %24.2f %9.2f", mem_category_name((MemCategory)c), current_bytes[c] / mib,
+                 peak_bytes[c] / mib);
+    log_info("  %-12s %24.2f %9.2f", "total", current_total / mib, peak_total / mib);
+    // What the CUDA allocator holds: reserved = taken from the driver (what nvidia-smi shows for
+    // this process, less the context), used = handed out to us, scratch included.
+    uint64_t reserved = 0, reserved_high = 0, used = 0, used_high = 0;
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, &reserved_high));
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &used_high));
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    log_info("  CUDA pool: reserved %.2f MiB (high %.2f), used %.2f MiB (high %.2f); device %.0f of %.0f MiB free",
+             reserved / mib, reserved_high / mib, used / mib, used_high / mib, free_bytes / mib, total_bytes / mib);
+}

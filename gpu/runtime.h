@@ -1,0 +1,57 @@
+// runtime.h: the CUDA device of this process: one compute stream every op runs on, the cuBLASLt
+// handle and workspace, and device memory by category (the same categories as common/mem.h) with
+// a report from the CUDA allocator. A C header: the trainer and the tests are C.
+//
+//   char why[256];
+//   if (gpu_device_count(why, sizeof why) == 0) { printf("SKIP: no CUDA device (%s)\n", why); ... }
+//   gpu_init(0);
+//   float *x = gpu_alloc(MEM_ACTIVATIONS, bytes);       // zeroed, stream-ordered
+//   gpu_upload(x, host, bytes);  gpu_rmsnorm_forward(...);  gpu_download(host, y, bytes);
+//   gpu_memory_report();
+//   gpu_shutdown();
+//
+// Every op of gpu/ops.h is queued on gpu_stream() and returns at once, like a kernel launch; the
+// copies above wait for the stream, so what they read back is complete. A CUDA error anywhere ends
+// the run through fatal() with the call, the file and line, and CUDA's message.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "common/mem.h"
+
+// How many CUDA devices this process can use: 0 (and the reason in why) when there is no driver,
+// no device, or the runtime cannot start. Never fails, so callers can skip cleanly.
+int gpu_device_count(char *why, size_t why_len);
+
+// Selects the device, creates the compute stream (non-blocking), the cuBLASLt handle and its
+// workspace, and keeps freed memory in the stream-ordered pool. Call once before any op.
+void gpu_init(int device);
+void gpu_shutdown(void);  // waits for the stream, frees what gpu_init made
+bool gpu_initialized(void);
+cudaStream_t gpu_stream(void);
+void gpu_synchronize(void);  // waits for everything queued on the compute stream
+
+// Device memory, zero-filled, from the stream-ordered allocator (cudaMallocAsync on the compute
+// stream), counted per category. 256-byte aligned. Exits with a message on failure.
+void *gpu_alloc(MemCategory category, size_t bytes);
+void gpu_free(void *ptr);  // NULL is fine
+// Blocking copies (they wait for the work queued before them on the compute stream).
+void gpu_upload(void *device_dst, const void *host_src, size_t bytes);
+void gpu_download(void *host_dst, const void *device_src, size_t bytes);
+void gpu_fill_bytes(void *device_dst, int byte, size_t bytes);  // queued memset
+
+size_t gpu_mem_current(MemCategory category);
+size_t gpu_mem_peak(MemCategory category);
+size_t gpu_mem_peak_total(void);
+// Per category current and peak (our accounting), then what the CUDA allocator reports: the
+// pool's reserved and used bytes (current and high-water marks) and the device's free/total.
+void gpu_memory_report(void);
+
+#ifdef __cplusplus
+}
+#endif

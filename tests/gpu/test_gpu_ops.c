@@ -1,0 +1,785 @@
+// test_gpu_ops.c: every kernel of gpu/ops.h against the reference op of reference_cpu on random
+// inputs (`make test-gpu`). Without a CUDA device it prints one SKIP line and exits 0.
+//
+// A plain program rather than a Check suite: Check forks a process per test, and a CUDA context does
+// not survive fork. Each comparison prints one line (PASS/FAIL, the error, the bound); the exit
+// status is 1 if any failed. Outputs that a kernel overwrites are poisoned with NaN first, so an
+// element it never wrote fails; outputs it accumulates into start from random values, as in the
+// reference's contract (+=).
+//
+// Tolerances, and why (each check names its rule):
+//   exact      copies, casts, and embedding rows: bit-identical.
+//   sum bound  matmuls: two fp32 sums of the same K products, in any order, each lie within
+//              gamma_K * sum|terms| of the exact sum (Higham, gamma_K ~ K 2^-24); their difference is
+//              bounded by (K + 2) 2^-23 (|x| . |w|) element-wise, computed alongside. Rigorous, so it
+//              can only fail on a wrong result. bf16 outputs add their rounding, 2^-8 |ref| (1 ulp).
+//   fp32       the other fp32 kernels: same formulas as the reference in a different summation
+//              order, and CUDA's expf within 2 ulp of glibc's: |d| <= rtol |ref| + atol max|ref|,
+//              with rtol/atol of 1e-5 (element-wise ops) or 1e-4 (attention: sums of up to a few
+//              thousand exponentials per element) -- 100x above the expected differences, and 100x
+//              below what a masking, indexing or rescaling bug gives (errors of order 1).
+//   bf16 norm  bf16 element-wise kernels against the reference on the same bf16-rounded inputs:
+//              the only difference is the one rounding of each stored output (<= 2^-9 relative),
+//              so ||gpu - ref|| / ||ref|| <= 2^-8.
+//   FA rule    bf16 attention (FlashAttention's criterion): its error against the fp32 reference on
+//              the same bf16 inputs must be at most 2x the error of the same attention computed the
+//              plain bf16 way (PyTorch eager order: S, P, O and every gradient rounded to bf16 as
+//              separate ops), measured the same way.
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/rng.h"
+#include "gpu/numerics.h"
+#include "gpu/ops.h"
+#include "gpu/runtime.h"
+#include "reference_cpu/adamw.h"
+#include "reference_cpu/ops.h"
+
+static int n_checks, n_failed;
+
+// ================================ host data ======================================================
+
+static float *host_normal(size_t n, double std, uint64_t stream) {
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) x[i] = (float)(std * rng_normal(1234, stream, i));
+    return x;
+}
+static float *host_copy(const float *x, size_t n) {
+    float *y = malloc(sizeof(float) * (n ? n : 1));
+    memcpy(y, x, sizeof(float) * n);
+    return y;
+}
+static void round_to_bf16(float *x, size_t n) {  // in place: the values a bf16 tensor holds
+    for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]);
+}
+static float *host_abs(const float *x, size_t n) {
+    float *y = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) y[i] = fabsf(x[i]);
+    return y;
+}
+
+// ================================ device data ====================================================
+
+static float *dev_f32(const float *host, size_t n) {
+    float *d = gpu_alloc(MEM_OTHER, sizeof(float) * n);
+    gpu_upload(d, host, sizeof(float) * n);
+    return d;
+}
+static float *dev_f32_poisoned(size_t n) {  // every byte 0xff: every element NaN
+    float *d = gpu_alloc(MEM_OTHER, sizeof(float) * n);
+    gpu_fill_bytes(d, 0xff, sizeof(float) * n);
+    return d;
+}
+static gpu_bf16 *dev_bf16(const float *host, size_t n) {  // host values rounded to bf16
+    uint16_t *bits = malloc(sizeof(uint16_t) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) bits[i] = bf16_bits_from_f32(host[i]);
+    gpu_bf16 *d = gpu_alloc(MEM_OTHER, sizeof(uint16_t) * n);
+    gpu_upload(d, bits, sizeof(uint16_t) * n);
+    free(bits);
+    return d;
+}
+static gpu_bf16 *dev_bf16_poisoned(size_t n) {
+    gpu_bf16 *d = gpu_alloc(MEM_OTHER, sizeof(uint16_t) * n);
+    gpu_fill_bytes(d, 0xff, sizeof(uint16_t) * n);  // 0xffff is a bf16 NaN
+    return d;
+}
+static int *dev_ints(const int *host, size_t n) {
+    int *d = gpu_alloc(MEM_OTHER, sizeof(int) * (n ? n : 1));
+    gpu_upload(d, host, sizeof(int) * n);
+    return d;
+}
+static float *from_dev_f32(const float *d, size_t n) {
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    gpu_download(h, d, sizeof(float) * n);
+    return h;
+}
+static float *from_dev_bf16(const gpu_bf16 *d, size_t n) {  // as floats (exact)
+    uint16_t *bits = malloc(sizeof(uint16_t) * (n ? n : 1));
+    gpu_download(bits, d, sizeof(uint16_t) * n);
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) h[i] = f32_from_bf16_bits(bits[i]);
+    free(bits);
+    return h;
+}
+
+// ================================ comparisons ====================================================
+
+static void report(const char *name, bool ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void report(const char *name, bool ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s %-44s ", ok ? "PASS" : "FAIL", name);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    n_checks++;
+    n_failed += !ok;
+}
+
+static double max_abs(const float *x, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)x[i]));
+    return m;
+}
+
+// Element-wise |got - want| <= bound_i, where bound_i = rtol |want_i| + atol + (extra ? extra_i : 0).
+// NaN in got fails. Reports the worst element relative to its bound.
+static void check_elementwise(const char *name, const float *got, const float *want, size_t n, double rtol,
+                              double atol, const float *extra, double extra_scale) {
+    double worst_ratio = 0, worst_diff = 0;
+    size_t worst = 0;
+    bool ok = true;
+    for (size_t i = 0; i < n; i++) {
+        double diff = fabs((double)got[i] - (double)want[i]);
+        double bound = rtol * fabs((double)want[i]) + atol + (extra ? extra_scale * extra[i] : 0);
+        double ratio = bound > 0 ? diff / bound : (diff > 0 ? INFINITY : 0);
+        if (!(diff <= bound)) ok = false;
+        if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i, worst_diff = diff;  // NaN wins
+    }
+    report(name, ok, "worst [%zu] got %.9g want %.9g |d| %.3g (%.3g of its bound)", worst, n ? got[worst] : 0.0,
+           n ? want[worst] : 0.0, worst_diff, worst_ratio);
+}
+// The fp32 rule: rtol relative, atol relative to the tensor's largest element.
+static void check_fp32(const char *name, const float *got, const float *want, size_t n, double tol) {
+    check_elementwise(name, got, want, n, tol, tol * max_abs(want, n), NULL, 0);
+}
+static void check_exact(const char *name, const float *got, const float *want, size_t n) {
+    size_t bad = n;
+    for (size_t i = 0; i < n && bad == n; i++)
+        if (memcmp(&got[i], &want[i], sizeof(float)) != 0) bad = i;
+    if (bad == n) report(name, true, "bit-identical, %zu elements", n);
+    else report(name, false, "first difference [%zu]: got %.9g want %.9g", bad, got[bad], want[bad]);
+}
+// ||got - want||_2 / ||want||_2, NaN if got has a NaN.
+static double rel_l2(const float *got, const float *want, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        num += d * d, den += (double)want[i] * want[i];
+    }
+    return sqrt(num) / (den > 0 ? sqrt(den) : 1);
+}
+#define BF16_NORM_TOL 0x1p-8
+static void check_bf16_norm(const char *name, const float *got, const float *want, size_t n) {
+    double e = rel_l2(got, want, n);
+    report(name, e <= BF16_NORM_TOL, "||d||/||ref|| = %.3g (bound %.3g)", e, BF16_NORM_TOL);
+}
+static void check_fa_rule(const char *name, const float *gpu, const float *baseline, const float *ref, size_t n) {
+    double e_gpu = rel_l2(gpu, ref, n), e_base = rel_l2(baseline, ref, n);
+    report(name, e_gpu <= 2 * e_base, "error %.3g, plain bf16 error %.3g (bound 2x)", e_gpu, e_base);
+}
+
+// ================================ casts ==========================================================
+
+static void test_casts(void) {
+    // Every bf16 value (kept half) with the dropped halves that decide the rounding.
+    static const uint32_t dropped[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff};
+    size_t nd = sizeof dropped / sizeof dropped[0], n = 65536 * nd;
+    float *x = malloc(sizeof(float) * n);
+    for (uint32_t kept = 0; kept < 65536; kept++)
+        for (size_t d = 0; d < nd; d++) x[kept * nd + d] = f32_from_bits(kept << 16 | dropped[d]);
+    float *dx = dev_f32(x, n);
+    gpu_bf16 *db = dev_bf16_poisoned(n);
+    gpu_cast_f32_to_bf16(db, dx, n);
+    uint16_t *bits = malloc(sizeof(uint16_t) * n);
+    gpu_download(bits, db, sizeof(uint16_t) * n);
+    size_t bad = n;
+    for (size_t i = 0; i < n && bad == n; i++)
+        if (bits[i] != bf16_bits_from_f32(x[i])) bad = i;
+    if (bad == n) report("cast f32->bf16 (cvt.rn vs numerics.h)", true, "bit-identical on %zu values", n);
+    else report("cast f32->bf16 (cvt.rn vs numerics.h)", false, "0x%08x -> 0x%04x, expected 0x%04x",
+                f32_as_bits(x[bad]), bits[bad], bf16_bits_from_f32(x[bad]));
+
+    // bf16 -> f32 is exact: every one of the 65536 bit patterns comes back as its top half (a NaN
+    // as some NaN: the hardware may quieten its payload).
+    for (uint32_t b = 0; b < 65536; b++) bits[b] = (uint16_t)b;
+    gpu_bf16 *all = gpu_alloc(MEM_OTHER, sizeof(uint16_t) * 65536);
+    gpu_upload(all, bits, sizeof(uint16_t) * 65536);
+    float *back = dev_f32_poisoned(65536);
+    gpu_cast_bf16_to_f32(back, all, 65536);
+    float *got = from_dev_f32(back, 65536);
+    uint32_t wrong = 65536;
+    for (uint32_t b = 0; b < 65536 && wrong == 65536; b++) {
+        float want = f32_from_bf16_bits((uint16_t)b);
+        if (isnan(want) ? !isnan(got[b]) : f32_as_bits(got[b]) != f32_as_bits(want)) wrong = b;
+    }
+    if (wrong == 65536) report("cast bf16->f32", true, "exact on all 65536 bf16 values");
+    else report("cast bf16->f32", false, "0x%04x -> 0x%08x", wrong, f32_as_bits(got[wrong]));
+    free(x), free(bits), free(got);
+    gpu_free(dx), gpu_free(db), gpu_free(back), gpu_free(all);
+}
+
+// ================================ matmul =========================================================
+
+// (K + 2) 2^-23 (|x| . |w|): twice the worst-case error of an fp32 sum of K products in any order,
+// plus the final rounding of the accumulate. Computed with the reference on absolute values.
+static float *sum_bound_forward(const float *inp, const float *weight, int M, int K, int N) {
+    float *ai = host_abs(inp, (size_t)M * K), *aw = host_abs(weight, (size_t)N * K), *b = malloc(sizeof(float) * M * N);
+    matmul_forward(b, ai, aw, M, K, N);
+    free(ai), free(aw);
+    return b;
+}
+
+static void test_matmul(bool bf16) {
+    int M = 193, K = 320, N = 257;
+    size_t nx = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+    float *x = host_normal(nx, 1.0, 1), *w = host_normal(nw + 1, 0.05, 2), *dy = host_normal(ny, 1.0, 3);
+    float *dx0 = host_normal(nx, 0.1, 4), *dw0 = host_normal(nw, 0.1, 5);
+    if (bf16) round_to_bf16(x, nx), round_to_bf16(w, nw + 1), round_to_bf16(dy, ny), round_to_bf16(dx0, nx);
+    // The weight is read at an offset of one element: a 4- (or 2-) byte aligned operand, which the
+    // plan must tell cuBLASLt about.
+    const float *w_host = w + 1;
+    float *y_ref = malloc(sizeof(float) * ny), *dx_ref = host_copy(dx0, nx), *dw_ref = host_copy(dw0, nw);
+    matmul_forward(y_ref, x, w_host, M, K, N);
+    matmul_backward(dx_ref, dw_ref, dy, x, w_host, M, K, N);
+    float *fwd_bound = sum_bound_forward(x, w_host, M, K, N);
+    // Bounds of the backward sums: |dy| . |W| (over N) and |dy|^T . |x| (over M), plus |init|.
+    float *ady = host_abs(dy, ny), *ax = host_abs(x, nx), *aw = host_abs(w_host, nw);
+    float *dx_bound = host_abs(dx0, nx), *dw_bound = host_abs(dw0, nw);
+    matmul_backward(dx_bound, dw_bound, ady, ax, aw, M, K, N);
+    float *y, *dx, *dw;
+    char name[64];
+    const char *tag = bf16 ? "bf16" : "f32";
+    if (!bf16) {
+        float *d_x = dev_f32(x, nx), *d_w = dev_f32(w, nw + 1), *d_dy = dev_f32(dy, ny);
+        float *d_y = dev_f32_poisoned(ny), *d_dx = dev_f32(dx0, nx), *d_dw = dev_f32(dw0, nw);
+        gpu_matmul_forward(d_y, d_x, d_w + 1, M, K, N);
+        gpu_matmul_backward(d_dx, d_dw, d_dy, d_x, d_w + 1, M, K, N);
+        y = from_dev_f32(d_y, ny), dx = from_dev_f32(d_dx, nx), dw = from_dev_f32(d_dw, nw);
+        gpu_free(d_x), gpu_free(d_w), gpu_free(d_dy), gpu_free(d_y), gpu_free(d_dx), gpu_free(d_dw);
+    } else {
+        gpu_bf16 *d_x = dev_bf16(x, nx), *d_w = dev_bf16(w, nw + 1), *d_dy = dev_bf16(dy, ny);
+        gpu_bf16 *d_y = dev_bf16_poisoned(ny), *d_dx = dev_bf16(dx0, nx);
+        float *d_dw = dev_f32(dw0, nw);
+        gpu_matmul_forward_bf16(d_y, d_x, d_w + 1, M, K, N);
+        gpu_matmul_backward_bf16(d_dx, d_dw, d_dy, d_x, d_w + 1, M, K, N);
+        y = from_dev_bf16(d_y, ny), dx = from_dev_bf16(d_dx, nx), dw = from_dev_f32(d_dw, nw);
+        gpu_free(d_x), gpu_free(d_w), gpu_free(d_dy), gpu_free(d_y), gpu_free(d_dx), gpu_free(d_dw);
+    }
+    double out_rtol = bf16 ? 0x1p-8 : 0x1p-23;  // the stored output's rounding
+    snprintf(name, sizeof name, "matmul %s forward (sum bound)", tag);
+    check_elementwise(name, y, y_ref, ny, out_rtol, 0, fwd_bound, (K + 2) * 0x1p-23);
+    snprintf(name, sizeof name, "matmul %s dinp (sum bound)", tag);
+    check_elementwise(name, dx, dx_ref, nx, out_rtol, 0, dx_bound, (N + 2) * 0x1p-23);
+    snprintf(name, sizeof name, "matmul %s dweight (sum bound)", tag);
+    check_elementwise(name, dw, dw_ref, nw, 0x1p-23, 0, dw_bound, (M + 2) * 0x1p-23);
+    free(x), free(w), free(dy), free(dx0), free(dw0), free(y_ref), free(dx_ref), free(dw_ref), free(fwd_bound);
+    free(ady), free(ax), free(aw), free(dx_bound), free(dw_bound), free(y), free(dx), free(dw);
+}
+
+// ================================ embedding ======================================================
+
+static void test_embedding(void) {
+    int N = 300, C = 96, V = 50;  // N >> V: many repeated tokens, whose gradients add in order
+    int *tokens = malloc(sizeof(int) * N);
+    for (int n = 0; n < N; n++) tokens[n] = (int)rng_below(7, 1, n, V);
+    float *table = host_normal((size_t)V * C, 1.0, 10), *dout = host_normal((size_t)N * C, 1.0, 11);
+    float *dtable0 = host_normal((size_t)V * C, 1.0, 12);
+    int *d_tokens = dev_ints(tokens, N);
+    float *d_table = dev_f32(table, (size_t)V * C), *d_dout = dev_f32(dout, (size_t)N * C);
+
+    float *ref = malloc(sizeof(float) * N * C), *d_out = dev_f32_poisoned((size_t)N * C);
+    embedding_forward(ref, tokens, table, N, C);
+    gpu_embedding_forward(d_out, d_tokens, d_table, N, C);
+    float *got = from_dev_f32(d_out, (size_t)N * C);
+    check_exact("embedding f32 forward", got, ref, (size_t)N * C);
+    free(got);
+
+    // Vocab-parallel shard: rows [10, 30) of the table.
+    gpu_fill_bytes(d_out, 0xff, sizeof(float) * N * C);
+    embedding_forward_rows(ref, tokens, table + 10 * C, N, C, 10, 20);
+    gpu_embedding_forward_rows(d_out, d_tokens, d_table + 10 * C, N, C, 10, 20);
+    got = from_dev_f32(d_out, (size_t)N * C);
+    check_exact("embedding f32 forward (rows 10..29)", got, ref, (size_t)N * C);
+    free(got);
+
+    float *dref = host_copy(dtable0, (size_t)V * C), *d_dtable = dev_f32(dtable0, (size_t)V * C);
+    embedding_backward(dref, dout, tokens, N, C);
+    gpu_embedding_backward(d_dtable, d_dout, d_tokens, N, C);
+    got = from_dev_f32(d_dtable, (size_t)V * C);
+    check_fp32("embedding f32 backward", got, dref, (size_t)V * C, 1e-6);  // same order; FMA aside, exact
+    free(got);
+
+    gpu_upload(d_dtable, dtable0, sizeof(float) * V * C);
+    memcpy(dref, dtable0, sizeof(float) * V * C);
+    embedding_backward_rows(dref, dout, tokens, N, C, 10, 20);
+    gpu_embedding_backward_rows(d_dtable, d_dout, d_tokens, N, C, 10, 20);
+    got = from_dev_f32(d_dtable, (size_t)V * C);
+    check_fp32("embedding f32 backward (rows 10..29)", got, dref, (size_t)V * C, 1e-6);
+    free(got);
+
+    // bf16: the table's rows are copied exactly; dout is read as bf16, dtable accumulates in fp32.
+    round_to_bf16(table, (size_t)V * C);
+    round_to_bf16(dout, (size_t)N * C);
+    gpu_bf16 *b_table = dev_bf16(table, (size_t)V * C), *b_out = dev_bf16_poisoned((size_t)N * C);
+    gpu_bf16 *b_dout = dev_bf16(dout, (size_t)N * C);
+    embedding_forward(ref, tokens, table, N, C);
+    gpu_embedding_forward_bf16(b_out, d_tokens, b_table, N, C);
+    got = from_dev_bf16(b_out, (size_t)N * C);
+    check_exact("embedding bf16 forward", got, ref, (size_t)N * C);
+    free(got);
+    gpu_upload(d_dtable, dtable0, sizeof(float) * V * C);
+    memcpy(dref, dtable0, sizeof(float) * V * C);
+    embedding_backward(dref, dout, tokens, N, C);
+    gpu_embedding_backward_bf16(d_dtable, b_dout, d_tokens, N, C);
+    got = from_dev_f32(d_dtable, (size_t)V * C);
+    check_fp32("embedding bf16 backward (fp32 dtable)", got, dref, (size_t)V * C, 1e-6);
+    free(got);
+
+    free(tokens), free(table), free(dout), free(dtable0), free(ref), free(dref);
+    gpu_free(d_tokens), gpu_free(d_table), gpu_free(d_dout), gpu_free(d_out), gpu_free(d_dtable);
+    gpu_free(b_table), gpu_free(b_out), gpu_free(b_dout);
+}
+
+// ================================ RMSNorm ========================================================
+
+static void test_rmsnorm(bool bf16) {
+    int N = 67, C = 1000;  // C not a multiple of the block: the strided loops' tails
+    size_t n = (size_t)N * C;
+    double eps = 1e-5;
+    float *x = host_normal(n, 2.0, 20), *w = host_normal(C, 1.0, 21), *dy = host_normal(n, 1.0, 22);
+    float *dx0 = host_normal(n, 1.0, 23), *dw0 = host_normal(C, 1.0, 24);
+    if (bf16) round_to_bf16(x, n), round_to_bf16(w, C), round_to_bf16(dy, n), round_to_bf16(dx0, n);
+    float *y_ref = malloc(sizeof(float) * n), *rstd_ref = malloc(sizeof(float) * N);
+    float *dx_ref = host_copy(dx0, n), *dw_ref = host_copy(dw0, C);
+    rmsnorm_forward(y_ref, rstd_ref, x, w, N, C, eps);
+    rmsnorm_backward(dx_ref, dw_ref, dy, x, w, rstd_ref, N, C);
+    float *d_rstd = dev_f32_poisoned(N), *d_dw = dev_f32(dw0, C), *y, *dx;
+    if (!bf16) {
+        float *d_x = dev_f32(x, n), *d_w = dev_f32(w, C), *d_dy = dev_f32(dy, n), *d_y = dev_f32_poisoned(n);
+        float *d_dx = dev_f32(dx0, n);
+        gpu_rmsnorm_forward(d_y, d_rstd, d_x, d_w, N, C, eps);
+        gpu_rmsnorm_backward(d_dx, d_dw, d_dy, d_x, d_w, d_rstd, N, C);
+        y = from_dev_f32(d_y, n), dx = from_dev_f32(d_dx, n);
+        gpu_free(d_x), gpu_free(d_w), gpu_free(d_dy), gpu_free(d_y), gpu_free(d_dx);
+    } else {
+        gpu_bf16 *d_x = dev_bf16(x, n), *d_w = dev_bf16(w, C), *d_dy = dev_bf16(dy, n), *d_y = dev_bf16_poisoned(n);
+        gpu_bf16 *d_dx = dev_bf16(dx0, n);
+        gpu_rmsnorm_forward_bf16(d_y, d_rstd, d_x, d_w, N, C, eps);
+        gpu_rmsnorm_backward_bf16(d_dx, d_dw, d_dy, d_x, d_w, d_rstd, N, C);
+        y = from_dev_bf16(d_y, n), dx = from_dev_bf16(d_dx, n);
+        gpu_free(d_x), gpu_free(d_w), gpu_free(d_dy), gpu_free(d_y), gpu_free(d_dx);
+    }
+    float *rstd = from_dev_f32(d_rstd, N), *dw = from_dev_f32(d_dw, C);
+    if (!bf16) {
+        check_fp32("rmsnorm f32 forward", y, y_ref, n, 1e-5);
+        check_fp32("rmsnorm f32 dinp", dx, dx_ref, n, 1e-5);
+    } else {
+        check_bf16_norm("rmsnorm bf16 forward", y, y_ref, n);
+        check_bf16_norm("rmsnorm bf16 dinp", dx, dx_ref, n);
+    }
+    check_fp32(bf16 ? "rmsnorm bf16 rstd (fp32)" : "rmsnorm f32 rstd", rstd, rstd_ref, N, 1e-6);
+    check_fp32(bf16 ? "rmsnorm bf16 dweight (fp32)" : "rmsnorm f32 dweight", dw, dw_ref, C, 1e-5);
+    free(x), free(w), free(dy), free(dx0), free(dw0), free(y_ref), free(rstd_ref), free(dx_ref), free(dw_ref);
+    free(y), free(dx), free(rstd), free(dw);
+    gpu_free(d_rstd), gpu_free(d_dw);
+}
+
+// ================================ RoPE ===========================================================
+
+static void test_rope(bool bf16) {
+    int B = 2, T = 37, H = 5, hd = 64;
+    RopeTable host_table = rope_table_build(128, hd, 500000.0, 8.0, 1.0, 4.0, 64);
+    RopeTable table = gpu_rope_table_upload(&host_table);
+    int positions[37];
+    for (int t = 0; t < T; t++) positions[t] = (int)rng_below(7, 2, t, 128);
+    int *d_positions = dev_ints(positions, T);
+    size_t n = (size_t)B * T * H * hd;
+    for (int with_positions = 0; with_positions < 2; with_positions++)
+        for (int backward = 0; backward < 2; backward++) {
+            float *x = host_normal(n, 1.0, 30 + 2 * with_positions + backward);
+            if (bf16) round_to_bf16(x, n);
+            float *ref = host_copy(x, n), *got;
+            const int *pos = with_positions ? positions : NULL, *d_pos = with_positions ? d_positions : NULL;
+            if (backward) rope_backward(ref, &host_table, pos, B, T, H);
+            else rope_forward(ref, &host_table, pos, B, T, H);
+            if (!bf16) {
+                float *d = dev_f32(x, n);
+                if (backward) gpu_rope_backward(d, &table, d_pos, B, T, H);
+                else gpu_rope_forward(d, &table, d_pos, B, T, H);
+                got = from_dev_f32(d, n);
+                gpu_free(d);
+            } else {
+                gpu_bf16 *d = dev_bf16(x, n);
+                if (backward) gpu_rope_backward_bf16(d, &table, d_pos, B, T, H);
+                else gpu_rope_forward_bf16(d, &table, d_pos, B, T, H);
+                got = from_dev_bf16(d, n);
+                gpu_free(d);
+            }
+            char name[64];
+            snprintf(name, sizeof name, "rope %s %s%s", bf16 ? "bf16" : "f32", backward ? "backward" : "forward",
+                     with_positions ? " (positions)" : "");
+            if (bf16) check_bf16_norm(name, got, ref, n);
+            else check_fp32(name, got, ref, n, 1e-5);
+            free(x), free(ref), free(got);
+        }
+    gpu_free(d_positions);
+    gpu_rope_table_free(&table);
+    rope_table_free(&host_table);
+}
+
+// ================================ SwiGLU, add ====================================================
+
+static void test_elementwise(bool bf16) {
+    size_t n = 100003;  // not a multiple of the block
+    float *gate = host_normal(n, 3.0, 40), *up = host_normal(n, 1.0, 41), *dy = host_normal(n, 1.0, 42);
+    float *dg0 = host_normal(n, 1.0, 43), *du0 = host_normal(n, 1.0, 44);
+    if (bf16) round_to_bf16(gate, n), round_to_bf16(up, n), round_to_bf16(dy, n), round_to_bf16(dg0, n),
+        round_to_bf16(du0, n);
+    float *y_ref = malloc(sizeof(float) * n), *dg_ref = host_copy(dg0, n), *du_ref = host_copy(du0, n);
+    float *sum_ref = host_copy(dg0, n);
+    swiglu_forward(y_ref, gate, up, n);
+    swiglu_backward(dg_ref, du_ref, dy, gate, up, n);
+    add_inplace(sum_ref, up, n);
+    float *y, *dg, *du, *sum;
+    if (!bf16) {
+        float *d_g = dev_f32(gate, n), *d_u = dev_f32(up, n), *d_dy = dev_f32(dy, n), *d_y = dev_f32_poisoned(n);
+        float *d_dg = dev_f32(dg0, n), *d_du = dev_f32(du0, n), *d_sum = dev_f32(dg0, n);
+        gpu_swiglu_forward(d_y, d_g, d_u, n);
+        gpu_swiglu_backward(d_dg, d_du, d_dy, d_g, d_u, n);
+        gpu_add_inplace(d_sum, d_u, n);
+        y = from_dev_f32(d_y, n), dg = from_dev_f32(d_dg, n), du = from_dev_f32(d_du, n), sum = from_dev_f32(d_sum, n);
+        gpu_free(d_g), gpu_free(d_u), gpu_free(d_dy), gpu_free(d_y), gpu_free(d_dg), gpu_free(d_du), gpu_free(d_sum);
+        check_fp32("swiglu f32 forward", y, y_ref, n, 1e-5);
+        check_fp32("swiglu f32 dgate", dg, dg_ref, n, 1e-5);
+        check_fp32("swiglu f32 dup", du, du_ref, n, 1e-5);
+        check_exact("add_inplace f32", sum, sum_ref, n);
+    } else {
+        gpu_bf16 *d_g = dev_bf16(gate, n), *d_u = dev_bf16(up, n), *d_dy = dev_bf16(dy, n), *d_y = dev_bf16_poisoned(n);
+        gpu_bf16 *d_dg = dev_bf16(dg0, n), *d_du = dev_bf16(du0, n), *d_sum = dev_bf16(dg0, n);
+        gpu_swiglu_forward_bf16(d_y, d_g, d_u, n);
+        gpu_swiglu_backward_bf16(d_dg, d_du, d_dy, d_g, d_u, n);
+        gpu_add_inplace_bf16(d_sum, d_u, n);
+        y = from_dev_bf16(d_y, n), dg = from_dev_bf16(d_dg, n), du = from_dev_bf16(d_du, n);
+        sum = from_dev_bf16(d_sum, n);
+        gpu_free(d_g), gpu_free(d_u), gpu_free(d_dy), gpu_free(d_y), gpu_free(d_dg), gpu_free(d_du), gpu_free(d_sum);
+        check_bf16_norm("swiglu bf16 forward", y, y_ref, n);
+        check_bf16_norm("swiglu bf16 dgate", dg, dg_ref, n);
+        check_bf16_norm("swiglu bf16 dup", du, du_ref, n);
+        // x + y of two bf16 values, rounded once: exactly what the host's rounding gives.
+        for (size_t i = 0; i < n; i++) sum_ref[i] = bf16_round(sum_ref[i]);
+        check_exact("add_inplace bf16", sum, sum_ref, n);
+    }
+    free(gate), free(up), free(dy), free(dg0), free(du0), free(y_ref), free(dg_ref), free(du_ref), free(sum_ref);
+    free(y), free(dg), free(du), free(sum);
+}
+
+// ================================ cross-entropy ==================================================
+
+static void test_cross_entropy(bool bf16) {
+    int N = 64, V = 5003;
+    size_t n = (size_t)N * V;
+    // Initial dlogits of the size of the gradient's own entries (coef * p ~ 1e-5), so that the
+    // accumulated term is visible in a bf16 result.
+    float *logits = host_normal(n, 2.0, 50), *dl0 = host_normal(n, 1e-5, 51);
+    if (bf16) round_to_bf16(logits, n), round_to_bf16(dl0, n);
+    int *targets = malloc(sizeof(int) * N), *ignored = malloc(sizeof(int) * N);
+    for (int i = 0; i < N; i++) {
+        targets[i] = i % 7 == 3 ? IGNORE_INDEX : (int)rng_below(7, 3, i, V);
+        ignored[i] = IGNORE_INDEX;
+    }
+    float *lse_ref = malloc(sizeof(float) * N), *dl_ref = host_copy(dl0, n);
+    double loss_ref = cross_entropy_forward(lse_ref, logits, targets, N, V);
+    cross_entropy_backward(dl_ref, logits, lse_ref, targets, N, V, 1.7);
+
+    int *d_targets = dev_ints(targets, N), *d_ignored = dev_ints(ignored, N);
+    float *d_lse = dev_f32_poisoned(N), *lse = malloc(sizeof(float) * N), *dl, *dl_untouched;
+    double loss, loss_ignored;
+    if (!bf16) {
+        float *d_logits = dev_f32(logits, n), *d_dl = dev_f32(dl0, n), *d_dl2 = dev_f32(dl0, n);
+        loss = gpu_cross_entropy_forward(d_lse, d_logits, d_targets, N, V);
+        gpu_download(lse, d_lse, sizeof(float) * N);
+        gpu_cross_entropy_backward(d_dl, d_logits, d_lse, d_targets, N, V, 1.7);
+        loss_ignored = gpu_cross_entropy_forward(d_lse, d_logits, d_ignored, N, V);
+        gpu_cross_entropy_backward(d_dl2, d_logits, d_lse, d_ignored, N, V, 1.7);
+        dl = from_dev_f32(d_dl, n), dl_untouched = from_dev_f32(d_dl2, n);
+        gpu_free(d_logits), gpu_free(d_dl), gpu_free(d_dl2);
+    } else {
+        gpu_bf16 *d_logits = dev_bf16(logits, n), *d_dl = dev_bf16(dl0, n), *d_dl2 = dev_bf16(dl0, n);
+        loss = gpu_cross_entropy_forward_bf16(d_lse, d_logits, d_targets, N, V);
+        gpu_download(lse, d_lse, sizeof(float) * N);
+        gpu_cross_entropy_backward_bf16(d_dl, d_logits, d_lse, d_targets, N, V, 1.7);
+        loss_ignored = gpu_cross_entropy_forward_bf16(d_lse, d_logits, d_ignored, N, V);
+        gpu_cross_entropy_backward_bf16(d_dl2, d_logits, d_lse, d_ignored, N, V, 1.7);
+        dl = from_dev_bf16(d_dl, n), dl_untouched = from_dev_bf16(d_dl2, n);
+        gpu_free(d_logits), gpu_free(d_dl), gpu_free(d_dl2);
+    }
+    const char *tag = bf16 ? "bf16" : "f32";
+    char name[64];
+    snprintf(name, sizeof name, "cross-entropy %s lse", tag);
+    check_fp32(name, lse, lse_ref, N, 1e-6);
+    snprintf(name, sizeof name, "cross-entropy %s loss", tag);
+    report(name, fabs(loss - loss_ref) <= 1e-5 * fabs(loss_ref), "%.9f vs reference %.9f", loss, loss_ref);
+    snprintf(name, sizeof name, "cross-entropy %s dlogits", tag);
+    if (bf16) check_bf16_norm(name, dl, dl_ref, n);
+    else check_fp32(name, dl, dl_ref, n, 1e-5);
+    bool untouched = memcmp(dl_untouched, dl0, sizeof(float) * n) == 0;
+    snprintf(name, sizeof name, "cross-entropy %s all targets ignored", tag);
+    report(name, loss_ignored == 0.0 && untouched, "loss %g, gradients untouched: %s", loss_ignored,
+           untouched ? "yes" : "no");
+    free(logits), free(dl0), free(targets), free(ignored), free(lse_ref), free(dl_ref), free(lse), free(dl);
+    free(dl_untouched);
+    gpu_free(d_targets), gpu_free(d_ignored), gpu_free(d_lse);
+}
+
+// ================================ AdamW ==========================================================
+
+static void test_adamw(void) {
+    size_t n = 100003;
+    AdamWConfig cfg = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    float *p = host_normal(n, 0.02, 60), *m = calloc(n, sizeof(float)), *v = calloc(n, sizeof(float));
+    float *d_p = dev_f32(p, n), *d_m = dev_f32(m, n), *d_v = dev_f32(v, n);
+    gpu_bf16 *d_pb = dev_bf16_poisoned(n);
+    for (long long step = 1; step <= 3; step++) {
+        float *g = host_normal(n, step == 2 ? 1e-6 : 1.0, 60 + step);
+        float *d_g = dev_f32(g, n);
+        adamw_step(p, g, m, v, n, step, 1e-3, &cfg);
+        if (step < 3) gpu_adamw_step(d_p, d_g, d_m, d_v, n, step, 1e-3, &cfg);
+        else gpu_adamw_step_bf16_copy(d_p, d_pb, d_g, d_m, d_v, n, step, 1e-3, &cfg);
+        free(g);
+        gpu_free(d_g);
+    }
+    float *gp = from_dev_f32(d_p, n), *gm = from_dev_f32(d_m, n), *gv = from_dev_f32(d_v, n);
+    float *gpb = from_dev_bf16(d_pb, n);
+    // Same formula in the same order (gpu/numerics.h, checked on the host against adamw.c): only
+    // fused multiply-adds chosen differently by the two compilers separate them, a few ulp.
+    check_elementwise("adamw params (3 steps)", gp, p, n, 1e-6, 1e-12, NULL, 0);
+    check_elementwise("adamw m", gm, m, n, 1e-6, 1e-15, NULL, 0);
+    check_elementwise("adamw v", gv, v, n, 1e-6, 1e-20, NULL, 0);
+    for (size_t i = 0; i < n; i++) gp[i] = bf16_round(gp[i]);
+    check_exact("adamw bf16 copy = bf16(params)", gpb, gp, n);
+    free(p), free(m), free(v), free(gp), free(gm), free(gv), free(gpb);
+    gpu_free(d_p), gpu_free(d_m), gpu_free(d_v), gpu_free(d_pb);
+}
+
+// ================================ attention ======================================================
+
+typedef struct {
+    const char *name;
+    int B, Tq, Tk, H, KV, hd;
+    bool causal, positions;
+} AttnCase;
+
+static size_t q_elems(const AttnShape *s) { return (size_t)s->B * s->Tq * s->n_heads * s->head_dim; }
+static size_t kv_elems(const AttnShape *s) { return (size_t)s->B * s->Tk * s->n_kv_heads * s->head_dim; }
+static size_t row_elems(const AttnShape *s) { return (size_t)s->B * s->n_heads * s->Tq; }
+
+// Query positions: the first 4 before every key (they see nothing: lse -inf, output 0, no gradient),
+// the rest spread over the keys; key positions run backwards, so whole tiles are masked for some rows.
+static void make_positions(int *q_pos, int *k_pos, int Tq, int Tk) {
+    for (int i = 0; i < Tq; i++) q_pos[i] = i < 4 ? -1 - i : (int)((long)i * Tk / Tq);
+    for (int j = 0; j < Tk; j++) k_pos[j] = Tk - 1 - j;
+}
+
+static void test_attention_f32(const AttnCase *c) {
+    int *q_pos = malloc(sizeof(int) * c->Tq), *k_pos = malloc(sizeof(int) * c->Tk);
+    make_positions(q_pos, k_pos, c->Tq, c->Tk);
+    AttnShape s = {c->B, c->Tq, c->Tk, c->H, c->KV, c->hd, NULL, NULL, c->causal};
+    if (c->positions) s.q_pos = q_pos, s.k_pos = k_pos;
+    size_t nq = q_elems(&s), nk = kv_elems(&s), nr = row_elems(&s);
+    float *q = host_normal(nq, 1.0, 70), *k = host_normal(nk, 1.0, 71), *v = host_normal(nk, 1.0, 72);
+    float *dout = host_normal(nq, 1.0, 73), *dq0 = host_normal(nq, 0.1, 74), *dk0 = host_normal(nk, 0.1, 75);
+    float *dv0 = host_normal(nk, 0.1, 76);
+    float *out_ref = malloc(sizeof(float) * nq), *lse_ref = malloc(sizeof(float) * nr);
+    float *dq_ref = host_copy(dq0, nq), *dk_ref = host_copy(dk0, nk), *dv_ref = host_copy(dv0, nk);
+    attention_flash_forward(out_ref, lse_ref, q, k, v, &s);
+    attention_flash_backward(dq_ref, dk_ref, dv_ref, dout, q, k, v, out_ref, lse_ref, &s);
+
+    int *d_qpos = dev_ints(q_pos, c->Tq), *d_kpos = dev_ints(k_pos, c->Tk);
+    AttnShape ds = s;  // the same shape with device positions
+    if (c->positions) ds.q_pos = d_qpos, ds.k_pos = d_kpos;
+    float *d_q = dev_f32(q, nq), *d_k = dev_f32(k, nk), *d_v = dev_f32(v, nk), *d_dout = dev_f32(dout, nq);
+    float *d_out = dev_f32_poisoned(nq), *d_lse = dev_f32_poisoned(nr);
+    float *d_dq = dev_f32(dq0, nq), *d_dk = dev_f32(dk0, nk), *d_dv = dev_f32(dv0, nk);
+    gpu_attention_forward(d_out, d_lse, d_q, d_k, d_v, &ds);
+    gpu_attention_backward(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse, &ds);
+    float *out = from_dev_f32(d_out, nq), *lse = from_dev_f32(d_lse, nr), *dq = from_dev_f32(d_dq, nq);
+    float *dk = from_dev_f32(d_dk, nk), *dv = from_dev_f32(d_dv, nk);
+
+    char name[96];
+    snprintf(name, sizeof name, "attention f32 %s out", c->name);
+    check_fp32(name, out, out_ref, nq, 1e-4);
+    // lse: -inf where the row saw no key, on both sides; else fp32 rule.
+    size_t inf_mismatch = 0;
+    for (size_t r = 0; r < nr; r++)
+        if (isinf(lse_ref[r]) || isinf(lse[r])) {
+            inf_mismatch += !(isinf(lse_ref[r]) && isinf(lse[r]));
+            lse[r] = lse_ref[r] = 0;  // compared; leave the finite ones to check_fp32
+        }
+    snprintf(name, sizeof name, "attention f32 %s lse", c->name);
+    if (inf_mismatch) report(name, false, "%zu rows -inf on one side only", inf_mismatch);
+    else check_fp32(name, lse, lse_ref, nr, 1e-5);
+    snprintf(name, sizeof name, "attention f32 %s dq", c->name);
+    check_fp32(name, dq, dq_ref, nq, 1e-4);
+    snprintf(name, sizeof name, "attention f32 %s dk", c->name);
+    check_fp32(name, dk, dk_ref, nk, 1e-4);
+    snprintf(name, sizeof name, "attention f32 %s dv", c->name);
+    check_fp32(name, dv, dv_ref, nk, 1e-4);
+
+    free(q_pos), free(k_pos), free(q), free(k), free(v), free(dout), free(dq0), free(dk0), free(dv0);
+    free(out_ref), free(lse_ref), free(dq_ref), free(dk_ref), free(dv_ref);
+    free(out), free(lse), free(dq), free(dk), free(dv);
+    gpu_free(d_qpos), gpu_free(d_kpos), gpu_free(d_q), gpu_free(d_k), gpu_free(d_v), gpu_free(d_dout);
+    gpu_free(d_out), gpu_free(d_lse), gpu_free(d_dq), gpu_free(d_dk), gpu_free(d_dv);
+}
+
+// Attention the plain bf16 way, as PyTorch eager runs softmax(Q K^T * scale) V on bf16 tensors with
+// K, V expanded over the group: every op's output rounded to bf16 (matmuls accumulate in fp32,
+// softmax computes in fp32), then autograd in the same ops; the expanded K, V gradients are summed
+// over the group's heads in fp32 and rounded once. Causal, positions 0..T-1.
+static void attention_plain_bf16(float *out, float *dq, float *dk, float *dv, const float *q, const float *k,
+                                 const float *v, const float *dout, const AttnShape *s) {
+    int B = s->B, T = s->Tq, H = s->n_heads, KV = s->n_kv_heads, hd = s->head_dim, group = H / KV;
+    float scale = (float)(1.0 / sqrt((double)hd));
+    size_t nk = kv_elems(s);
+    float *P = malloc(sizeof(float) * T * T), *dS = malloc(sizeof(float) * T * T);
+    float *dk_heads = calloc(nk * group, sizeof(float)), *dv_heads = calloc(nk * group, sizeof(float));
+#define Q_AT(x, b, i, h) ((x) + (((size_t)(b) * T + (i)) * H + (h)) * hd)
+#define KV_AT(x, b, j, g) ((x) + (((size_t)(b) * T + (j)) * KV + (g)) * hd)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            int g = h / group;
+            for (int i = 0; i < T; i++) {  // P row i: S = bf16(bf16(q.k) * scale), softmax in fp32
+                float m = -INFINITY;
+                for (int j = 0; j <= i; j++) {
+                    float dot = 0;
+                    for (int d = 0; d < hd; d++) dot += Q_AT(q, b, i, h)[d] * KV_AT(k, b, j, g)[d];
+                    P[(size_t)i * T + j] = bf16_round(bf16_round(dot) * scale);
+                    m = fmaxf(m, P[(size_t)i * T + j]);
+                }
+                float sum = 0;
+                for (int j = 0; j <= i; j++) sum += expf(P[(size_t)i * T + j] - m);
+                for (int j = 0; j < T; j++) P[(size_t)i * T + j] = j <= i ? bf16_round(expf(P[(size_t)i * T + j] - m) / sum) : 0;
+                for (int d = 0; d < hd; d++) {  // O = bf16(P V)
+                    float acc = 0;
+                    for (int j = 0; j <= i; j++) acc += P[(size_t)i * T + j] * KV_AT(v, b, j, g)[d];
+                    Q_AT(out, b, i, h)[d] = bf16_round(acc);
+                }
+            }
+            for (int i = 0; i < T; i++) {  // dP = bf16(dO V^T); dS = bf16(softmax backward); bf16(dS * scale)
+                float dp[4096], rowsum = 0;
+                for (int j = 0; j <= i; j++) {
+                    float acc = 0;
+                    for (int d = 0; d < hd; d++) acc += Q_AT(dout, b, i, h)[d] * KV_AT(v, b, j, g)[d];
+                    dp[j] = bf16_round(acc);
+                    rowsum += P[(size_t)i * T + j] * dp[j];
+                }
+                for (int j = 0; j < T; j++)
+                    dS[(size_t)i * T + j] = j <= i ? bf16_round(bf16_round(P[(size_t)i * T + j] * (dp[j] - rowsum)) * scale) : 0;
+            }
+            for (int i = 0; i < T; i++)  // dQ = bf16(dS K)
+                for (int d = 0; d < hd; d++) {
+                    float acc = 0;
+                    for (int j = 0; j <= i; j++) acc += dS[(size_t)i * T + j] * KV_AT(k, b, j, g)[d];
+                    Q_AT(dq, b, i, h)[d] = bf16_round(acc);
+                }
+            for (int j = 0; j < T; j++)  // per head: dK_h = bf16(dS^T Q), dV_h = bf16(P^T dO)
+                for (int d = 0; d < hd; d++) {
+                    float acc_k = 0, acc_v = 0;
+                    for (int i = j; i < T; i++) {
+                        acc_k += dS[(size_t)i * T + j] * Q_AT(q, b, i, h)[d];
+                        acc_v += P[(size_t)i * T + j] * Q_AT(dout, b, i, h)[d];
+                    }
+                    size_t at = (size_t)(h % group) * nk + (KV_AT(dk, b, j, g) - dk) + d;
+                    dk_heads[at] = bf16_round(acc_k);
+                    dv_heads[at] = bf16_round(acc_v);
+                }
+        }
+    for (size_t e = 0; e < nk; e++) {  // the expand's backward: sum over the group, one rounding
+        float sk = 0, sv = 0;
+        for (int r = 0; r < group; r++) sk += dk_heads[r * nk + e], sv += dv_heads[r * nk + e];
+        dk[e] = bf16_round(sk), dv[e] = bf16_round(sv);
+    }
+#undef Q_AT
+#undef KV_AT
+    free(P), free(dS), free(dk_heads), free(dv_heads);
+}
+
+static void test_attention_bf16(const AttnCase *c) {
+    AttnShape s = {c->B, c->Tq, c->Tk, c->H, c->KV, c->hd, NULL, NULL, true};
+    size_t nq = q_elems(&s), nk = kv_elems(&s), nr = row_elems(&s);
+    float *q = host_normal(nq, 1.0, 80), *k = host_normal(nk, 1.0, 81), *v = host_normal(nk, 1.0, 82);
+    float *dout = host_normal(nq, 1.0, 83);
+    round_to_bf16(q, nq), round_to_bf16(k, nk), round_to_bf16(v, nk), round_to_bf16(dout, nq);
+    // Reference: fp32 on the same bf16 values (its own error is ~1e-6, far below bf16's ~1e-3).
+    float *out_ref = malloc(sizeof(float) * nq), *lse_ref = malloc(sizeof(float) * nr);
+    float *dq_ref = calloc(nq, sizeof(float)), *dk_ref = calloc(nk, sizeof(float)), *dv_ref = calloc(nk, sizeof(float));
+    attention_flash_forward(out_ref, lse_ref, q, k, v, &s);
+    attention_flash_backward(dq_ref, dk_ref, dv_ref, dout, q, k, v, out_ref, lse_ref, &s);
+    float *out_base = malloc(sizeof(float) * nq), *dq_base = malloc(sizeof(float) * nq);
+    float *dk_base = malloc(sizeof(float) * nk), *dv_base = malloc(sizeof(float) * nk);
+    attention_plain_bf16(out_base, dq_base, dk_base, dv_base, q, k, v, dout, &s);
+
+    gpu_bf16 *d_q = dev_bf16(q, nq), *d_k = dev_bf16(k, nk), *d_v = dev_bf16(v, nk), *d_dout = dev_bf16(dout, nq);
+    gpu_bf16 *d_out = dev_bf16_poisoned(nq);
+    float *d_lse = dev_f32_poisoned(nr), *zeros = calloc(nq > nk ? nq : nk, sizeof(float));
+    gpu_bf16 *d_dq = dev_bf16(zeros, nq), *d_dk = dev_bf16(zeros, nk), *d_dv = dev_bf16(zeros, nk);  // += into 0
+    gpu_attention_forward_bf16(d_out, d_lse, d_q, d_k, d_v, &s);
+    gpu_attention_backward_bf16(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse, &s);
+    float *out = from_dev_bf16(d_out, nq), *lse = from_dev_f32(d_lse, nr), *dq = from_dev_bf16(d_dq, nq);
+    float *dk = from_dev_bf16(d_dk, nk), *dv = from_dev_bf16(d_dv, nk);
+
+    char name[96];
+    snprintf(name, sizeof name, "attention bf16 %s out (FA rule)", c->name);
+    check_fa_rule(name, out, out_base, out_ref, nq);
+    snprintf(name, sizeof name, "attention bf16 %s lse (fp32)", c->name);
+    check_fp32(name, lse, lse_ref, nr, 1e-5);
+    snprintf(name, sizeof name, "attention bf16 %s dq (FA rule)", c->name);
+    check_fa_rule(name, dq, dq_base, dq_ref, nq);
+    snprintf(name, sizeof name, "attention bf16 %s dk (FA rule)", c->name);
+    check_fa_rule(name, dk, dk_base, dk_ref, nk);
+    snprintf(name, sizeof name, "attention bf16 %s dv (FA rule)", c->name);
+    check_fa_rule(name, dv, dv_base, dv_ref, nk);
+
+    free(q), free(k), free(v), free(dout), free(out_ref), free(lse_ref), free(dq_ref), free(dk_ref), free(dv_ref);
+    free(out_base), free(dq_base), free(dk_base), free(dv_base), free(zeros);
+    free(out), free(lse), free(dq), free(dk), free(dv);
+    gpu_free(d_q), gpu_free(d_k), gpu_free(d_v), gpu_free(d_dout), gpu_free(d_out), gpu_free(d_lse);
+    gpu_free(d_dq), gpu_free(d_dk), gpu_free(d_dv);
+}
+
+int main(void) {
+    log_set_program("test_gpu_ops");
+    char why[256];
+    if (gpu_device_count(why, sizeof why) == 0) {
+        printf("SKIP: no CUDA device (%s)\n", why);
+        return 0;
+    }
+    gpu_init(0);
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+        printf("device 0: %s, compute capability %d.%d, %d SMs\n", prop.name, prop.major, prop.minor,
+               prop.multiProcessorCount);
+
+    test_casts();
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        test_matmul(bf16);
+        test_rmsnorm(bf16);
+        test_rope(bf16);
+        test_elementwise(bf16);
+        test_cross_entropy(bf16);
+    }
+    test_embedding();
+    test_adamw();
+    const AttnCase f32_cases[] = {
+        {"causal GQA 2x130 H8/KV2 hd64", 2, 130, 130, 8, 2, 64, true, false},
+        {"full Tq70 Tk130 H4/KV4 hd32", 2, 70, 130, 4, 4, 32, false, false},
+        {"causal 1x200 H4/KV1 hd128", 1, 200, 200, 4, 1, 128, true, false},
+        {"causal positions Tq50 Tk150 hd64", 2, 50, 150, 4, 2, 64, true, true},
+        {"tiny 4x32 H8/KV4 hd8", 4, 32, 32, 8, 4, 8, true, false},
+    };
+    for (size_t i = 0; i < sizeof f32_cases / sizeof f32_cases[0]; i++) test_attention_f32(&f32_cases[i]);
+    const AttnCase bf16_cases[] = {
+        {"causal GQA 2x256 H8/KV2 hd64", 2, 256, 256, 8, 2, 64, true, false},
+        {"causal 1x192 H4/KV2 hd128", 1, 192, 192, 4, 2, 128, true, false},
+    };
+    for (size_t i = 0; i < sizeof bf16_cases / sizeof bf16_cases[0]; i++) test_attention_bf16(&bf16_cases[i]);
+
+    gpu_memory_report();
+    gpu_shutdown();
+    printf("test_gpu_ops: %d checks, %d failed\n", n_checks, n_failed);
+    return n_failed ? 1 : 0;
+}

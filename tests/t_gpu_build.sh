@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The GPU side on any machine. Where nvcc exists: every gpu/*.cu compiles for sm_90a with the
+# Makefile's flags and prints nothing at all (no warning, no remark); the GPU test programs link
+# and, without a CUDA device, print one SKIP line and exit 0 (with a device they must pass). The
+# Makefile's guard: with nvcc hidden, the GPU targets say SKIP and build nothing. Where nvcc does not
+# exist this script says SKIP. (tests/test_gpu_host.c, the host-side parts, runs in every build.)
+set -euo pipefail
+BUILD=${BUILD:-build}
+TEST_TMP=${TEST_TMP:?TEST_TMP must name a scratch directory}
+
+out=$(make --no-print-directory -s NVCC= gpu 2>&1)
+[[ "$out" == "SKIP: nvcc not found"* ]] || { echo "FAIL: make gpu without nvcc printed: $out"; exit 1; }
+echo "ok: without nvcc, make gpu says: $out"
+
+if ! command -v nvcc >/dev/null 2>&1; then
+    echo "SKIP: nvcc not found: the GPU sources were not compiled"
+    exit 0
+fi
+
+flags=$(make --no-print-directory -s print-nvccflags)
+for src in gpu/*.cu; do
+    obj="$TEST_TMP/$(basename "$src" .cu).o"
+    # shellcheck disable=SC2086  # the flags are words
+    if ! msg=$(nvcc $flags -c "$src" -o "$obj" 2>&1); then
+        echo "FAIL: $src does not compile:"; echo "$msg"; exit 1
+    fi
+    [ -z "$msg" ] || { echo "FAIL: $src: the compiler said something:"; echo "$msg"; exit 1; }
+    echo "ok: $src compiles for sm_90a without a diagnostic"
+done
+
+have_gpu=no
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then have_gpu=yes; fi
+shopt -s nullglob
+programs=("$BUILD"/tests/gpu/test_*)
+[ ${#programs[@]} -gt 0 ] || { echo "FAIL: no GPU test program in $BUILD/tests/gpu (make gpu)"; exit 1; }
+for t in "${programs[@]}"; do
+    [[ "$t" == *.d ]] && continue
+    status=0
+    msg=$("$t" 2>&1) || status=$?
+    if [ "$have_gpu" = no ]; then
+        [ "$status" -eq 0 ] && [[ "$msg" == "SKIP: no CUDA device"* ]] ||
+            { echo "FAIL: $t without a GPU: status $status, output: $msg"; exit 1; }
+        echo "ok: $t without a GPU: $msg"
+    else
+        [ "$status" -eq 0 ] || { echo "FAIL: $t on the GPU: status $status"; echo "$msg" | tail -40; exit 1; }
+        echo "ok: $t on the GPU: $(echo "$msg" | tail -1)"
+    fi
+done
