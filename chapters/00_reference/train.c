@@ -9,6 +9,7 @@
 //   mpirun -np 4 ./build/train --dp-shard 4 --zero-stage 3            (chapter 3: FSDP)
 //   mpirun -np 4 ./build/train --dp-replicate 2 --dp-shard 2          (chapter 4: HSDP)
 //   mpirun -np 4 ./build/train --tp 2 --dp-shard 2                    (chapter 6: tensor parallel, with FSDP)
+//   mpirun -np 4 ./build/train --pp 4 --pp-schedule 1F1B --pp-microbatches 8   (chapter 7: pipeline parallel)
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include "chapters/02_data_parallel/ddp.h"
 #include "chapters/03_fsdp/fsdp.h"
 #include "chapters/06_tensor_parallel/tp.h"
+#include "chapters/07_pipeline_parallel/pipeline.h"
 #include "common/args.h"
 #include "common/comm.h"
 #include "common/data.h"
@@ -35,8 +37,9 @@
 typedef struct {
     const char *model, *data, *lr_decay, *attention, *matmul, *ac, *reshard;
     const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta, *grad_dump;
-    int steps, batch, seq_len, warmup_steps, checkpoint_every, log_every;
-    int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp;
+    const char *pp_schedule, *pp_schedule_dot;
+    int steps, batch, seq_len, n_layers, warmup_steps, checkpoint_every, log_every;
+    int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages;
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
     double bucket_mb, comm_timeout;
@@ -52,6 +55,7 @@ static const ArgSpec FLAGS[] = {
     {"batch", ARG_INT, &opt.batch, "8", "GLOBAL batch in sequences per optimizer step", .min = 1, .max = UNBOUNDED},
     {"seq-len", ARG_INT, &opt.seq_len, NULL, "tokens per sequence (default: the model's max_seq_len)", .min = 1,
      .max = UNBOUNDED},
+    {"n-layers", ARG_INT, &opt.n_layers, NULL, "transformer blocks (default: the model's)", .min = 1, .max = UNBOUNDED},
     {"lr", ARG_DOUBLE, &opt.lr, "3e-4", "peak learning rate", .min = 0, .max = 10},
     {"warmup-steps", ARG_INT, &opt.warmup_steps, NULL, "linear warmup steps (default: steps/10)", .min = 0,
      .max = UNBOUNDED},
@@ -103,6 +107,15 @@ static const ArgSpec FLAGS[] = {
     {"sequence-parallel", ARG_BOOL, &opt.sequence_parallel, NULL,
      "with --tp: norms and residuals on sequence shards (all-gather / reduce-scatter instead of all-reduce)",
      .value_name = ""},
+    {"pp", ARG_INT, &opt.pp, "1", "pipeline-parallel ranks: each holds a slice of the layers (chapter 7)", .min = 1,
+     .max = UNBOUNDED},
+    {"pp-schedule", ARG_CHOICE, &opt.pp_schedule, "1F1B", "pipeline schedule", .choices = PP_SCHEDULE_NAMES},
+    {"pp-microbatches", ARG_INT, &opt.pp_microbatches, NULL,
+     "micro-batches per step on each data-parallel rank (default: --pp)", .min = 1, .max = UNBOUNDED},
+    {"pp-virtual-stages", ARG_INT, &opt.pp_virtual_stages, "1", "stages per pipeline rank (Interleaved1F1B)",
+     .min = 1, .max = UNBOUNDED},
+    {"pp-schedule-dot", ARG_STRING, &opt.pp_schedule_dot, NULL, "write the pipeline schedule as a Graphviz diagram",
+     .value_name = "FILE"},
     {"zero-stage", ARG_INT, &opt.zero_stage, "3",
      "with --dp-shard > 1: 1 shards the optimizer state, 2 also the gradients, 3 also the weights (FSDP)", .min = 1,
      .max = 3},
@@ -116,7 +129,8 @@ static const ArgSpec FLAGS[] = {
      "DDP: all-reduce every bucket after backward instead of during it; FSDP: no all-gather prefetch",
      .value_name = ""},
     {"desync-init", ARG_BOOL, &opt.desync_init, NULL,
-     "give every rank a different init (seed + rank) to show the initial broadcast fixes it", .value_name = ""},
+     "give every data-parallel replica a different init (seed + dp rank) to show the initial broadcast fixes it",
+     .value_name = ""},
     {"comm-timeout", ARG_DOUBLE, &opt.comm_timeout, "300", "seconds before a stuck collective ends the run",
      .min = 0.1, .max = UNBOUNDED},
     {"mesh-dot", ARG_STRING, &opt.mesh_dot, NULL, "write the device mesh as a Graphviz diagram", .value_name = "FILE"},
@@ -130,6 +144,7 @@ static ModelConfig resolve_config(void) {
     if (opt.seq_len < 0) opt.seq_len = cfg.max_seq_len;
     if (opt.seq_len > cfg.max_seq_len) cfg.max_seq_len = opt.seq_len;  // the RoPE table grows with it
     if (opt.rope_theta > 0) cfg.rope_theta = opt.rope_theta;
+    if (opt.n_layers > 0) cfg.n_layers = opt.n_layers;
     model_config_validate(&cfg, opt.seq_len);
     if (opt.warmup_steps < 0) opt.warmup_steps = opt.steps / 10;
     if (opt.warmup_steps > opt.steps)
@@ -196,11 +211,12 @@ typedef struct {
     Model model;
     ModelActs acts;                // for one micro-batch
     real *adam_m, *adam_v;
-    int *inputs, *targets;         // one micro-batch: (micro, T)
+    int *inputs, *targets;         // one micro-batch: (micro, T); with PP the rank's slice (n_micro * micro, T)
     DataSource *data;
     Mesh *mesh;
     Ddp *ddp;                      // DDP: dp_replicate > 1 and dp_shard == 1
     Fsdp *fsdp;                    // FSDP / HSDP: dp_shard > 1 (then adam_m, adam_v and model.params are NULL)
+    Pipeline *pp;                  // PP: pp > 1 (likewise NULL: each stage holds its own layers' state)
     int B, T;                      // global batch, sequence length
     int micro, n_micro;            // sequences per micro-batch, micro-batches per step on this rank
     int dp_index, dp_size;
@@ -217,6 +233,10 @@ static double forward_backward(Trainer *t, long long step) {
     int track = trace_track("compute");
     double loss_sum = 0;
     int local = t->micro * t->n_micro;
+    if (t->pp) {  // the schedule runs every micro-batch of the slice
+        data_batch(t->data, step, t->B, t->dp_index * local, local, t->T, t->inputs, t->targets);
+        return pipeline_forward_backward(t->pp, t->inputs, t->targets);
+    }
     for (int mb = 0; mb < t->n_micro; mb++) {
         int first_seq = t->dp_index * local + mb * t->micro;
         data_batch(t->data, step, t->B, first_seq, t->micro, t->T, t->inputs, t->targets);
@@ -252,11 +272,11 @@ static StepResult train_step(Trainer *t, long long step) {
     trace_begin(track, "optimizer", "phase");
     r.lr = lr_at(&t->schedule, step);
     if (opt.grad_dump && step == 1) write_grad_dump(t, opt.grad_dump);
-    if (t->fsdp) {  // each rank clips and updates its shards only
-        r.grad_norm = fsdp_grad_norm(t->fsdp);
+    if (t->fsdp || t->pp) {  // each rank clips (by the global norm) and updates only what it holds
+        r.grad_norm = t->fsdp ? fsdp_grad_norm(t->fsdp) : pipeline_grad_norm(t->pp);
         if (!isfinite(r.grad_norm)) fatal("step %lld: gradient norm is %g; stopping", step, r.grad_norm);
-        fsdp_clip(t->fsdp, r.grad_norm, opt.grad_clip);
-        fsdp_adamw_step(t->fsdp, step, r.lr, &t->adam);
+        if (t->fsdp) fsdp_clip(t->fsdp, r.grad_norm, opt.grad_clip), fsdp_adamw_step(t->fsdp, step, r.lr, &t->adam);
+        else pipeline_clip(t->pp, r.grad_norm, opt.grad_clip), pipeline_adamw_step(t->pp, step, r.lr, &t->adam);
         trace_end(track);
         return r;
     }
@@ -272,10 +292,30 @@ static StepResult train_step(Trainer *t, long long step) {
     return r;
 }
 
-// The weights, gradients and optimizer state: whole on every rank (single process, DDP), or
-// sharded over dp_shard (ZeRO / FSDP, replicated over dp_replicate for HSDP).
+static ActCheckpoint checkpointing_mode(void) {
+    return strcmp(opt.ac, "full") == 0 ? AC_FULL : strcmp(opt.ac, "selective") == 0 ? AC_SELECTIVE : AC_NONE;
+}
+
+static PpScheduleKind pipeline_schedule(void) {
+    PpScheduleKind kind;
+    pp_schedule_parse(opt.pp_schedule, &kind);  // one of the choices: args_parse checked it
+    return kind;
+}
+
+// The weights, gradients and optimizer state: whole on every rank (single process, DDP), sharded
+// over dp_shard (ZeRO / FSDP, replicated over dp_replicate for HSDP), or a pipeline stage's layers
+// (PP, replicated over dp_replicate).
 static void setup_training_state(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, uint64_t seed) {
     Mesh *mesh = t->mesh;
+    if (mesh->degree[MESH_PP] > 1) {
+        model_init_unallocated(&t->model, cfg, attention);
+        PipelineOptions options = {pipeline_schedule(), t->n_micro, opt.pp_virtual_stages, t->micro, t->T,
+                                   checkpointing_mode(), (size_t)(opt.bucket_mb * 1048576.0), !opt.no_overlap,
+                                   opt.pp_schedule_dot};
+        t->pp = pipeline_create(&t->model, mesh->dim[MESH_PP], t->dp_size > 1 ? mesh->dp : NULL, &options, seed);
+        if (t->dp_size > 1) log_info("pp x ddp: %d replicas of each stage", t->dp_size);
+        return;
+    }
     int tp = mesh->degree[MESH_TP], tp_rank = mesh->coord[MESH_TP];
     bool sharded = mesh->degree[MESH_DP_SHARD] > 1;
     model_init_tp(&t->model, cfg, seed, attention, tp, tp_rank, !sharded);
@@ -308,10 +348,14 @@ static void setup_training_state(Trainer *t, const ModelConfig *cfg, AttentionIm
 }
 
 // This rank's weights (which 0), AdamW m (1), v (2) or gradients (3) in its local layout (tp
-// shard, table order).
+// shard, table order). Pipeline stages: all of them, on pp rank 0 only.
 static void local_state(Trainer *t, int which, real *out) {
     if (t->fsdp) {
         fsdp_gather_full(t->fsdp, which, out);
+        return;
+    }
+    if (t->pp) {
+        pipeline_gather_full(t->pp, which, out);
         return;
     }
     const real *sources[4] = {t->model.params, t->adam_m, t->adam_v, t->model.grads};
@@ -321,6 +365,10 @@ static void local_state(Trainer *t, int which, real *out) {
 static void set_local_state(Trainer *t, int which, const real *in) {
     if (t->fsdp) {
         fsdp_load_full(t->fsdp, which, in);
+        return;
+    }
+    if (t->pp) {
+        pipeline_load_full(t->pp, which, in);
         return;
     }
     real *dst = which == 0 ? t->model.params : which == 1 ? t->adam_m : t->adam_v;
@@ -384,16 +432,43 @@ static long long load_state(Trainer *t, const char *path, const RunIdentity *run
     return step;
 }
 
+// Chapter 7's flags, before any rank starts: the schedule must exist for (p, m, v), the model must
+// split into p * v stages, and what pipeline stages do not combine with yet is refused.
+static void check_pipeline_flags(const ModelConfig *cfg, const ArgSpec *flags) {
+    static const char *const pp_only[] = {"pp-schedule", "pp-microbatches", "pp-virtual-stages", "pp-schedule-dot"};
+    if (opt.pp == 1) {
+        for (int i = 0; i < 4; i++)
+            if (args_given(flags, N_FLAGS, pp_only[i])) fatal_input("--%s: needs --pp 2 or more", pp_only[i]);
+        return;
+    }
+    if (opt.pp_microbatches == 0) opt.pp_microbatches = opt.pp;
+    const char *rule = pp_schedule_check(pipeline_schedule(), opt.pp, opt.pp_microbatches, opt.pp_virtual_stages);
+    if (rule)
+        fatal_input("--pp-schedule %s --pp %d --pp-microbatches %d --pp-virtual-stages %d: %s", opt.pp_schedule, opt.pp,
+                    opt.pp_microbatches, opt.pp_virtual_stages, rule);
+    rule = pipeline_check(cfg, opt.pp, opt.pp_virtual_stages);
+    if (rule)
+        fatal_input("--pp %d x --pp-virtual-stages %d on %d layers: %s", opt.pp, opt.pp_virtual_stages, cfg->n_layers,
+                    rule);
+    if (opt.dp_shard > 1)
+        fatal_input("--pp %d with --dp-shard %d: pipeline stages are not sharded (yet); use --dp-replicate", opt.pp,
+                    opt.dp_shard);
+    if (opt.tp > 1) fatal_input("--pp %d with --tp %d: pipeline stages are not tensor-parallel (yet)", opt.pp, opt.tp);
+    if (opt.grad_accum_steps > 1)
+        fatal_input("--grad-accum-steps %d: with --pp the micro-batches are --pp-microbatches", opt.grad_accum_steps);
+    check_writable("pp-schedule-dot", opt.pp_schedule_dot);
+}
+
 // The parallel layout: checks the flags against the world size and the batch.
 static Mesh *setup_mesh(void) {
     if (opt.sequence_parallel && opt.tp == 1) fatal_input("--sequence-parallel: needs --tp 2 or more");
     if (opt.desync_init && opt.dp_shard > 1)
         fatal_input("--desync-init: shows DDP's initial broadcast; sharded ranks each build only their own shard");
-    Mesh *mesh = mesh_create(1, opt.dp_replicate, opt.dp_shard, 1, opt.tp);
-    int dp = opt.dp_replicate * opt.dp_shard;
-    if (opt.batch % (dp * opt.grad_accum_steps) != 0)
-        fatal_input("--batch %d: must be divisible by data-parallel ranks (%d) x --grad-accum-steps (%d) = %d",
-                    opt.batch, dp, opt.grad_accum_steps, dp * opt.grad_accum_steps);
+    Mesh *mesh = mesh_create(opt.pp, opt.dp_replicate, opt.dp_shard, 1, opt.tp);
+    int dp = opt.dp_replicate * opt.dp_shard, micro = opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps;
+    if (opt.batch % (dp * micro) != 0)
+        fatal_input("--batch %d: must be divisible by data-parallel ranks (%d) x %s (%d) = %d", opt.batch, dp,
+                    opt.pp > 1 ? "--pp-microbatches" : "--grad-accum-steps", micro, dp * micro);
     if (opt.dump && (mesh->world_size > 1 || opt.grad_accum_steps > 1))
         fatal_input("--dump: records the single-process reference; run it without mpirun and --grad-accum-steps");
     if (opt.mesh_dot && mesh->rank == 0) mesh_write_dot(mesh, opt.mesh_dot);
@@ -413,6 +488,7 @@ int main(int argc, char **argv) {
     ModelConfig cfg = resolve_config();
     print_model_info(&cfg, opt.seq_len);
     if (opt.model_info) return 0;
+    check_pipeline_flags(&cfg, flags);
     check_writable("trace", opt.trace);
     check_writable("trace-json", opt.trace_json);
     check_writable("dump", opt.dump);
@@ -427,7 +503,7 @@ int main(int argc, char **argv) {
     t.mesh = setup_mesh();
     t.dp_size = comm_size(t.mesh->dp);
     t.dp_index = comm_rank(t.mesh->dp);
-    t.n_micro = opt.grad_accum_steps;
+    t.n_micro = opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps;
     t.micro = t.B / (t.dp_size * t.n_micro);
     if (opt.checkpoint_dir && t.mesh->rank == 0) ensure_directory(opt.checkpoint_dir);
     if (tracing) {
@@ -437,13 +513,15 @@ int main(int argc, char **argv) {
     }
 
     t.data = data_open(opt.data, cfg.vocab_size, t.T, (uint64_t)opt.seed);
-    uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.mesh->rank : 0);
+    // --desync-init: replicas differ (what DDP's broadcast must fix), the ranks of one replica agree
+    uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.dp_index : 0);
     setup_training_state(&t, &cfg, attention, init_seed);
-    ActCheckpoint ac = strcmp(opt.ac, "full") == 0 ? AC_FULL : strcmp(opt.ac, "selective") == 0 ? AC_SELECTIVE : AC_NONE;
-    t.acts = model_acts_alloc(&t.model, t.micro, t.T, ac);
+    ActCheckpoint ac = checkpointing_mode();
+    if (!t.pp) t.acts = model_acts_alloc(&t.model, t.micro, t.T, ac);  // (the pipeline's: per micro-batch in flight)
     log_checkpointing(&t.model, t.micro, t.T, ac);
-    t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.T);
-    t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.T);
+    int rows = t.pp ? t.micro * t.n_micro : t.micro;
+    t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * rows * t.T);
+    t.targets = mem_alloc(MEM_OTHER, sizeof(int) * rows * t.T);
 
     RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.T, opt.steps};
     long long start_step = 0;
@@ -453,7 +531,7 @@ int main(int argc, char **argv) {
         start_step = load_state(&t, path, &run);
         log_info("resumed from %s after step %lld", path, start_step);
     }
-    if (t.dp_size > 1 && !t.fsdp) {
+    if (t.dp_size > 1 && !t.fsdp && !t.pp) {
         t.ddp = ddp_create(&t.model, t.mesh->dp, (size_t)(opt.bucket_mb * 1048576.0), !opt.no_overlap);
         ddp_broadcast_params(t.ddp);  // replicas start equal, whatever each rank initialised
         log_info("ddp: %d replicas, %d micro-batch(es) of %d sequences each per rank, %d buckets of <= %g MiB, %s",
@@ -522,6 +600,7 @@ int main(int argc, char **argv) {
 
     ddp_free(t.ddp);
     fsdp_free(t.fsdp);
+    pipeline_free(t.pp);
     mem_free(t.inputs);
     mem_free(t.targets);
     model_acts_free(&t.acts);

@@ -5,7 +5,6 @@
 //   ./build/pp_schedule --schedule 1F1B --pp 4 --microbatches 8
 //   ./build/pp_schedule --schedule Interleaved1F1B --pp 4 --microbatches 8 --virtual-stages 2 --dot pp.dot
 #include <stdlib.h>
-#include <string.h>
 
 #include "chapters/07_pipeline_parallel/schedule.h"
 #include "common/args.h"
@@ -17,7 +16,7 @@ static struct {
 } opt;
 
 static const ArgSpec FLAGS[] = {
-    {"schedule", ARG_CHOICE, &opt.schedule, "1F1B", "pipeline schedule", .choices = "GPipe|1F1B|Interleaved1F1B"},
+    {"schedule", ARG_CHOICE, &opt.schedule, "1F1B", "pipeline schedule", .choices = PP_SCHEDULE_NAMES},
     {"pp", ARG_INT, &opt.pp, "4", "pipeline ranks p", .min = 1, .max = 4096},
     {"microbatches", ARG_INT, &opt.microbatches, "8", "micro-batches per step m", .min = 1, .max = 1 << 20},
     {"virtual-stages", ARG_INT, &opt.virtual_stages, "1", "stages per rank v (Interleaved1F1B)", .min = 1, .max = 1024},
@@ -27,9 +26,8 @@ static const ArgSpec FLAGS[] = {
 int main(int argc, char **argv) {
     args_parse(FLAGS, (int)(sizeof FLAGS / sizeof FLAGS[0]), argc, argv, "pp_schedule",
                "Prints, checks and draws a pipeline schedule (chapter 7).");
-    PpScheduleKind kind = strcmp(opt.schedule, "GPipe") == 0 ? PP_GPIPE
-                          : strcmp(opt.schedule, "1F1B") == 0 ? PP_1F1B
-                                                              : PP_INTERLEAVED_1F1B;
+    PpScheduleKind kind;
+    pp_schedule_parse(opt.schedule, &kind);  // one of the choices: args_parse checked it
     int p = opt.pp, m = opt.microbatches, v = opt.virtual_stages;
     PpSchedule s;
     const char *err = pp_schedule_build(kind, p, m, v, &s);

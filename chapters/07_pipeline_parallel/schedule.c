@@ -7,11 +7,14 @@
 #include "common/fileio.h"
 #include "common/log.h"
 
-const char *const PP_SCHEDULE_NAMES = "GPipe|1F1B|Interleaved1F1B";
+static const char *const SCHEDULE_NAMES[] = {"GPipe", "1F1B", "Interleaved1F1B"};
 
-const char *pp_schedule_name(PpScheduleKind kind) {
-    static const char *const names[] = {"GPipe", "1F1B", "Interleaved1F1B"};
-    return names[kind];
+const char *pp_schedule_name(PpScheduleKind kind) { return SCHEDULE_NAMES[kind]; }
+
+bool pp_schedule_parse(const char *name, PpScheduleKind *kind) {
+    for (int k = 0; k < 3; k++)
+        if (strcmp(name, SCHEDULE_NAMES[k]) == 0) return *kind = (PpScheduleKind)k, true;
+    return false;
 }
 
 const char *pp_schedule_check(PpScheduleKind kind, int p, int m, int v) {
@@ -640,8 +643,9 @@ void pp_schedule_write_dot(const PpSchedule *s, FILE *out) {
             if (!is_send(a->kind)) continue;
             PpAction q = partner_of(a, s->p);
             int j = where[key(s, q.kind, q.microbatch, q.stage)];
-            fprintf(out, "  r%d_%d -> r%d_%d [constraint=false, weight=0, penwidth=0.7, arrowsize=0.4, ", r, i, a->peer, j);
-            fprintf(out, "color=\"%s\"];\n", a->kind == PP_SEND_ACT ? "#2171b5" : "#cb181d");
+            const char *colour = a->kind == PP_SEND_ACT ? "#2171b5" : "#cb181d";
+            fprintf(out, "  r%d_%d -> r%d_%d [constraint=false, weight=0, penwidth=0.7, arrowsize=0.4, "
+                         "color=\"%s\"];\n", r, i, a->peer, j, colour);
         }
     free(where);
     timeline_free(&t, s->p);

@@ -55,8 +55,10 @@ typedef struct {
 } PpActionList;
 
 typedef enum { PP_GPIPE, PP_1F1B, PP_INTERLEAVED_1F1B } PpScheduleKind;
-extern const char *const PP_SCHEDULE_NAMES;  // "GPipe|1F1B|Interleaved1F1B", in enum order
+#define PP_SCHEDULE_NAMES "GPipe|1F1B|Interleaved1F1B"  // in enum order (the --pp-schedule choices)
 const char *pp_schedule_name(PpScheduleKind kind);
+// The kind called `name` (one of PP_SCHEDULE_NAMES); false if there is none.
+bool pp_schedule_parse(const char *name, PpScheduleKind *kind);
 
 // Every rank's list: ranks[r] for r in 0..p-1.
 typedef struct {
