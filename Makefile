@@ -3,6 +3,8 @@
 #   make run        train the `small` model on the built-in synthetic data, write a trace
 #   make test       every CPU test (no GPU needed)
 #   make bench      forward+backward+step timing against PyTorch on this CPU
+#   make test-gpu   GPU kernels and training steps against the reference (SKIP without a GPU)
+#   make bench-gpu  GPU training steps against PyTorch on the same GPU: tokens/s, TFLOP/s, MFU
 #   make deps       install what the project needs on a fresh Debian machine (root)
 BUILD ?= build
 CC ?= cc
@@ -138,38 +140,47 @@ $(BUILD)/tests/test64_%: tests/test64_%.c $(LIBREF64) $(LIBCOMMON)
 	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(CHECK_LIBS) $(LDLIBS)
 
 # ---- GPU (gpu/): built only where nvcc is found; needs no GPU to build -----------------------
-# Kernels for Hopper (sm_90a, the H100/H200), warnings as errors. GPU programs are C linked against
-# $(LIBGPU) and the CUDA runtime; tests/gpu/ holds the tests that need a device (make test-gpu), which
-# print SKIP and exit 0 without one. tests/test_gpu_host.c (host-side parts) is an ordinary test.
-.PHONY: gpu test-gpu print-nvccflags
+# Kernels (gpu/*.cu) for Hopper (sm_90a, the H100/H200) with warnings as errors; gpu/*.c is C on top
+# of them (the GPU model), gpu/main_NAME.c a program, build/NAME. GPU programs link $(LIBGPU) and the
+# CUDA runtime; tests/gpu/ holds the tests that need a device (make test-gpu), which print SKIP and
+# exit 0 without one. tests/test_gpu_host.c (the host-side parts) is an ordinary test.
+.PHONY: gpu test-gpu bench-gpu print-nvccflags
 ifneq ($(NVCC),)
 NVCCFLAGS := -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -lineinfo -I. -MMD -MP \
   -Xcompiler -Wall,-Wextra -Werror all-warnings
-GPU_SRC := $(wildcard gpu/*.cu)
-GPU_OBJ := $(GPU_SRC:%.cu=$(BUILD)/obj/%.o)
+GPU_PROGRAM_SRC := $(wildcard gpu/main_*.c)
+GPU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard gpu/*.cu)) \
+  $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out $(GPU_PROGRAM_SRC),$(wildcard gpu/*.c)))
 LIBGPU := $(BUILD)/libgpu.a
 GPU_CFLAGS := -I$(CUDA_HOME_FOUND)/include -Werror
 GPU_LDLIBS := -L$(CUDA_HOME_FOUND)/lib64 -Wl,-rpath,$(CUDA_HOME_FOUND)/lib64 -lcublasLt -lcudart -lstdc++
 GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
-GPU_PROGRAMS := $(GPU_TEST_BIN)
+GPU_PROGRAMS := $(GPU_TEST_BIN) $(foreach f,$(GPU_PROGRAM_SRC),$(BUILD)/$(patsubst main_%.c,%,$(notdir $(f))))
 
 $(BUILD)/obj/gpu/%.o: gpu/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+$(BUILD)/obj/gpu/%.o: gpu/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(GPU_CFLAGS) -c $< -o $@
 $(LIBGPU): $(GPU_OBJ)
 	$(AR) rcs $@ $^
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
+$(BUILD)/%: gpu/main_%.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
 
 all: gpu
 gpu: $(LIBGPU) $(GPU_PROGRAMS)
 test-gpu: gpu
 	@for t in $(GPU_TEST_BIN); do echo "== $$t"; $$t || exit 1; done
+bench-gpu: gpu
+	BUILD=$(BUILD) scripts/bench_gpu.sh
 print-nvccflags:
 	@echo $(NVCCFLAGS)
 else
-gpu test-gpu:
+gpu test-gpu bench-gpu:
 	@echo "SKIP: nvcc not found, so no GPU target is built (make probe)"
 endif
 

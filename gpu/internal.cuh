@@ -24,6 +24,8 @@ extern "C" {
 // After every launch: a bad configuration (too much shared memory, too many threads) shows up here.
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
 
+cudaStream_t gpu_stream(void);  // the compute stream every op is queued on (runtime.cu)
+
 // Stream-ordered scratch on the compute stream (from the same pool as gpu_alloc, not counted in a
 // category): for small per-call buffers such as attention's D or the loss's partial sums.
 void *gpu_scratch_alloc(size_t bytes);

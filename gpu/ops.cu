@@ -441,3 +441,45 @@ extern "C" void gpu_adamw_step_bf16_copy(float *params, gpu_bf16 *params_bf16, c
                                          size_t n, long long step, double lr, const AdamWConfig *cfg) {
     LAUNCH_1D(adamw_kernel<true>, n, params, params_bf16, grads, m, v, n, scalars_of(step, lr, cfg));
 }
+
+// ================================ gradient clipping ==============================================
+
+#define SUM_SQ_BLOCKS 1024  // partial sums; fixed, so the order of the additions depends only on n
+
+// Block b sums its contiguous chunk [b*chunk, (b+1)*chunk) in double, then a fixed tree.
+__global__ void sum_of_squares_partial_kernel(double *partial, const float *x, size_t n, size_t chunk) {
+    __shared__ double scratch[32];
+    size_t first = blockIdx.x * chunk, end = min(first + chunk, n);
+    double sum = 0;
+    for (size_t i = first + threadIdx.x; i < end; i += blockDim.x) sum += (double)x[i] * x[i];
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) partial[blockIdx.x] = sum;
+}
+__global__ void sum_partials_kernel(double *total, const double *partial, int n) {
+    __shared__ double scratch[32];
+    double sum = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) sum += partial[i];
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x == 0) *total = sum;
+}
+__global__ void scale_kernel(float *x, size_t n, float factor) {
+    GRID_STRIDE_LOOP(i, n) x[i] *= factor;
+}
+
+extern "C" double gpu_sum_of_squares(const float *x, size_t n) {
+    if (n == 0) return 0.0;
+    double *partial = (double *)gpu_scratch_alloc(sizeof(double) * (SUM_SQ_BLOCKS + 1));
+    double total;
+    size_t chunk = (n + SUM_SQ_BLOCKS - 1) / SUM_SQ_BLOCKS;
+    sum_of_squares_partial_kernel<<<SUM_SQ_BLOCKS, 256, 0, gpu_stream()>>>(partial, x, n, chunk);
+    LAUNCH_CHECK();
+    sum_partials_kernel<<<1, 1024, 0, gpu_stream()>>>(partial + SUM_SQ_BLOCKS, partial, SUM_SQ_BLOCKS);
+    LAUNCH_CHECK();
+    gpu_download(&total, partial + SUM_SQ_BLOCKS, sizeof total);
+    gpu_scratch_free(partial);
+    return total;
+}
+
+extern "C" void gpu_scale_inplace(float *x, size_t n, double factor) {
+    LAUNCH_1D(scale_kernel, n, x, n, (float)factor);  // reference_cpu: real f = (real)factor
+}

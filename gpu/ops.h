@@ -116,6 +116,12 @@ void gpu_adamw_step(float *params, const float *grads, float *m, float *v, size_
 void gpu_adamw_step_bf16_copy(float *params, gpu_bf16 *params_bf16, const float *grads, float *m, float *v, size_t n,
                               long long step, double lr, const AdamWConfig *cfg);
 
+// ---- gradient clipping (reference_cpu/adamw.h) -----------------------------------------------------------------
+// Sum of x^2 in double, in a fixed order (a deterministic two-level tree, not the reference's index
+// order); waits for the stream to return it.
+double gpu_sum_of_squares(const float *x, size_t n);
+void gpu_scale_inplace(float *x, size_t n, double factor);  // x *= (float)factor
+
 #ifdef __cplusplus
 }
 #endif

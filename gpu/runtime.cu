@@ -68,6 +68,13 @@ cudaStream_t gpu_stream(void) {
 
 void gpu_synchronize(void) { CUDA_CHECK(cudaStreamSynchronize(gpu_stream())); }
 
+void gpu_device_description(char *out, size_t out_len) {
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device_id));
+    snprintf(out, out_len, "%s, %d SMs, compute capability %d.%d", prop.name, prop.multiProcessorCount, prop.major,
+             prop.minor);
+}
+
 static void account(MemCategory category, size_t bytes, int sign) {
     if (sign > 0) current_bytes[category] += bytes, current_total += bytes;
     else current_bytes[category] -= bytes, current_total -= bytes;
@@ -122,6 +129,10 @@ void gpu_download(void *host_dst, const void *device_src, size_t bytes) {
 }
 void gpu_fill_bytes(void *device_dst, int byte, size_t bytes) {
     CUDA_CHECK(cudaMemsetAsync(device_dst, byte, bytes, gpu_stream()));
+}
+
+void gpu_copy(void *device_dst, const void *device_src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, gpu_stream()));
 }
 
 size_t gpu_mem_current(MemCategory category) { return current_bytes[category]; }

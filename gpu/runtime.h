@@ -33,8 +33,9 @@ int gpu_device_count(char *why, size_t why_len);
 void gpu_init(int device);
 void gpu_shutdown(void);  // waits for the stream, frees what gpu_init made
 bool gpu_initialized(void);
-cudaStream_t gpu_stream(void);
 void gpu_synchronize(void);  // waits for everything queued on the compute stream
+// "NVIDIA H100 80GB HBM3, 132 SMs, compute capability 9.0" for the device gpu_init selected.
+void gpu_device_description(char *out, size_t out_len);
 
 // Device memory, zero-filled, from the stream-ordered allocator (cudaMallocAsync on the compute
 // stream), counted per category. 256-byte aligned. Exits with a message on failure.
@@ -44,6 +45,7 @@ void gpu_free(void *ptr);  // NULL is fine
 void gpu_upload(void *device_dst, const void *host_src, size_t bytes);
 void gpu_download(void *host_dst, const void *device_src, size_t bytes);
 void gpu_fill_bytes(void *device_dst, int byte, size_t bytes);  // queued memset
+void gpu_copy(void *device_dst, const void *device_src, size_t bytes);  // queued device-to-device copy
 
 size_t gpu_mem_current(MemCategory category);
 size_t gpu_mem_peak(MemCategory category);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU side on any machine. Where nvcc exists: every gpu/*.cu compiles for sm_90a with the
 # Makefile's flags and prints nothing at all (no warning, no remark); the GPU test programs link
-# and, without a CUDA device, print one SKIP line and exit 0 (with a device they must pass). The
-# Makefile's guard: with nvcc hidden, the GPU targets say SKIP and build nothing. Where nvcc does not
-# exist this script says SKIP. (tests/test_gpu_host.c, the host-side parts, runs in every build.)
+# and, without a CUDA device, print one SKIP line and exit 0 (with a device they must pass), and so
+# does build/bench_gpu. The Makefile's guard: with nvcc hidden, the GPU targets say SKIP and build
+# nothing. Where nvcc does not exist this script says SKIP. (tests/test_gpu_host.c and
+# tests/test_gpu_model_host.c, the host-side parts, run in every build.)
 set -euo pipefail
 BUILD=${BUILD:-build}
 TEST_TMP=${TEST_TMP:?TEST_TMP must name a scratch directory}
@@ -46,3 +47,15 @@ for t in "${programs[@]}"; do
         echo "ok: $t on the GPU: $(echo "$msg" | tail -1)"
     fi
 done
+
+# The benchmark program: SKIP without a device; with one, a few steps of tiny must print a timing line.
+status=0
+msg=$("$BUILD/bench_gpu" --model tiny --batch 2 --seq-len 32 --steps 3 --warmup 1 2>&1) || status=$?
+if [ "$have_gpu" = no ]; then
+    [ "$status" -eq 0 ] && [[ "$msg" == "SKIP: no CUDA device"* ]] ||
+        { echo "FAIL: bench_gpu without a GPU: status $status, output: $msg"; exit 1; }
+    echo "ok: bench_gpu without a GPU: $msg"
+else
+    [ "$status" -eq 0 ] && grep -q '^timing:' <<<"$msg" || { echo "FAIL: bench_gpu on the GPU: $msg"; exit 1; }
+    echo "ok: bench_gpu on the GPU: $(grep '^timing:' <<<"$msg")"
+fi

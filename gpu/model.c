@@ -1,0 +1,311 @@
+// model.c: reference_cpu/model.c's forward and backward on the GPU (see model.h). The block
+// functions follow block_forward and block_backward line by line, so that the fp32 model computes
+// what the reference computes, op for op, in the same order.
+#include "gpu/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "gpu/runtime.h"
+
+// ---- the ops in the model's precision ---------------------------------------------------------------------
+// Activations are void*: fp32 or bf16 by m->precision. Weights are read from the compute copy
+// (params, or params_bf16), gradients always accumulate into the fp32 m->grads.
+#define BF16(m) ((m)->precision == GPU_BF16)
+
+static const void *weight(const GpuModel *m, size_t offset) {
+    return BF16(m) ? (const void *)(m->params_bf16 + offset) : (const void *)(m->params + offset);
+}
+static float *grad(const GpuModel *m, size_t offset) { return m->grads + offset; }
+
+static void matmul_fwd(const GpuModel *m, void *out, const void *inp, const void *w, int M, int K, int N) {
+    if (BF16(m)) gpu_matmul_forward_bf16(out, inp, w, M, K, N);
+    else gpu_matmul_forward(out, inp, w, M, K, N);
+}
+static void matmul_bwd(const GpuModel *m, void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                       int M, int K, int N) {
+    if (BF16(m)) gpu_matmul_backward_bf16(dinp, dw, dout, inp, w, M, K, N);
+    else gpu_matmul_backward(dinp, dw, dout, inp, w, M, K, N);
+}
+static void rmsnorm_fwd(const GpuModel *m, void *out, float *rstd, const void *inp, const void *w) {
+    int N = m->B * m->T, C = m->cfg.dim;
+    if (BF16(m)) gpu_rmsnorm_forward_bf16(out, rstd, inp, w, N, C, m->cfg.norm_eps);
+    else gpu_rmsnorm_forward(out, rstd, inp, w, N, C, m->cfg.norm_eps);
+}
+static void rmsnorm_bwd(const GpuModel *m, void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                        const float *rstd) {
+    int N = m->B * m->T, C = m->cfg.dim;
+    if (BF16(m)) gpu_rmsnorm_backward_bf16(dinp, dw, dout, inp, w, rstd, N, C);
+    else gpu_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+}
+static void rope(const GpuModel *m, void *x, int n_heads, bool backward) {
+    if (BF16(m)) (backward ? gpu_rope_backward_bf16 : gpu_rope_forward_bf16)(x, &m->rope, NULL, m->B, m->T, n_heads);
+    else (backward ? gpu_rope_backward : gpu_rope_forward)(x, &m->rope, NULL, m->B, m->T, n_heads);
+}
+static AttnShape attn_shape(const GpuModel *m) {
+    AttnShape s = {m->B, m->T, m->T, m->cfg.n_heads, m->cfg.n_kv_heads, model_head_dim(&m->cfg), NULL, NULL, true};
+    return s;
+}
+static void attention_fwd(const GpuModel *m, GpuBlockActs *a) {
+    AttnShape s = attn_shape(m);
+    if (BF16(m)) gpu_attention_forward_bf16(a->attn, a->lse, a->q, a->k, a->v, &s);
+    else gpu_attention_forward(a->attn, a->lse, a->q, a->k, a->v, &s);
+}
+static void attention_bwd(const GpuModel *m, const GpuBlockActs *a) {
+    AttnShape s = attn_shape(m);
+    if (BF16(m)) gpu_attention_backward_bf16(m->dq, m->dk, m->dv, m->dattn, a->q, a->k, a->v, a->attn, a->lse, &s);
+    else gpu_attention_backward(m->dq, m->dk, m->dv, m->dattn, a->q, a->k, a->v, a->attn, a->lse, &s);
+}
+static void swiglu_fwd(const GpuModel *m, void *out, const void *gate, const void *up, size_t n) {
+    if (BF16(m)) gpu_swiglu_forward_bf16(out, gate, up, n);
+    else gpu_swiglu_forward(out, gate, up, n);
+}
+static void swiglu_bwd(const GpuModel *m, void *dgate, void *dup, const void *dout, const void *gate, const void *up,
+                       size_t n) {
+    if (BF16(m)) gpu_swiglu_backward_bf16(dgate, dup, dout, gate, up, n);
+    else gpu_swiglu_backward(dgate, dup, dout, gate, up, n);
+}
+static void add(const GpuModel *m, void *x, const void *y, size_t n) {
+    if (BF16(m)) gpu_add_inplace_bf16(x, y, n);
+    else gpu_add_inplace(x, y, n);
+}
+static void zero(const GpuModel *m, void *x, size_t n) { gpu_fill_bytes(x, 0, n * m->act_size); }
+static void copy(const GpuModel *m, void *dst, const void *src, size_t n) { gpu_copy(dst, src, n * m->act_size); }
+
+// ---- init --------------------------------------------------------------------------------------------------
+static size_t offset_of(const ParamTable *t, const char *name) {
+    const ParamInfo *p = param_table_find(t, name);
+    if (!p) fatal("gpu model: no parameter %s in the table", name);
+    return p->offset;
+}
+
+static size_t block_offset(const ParamTable *t, int layer, const char *suffix) {
+    char name[PARAM_NAME_MAX];
+    snprintf(name, sizeof name, "layers.%d.%s", layer, suffix);
+    return offset_of(t, name);
+}
+
+static void *alloc_acts(const GpuModel *m, size_t n) { return gpu_alloc(MEM_ACTIVATIONS, n * m->act_size); }
+static float *alloc_stats(size_t n) { return gpu_alloc(MEM_ACTIVATIONS, n * sizeof(float)); }
+
+void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPrecision precision, int B, int T) {
+    memset(m, 0, sizeof *m);
+    if (T > cfg->max_seq_len) fatal_input("--seq-len %d: longer than the model's max_seq_len %d", T, cfg->max_seq_len);
+    m->cfg = *cfg;
+    m->table = param_table_build(cfg);
+    m->precision = precision;
+    m->act_size = precision == GPU_BF16 ? 2 : 4;
+    m->B = B, m->T = T;
+    size_t n = m->table.total_numel;
+
+    // The reference's weights: element j of parameter p is a pure function of (seed, p, j), so the
+    // ranges can be filled in parallel.
+    float *host = mem_alloc(MEM_OTHER, sizeof(float) * n);
+    for (int i = 0; i < m->table.count; i++) {
+        const ParamInfo *p = &m->table.items[i];
+        const size_t chunk = 1 << 20;
+#pragma omp parallel for schedule(dynamic, 1)
+        for (size_t first = 0; first < p->numel; first += chunk) {
+            size_t count = p->numel - first < chunk ? p->numel - first : chunk;
+            param_init_range(p, seed, first, count, host + p->offset + first);
+        }
+    }
+    m->params = gpu_alloc(MEM_PARAMS, sizeof(float) * n);
+    gpu_upload(m->params, host, sizeof(float) * n);
+    mem_free(host);
+    m->grads = gpu_alloc(MEM_GRADS, sizeof(float) * n);
+    m->adam_m = gpu_alloc(MEM_OPTIMIZER, sizeof(float) * n);
+    m->adam_v = gpu_alloc(MEM_OPTIMIZER, sizeof(float) * n);
+    if (precision == GPU_BF16) {
+        m->params_bf16 = gpu_alloc(MEM_PARAMS, sizeof(uint16_t) * n);
+        gpu_cast_f32_to_bf16(m->params_bf16, m->params, n);
+    }
+
+    RopeTable host_rope = rope_table_build(cfg->max_seq_len, model_head_dim(cfg), cfg->rope_theta,
+                                           cfg->rope_scaling_factor, cfg->rope_low_freq_factor,
+                                           cfg->rope_high_freq_factor, cfg->rope_original_max_seq_len);
+    m->rope = gpu_rope_table_upload(&host_rope);
+    rope_table_free(&host_rope);
+
+    int L = cfg->n_layers;
+    m->offsets = mem_alloc(MEM_OTHER, sizeof(GpuBlockOffsets) * L);
+    for (int l = 0; l < L; l++) {
+        GpuBlockOffsets *o = &m->offsets[l];
+        o->attention_norm = block_offset(&m->table, l, "attention_norm.weight");
+        o->wq = block_offset(&m->table, l, "attention.wq.weight");
+        o->wk = block_offset(&m->table, l, "attention.wk.weight");
+        o->wv = block_offset(&m->table, l, "attention.wv.weight");
+        o->wo = block_offset(&m->table, l, "attention.wo.weight");
+        o->ffn_norm = block_offset(&m->table, l, "ffn_norm.weight");
+        o->w1 = block_offset(&m->table, l, "feed_forward.w1.weight");
+        o->w2 = block_offset(&m->table, l, "feed_forward.w2.weight");
+        o->w3 = block_offset(&m->table, l, "feed_forward.w3.weight");
+    }
+    m->tok_embeddings = offset_of(&m->table, "tok_embeddings.weight");
+    m->norm = offset_of(&m->table, "norm.weight");
+    m->output = cfg->tied ? m->tok_embeddings : offset_of(&m->table, "output.weight");
+
+    size_t BT = (size_t)B * T, D = cfg->dim, F = cfg->ffn_dim, V = cfg->vocab_size, hd = model_head_dim(cfg);
+    size_t hq = cfg->n_heads * hd, hkv = cfg->n_kv_heads * hd;
+    m->blocks = mem_alloc(MEM_OTHER, sizeof(GpuBlockActs) * L);
+    for (int l = 0; l < L; l++) {
+        GpuBlockActs *a = &m->blocks[l];
+        a->x = alloc_acts(m, BT * D), a->xn1 = alloc_acts(m, BT * D), a->h = alloc_acts(m, BT * D);
+        a->xn2 = alloc_acts(m, BT * D);
+        a->q = alloc_acts(m, BT * hq), a->attn = alloc_acts(m, BT * hq);
+        a->k = alloc_acts(m, BT * hkv), a->v = alloc_acts(m, BT * hkv);
+        a->gate = alloc_acts(m, BT * F), a->up = alloc_acts(m, BT * F), a->act = alloc_acts(m, BT * F);
+        a->rstd1 = alloc_stats(BT), a->rstd2 = alloc_stats(BT);
+        a->lse = alloc_stats((size_t)B * cfg->n_heads * T);
+    }
+    m->x_final = alloc_acts(m, BT * D), m->xn_final = alloc_acts(m, BT * D);
+    m->logits = alloc_acts(m, BT * V), m->dlogits = alloc_acts(m, BT * V);
+    m->rstd_final = alloc_stats(BT), m->lse_final = alloc_stats(BT);
+    m->dx = alloc_acts(m, BT * D), m->dx_next = alloc_acts(m, BT * D), m->dxn = alloc_acts(m, BT * D);
+    m->dh = alloc_acts(m, BT * D);
+    m->dq = alloc_acts(m, BT * hq), m->dattn = alloc_acts(m, BT * hq);
+    m->dk = alloc_acts(m, BT * hkv), m->dv = alloc_acts(m, BT * hkv);
+    m->dgate = alloc_acts(m, BT * F), m->dup = alloc_acts(m, BT * F), m->dact = alloc_acts(m, BT * F);
+    m->inputs = gpu_alloc(MEM_OTHER, sizeof(int) * BT);
+    m->targets = gpu_alloc(MEM_OTHER, sizeof(int) * BT);
+}
+
+void gpu_model_free(GpuModel *m) {
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        GpuBlockActs *a = &m->blocks[l];
+        void *owned[] = {a->x, a->xn1, a->q, a->k, a->v, a->attn, a->h, a->xn2, a->gate, a->up, a->act,
+                         a->rstd1, a->rstd2, a->lse};
+        for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
+    }
+    void *owned[] = {m->params, m->grads, m->adam_m, m->adam_v, m->params_bf16, m->x_final, m->xn_final,
+                     m->logits, m->rstd_final, m->lse_final, m->dx, m->dx_next, m->dxn, m->dh, m->dq, m->dk,
+                     m->dv, m->dattn, m->dgate, m->dup, m->dact, m->dlogits, m->inputs, m->targets};
+    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
+    gpu_rope_table_free(&m->rope);
+    mem_free(m->blocks);
+    mem_free(m->offsets);
+    param_table_free(&m->table);
+    memset(m, 0, sizeof *m);
+}
+
+void gpu_model_zero_grads(GpuModel *m) { gpu_fill_bytes(m->grads, 0, sizeof(float) * m->table.total_numel); }
+
+// ---- forward -----------------------------------------------------------------------------------------------
+// As block_forward: h = x + wo(attention(rope(wq n1), rope(wk n1), wv n1)), n1 = rmsnorm(x);
+//                out = h + w2(silu(w1 n2) * w3 n2), n2 = rmsnorm(h)
+static void gpu_block_forward(const GpuModel *m, int l, void *out) {
+    const GpuBlockOffsets *o = &m->offsets[l];
+    GpuBlockActs *a = &m->blocks[l];
+    const ModelConfig *c = &m->cfg;
+    int BT = m->B * m->T, D = c->dim, F = c->ffn_dim, hd = model_head_dim(c);
+    int hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
+    rmsnorm_fwd(m, a->xn1, a->rstd1, a->x, weight(m, o->attention_norm));
+    matmul_fwd(m, a->q, a->xn1, weight(m, o->wq), BT, D, hq);
+    matmul_fwd(m, a->k, a->xn1, weight(m, o->wk), BT, D, hkv);
+    matmul_fwd(m, a->v, a->xn1, weight(m, o->wv), BT, D, hkv);
+    rope(m, a->q, c->n_heads, false);
+    rope(m, a->k, c->n_kv_heads, false);
+    attention_fwd(m, a);
+    matmul_fwd(m, a->h, a->attn, weight(m, o->wo), BT, hq, D);
+    add(m, a->h, a->x, (size_t)BT * D);
+    rmsnorm_fwd(m, a->xn2, a->rstd2, a->h, weight(m, o->ffn_norm));
+    matmul_fwd(m, a->gate, a->xn2, weight(m, o->w1), BT, D, F);
+    matmul_fwd(m, a->up, a->xn2, weight(m, o->w3), BT, D, F);
+    swiglu_fwd(m, a->act, a->gate, a->up, (size_t)BT * F);
+    matmul_fwd(m, out, a->act, weight(m, o->w2), BT, F, D);
+    add(m, out, a->h, (size_t)BT * D);
+}
+
+double gpu_model_forward(GpuModel *m, const int *inputs, const int *targets) {
+    const ModelConfig *c = &m->cfg;
+    int BT = m->B * m->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
+    gpu_upload(m->inputs, inputs, sizeof(int) * BT);
+    gpu_upload(m->targets, targets, sizeof(int) * BT);
+    if (BF16(m)) gpu_embedding_forward_bf16(m->blocks[0].x, m->inputs, weight(m, m->tok_embeddings), BT, D);
+    else gpu_embedding_forward(m->blocks[0].x, m->inputs, weight(m, m->tok_embeddings), BT, D);
+    for (int l = 0; l < L; l++) gpu_block_forward(m, l, l + 1 < L ? m->blocks[l + 1].x : m->x_final);
+    rmsnorm_fwd(m, m->xn_final, m->rstd_final, m->x_final, weight(m, m->norm));
+    matmul_fwd(m, m->logits, m->xn_final, weight(m, m->output), BT, D, V);
+    return BF16(m) ? gpu_cross_entropy_forward_bf16(m->lse_final, m->logits, m->targets, BT, V)
+                   : gpu_cross_entropy_forward(m->lse_final, m->logits, m->targets, BT, V);
+}
+
+// ---- backward ----------------------------------------------------------------------------------------------
+// As block_backward: dout is the gradient of the block output; writes the input's gradient to dinp.
+static void gpu_block_backward(const GpuModel *m, int l, const void *dout, void *dinp) {
+    const GpuBlockOffsets *o = &m->offsets[l];
+    const GpuBlockActs *a = &m->blocks[l];
+    const ModelConfig *c = &m->cfg;
+    int BT = m->B * m->T, D = c->dim, F = c->ffn_dim, hd = model_head_dim(c);
+    int hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
+    // feed-forward half, in reverse; the residual passes dout straight to dh
+    copy(m, m->dh, dout, (size_t)BT * D);
+    zero(m, m->dact, (size_t)BT * F);
+    matmul_bwd(m, m->dact, grad(m, o->w2), dout, a->act, weight(m, o->w2), BT, F, D);
+    zero(m, m->dgate, (size_t)BT * F);
+    zero(m, m->dup, (size_t)BT * F);
+    swiglu_bwd(m, m->dgate, m->dup, m->dact, a->gate, a->up, (size_t)BT * F);
+    zero(m, m->dxn, (size_t)BT * D);
+    matmul_bwd(m, m->dxn, NULL, m->dgate, a->xn2, weight(m, o->w1), BT, D, F);
+    matmul_bwd(m, m->dxn, NULL, m->dup, a->xn2, weight(m, o->w3), BT, D, F);
+    matmul_bwd(m, NULL, grad(m, o->w1), m->dgate, a->xn2, weight(m, o->w1), BT, D, F);
+    matmul_bwd(m, NULL, grad(m, o->w3), m->dup, a->xn2, weight(m, o->w3), BT, D, F);
+    rmsnorm_bwd(m, m->dh, grad(m, o->ffn_norm), m->dxn, a->h, weight(m, o->ffn_norm), a->rstd2);
+    // attention half; dinp starts as the residual's copy of dh
+    copy(m, dinp, m->dh, (size_t)BT * D);
+    zero(m, m->dattn, (size_t)BT * hq);
+    matmul_bwd(m, m->dattn, grad(m, o->wo), m->dh, a->attn, weight(m, o->wo), BT, hq, D);
+    zero(m, m->dq, (size_t)BT * hq);
+    zero(m, m->dk, (size_t)BT * hkv);
+    zero(m, m->dv, (size_t)BT * hkv);
+    attention_bwd(m, a);
+    rope(m, m->dq, c->n_heads, true);
+    rope(m, m->dk, c->n_kv_heads, true);
+    zero(m, m->dxn, (size_t)BT * D);
+    matmul_bwd(m, m->dxn, NULL, m->dq, a->xn1, weight(m, o->wq), BT, D, hq);
+    matmul_bwd(m, m->dxn, NULL, m->dk, a->xn1, weight(m, o->wk), BT, D, hkv);
+    matmul_bwd(m, m->dxn, NULL, m->dv, a->xn1, weight(m, o->wv), BT, D, hkv);
+    matmul_bwd(m, NULL, grad(m, o->wq), m->dq, a->xn1, weight(m, o->wq), BT, D, hq);
+    matmul_bwd(m, NULL, grad(m, o->wk), m->dk, a->xn1, weight(m, o->wk), BT, D, hkv);
+    matmul_bwd(m, NULL, grad(m, o->wv), m->dv, a->xn1, weight(m, o->wv), BT, D, hkv);
+    rmsnorm_bwd(m, dinp, grad(m, o->attention_norm), m->dxn, a->x, weight(m, o->attention_norm), a->rstd1);
+}
+
+void gpu_model_backward(GpuModel *m, double dloss) {
+    const ModelConfig *c = &m->cfg;
+    int BT = m->B * m->T, D = c->dim, V = c->vocab_size;
+    // head: loss -> logits -> final norm (model_head_backward)
+    zero(m, m->dlogits, (size_t)BT * V);
+    if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
+    else gpu_cross_entropy_backward(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
+    zero(m, m->dxn, (size_t)BT * D);
+    matmul_bwd(m, m->dxn, NULL, m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
+    matmul_bwd(m, NULL, grad(m, m->output), m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
+    zero(m, m->dx, (size_t)BT * D);
+    rmsnorm_bwd(m, m->dx, grad(m, m->norm), m->dxn, m->x_final, weight(m, m->norm), m->rstd_final);
+    // blocks, last to first (model_blocks_backward)
+    for (int l = c->n_layers - 1; l >= 0; l--) {
+        gpu_block_backward(m, l, m->dx, m->dx_next);
+        void *swap = m->dx;
+        m->dx = m->dx_next;
+        m->dx_next = swap;
+    }
+    // the lookup (model_embed_backward); tied: after the output projection's contribution, as the reference
+    if (BF16(m)) gpu_embedding_backward_bf16(grad(m, m->tok_embeddings), m->dx, m->inputs, BT, D);
+    else gpu_embedding_backward(grad(m, m->tok_embeddings), m->dx, m->inputs, BT, D);
+}
+
+// ---- optimizer step ----------------------------------------------------------------------------------------
+double gpu_model_step(GpuModel *m, long long step, double lr, const AdamWConfig *adam, double max_norm) {
+    size_t n = m->table.total_numel;
+    double norm = sqrt(gpu_sum_of_squares(m->grads, n));
+    if (max_norm > 0) {  // clip_by_global_norm
+        double coef = max_norm / (norm + 1e-6);
+        if (coef < 1) gpu_scale_inplace(m->grads, n, coef);
+    }
+    if (BF16(m)) gpu_adamw_step_bf16_copy(m->params, m->params_bf16, m->grads, m->adam_m, m->adam_v, n, step, lr, adam);
+    else gpu_adamw_step(m->params, m->grads, m->adam_m, m->adam_v, n, step, lr, adam);
+    return norm;
+}

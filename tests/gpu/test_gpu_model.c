@@ -1,0 +1,156 @@
+// test_gpu_model.c: whole training steps of gpu/model.h against the reference model (`make
+// test-gpu`). Without a CUDA device it prints one SKIP line and exits 0.
+//
+//   step 1, tiny and small: the fp32 GPU model's loss and every parameter's gradient against
+//       reference_cpu's model_forward/model_backward on the same seed and batch; the bf16 model's too,
+//       with a bf16-sized bound.
+//   10 steps, tiny: the loss curve (fixed batch, clipping at 1.0, AdamW) of the fp32 and bf16 GPU
+//       models against the reference's.
+//
+// Tolerances, and why:
+//   fp32 loss       1e-5 relative: the same ops in the same order; only summation orders inside the
+//                   kernels (and expf's last bits) differ, ~1e-7 per op.
+//   fp32 gradients  ||gpu - ref|| / ||ref|| <= 1e-4 per tensor: those per-op differences compound
+//                   through the layers' backward chain (tens of ops), still far below the O(1) error
+//                   of a wrong gradient.
+//   fp32 curve      1e-4 relative per step: AdamW divides by sqrt(v), which amplifies relative
+//                   gradient differences where gradients are tiny; 10 steps keep it small.
+//   bf16            loss 2e-2 relative, gradients 1e-1 relative L2 per tensor, curve 3e-2 per step
+//                   and decreasing: a bf16 model differs from fp32 by ~1e-2 (bf16's 2^-8 per
+//                   rounding, over many roundings); a wrong gradient or update differs by O(1).
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/rng.h"
+#include "gpu/model.h"
+#include "gpu/runtime.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "reference_cpu/model.h"
+
+
+// A batch of random tokens; every 11th target ignored.
+static void make_batch(int *inputs, int *targets, int n, int vocab) {
+    for (int i = 0; i < n; i++) {
+        inputs[i] = (int)rng_below(5, 1, i, vocab);
+        targets[i] = i % 11 == 5 ? IGNORE_INDEX : (int)rng_below(5, 2, i, vocab);
+    }
+}
+
+// Every parameter's gradient: the worst tensor by relative L2 error must be within tol.
+static void compare_grads(const char *label, const ParamTable *t, const float *got, const float *want, double tol) {
+    double worst = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < t->count; i++) {
+        const ParamInfo *p = &t->items[i];
+        double e = rel_l2(got + p->offset, want + p->offset, p->numel);
+        if (!(e <= worst)) worst = e, worst_name = p->name;  // NaN wins
+    }
+    char name[96];
+    snprintf(name, sizeof name, "%s gradients", label);
+    report(name, worst <= tol, "worst tensor %s: ||d||/||ref|| = %.3g (bound %.3g)", worst_name, worst, tol);
+}
+
+static void test_first_step(const char *config, int B, int T) {
+    ModelConfig cfg;
+    if (!model_config_lookup(config, &cfg)) fatal("no config %s", config);
+    int BT = B * T;
+    int *inputs = malloc(sizeof(int) * BT), *targets = malloc(sizeof(int) * BT);
+    make_batch(inputs, targets, BT, cfg.vocab_size);
+
+    Model ref;
+    model_init(&ref, &cfg, 42, ATTN_FLASH);
+    ModelActs acts = model_acts_alloc(&ref, B, T, AC_NONE);
+    model_zero_grads(&ref);
+    double loss_ref = model_forward(&ref, &acts, inputs, targets);
+    model_backward(&ref, &acts, inputs, 1.0);
+
+    size_t n = ref.table.total_numel;
+    float *grads = malloc(sizeof(float) * n);
+    for (int precision = GPU_FP32; precision <= GPU_BF16; precision++) {
+        bool bf16 = precision == GPU_BF16;
+        GpuModel m;
+        gpu_model_init(&m, &cfg, 42, (GpuPrecision)precision, B, T);
+        if (m.table.total_numel != n) fatal("the GPU model's table differs from the reference's");
+        gpu_model_zero_grads(&m);
+        double loss = gpu_model_forward(&m, inputs, targets);
+        gpu_model_backward(&m, 1.0);
+        gpu_download(grads, m.grads, sizeof(float) * n);
+        char label[64], name[96];
+        snprintf(label, sizeof label, "%s %s step 1", config, bf16 ? "bf16" : "fp32");
+        snprintf(name, sizeof name, "%s loss", label);
+        double tol = bf16 ? 2e-2 : 1e-5;
+        report(name, fabs(loss - loss_ref) <= tol * fabs(loss_ref), "%.7f vs reference %.7f (bound %.0e relative)", loss,
+               loss_ref, tol);
+        compare_grads(label, &ref.table, grads, ref.grads, bf16 ? 1e-1 : 1e-4);
+        gpu_model_free(&m);
+    }
+    free(grads), free(inputs), free(targets);
+    model_acts_free(&acts);
+    model_free(&ref);
+}
+
+#define CURVE_STEPS 10
+
+static void test_loss_curve(const char *config, int B, int T) {
+    ModelConfig cfg;
+    if (!model_config_lookup(config, &cfg)) fatal("no config %s", config);
+    int BT = B * T;
+    int *inputs = malloc(sizeof(int) * BT), *targets = malloc(sizeof(int) * BT);
+    make_batch(inputs, targets, BT, cfg.vocab_size);
+    AdamWConfig adam = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    const double lr = 3e-3, max_norm = 1.0;
+
+    // The reference, as the trainer steps: zero, forward, backward, clip, AdamW (a fixed batch, so
+    // the loss must fall).
+    double ref_loss[CURVE_STEPS];
+    Model ref;
+    model_init(&ref, &cfg, 42, ATTN_FLASH);
+    ModelActs acts = model_acts_alloc(&ref, B, T, AC_NONE);
+    size_t n = ref.table.total_numel;
+    real *adam_m = calloc(n, sizeof(real)), *adam_v = calloc(n, sizeof(real));
+    for (int s = 0; s < CURVE_STEPS; s++) {
+        model_zero_grads(&ref);
+        ref_loss[s] = model_forward(&ref, &acts, inputs, targets);
+        model_backward(&ref, &acts, inputs, 1.0);
+        double norm = sqrt(sum_of_squares(ref.grads, n));
+        clip_by_global_norm(ref.grads, n, norm, max_norm);
+        adamw_step(ref.params, ref.grads, adam_m, adam_v, n, s + 1, lr, &adam);
+    }
+
+    for (int precision = GPU_FP32; precision <= GPU_BF16; precision++) {
+        bool bf16 = precision == GPU_BF16;
+        GpuModel m;
+        gpu_model_init(&m, &cfg, 42, (GpuPrecision)precision, B, T);
+        double loss[CURVE_STEPS], worst = 0;
+        int worst_step = 0;
+        for (int s = 0; s < CURVE_STEPS; s++) {
+            gpu_model_zero_grads(&m);
+            loss[s] = gpu_model_forward(&m, inputs, targets);
+            gpu_model_backward(&m, 1.0);
+            gpu_model_step(&m, s + 1, lr, &adam, max_norm);
+            double e = fabs(loss[s] - ref_loss[s]) / fabs(ref_loss[s]);
+            if (!(e <= worst)) worst = e, worst_step = s + 1;
+        }
+        char name[96];
+        double tol = bf16 ? 3e-2 : 1e-4;
+        snprintf(name, sizeof name, "%s %s %d-step loss curve", config, bf16 ? "bf16" : "fp32", CURVE_STEPS);
+        report(name, worst <= tol && loss[CURVE_STEPS - 1] < loss[0] - 0.1,
+               "%.4f -> %.4f (reference %.4f -> %.4f); worst step %d: %.2g relative (bound %.0e)", loss[0],
+               loss[CURVE_STEPS - 1], ref_loss[0], ref_loss[CURVE_STEPS - 1], worst_step, worst, tol);
+        gpu_model_free(&m);
+    }
+    free(inputs), free(targets), free(adam_m), free(adam_v);
+    model_acts_free(&acts);
+    model_free(&ref);
+}
+
+int main(void) {
+    if (!gpu_test_start("test_gpu_model")) return 0;
+    test_first_step("tiny", 4, 32);
+    test_first_step("small", 2, 128);
+    test_loss_curve("tiny", 4, 32);
+    return gpu_test_finish("test_gpu_model");
+}

@@ -1,0 +1,323 @@
+// test_gpu_model_host.c: gpu/model.c's wiring, on any machine. gpu/model.c is plain C on top of
+// gpu/ops.h and gpu/runtime.h; here it is compiled against a host implementation of those two
+// headers made of reference_cpu's ops: the fp32 functions ARE the reference ops, the bf16 ones widen
+// their bf16 inputs, run the reference op in fp32 and round each stored output to bf16, as the
+// kernels do. So:
+//   fp32: the GPU model must reproduce the reference model bit for bit (loss, every gradient, 10
+//         steps of clipping and AdamW): the same ops in the same order, the right tensor offsets,
+//         the tied output projection, the residual copies, the zeroing, the buffer swaps.
+//   bf16: the bf16 wiring (2-byte activations, the bf16 weight copy AdamW refreshes, fp32 gradients)
+//         trains like the fp32 reference within bf16's error.
+// What this cannot see is the kernels themselves: tests/gpu/ on a GPU.
+#include "gpu/model.c"  // the unit under test, built here against the host implementation below
+
+#include <limits.h>
+
+#include "common/mem.h"
+#include "gpu/numerics.h"
+#include "reference_cpu/model.h"
+#include "tests/gpu/gpu_test_util.h"  // rel_l2
+#include "tests/test_util.h"
+
+// ================================ the host "device" ==============================================
+
+void *gpu_alloc(MemCategory category, size_t bytes) { return mem_alloc(category, bytes); }  // zeroed
+void gpu_free(void *ptr) { mem_free(ptr); }
+void gpu_upload(void *device_dst, const void *host_src, size_t bytes) { memcpy(device_dst, host_src, bytes); }
+void gpu_download(void *host_dst, const void *device_src, size_t bytes) { memcpy(host_dst, device_src, bytes); }
+void gpu_fill_bytes(void *device_dst, int byte, size_t bytes) { memset(device_dst, byte, bytes); }
+void gpu_copy(void *device_dst, const void *device_src, size_t bytes) { memcpy(device_dst, device_src, bytes); }
+
+RopeTable gpu_rope_table_upload(const RopeTable *host) {
+    RopeTable t = *host;
+    size_t bytes = sizeof(float) * (size_t)host->max_pos * (host->head_dim / 2);
+    t.cos = mem_alloc(MEM_OTHER, bytes), t.sin = mem_alloc(MEM_OTHER, bytes);
+    memcpy(t.cos, host->cos, bytes), memcpy(t.sin, host->sin, bytes);
+    return t;
+}
+void gpu_rope_table_free(RopeTable *t) { rope_table_free(t); }
+
+// fp32: the reference ops themselves.
+void gpu_matmul_forward(float *out, const float *inp, const float *w, int M, int K, int N) {
+    matmul_forward(out, inp, w, M, K, N);
+}
+void gpu_matmul_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int M, int K,
+                         int N) {
+    matmul_backward(dinp, dw, dout, inp, w, M, K, N);
+}
+void gpu_embedding_forward(float *out, const int *tokens, const float *table, int N, int C) {
+    embedding_forward(out, tokens, table, N, C);
+}
+void gpu_embedding_backward(float *dtable, const float *dout, const int *tokens, int N, int C) {
+    embedding_backward(dtable, dout, tokens, N, C);
+}
+void gpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, double eps) {
+    rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+}
+void gpu_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                          const float *rstd, int N, int C) {
+    rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+}
+void gpu_rope_forward(float *x, const RopeTable *t, const int *positions, int B, int T, int H) {
+    rope_forward(x, t, positions, B, T, H);
+}
+void gpu_rope_backward(float *dx, const RopeTable *t, const int *positions, int B, int T, int H) {
+    rope_backward(dx, t, positions, B, T, H);
+}
+void gpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, const AttnShape *s) {
+    attention_flash_forward(out, lse, q, k, v, s);
+}
+void gpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                            const float *v, const float *out, const float *lse, const AttnShape *s) {
+    attention_flash_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+}
+void gpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) { swiglu_forward(out, gate, up, n); }
+void gpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
+    swiglu_backward(dgate, dup, dout, gate, up, n);
+}
+double gpu_cross_entropy_forward(float *lse, const float *logits, const int *targets, int N, int V) {
+    return cross_entropy_forward(lse, logits, targets, N, V);
+}
+void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets, int N,
+                                int V, double dloss) {
+    cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
+}
+void gpu_add_inplace(float *x, const float *y, size_t n) { add_inplace(x, y, n); }
+double gpu_sum_of_squares(const float *x, size_t n) { return sum_of_squares(x, n); }
+void gpu_scale_inplace(float *x, size_t n, double factor) { scale_inplace(x, n, factor); }
+void gpu_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, long long step, double lr,
+                    const AdamWConfig *cfg) {
+    adamw_step(params, grads, m, v, n, step, lr, cfg);
+}
+
+// bf16: widen, compute in fp32 with the reference op, round what is stored.
+static float *widen(const gpu_bf16 *x, size_t n) {
+    float *y = calloc(n ? n : 1, sizeof(float));
+    for (size_t i = 0; i < n; i++) y[i] = f32_from_bf16_bits(x[i].bits);
+    return y;
+}
+static void narrow(gpu_bf16 *out, float *x, size_t n) {  // frees x
+    for (size_t i = 0; i < n; i++) out[i].bits = bf16_bits_from_f32(x[i]);
+    free(x);
+}
+static float *scratch(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
+
+void gpu_cast_f32_to_bf16(gpu_bf16 *out, const float *inp, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i].bits = bf16_bits_from_f32(inp[i]);
+}
+void gpu_matmul_forward_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *w, int M, int K, int N) {
+    float *x = widen(inp, (size_t)M * K), *fw = widen(w, (size_t)N * K), *y = scratch((size_t)M * N);
+    matmul_forward(y, x, fw, M, K, N);
+    narrow(out, y, (size_t)M * N);
+    free(x), free(fw);
+}
+void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dw, const gpu_bf16 *dout, const gpu_bf16 *inp,
+                              const gpu_bf16 *w, int M, int K, int N) {
+    float *dy = widen(dout, (size_t)M * N), *x = widen(inp, (size_t)M * K), *fw = widen(w, (size_t)N * K);
+    float *dx = dinp ? widen(dinp, (size_t)M * K) : NULL;
+    matmul_backward(dx, dw, dy, x, fw, M, K, N);
+    if (dinp) narrow(dinp, dx, (size_t)M * K);
+    free(dy), free(x), free(fw);
+}
+void gpu_embedding_forward_bf16(gpu_bf16 *out, const int *tokens, const gpu_bf16 *table, int N, int C) {
+    int V = 0;  // rows the table needs: the largest token + 1
+    for (int n = 0; n < N; n++) V = tokens[n] + 1 > V ? tokens[n] + 1 : V;
+    float *t = widen(table, (size_t)V * C), *y = scratch((size_t)N * C);
+    embedding_forward(y, tokens, t, N, C);
+    narrow(out, y, (size_t)N * C);
+    free(t);
+}
+void gpu_embedding_backward_bf16(float *dtable, const gpu_bf16 *dout, const int *tokens, int N, int C) {
+    float *dy = widen(dout, (size_t)N * C);
+    embedding_backward(dtable, dy, tokens, N, C);
+    free(dy);
+}
+void gpu_rmsnorm_forward_bf16(gpu_bf16 *out, float *rstd, const gpu_bf16 *inp, const gpu_bf16 *w, int N, int C,
+                              double eps) {
+    float *x = widen(inp, (size_t)N * C), *fw = widen(w, C), *y = scratch((size_t)N * C);
+    rmsnorm_forward(y, rstd, x, fw, N, C, eps);
+    narrow(out, y, (size_t)N * C);
+    free(x), free(fw);
+}
+void gpu_rmsnorm_backward_bf16(gpu_bf16 *dinp, float *dw, const gpu_bf16 *dout, const gpu_bf16 *inp,
+                               const gpu_bf16 *w, const float *rstd, int N, int C) {
+    float *dx = widen(dinp, (size_t)N * C), *dy = widen(dout, (size_t)N * C), *x = widen(inp, (size_t)N * C);
+    float *fw = widen(w, C);
+    rmsnorm_backward(dx, dw, dy, x, fw, rstd, N, C);
+    narrow(dinp, dx, (size_t)N * C);
+    free(dy), free(x), free(fw);
+}
+static void rope_bf16(gpu_bf16 *x, const RopeTable *t, const int *positions, int B, int T, int H, bool backward) {
+    size_t n = (size_t)B * T * H * t->head_dim;
+    float *fx = widen(x, n);
+    if (backward) rope_backward(fx, t, positions, B, T, H);
+    else rope_forward(fx, t, positions, B, T, H);
+    narrow(x, fx, n);
+}
+void gpu_rope_forward_bf16(gpu_bf16 *x, const RopeTable *t, const int *positions, int B, int T, int H) {
+    rope_bf16(x, t, positions, B, T, H, false);
+}
+void gpu_rope_backward_bf16(gpu_bf16 *dx, const RopeTable *t, const int *positions, int B, int T, int H) {
+    rope_bf16(dx, t, positions, B, T, H, true);
+}
+void gpu_attention_forward_bf16(gpu_bf16 *out, float *lse, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                                const AttnShape *s) {
+    size_t nq = (size_t)s->B * s->Tq * s->n_heads * s->head_dim, nk = (size_t)s->B * s->Tk * s->n_kv_heads * s->head_dim;
+    float *fq = widen(q, nq), *fk = widen(k, nk), *fv = widen(v, nk), *o = scratch(nq);
+    attention_flash_forward(o, lse, fq, fk, fv, s);
+    narrow(out, o, nq);
+    free(fq), free(fk), free(fv);
+}
+void gpu_attention_backward_bf16(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, const gpu_bf16 *dout, const gpu_bf16 *q,
+                                 const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out, const float *lse,
+                                 const AttnShape *s) {
+    size_t nq = (size_t)s->B * s->Tq * s->n_heads * s->head_dim, nk = (size_t)s->B * s->Tk * s->n_kv_heads * s->head_dim;
+    float *fdq = widen(dq, nq), *fdk = widen(dk, nk), *fdv = widen(dv, nk), *fdo = widen(dout, nq);
+    float *fq = widen(q, nq), *fk = widen(k, nk), *fv = widen(v, nk), *fo = widen(out, nq);
+    attention_flash_backward(fdq, fdk, fdv, fdo, fq, fk, fv, fo, lse, s);
+    narrow(dq, fdq, nq), narrow(dk, fdk, nk), narrow(dv, fdv, nk);
+    free(fdo), free(fq), free(fk), free(fv), free(fo);
+}
+void gpu_swiglu_forward_bf16(gpu_bf16 *out, const gpu_bf16 *gate, const gpu_bf16 *up, size_t n) {
+    float *g = widen(gate, n), *u = widen(up, n), *y = scratch(n);
+    swiglu_forward(y, g, u, n);
+    narrow(out, y, n);
+    free(g), free(u);
+}
+void gpu_swiglu_backward_bf16(gpu_bf16 *dgate, gpu_bf16 *dup, const gpu_bf16 *dout, const gpu_bf16 *gate,
+                              const gpu_bf16 *up, size_t n) {
+    float *dg = widen(dgate, n), *du = widen(dup, n), *dy = widen(dout, n), *g = widen(gate, n), *u = widen(up, n);
+    swiglu_backward(dg, du, dy, g, u, n);
+    narrow(dgate, dg, n), narrow(dup, du, n);
+    free(dy), free(g), free(u);
+}
+double gpu_cross_entropy_forward_bf16(float *lse, const gpu_bf16 *logits, const int *targets, int N, int V) {
+    float *x = widen(logits, (size_t)N * V);
+    double loss = cross_entropy_forward(lse, x, targets, N, V);
+    free(x);
+    return loss;
+}
+void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
+                                     const int *targets, int N, int V, double dloss) {
+    float *dx = widen(dlogits, (size_t)N * V), *x = widen(logits, (size_t)N * V);
+    cross_entropy_backward(dx, x, lse, targets, N, V, dloss);
+    narrow(dlogits, dx, (size_t)N * V);
+    free(x);
+}
+void gpu_add_inplace_bf16(gpu_bf16 *x, const gpu_bf16 *y, size_t n) {
+    float *fx = widen(x, n), *fy = widen(y, n);
+    add_inplace(fx, fy, n);
+    narrow(x, fx, n);
+    free(fy);
+}
+void gpu_adamw_step_bf16_copy(float *params, gpu_bf16 *params_bf16, const float *grads, float *m, float *v, size_t n,
+                              long long step, double lr, const AdamWConfig *cfg) {
+    adamw_step(params, grads, m, v, n, step, lr, cfg);
+    gpu_cast_f32_to_bf16(params_bf16, params, n);
+}
+
+// ================================ the tests ======================================================
+
+static void make_batch(int *inputs, int *targets, int n, int vocab) {
+    for (int i = 0; i < n; i++) {
+        inputs[i] = (int)rng_below(5, 1, i, vocab);
+        targets[i] = i % 11 == 5 ? IGNORE_INDEX : (int)rng_below(5, 2, i, vocab);
+    }
+}
+
+#define STEPS 10
+
+// Trains `steps` steps of the reference and of the GPU model on one fixed batch; the first step's
+// gradients and every step's loss are compared. fp32: bit for bit. bf16: within bf16's error.
+static void run_against_reference(const ModelConfig *cfg, GpuPrecision precision, int B, int T) {
+    int BT = B * T;
+    int *inputs = malloc(sizeof(int) * BT), *targets = malloc(sizeof(int) * BT);
+    make_batch(inputs, targets, BT, cfg->vocab_size);
+    AdamWConfig adam = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    const double lr = 3e-3, max_norm = 1.0;
+
+    Model ref;
+    model_init(&ref, cfg, 42, ATTN_FLASH);
+    ModelActs acts = model_acts_alloc(&ref, B, T, AC_NONE);
+    size_t n = ref.table.total_numel;
+    real *adam_m = calloc(n, sizeof(real)), *adam_v = calloc(n, sizeof(real));
+    GpuModel m;
+    gpu_model_init(&m, cfg, 42, precision, B, T);
+    ck_assert_uint_eq(m.table.total_numel, n);
+    if (precision == GPU_FP32) expect_equal_bits("initial weights", m.params, ref.params, n);
+
+    double loss_first = 0, loss_last = 0;
+    for (int s = 1; s <= STEPS; s++) {
+        model_zero_grads(&ref);
+        double ref_loss = model_forward(&ref, &acts, inputs, targets);
+        model_backward(&ref, &acts, inputs, 1.0);
+        gpu_model_zero_grads(&m);
+        double loss = gpu_model_forward(&m, inputs, targets);
+        gpu_model_backward(&m, 1.0);
+        if (precision == GPU_FP32) {
+            ck_assert_msg(loss == ref_loss, "%s step %d: loss %.9g, reference %.9g", cfg->name, s, loss, ref_loss);
+            if (s == 1) expect_equal_bits("step-1 gradients", m.grads, ref.grads, n);
+        } else {
+            ck_assert_msg(fabs(loss - ref_loss) <= 3e-2 * ref_loss, "%s bf16 step %d: loss %.6f, reference %.6f",
+                          cfg->name, s, loss, ref_loss);
+            if (s == 1)
+                for (int i = 0; i < ref.table.count; i++) {
+                    const ParamInfo *p = &ref.table.items[i];
+                    double e = rel_l2(m.grads + p->offset, ref.grads + p->offset, p->numel);
+                    ck_assert_msg(e <= 0.1, "%s bf16 step-1 gradient of %s: ||d||/||ref|| = %.3g", cfg->name, p->name, e);
+                }
+        }
+        double ref_norm = sqrt(sum_of_squares(ref.grads, n));
+        clip_by_global_norm(ref.grads, n, ref_norm, max_norm);
+        adamw_step(ref.params, ref.grads, adam_m, adam_v, n, s, lr, &adam);
+        double norm = gpu_model_step(&m, s, lr, &adam, max_norm);
+        if (precision == GPU_FP32) ck_assert(norm == ref_norm);
+        if (s == 1) loss_first = loss;
+        loss_last = loss;
+    }
+    if (precision == GPU_FP32) expect_equal_bits("weights after the steps", m.params, ref.params, n);
+    else {  // the compute copy follows the master weights
+        for (size_t i = 0; i < n; i++)
+            ck_assert_msg(m.params_bf16[i].bits == bf16_bits_from_f32(m.params[i]), "bf16 copy stale at %zu", i);
+    }
+    ck_assert_msg(loss_last < loss_first - 0.1, "%s: loss %.4f -> %.4f does not fall", cfg->name, loss_first, loss_last);
+    gpu_model_free(&m);
+    model_acts_free(&acts);
+    model_free(&ref);
+    free(inputs), free(targets), free(adam_m), free(adam_v);
+}
+
+static ModelConfig config(const char *name, bool tied) {
+    ModelConfig c;
+    ck_assert(model_config_lookup(name, &c));
+    c.tied = tied;
+    return c;
+}
+
+START_TEST(test_fp32_matches_reference_bit_for_bit) {
+    ModelConfig tiny = config("tiny", false), tied = config("tiny", true);
+    run_against_reference(&tiny, GPU_FP32, 4, 32);
+    run_against_reference(&tied, GPU_FP32, 4, 32);  // the output projection is tok_embeddings
+}
+END_TEST
+
+START_TEST(test_bf16_trains_like_reference) {
+    ModelConfig tiny = config("tiny", false), tied = config("tiny", true);
+    run_against_reference(&tiny, GPU_BF16, 4, 32);
+    run_against_reference(&tied, GPU_BF16, 4, 32);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("gpu model on the host");
+    TCase *tc = tcase_create("gpu model");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_fp32_matches_reference_bit_for_bit);
+    tcase_add_test(tc, test_bf16_trains_like_reference);
+    suite_add_tcase(s, tc);
+    SRunner *runner = srunner_create(s);
+    srunner_run_all(runner, CK_NORMAL);
+    int failed = srunner_ntests_failed(runner);
+    srunner_free(runner);
+    return failed ? 1 : 0;
+}
