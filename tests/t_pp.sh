@@ -3,18 +3,21 @@
 # schedule at p = 2 and 4, m = p and 2p, v = 1 and 2; an uneven split; PP x DDP; resume; the
 # schedule diagram; a traced run's bubble; activation memory by schedule; bad layouts.
 #
+# Compared: the loss at every step, the step-1 gradients (--grad-dump, gathered from the stages)
+# and the parameters after 20 steps.
 # Tolerances (fp32). Against the plain single process (one micro-batch of 8): losses rtol 1e-5,
-# parameters after 20 AdamW steps rtol 5e-4 of each tensor's max, as in t_ddp.sh: the pipeline
-# splits the batch into micro-batches, so each weight gradient is a sum of m matmuls instead of
-# one, the same terms added in another order (~1e-7 relative at step 1), which AdamW's 1/sqrt(v)
-# turns into ~lr moves of weights with tiny gradients over 20 steps.
+# step-1 gradients rtol 1e-5 of each tensor's max, parameters after 20 AdamW steps rtol 5e-4, as
+# in t_ddp.sh and t_tp.sh: the pipeline splits the batch into micro-batches, so each weight
+# gradient is a sum of m matmuls instead of one, the same terms added in another order (~1e-6
+# relative at step 1), which AdamW's 1/sqrt(v) turns into ~lr moves of weights with tiny gradients
+# over 20 steps (seen: up to 3.9e-4, 8 layers at m = 4).
 # Exact (bit-identical): pipelining does not change the per-sample arithmetic, only where it runs.
 # Each stage runs the same functions on the same micro-batch shapes, and accumulates its gradients
 # in micro-batch order 0..m-1 under every schedule, as the single process does with
 # --grad-accum-steps m. The global norm is summed per stage and then over stages, in another order
 # than the single process's one pass, and could in principle differ in its last double bit; in
 # these runs it never changes the clipping factor, so every run is required to match
-# `--grad-accum-steps m` bit for bit (losses and parameters). Likewise PP x DDP against DDP with the
+# `--grad-accum-steps m` bit for bit (losses, step-1 gradients and parameters). Likewise PP x DDP against DDP with the
 # same micro-batches, and a resumed run against one straight through.
 set -eu
 T="$TEST_TMP"
@@ -25,22 +28,25 @@ source tests/lib.sh
 common=(--model tiny --steps 20 --batch 8 --seed 5 --lr 1e-3 --bucket-mb 0.05)
 ref() {  # name, extra flags...
     local name=$1; shift
-    "$BUILD/train" "${common[@]}" "$@" --checkpoint-dir "$T/$name" > "$T/$name.log"
+    "$BUILD/train" "${common[@]}" "$@" --checkpoint-dir "$T/$name" --grad-dump "$(grads "$name")" > "$T/$name.log"
 }
 run() {  # name, ranks, extra flags...
     local name=$1 np=$2; shift 2
-    $MPIRUN -np "$np" "$BUILD/train" "${common[@]}" "$@" --checkpoint-dir "$T/$name" \
+    $MPIRUN -np "$np" "$BUILD/train" "${common[@]}" "$@" --checkpoint-dir "$T/$name" --grad-dump "$(grads "$name")" \
         > "$T/$name.log" 2>&1 || { cat "$T/$name.log"; echo "FAIL: run $name"; exit 1; }
 }
 ckpt() { echo "$T/$1/step_000020.safetensors"; }
+grads() { echo "$T/$1.grads.safetensors"; }
 check_vs_ref() {  # name, reference
     echo "== $1 vs the single process ($2)"
     $P --log "$T/$1.log" --log-ref "$T/$2.log" --loss-rtol 1e-5 --ckpt "$(ckpt "$1")" --ckpt-ref "$(ckpt "$2")" \
        --param-rtol 5e-4
+    $P --ckpt "$(grads "$1")" --ckpt-ref "$(grads "$2")" --prefix grad. --param-rtol 1e-5
 }
 check_exact() {  # name, reference, what
-    echo "== $1 vs $2 ($3): bit-identical losses and parameters"
+    echo "== $1 vs $2 ($3): bit-identical losses, step-1 gradients and parameters"
     $P --log "$T/$1.log" --log-ref "$T/$2.log" --loss-rtol 0 --ckpt "$(ckpt "$1")" --ckpt-ref "$(ckpt "$2")" --exact
+    $P --ckpt "$(grads "$1")" --ckpt-ref "$(grads "$2")" --prefix grad. --exact
 }
 
 ref ref
