@@ -142,6 +142,14 @@ awk -v g="$($PYTHON tests/py/pp_bubble.py --mean "$T/GPipe.json")" \
     -v i="$($PYTHON tests/py/pp_bubble.py --mean "$T/Interleaved1F1B.json")" 'BEGIN {
     printf "== measured bubble: GPipe %.1f%% (ideal 33.3%%), interleaved %.1f%% (ideal 20.0%%)\n", 100 * g, 100 * i
     exit !(g > i && g > 0.5 / 3 && i > 0.5 / 5) }' || { echo "FAIL: bubble ordering"; exit 1; }
+# trace-summary's bubble% (pipeline-wait slices and idle time over each rank's span): every rank of
+# the GPipe run shows at least half the ideal 33%.
+traces/trace-summary --json "$T/GPipe.pftrace" | $PYTHON -c '
+import json, sys
+rows = json.load(sys.stdin)["ranks"]
+pct = [r["bubble_pct"] for r in rows]
+print("== trace-summary GPipe bubble%: " + ", ".join(f"{p:.1f}" for p in pct) + " (ideal 33.3)")
+sys.exit(0 if len(pct) == 2 and all(p > 100 * 0.5 / 3 for p in pct) else 1)' || { echo "FAIL: trace-summary bubble"; exit 1; }
 
 echo "== bad layouts exit 2 with one line"
 set +e

@@ -8,15 +8,21 @@ communication. Per rank (all figures are lengths of unions of intervals, so over
 slices count once):
 
   compute   union of the top-level slices on "compute", minus the slices of category "comm-wait"
-            at any depth (the main thread blocked on communication: DDP's final wait, FSDP's
-            all-gather waits inside forward)
+            or "pipeline-wait" at any depth (the main thread blocked on communication: DDP's
+            final wait, FSDP's all-gather waits inside forward, a pipeline stage waiting for its
+            input)
   comm      union of the slices on the "comm:*" tracks
-  exposed   comm time during which no compute slice runs (what communication costs the step)
+  exposed   comm time during which no compute slice runs, outside pipeline waits (what
+            communication costs the step)
   overlap   1 - exposed / comm, in percent (empty when the rank has no comm)
   span      first begin to last end of the rank's compute and comm slices
   idle      span minus the union of compute and comm
-  bubble    the part of idle between the first compute begin and the last compute end: the
-            pipeline bubble (waiting inside the step, not before the first or after the last work)
+  bubble%   bubble / span: the rank's measured bubble fraction (chapter 7 compares it with
+            (p-1)/(m+p-1))
+  bubble    between the first compute begin and the last compute end, the time with neither
+            compute nor exposed comm: idle time, and the "pipeline-wait" slices (a stage waiting
+            for the activations or gradients of another: the pipeline bubble, even though a
+            receive is posted on the comm stream meanwhile)
 
 Other tracks (data loading, counters) are outside every figure. The total line adds the ranks up
 (overlap from those sums) and gives the wall time from the earliest to the latest slice of any rank.
@@ -77,12 +83,13 @@ def intersection_length(a, b):
 # ---- reading the two file forms ---------------------------------------------------------------------
 
 WAIT_CATEGORY = "comm-wait"
+PIPELINE_WAIT_CATEGORY = "pipeline-wait"
 
 
 class Rank:
     def __init__(self, rank, name=""):
         self.rank, self.name = rank, name
-        self.compute, self.comm, self.waits = [], [], []  # (begin, end) in ns
+        self.compute, self.comm, self.waits, self.pipeline_waits = [], [], [], []  # (begin, end) in ns
 
     def add(self, track_name, begin, end, depth, category=""):
         # A slice of category "comm-wait" on the compute track (DDP's "ddp wait", FSDP's all-gather
@@ -90,6 +97,8 @@ class Rank:
         # counts as exposed, even when it sits inside a "forward" slice.
         if track_name == "compute" and category == WAIT_CATEGORY:
             self.waits.append((begin, end))
+        elif track_name == "compute" and category == PIPELINE_WAIT_CATEGORY:
+            self.pipeline_waits.append((begin, end))
         elif track_name == "compute" and depth == 0:
             self.compute.append((begin, end))
         elif track_name.startswith("comm:"):
@@ -168,22 +177,27 @@ def overlap_pct(comm, exposed):
 
 
 def summarize(rank):
-    compute, comm = subtract(union(rank.compute), union(rank.waits)), union(rank.comm)
+    pipeline_waits = union(rank.pipeline_waits)
+    compute = subtract(union(rank.compute), union(rank.waits + rank.pipeline_waits))
+    comm = union(rank.comm)
+    exposed = subtract(subtract(comm, compute), pipeline_waits)
     busy = union(compute + comm)
     row = {"rank": rank.rank, "name": rank.name, "compute": length(compute), "comm": length(comm)}
-    row["exposed"] = row["comm"] - intersection_length(comm, compute)
+    row["exposed"] = length(exposed)
     row["overlap_pct"] = overlap_pct(row["comm"], row["exposed"])
     if not busy:
-        row.update(start=0, end=0, span=0, idle=0, bubble=0)
+        row.update(start=0, end=0, span=0, idle=0, bubble=0, bubble_pct=0.0)
         return row
     row.update(start=busy[0][0], end=busy[-1][1])
     row["span"] = row["end"] - row["start"]
     row["idle"] = row["span"] - length(busy)
     if compute:
         window = [(compute[0][0], compute[-1][1])]
-        row["bubble"] = length(window) - intersection_length(busy, window)
+        row["bubble"] = (length(window) - intersection_length(compute, window)
+                         - intersection_length(exposed, window))
     else:
         row["bubble"] = 0
+    row["bubble_pct"] = 100.0 * row["bubble"] / row["span"] if row["span"] else 0.0
     return row
 
 
@@ -213,12 +227,13 @@ def as_us(row):
 def table_line(label, row, note):
     overlap = "-" if row["overlap_pct"] is None else f"{row['overlap_pct']:.1f}"
     ms = [f"{row[key] / 1e6:10.3f}" for key in ("compute", "comm", "exposed", "idle", "bubble", "span")]
-    return f"{label:>5} {' '.join(ms[:3])} {overlap:>8} {' '.join(ms[3:])}  {note}"
+    bubble = f"{100.0 * row['bubble'] / row['span']:.1f}" if row["span"] else "-"  # totals have no bubble_pct
+    return f"{label:>5} {' '.join(ms[:3])} {overlap:>8} {' '.join(ms[3:])} {bubble:>7}  {note}"
 
 
 def print_table(rows, total):
     print(f"{'rank':>5} {'compute':>10} {'comm':>10} {'exposed':>10} {'overlap%':>8} {'idle':>10} {'bubble':>10} "
-          f"{'span':>10}  (ms)")
+          f"{'span':>10} {'bubble%':>7}  (ms)")
     for row in rows:
         print(table_line(row["rank"], row, row["name"]))
     print(table_line("total", total, f"({total['ranks']} ranks, wall {total['wall'] / 1e6:.3f} ms)"))

@@ -183,13 +183,14 @@ static void wait_through(Pipeline *pl, int batch) {
     for (; pl->waited < batch; pl->waited++) comm_wait(pl->batches[pl->waited + 1]);
 }
 
-// The main thread blocks on the pipeline: visible as a comm-wait slice when it really waits.
+// The main thread blocks on the pipeline: a "pipeline-wait" slice when it really waits, which
+// trace-summary counts as bubble.
 static void wait_for_input(Pipeline *pl, int batch, const PpAction *a) {
     if (batch <= pl->waited) return;
     int track = trace_track("compute");
     bool blocked = !comm_test(pl->batches[batch]);
     if (blocked) {
-        trace_begin(track, "pp wait", "comm-wait");
+        trace_begin(track, "pp wait", "pipeline-wait");  // trace-summary counts it as bubble
         trace_arg_int(track, "microbatch", a->microbatch);
         trace_arg_int(track, "stage", a->stage);
     }
@@ -308,10 +309,16 @@ double pipeline_forward_backward(Pipeline *pl, const int *inputs, const int *tar
         else run_backward(pl, a, i);
     }
     flush_batch(pl);
+    // The end of the step waits for the other stages to drain the pipeline: bubble, not comm.
+    int track = trace_track("compute");
+    trace_begin(track, "pp drain", "pipeline-wait");
     retire_slots(pl, true);
+    trace_end(track);
     if (pl->ddp) ddp_finish_backward(pl->ddp);
     double loss = pl->loss_sum / pl->m;  // 0 on every stage but the last: the sum is that stage's value
+    trace_begin(track, "pp drain", "pipeline-wait");
     comm_all_reduce(pl->pp, &loss, 1, COMM_FLOAT64, COMM_SUM);
+    trace_end(track);
     return loss;
 }
 

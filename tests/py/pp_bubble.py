@@ -10,9 +10,8 @@ traces/README.md); a rank's bubble is the part of the window in which it runs no
 rank is the sum over the steps of its idle time over the sum of the windows. The first steps are
 skipped (warm-up: page faults, first allocations).
 
-trace-summary's own "bubble" column counts only time with neither compute nor communication: a
-receive posted on the comm stream is communication while it waits, so there most of a pipeline's
-waiting shows as "exposed" instead.
+trace-summary's "bubble%" column measures the same per rank over the rank's whole span (the
+executor's "pipeline-wait" slices count as bubble there).
 """
 import argparse
 import json
