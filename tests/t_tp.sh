@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Chapter 6: tensor parallelism against the single process, alone and with DDP / FSDP.
+# Chapter 6: tensor parallelism against the single process, alone and with DDP / FSDP / PP.
 # Compared: the loss at every step, the step-1 gradients (train --grad-dump, gathered to full
 # tensors, against the reference's --dump) and the parameters after 20 steps.
 # Tolerances (fp32):
@@ -47,6 +47,13 @@ check_vs_ref tp2_sp_fsdp2
 run tp2_sp_ac 2 --tp 2 --sequence-parallel --ac full
 echo "== tp2 + sequence parallel with full activation checkpointing vs without: bit-identical"
 $P --ckpt "$(ckpt tp2_sp_ac)" --ckpt-ref "$(ckpt tp2_sp)" --exact
+# With pipeline parallelism (chapter 7): 2D pp x tp, and 3D pp x dp x tp on 8 ranks.
+run pp2_tp2 4 --pp 2 --tp 2
+check_vs_ref pp2_tp2
+run pp2_tp2_sp 4 --pp 2 --tp 2 --sequence-parallel --pp-schedule GPipe
+check_vs_ref pp2_tp2_sp
+run pp2_dp2_tp2 8 --pp 2 --dp-replicate 2 --tp 2 --pp-microbatches 2
+check_vs_ref pp2_dp2_tp2
 run tp2_accum 2 --tp 2 --grad-accum-steps 2 --attention naive
 "$BUILD/train" "${common[@]}" --grad-accum-steps 2 --attention naive --checkpoint-dir "$T/ref_naive" > "$T/ref_naive.log"
 echo "== tp2, naive attention, 2 micro-batches vs the single process"

@@ -307,18 +307,9 @@ static PpScheduleKind pipeline_schedule(void) {
 // (PP, replicated over dp_replicate).
 static void setup_training_state(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, uint64_t seed) {
     Mesh *mesh = t->mesh;
-    if (mesh->degree[MESH_PP] > 1) {
-        model_init_unallocated(&t->model, cfg, attention);
-        PipelineOptions options = {pipeline_schedule(), t->n_micro, opt.pp_virtual_stages, t->micro, t->T,
-                                   checkpointing_mode(), (size_t)(opt.bucket_mb * 1048576.0), !opt.no_overlap,
-                                   opt.pp_schedule_dot};
-        t->pp = pipeline_create(&t->model, mesh->dim[MESH_PP], t->dp_size > 1 ? mesh->dp : NULL, &options, seed);
-        if (t->dp_size > 1) log_info("pp x ddp: %d replicas of each stage", t->dp_size);
-        return;
-    }
     int tp = mesh->degree[MESH_TP], tp_rank = mesh->coord[MESH_TP];
-    bool sharded = mesh->degree[MESH_DP_SHARD] > 1;
-    model_init_tp(&t->model, cfg, seed, attention, tp, tp_rank, !sharded);
+    bool sharded = mesh->degree[MESH_DP_SHARD] > 1, pipelined = mesh->degree[MESH_PP] > 1;
+    model_init_tp(&t->model, cfg, seed, attention, tp, tp_rank, !sharded && !pipelined);
     if (tp > 1) {
         if (opt.sequence_parallel && (t->micro * t->T) % tp != 0)
             fatal_input("--sequence-parallel: the %d tokens of a micro-batch must divide by --tp %d", t->micro * t->T, tp);
@@ -327,6 +318,14 @@ static void setup_training_state(Trainer *t, const ModelConfig *cfg, AttentionIm
                  "[%d, %d)", tp, opt.sequence_parallel ? " with sequence parallel" : "", t->model.local.n_heads, cfg->n_heads, t->model.local.n_kv_heads, cfg->n_kv_heads,
                  t->model.local.ffn_dim, cfg->ffn_dim, t->model.local.vocab_start,
                  t->model.local.vocab_start + t->model.local.vocab_size);
+    }
+    if (pipelined) {
+        PipelineOptions options = {pipeline_schedule(), t->n_micro, opt.pp_virtual_stages, t->micro, t->T,
+                                   checkpointing_mode(), (size_t)(opt.bucket_mb * 1048576.0), !opt.no_overlap,
+                                   opt.pp_schedule_dot, tp > 1 ? mesh->dim[MESH_TP] : NULL};
+        t->pp = pipeline_create(&t->model, mesh->dim[MESH_PP], t->dp_size > 1 ? mesh->dp : NULL, &options, seed);
+        if (t->dp_size > 1) log_info("pp x ddp: %d replicas of each stage", t->dp_size);
+        return;
     }
     if (!sharded) {
         size_t n = t->model.table.total_numel;
@@ -453,7 +452,6 @@ static void check_pipeline_flags(const ModelConfig *cfg, const ArgSpec *flags) {
     if (opt.dp_shard > 1)
         fatal_input("--pp %d with --dp-shard %d: pipeline stages are not sharded (yet); use --dp-replicate", opt.pp,
                     opt.dp_shard);
-    if (opt.tp > 1) fatal_input("--pp %d with --tp %d: pipeline stages are not tensor-parallel (yet)", opt.pp, opt.tp);
     if (opt.grad_accum_steps > 1)
         fatal_input("--grad-accum-steps %d: with --pp the micro-batches are --pp-microbatches", opt.grad_accum_steps);
     check_writable("pp-schedule-dot", opt.pp_schedule_dot);

@@ -77,7 +77,8 @@ static void init_chunk(Pipeline *pl, PipelineChunk *c, uint64_t seed) {
     for (int i = 0; i < t->count; i++) {  // the same values the single process gives these elements
         const ParamInfo *p = &t->items[i];
         if (p->layer >= c->first_unit && p->layer <= c->last_unit)
-            param_init_range(p, seed, 0, p->numel, c->params + (p->offset - c->offset));
+            param_init_local_range(p, pl->model->tp.rank, pl->model->tp.size, seed, 0, p->numel,
+                                   c->params + (p->offset - c->offset));
     }
     c->last_backward = -1;
     for (int i = 0; i < pl->actions.count; i++) {
@@ -203,7 +204,8 @@ static PipelineSlot *slot_of(Pipeline *pl, int mb, int stage) {
 }
 
 static size_t activation_count(const Pipeline *pl) {
-    return (size_t)pl->options.micro_batch * pl->options.seq_len * pl->model->cfg.dim;  // (B_micro*T, dim)
+    // (B_micro*T, dim); with tensor + sequence parallelism, this tp rank's rows of it
+    return (size_t)model_rows_here(pl->model, pl->options.micro_batch, pl->options.seq_len) * pl->model->cfg.dim;
 }
 
 // Waits for the batches that finished anyway, and frees the activations nothing needs any more.
@@ -324,9 +326,24 @@ double pipeline_forward_backward(Pipeline *pl, const int *inputs, const int *tar
 
 // ---- optimizer ----------------------------------------------------------------------------------
 
+// With tensor parallelism a chunk holds tp slices: the sliced tensors' sums are added over tp, the
+// replicated norms' taken once (as tp_sum_of_squares does for a whole model).
+static double chunk_sum_of_squares(const Pipeline *pl, const PipelineChunk *c) {
+    if (!pl->options.tp_group) return sum_of_squares(c->grads, c->numel);
+    double sums[2] = {0, 0};  // tp-sliced, replicated
+    const ParamTable *t = &pl->model->table;
+    for (int i = 0; i < t->count; i++) {
+        const ParamInfo *p = &t->items[i];
+        if (p->layer < c->first_unit || p->layer > c->last_unit) continue;
+        sums[p->tp_split == TP_NONE] += sum_of_squares(c->grads + (p->offset - c->offset), p->numel);
+    }
+    comm_all_reduce(pl->options.tp_group, sums, 1, COMM_FLOAT64, COMM_SUM);
+    return sums[0] + sums[1];
+}
+
 double pipeline_grad_norm(Pipeline *pl) {
     double sum = 0;
-    for (int c = 0; c < pl->v; c++) sum += sum_of_squares(pl->chunks[c].grads, pl->chunks[c].numel);
+    for (int c = 0; c < pl->v; c++) sum += chunk_sum_of_squares(pl, &pl->chunks[c]);
     comm_all_reduce(pl->pp, &sum, 1, COMM_FLOAT64, COMM_SUM);
     return sqrt(sum);
 }

@@ -43,6 +43,7 @@ typedef struct {
     size_t bucket_bytes;       // DDP buckets (with data parallelism)
     bool overlap;              // DDP all-reduces during backward
     const char *dot_path;      // world rank 0 writes the schedule as Graphviz here (NULL: no)
+    Comm *tp_group;            // with tensor parallelism (the model holds tp slices, tp_install done); else NULL
 } PipelineOptions;
 
 typedef struct {
