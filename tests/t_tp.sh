@@ -47,13 +47,16 @@ check_vs_ref tp2_sp_fsdp2
 run tp2_sp_ac 2 --tp 2 --sequence-parallel --ac full
 echo "== tp2 + sequence parallel with full activation checkpointing vs without: bit-identical"
 $P --ckpt "$(ckpt tp2_sp_ac)" --ckpt-ref "$(ckpt tp2_sp)" --exact
-# With pipeline parallelism (chapter 7): 2D pp x tp, and 3D pp x dp x tp on 8 ranks.
+# With pipeline parallelism (chapter 7): 2D pp x tp, and 3D pp x dp x tp on 8 ranks (DDP, and
+# ZeRO-1: the AdamW state sharded over dp_shard).
 run pp2_tp2 4 --pp 2 --tp 2
 check_vs_ref pp2_tp2
 run pp2_tp2_sp 4 --pp 2 --tp 2 --sequence-parallel --pp-schedule GPipe
 check_vs_ref pp2_tp2_sp
 run pp2_dp2_tp2 8 --pp 2 --dp-replicate 2 --tp 2 --pp-microbatches 2
 check_vs_ref pp2_dp2_tp2
+run pp2_zero1_tp2 8 --pp 2 --dp-shard 2 --zero-stage 1 --tp 2 --pp-microbatches 2  # 3D with a sharded optimizer
+check_vs_ref pp2_zero1_tp2
 run tp2_accum 2 --tp 2 --grad-accum-steps 2 --attention naive
 "$BUILD/train" "${common[@]}" --grad-accum-steps 2 --attention naive --checkpoint-dir "$T/ref_naive" > "$T/ref_naive.log"
 echo "== tp2, naive attention, 2 micro-batches vs the single process"

@@ -322,9 +322,12 @@ static void setup_training_state(Trainer *t, const ModelConfig *cfg, AttentionIm
     if (pipelined) {
         PipelineOptions options = {pipeline_schedule(), t->n_micro, opt.pp_virtual_stages, t->micro, t->T,
                                    checkpointing_mode(), (size_t)(opt.bucket_mb * 1048576.0), !opt.no_overlap,
-                                   opt.pp_schedule_dot, tp > 1 ? mesh->dim[MESH_TP] : NULL};
+                                   opt.pp_schedule_dot, tp > 1 ? mesh->dim[MESH_TP] : NULL,
+                                   sharded ? mesh->dp_shard_cp : NULL};
         t->pp = pipeline_create(&t->model, mesh->dim[MESH_PP], t->dp_size > 1 ? mesh->dp : NULL, &options, seed);
-        if (t->dp_size > 1) log_info("pp x ddp: %d replicas of each stage", t->dp_size);
+        if (t->dp_size > 1)
+            log_info("pp x %s: %d data-parallel ranks per stage%s", sharded ? "zero-1" : "ddp", t->dp_size,
+                     sharded ? ", AdamW state sharded over dp_shard" : "");
         return;
     }
     if (!sharded) {
@@ -449,9 +452,9 @@ static void check_pipeline_flags(const ModelConfig *cfg, const ArgSpec *flags) {
     if (rule)
         fatal_input("--pp %d x --pp-virtual-stages %d on %d layers: %s", opt.pp, opt.pp_virtual_stages, cfg->n_layers,
                     rule);
-    if (opt.dp_shard > 1)
-        fatal_input("--pp %d with --dp-shard %d: pipeline stages are not sharded (yet); use --dp-replicate", opt.pp,
-                    opt.dp_shard);
+    if (opt.dp_shard > 1 && opt.zero_stage != 1)
+        fatal_input("--pp %d with --dp-shard %d: pipeline stages shard only the optimizer state; add --zero-stage 1 "
+                    "(stages 2-3 would gather and scatter every micro-batch)", opt.pp, opt.dp_shard);
     if (opt.grad_accum_steps > 1)
         fatal_input("--grad-accum-steps %d: with --pp the micro-batches are --pp-microbatches", opt.grad_accum_steps);
     check_writable("pp-schedule-dot", opt.pp_schedule_dot);

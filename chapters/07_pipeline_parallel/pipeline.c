@@ -68,12 +68,17 @@ static real *storage_grads(void *ctx, int unit) {
 
 // ---- setup --------------------------------------------------------------------------------------
 
+static int shard_ranks(const Pipeline *pl) { return pl->options.shard_group ? comm_size(pl->options.shard_group) : 1; }
+
 static void init_chunk(Pipeline *pl, PipelineChunk *c, uint64_t seed) {
     const ParamTable *t = &pl->model->table;
-    c->params = mem_alloc(MEM_PARAMS, sizeof(real) * c->numel);
-    c->grads = mem_alloc(MEM_GRADS, sizeof(real) * c->numel);
-    c->adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * c->numel);
-    c->adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * c->numel);
+    int S = shard_ranks(pl);
+    c->shard = (c->numel + (size_t)S - 1) / (size_t)S;
+    c->mine = pl->options.shard_group ? (size_t)comm_rank(pl->options.shard_group) * c->shard : 0;
+    c->params = mem_alloc(MEM_PARAMS, sizeof(real) * c->shard * S);
+    c->grads = mem_alloc(MEM_GRADS, sizeof(real) * c->shard * S);
+    c->adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * c->shard);
+    c->adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * c->shard);
     for (int i = 0; i < t->count; i++) {  // the same values the single process gives these elements
         const ParamInfo *p = &t->items[i];
         if (p->layer >= c->first_unit && p->layer <= c->last_unit)
@@ -352,10 +357,26 @@ void pipeline_clip(Pipeline *pl, double grad_norm, double max_norm) {
     for (int c = 0; c < pl->v; c++) clip_by_global_norm(pl->chunks[c].grads, pl->chunks[c].numel, grad_norm, max_norm);
 }
 
+// Elements of the chunk in this rank's optimizer slice (the last ranks' slices may be short or
+// empty: the padding is never updated and stays zero).
+static size_t slice_len(const PipelineChunk *c) {
+    return c->mine >= c->numel ? 0 : (c->numel - c->mine < c->shard ? c->numel - c->mine : c->shard);
+}
+
+// ZeRO-1: every rank's updated slice into everyone's weights (the slice lives inside the receive
+// buffer, so it is sent from a copy).
+static void gather_weights(Pipeline *pl, PipelineChunk *c) {
+    real *slice = mem_alloc(MEM_COMM, sizeof(real) * c->shard);
+    memcpy(slice, c->params + c->mine, sizeof(real) * c->shard);
+    comm_all_gather(pl->options.shard_group, slice, c->params, c->shard, COMM_REAL);
+    mem_free(slice);
+}
+
 void pipeline_adamw_step(Pipeline *pl, long long step, double lr, const AdamWConfig *cfg) {
     for (int c = 0; c < pl->v; c++) {
         PipelineChunk *ch = &pl->chunks[c];
-        adamw_step(ch->params, ch->grads, ch->adam_m, ch->adam_v, ch->numel, step, lr, cfg);
+        adamw_step(ch->params + ch->mine, ch->grads + ch->mine, ch->adam_m, ch->adam_v, slice_len(ch), step, lr, cfg);
+        if (pl->options.shard_group) gather_weights(pl, ch);
     }
 }
 
@@ -367,30 +388,51 @@ static real *state_of(PipelineChunk *c, int which) {
     return states[which];
 }
 
+// A chunk's AdamW moment in full (numel), gathered over the shard group under ZeRO-1 into `all`
+// (shard * S); the chunk's own buffer otherwise.
+static real *full_moment(Pipeline *pl, PipelineChunk *c, int which, real **all) {
+    *all = NULL;
+    if (!pl->options.shard_group) return state_of(c, which);
+    *all = mem_alloc(MEM_COMM, sizeof(real) * c->shard * shard_ranks(pl));
+    comm_all_gather(pl->options.shard_group, state_of(c, which), *all, c->shard, COMM_REAL);
+    return *all;
+}
+
 void pipeline_gather_full(Pipeline *pl, int which, real *flat) {
     int n = 0;
+    real **full = calloc((size_t)pl->v, sizeof(real *)), **owned = calloc((size_t)pl->v, sizeof(real *));
+    for (int c = 0; c < pl->v; c++)  // per chunk: the full tensor to send
+        full[c] = which == 1 || which == 2 ? full_moment(pl, &pl->chunks[c], which, &owned[c])
+                                           : state_of(&pl->chunks[c], which);
     CommP2P *transfers = calloc((size_t)(pl->p * pl->v), sizeof(CommP2P));
     if (pl->rank == 0) {
         for (int st = 0; st < pl->n_stages; st++) {
             PipelineChunk range;
             stage_range(pl->model, pl->n_stages, st, &range);
             int r = pp_rank_of_stage(st, pl->p), chunk = pp_chunk_of_stage(st, pl->p);
-            if (r == 0) memcpy(flat + range.offset, state_of(&pl->chunks[chunk], which), sizeof(real) * range.numel);
+            if (r == 0) memcpy(flat + range.offset, full[chunk], sizeof(real) * range.numel);
             else transfers[n++] = (CommP2P){COMM_RECV, flat + range.offset, range.numel, COMM_REAL, r, chunk};
         }
     } else {
         for (int c = 0; c < pl->v; c++) {
             PipelineChunk *ch = &pl->chunks[c];
-            transfers[n++] = (CommP2P){COMM_SEND, state_of(ch, which), ch->numel, COMM_REAL, 0, c};
+            transfers[n++] = (CommP2P){COMM_SEND, full[c], ch->numel, COMM_REAL, 0, c};
         }
     }
     comm_wait(comm_batch_start(pl->pp, transfers, n));
     free(transfers);
+    for (int c = 0; c < pl->v; c++) mem_free(owned[c]);
+    free(full), free(owned);
 }
 
 void pipeline_load_full(Pipeline *pl, int which, const real *flat) {
     for (int c = 0; c < pl->v; c++) {
         PipelineChunk *ch = &pl->chunks[c];
-        memcpy(state_of(ch, which), flat + ch->offset, sizeof(real) * ch->numel);
+        if (which == 1 || which == 2) {  // the moments: this rank's slice (all of it without ZeRO-1)
+            memset(state_of(ch, which), 0, sizeof(real) * ch->shard);
+            memcpy(state_of(ch, which), flat + ch->offset + ch->mine, sizeof(real) * slice_len(ch));
+        } else {
+            memcpy(state_of(ch, which), flat + ch->offset, sizeof(real) * ch->numel);
+        }
     }
 }

@@ -18,7 +18,9 @@
 //             comm_batch_start; a compute waits (a "pp wait" comm-wait slice) only for the batch
 //             receiving its input
 // With data parallelism each stage's chunks are DDP ranges over the data-parallel replicas of the
-// stage; a chunk's all-reduces start during its last backward of the step.
+// stage; a chunk's all-reduces start during its last backward of the step. With --dp-shard (ZeRO-1,
+// Megatron's distributed optimizer) each rank of the shard group keeps AdamW's state for 1/S of
+// every chunk, updates that slice of the weights, and all-gathers the weights over the group.
 //
 //   Pipeline *pl = pipeline_create(&model, mesh->dim[MESH_PP], dp_or_NULL, &options, seed);
 //   loss = pipeline_forward_backward(pl, inputs, targets);   // every rank: the mean over micro-batches
@@ -44,6 +46,7 @@ typedef struct {
     bool overlap;              // DDP all-reduces during backward
     const char *dot_path;      // world rank 0 writes the schedule as Graphviz here (NULL: no)
     Comm *tp_group;            // with tensor parallelism (the model holds tp slices, tp_install done); else NULL
+    Comm *shard_group;         // ZeRO-1 (--dp-shard): the AdamW state sharded over these ranks; else NULL
 } PipelineOptions;
 
 typedef struct {
@@ -51,7 +54,9 @@ typedef struct {
     int first_layer, end_layer;  // blocks [first_layer, end_layer)
     int first_unit, last_unit; // table layers, with LAYER_EMBEDDING on stage 0 and n_layers (head) last
     size_t offset, numel;      // the units' range of the flat layout
-    real *params, *grads, *adam_m, *adam_v;  // (numel)
+    real *params, *grads;      // (numel, padded to shard * S with zeros)
+    real *adam_m, *adam_v;     // (shard): this rank's slice [mine, mine + shard) (the whole chunk without ZeRO-1)
+    size_t shard, mine;        // ZeRO-1 over S ranks: shard = ceil(numel / S); unsharded: numel, 0
     int last_backward;         // index of this chunk's last BACKWARD in the action list (DDP syncs then)
 } PipelineChunk;
 
