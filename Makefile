@@ -184,6 +184,33 @@ gpu test-gpu bench-gpu:
 	@echo "SKIP: nvcc not found, so no GPU target is built (make probe)"
 endif
 
+# ---- the GPU kernels on the CPU (tests/gpu/emu): needs a C++ compiler, not CUDA ---------------
+# gpu/*.cu compiled as C++ against the emulator's cuda_runtime.h (threads as fibers, real barriers),
+# linked with the GPU test programs: build/tests/emu/test_gpu_* run tests/gpu/'s checks here.
+EMU_CXXFLAGS := -std=c++17 -O2 -I tests/gpu/emu/include -I. -DGPU_EMULATOR $(WARN) -Wno-unknown-pragmas -Werror -MMD -MP
+EMU_OBJ := $(patsubst gpu/%.cu,$(BUILD)/obj/emu/%.o,$(filter-out gpu/matmul.cu gpu/runtime.cu,$(wildcard gpu/*.cu))) \
+  $(BUILD)/obj/emu/emu.o $(patsubst gpu/%.c,$(BUILD)/obj/emu/%.o,$(filter-out gpu/main_%.c,$(wildcard gpu/*.c)))
+EMU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/emu/%,$(wildcard tests/gpu/test_*.c)) \
+  $(BUILD)/tests/emu/test_emulator
+ifneq ($(shell command -v $(CXX) 2>/dev/null),)
+all: $(EMU_TEST_BIN)
+endif
+$(BUILD)/obj/emu/%.o: gpu/%.cu
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -x c++ -c $< -o $@
+$(BUILD)/obj/emu/emu.o: tests/gpu/emu/emu.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(BUILD)/obj/emu/%.o: gpu/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Werror -c $< -o $@
+$(BUILD)/tests/emu/test_emulator: tests/gpu/emu/test_emulator.cpp $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/tests/emu/%: tests/gpu/%.c $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Werror $^ -o $@ -lstdc++ $(LDLIBS)
+
 # ---- the two commands of the README, and the rest ---------------------------------------------
 RUN_FLAGS ?= --model small --steps 150 --batch 4 --seq-len 128 --lr 1e-3 --log-every 10 --trace $(BUILD)/small.pftrace
 run: all

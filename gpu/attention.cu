@@ -112,7 +112,7 @@ __device__ __forceinline__ float row_lanes_max(float x) {
 template <typename T>
 __global__ void __launch_bounds__(ATTN_THREADS)
 flash_forward_kernel(T *out, float *lse, const T *q, const T *k, const T *v, AttnParams p) {
-    extern __shared__ float smem[];
+    GPU_DYNAMIC_SMEM(float, smem);
     const AttnSmemLayout L = attn_smem_layout(ATTN_KERNEL_FORWARD, p.hd);
     float *Qs = smem + L.q, *Ks = smem + L.k, *Vs = smem + L.v, *Ps = smem + L.p;
     int *q_pos_s = reinterpret_cast<int *>(smem + L.q_pos), *k_pos_s = reinterpret_cast<int *>(smem + L.k_pos);
@@ -207,7 +207,7 @@ template <typename T>
 __global__ void __launch_bounds__(ATTN_THREADS)
 flash_backward_dq_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v, const float *lse,
                          const float *dvec, AttnParams p) {
-    extern __shared__ float smem[];
+    GPU_DYNAMIC_SMEM(float, smem);
     const AttnSmemLayout L = attn_smem_layout(ATTN_KERNEL_BACKWARD_DQ, p.hd);
     float *Qs = smem + L.q, *dOs = smem + L.dout, *Ks = smem + L.k, *Vs = smem + L.v, *dSs = smem + L.ds;
     int *q_pos_s = reinterpret_cast<int *>(smem + L.q_pos), *k_pos_s = reinterpret_cast<int *>(smem + L.k_pos);
@@ -277,7 +277,7 @@ template <typename T>
 __global__ void __launch_bounds__(ATTN_THREADS)
 flash_backward_dkdv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const float *lse,
                            const float *dvec, AttnParams p) {
-    extern __shared__ float smem[];
+    GPU_DYNAMIC_SMEM(float, smem);
     const AttnSmemLayout L = attn_smem_layout(ATTN_KERNEL_BACKWARD_DKDV, p.hd);
     float *Qs = smem + L.q, *dOs = smem + L.dout, *Ks = smem + L.k, *Vs = smem + L.v;
     float *Pt = smem + L.p, *dSt = smem + L.ds, *lse_s = smem + L.lse, *D_s = smem + L.dvec;
@@ -394,7 +394,7 @@ static void attention_forward(T *out, float *lse, const T *q, const T *k, const 
     if (p.B == 0 || p.Tq == 0) return;
     size_t smem = prepare(flash_forward_kernel<T>, ATTN_KERNEL_FORWARD, p.hd);
     dim3 grid((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
-    flash_forward_kernel<T><<<grid, ATTN_THREADS, smem, gpu_stream()>>>(out, lse, q, k, v, p);
+    GPU_LAUNCH(flash_forward_kernel<T>, grid, ATTN_THREADS, smem, out, lse, q, k, v, p);
     LAUNCH_CHECK();
 }
 
@@ -405,15 +405,15 @@ static void attention_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, c
     if (p.B == 0 || p.Tq == 0 || p.Tk == 0) return;
     size_t n_rows = (size_t)p.B * p.H * p.Tq;
     float *dvec = (float *)gpu_scratch_alloc(n_rows * sizeof(float));
-    attention_dvec_kernel<T><<<(unsigned)((n_rows * 32 + 255) / 256), 256, 0, gpu_stream()>>>(dvec, dout, out, p);
+    GPU_LAUNCH(attention_dvec_kernel<T>, (unsigned)((n_rows * 32 + 255) / 256), 256, 0, dvec, dout, out, p);
     LAUNCH_CHECK();
     size_t smem = prepare(flash_backward_dq_kernel<T>, ATTN_KERNEL_BACKWARD_DQ, p.hd);
     dim3 grid_q((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
-    flash_backward_dq_kernel<T><<<grid_q, ATTN_THREADS, smem, gpu_stream()>>>(dq, dout, q, k, v, lse, dvec, p);
+    GPU_LAUNCH(flash_backward_dq_kernel<T>, grid_q, ATTN_THREADS, smem, dq, dout, q, k, v, lse, dvec, p);
     LAUNCH_CHECK();
     smem = prepare(flash_backward_dkdv_kernel<T>, ATTN_KERNEL_BACKWARD_DKDV, p.hd);
     dim3 grid_kv((p.Tk + ATTN_BC - 1) / ATTN_BC, p.KV, p.B);
-    flash_backward_dkdv_kernel<T><<<grid_kv, ATTN_THREADS, smem, gpu_stream()>>>(dk, dv, dout, q, k, v, lse, dvec, p);
+    GPU_LAUNCH(flash_backward_dkdv_kernel<T>, grid_kv, ATTN_THREADS, smem, dk, dv, dout, q, k, v, lse, dvec, p);
     LAUNCH_CHECK();
     gpu_scratch_free(dvec);
 }

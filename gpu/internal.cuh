@@ -1,5 +1,9 @@
-// internal.cuh: what the .cu files of gpu/ share and nothing outside needs: error checks, the
-// conversions between storage types and float, block-wide reductions, the launch geometry.
+// internal.cuh: what the .cu files of gpu/ share and nothing outside needs: error checks, kernel
+// launches, the conversions between storage types and float, block-wide reductions.
+//
+// The same sources also build for tests/gpu/emu, which runs the kernels on the CPU (GPU_EMULATOR:
+// its own cuda_runtime.h and cuda_bf16.h come first on the include path); the only two constructs a
+// header cannot emulate, the <<<>>> launch and extern __shared__, are the macros below.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -23,6 +27,19 @@ extern "C" {
     } while (0)
 // After every launch: a bad configuration (too much shared memory, too many threads) shows up here.
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+// kernel<<<grid, block, dynamic shared bytes, compute stream>>>(args), and the kernel's dynamic
+// shared memory as `type *name`.
+#ifdef GPU_EMULATOR
+#define GPU_LAUNCH(kernel, grid, block, smem_bytes, ...)                                          \
+    emu_launch(reinterpret_cast<const void *>(&kernel), dim3(grid), dim3(block), (smem_bytes), \
+               [=] { kernel(__VA_ARGS__); })
+#define GPU_DYNAMIC_SMEM(type, name) type *name = static_cast<type *>(emu_dynamic_smem())
+#else
+#define GPU_LAUNCH(kernel, grid, block, smem_bytes, ...) \
+    kernel<<<(grid), (block), (smem_bytes), gpu_stream()>>>(__VA_ARGS__)
+#define GPU_DYNAMIC_SMEM(type, name) extern __shared__ type name[]
+#endif
 
 cudaStream_t gpu_stream(void);  // the compute stream every op is queued on (runtime.cu)
 

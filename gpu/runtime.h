@@ -13,11 +13,12 @@
 // Every op of gpu/ops.h is queued on gpu_stream() and returns at once, like a kernel launch; the
 // copies above wait for the stream, so what they read back is complete. A CUDA error anywhere ends
 // the run through fatal() with the call, the file and line, and CUDA's message.
+//
+// Plain C without CUDA's headers, so that the code above the kernels (gpu/model.c) compiles on any
+// machine; the stream itself (cudaStream_t) is for the .cu files, in gpu/internal.cuh.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
-
-#include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
 extern "C" {

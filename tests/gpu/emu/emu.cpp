@@ -1,0 +1,285 @@
+// emu.cpp: runs gpu/*.cu's kernels on the CPU, so that the GPU tests (tests/gpu/test_gpu_*.c) run
+// here against the same kernel source: the thread mapping, the barriers, the shared-memory layouts
+// and every index computation execute; only the hardware is missing (no timing, no memory model
+// beyond "barriers order everything", no warp-synchronous execution between __syncwarp calls).
+//
+// Threads are fibers on one OS thread: each is started once with ucontext and then switched to and
+// from with _setjmp/_longjmp (no system call per switch), running one kernel thread after another
+// for as long as the emulator lives. A block's fibers run one after another until each
+// reaches a barrier or returns; the scheduler then releases every warp whose live lanes all wait at
+// __syncwarp (shuffles are two of those), or the block once all its threads wait at __syncthreads,
+// and runs the released fibers again, in a new pseudo-random order each time, sometimes letting one
+// warp run far ahead of the others (run_block): a read that no barrier orders against its write
+// sees different data under different orders. A state from which nothing can be released (a
+// barrier only some threads reach, or reach after others returned) ends the run as a deadlock.
+//
+// Also here: the device runtime of gpu/runtime.h on host memory, and the matmuls of gpu/ops.h as
+// reference_cpu's (cuBLASLt is not emulated; gpu/matmul_plan.h has its own host test).
+#undef _FORTIFY_SOURCE  // its longjmp check rejects jumps between stacks, which is what fibers do
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include <map>
+#include <numeric>
+#include <vector>
+
+#include "gpu/internal.cuh"
+#include "gpu/numerics.h"
+#include "gpu/ops.h"
+
+extern "C" {
+#include "common/mem.h"
+}
+
+uint3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
+
+namespace {
+
+enum FiberState { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
+struct Fiber {
+    jmp_buf env;  // where the fiber continues
+    std::vector<char> stack;
+    FiberState state;
+};
+const size_t STACK_BYTES = 64 << 10;
+const size_t DEFAULT_SMEM_LIMIT = 48 << 10, OPT_IN_SMEM_LIMIT = 232448;  // sm_90
+
+std::vector<Fiber> fibers;
+jmp_buf scheduler_env;
+ucontext_t start_context, fiber_start_context;
+unsigned current;
+const std::function<void()> *kernel_body;
+int or_accumulator, or_result;  // __syncthreads_or: OR of this barrier's predicates; the released result
+std::vector<unsigned char> dynamic_smem;
+unsigned char warp_slots[32][32][8];  // [warp][lane]: the shuffles' exchange
+std::map<const void *, int> smem_opt_in;
+uint64_t order_state = 0x9e3779b97f4a7c15ull;
+
+void set_thread_index(unsigned t) {
+    threadIdx.x = t % blockDim.x;
+    threadIdx.y = (t / blockDim.x) % blockDim.y;
+    threadIdx.z = t / (blockDim.x * blockDim.y);
+}
+
+// Suspends the running fiber and continues the scheduler.
+void yield_to_scheduler() {
+    if (!_setjmp(fibers[current].env)) _longjmp(scheduler_env, 1);
+}
+
+// A fiber's whole life: park at once (so that the scheduler can start it with a jump), then run the
+// current kernel's body for every thread the scheduler hands it, forever.
+void fiber_main() {
+    unsigned self = current;
+    if (!_setjmp(fibers[self].env)) swapcontext(&fiber_start_context, &start_context);
+    for (;;) {
+        (*kernel_body)();
+        fibers[current].state = DONE;
+        yield_to_scheduler();
+    }
+}
+
+void add_fibers(unsigned n) {
+    while (fibers.size() < n) {
+        fibers.emplace_back();
+        Fiber &f = fibers.back();
+        f.stack.resize(STACK_BYTES);
+        f.state = DONE;
+        current = (unsigned)fibers.size() - 1;
+        getcontext(&fiber_start_context);
+        fiber_start_context.uc_stack.ss_sp = f.stack.data();
+        fiber_start_context.uc_stack.ss_size = f.stack.size();
+        fiber_start_context.uc_link = NULL;  // fiber_main never returns
+        makecontext(&fiber_start_context, fiber_main, 0);
+        swapcontext(&start_context, &fiber_start_context);  // runs to its first park
+    }
+}
+
+// Runs fiber t until it parks (at a barrier, or done with its thread). A function of its own, so that
+// no local of the caller lives across the jump.
+__attribute__((noinline)) void resume(unsigned t) {
+    current = t;
+    set_thread_index(t);
+    if (!_setjmp(scheduler_env)) _longjmp(fibers[t].env, 1);
+}
+
+void wait_at(FiberState barrier) {
+    fibers[current].state = barrier;
+    yield_to_scheduler();  // the scheduler sets threadIdx before resuming
+}
+
+uint64_t next_random();
+void shuffle(std::vector<unsigned> &order) {  // Fisher-Yates
+    for (size_t i = order.size(); i > 1; i--) std::swap(order[i - 1], order[next_random() % i]);
+}
+
+uint64_t next_random() {
+    order_state = order_state * 6364136223846793005ull + 1442695040888963407ull;
+    return order_state >> 33;
+}
+
+// Releases warp w if all its lanes wait at a __syncwarp (a full-mask shuffle or __syncwarp that a
+// lane misses because it returned is an error: it stays unreleased and ends as a deadlock).
+bool release_warp(unsigned w, unsigned n_threads) {
+    unsigned first = w * 32, end = std::min(n_threads, first + 32);
+    for (unsigned t = first; t < end; t++)
+        if (fibers[t].state != AT_WARP_BARRIER) return false;
+    for (unsigned t = first; t < end; t++) fibers[t].state = RUNNABLE;
+    return true;
+}
+
+// Releases the block if all its threads wait at __syncthreads. Strict, as CUDA's rule is: a barrier
+// that some threads skip, even by returning, is an error here (hardware may or may not hang).
+bool release_block(unsigned n_threads) {
+    for (unsigned t = 0; t < n_threads; t++)
+        if (fibers[t].state != AT_BLOCK_BARRIER) return false;
+    for (unsigned t = 0; t < n_threads; t++) fibers[t].state = RUNNABLE;
+    or_result = or_accumulator;
+    or_accumulator = 0;
+    return true;
+}
+
+// A block runs in rounds. Each round visits the warps in a random order and runs every runnable
+// lane of a warp (in a random order) to its next barrier; in half the rounds (chosen at random) a
+// warp whose lanes all reach a __syncwarp is released at once and keeps running, as far ahead of
+// the other warps as the next __syncthreads lets it: a read that only a warp barrier separates from
+// another warp's write then sees the wrong data. Between rounds the waiting warps and then the
+// block are released.
+void run_block(unsigned n_threads) {
+    for (unsigned t = 0; t < n_threads; t++) fibers[t].state = RUNNABLE;
+    std::fill(dynamic_smem.begin(), dynamic_smem.end(), 0xff);  // NaN: unwritten reads show
+    or_accumulator = 0;
+    unsigned n_warps = (n_threads + 31) / 32;
+    std::vector<unsigned> warps(n_warps), lanes;
+    std::iota(warps.begin(), warps.end(), 0u);
+    for (;;) {
+        bool run_ahead = next_random() & 1;
+        shuffle(warps);
+        for (unsigned w : warps) {
+            do {
+                lanes.clear();
+                for (unsigned t = w * 32; t < std::min(n_threads, w * 32 + 32); t++) lanes.push_back(t);
+                shuffle(lanes);
+                for (unsigned t : lanes)
+                    if (fibers[t].state == RUNNABLE) resume(t);
+            } while (run_ahead && release_warp(w, n_threads));
+        }
+        bool all_done = true, released = false;
+        for (unsigned t = 0; t < n_threads; t++) all_done = all_done && fibers[t].state == DONE;
+        if (all_done) return;
+        for (unsigned w = 0; w < n_warps; w++) released |= release_warp(w, n_threads);
+        released |= release_block(n_threads);
+        if (!released)
+            fatal("emulator: deadlock in block (%u,%u,%u): some threads wait at a barrier the others never reach "
+                  "(or have returned without)",
+                  blockIdx.x, blockIdx.y, blockIdx.z);
+    }
+}
+
+}  // namespace
+
+void __syncthreads() { wait_at(AT_BLOCK_BARRIER); }
+int __syncthreads_or(int predicate) {
+    or_accumulator |= predicate != 0;
+    wait_at(AT_BLOCK_BARRIER);
+    return or_result;
+}
+void __syncwarp(unsigned mask) {
+    if (mask != 0xffffffffu) fatal("emulator: __syncwarp with a partial mask is not emulated");
+    wait_at(AT_WARP_BARRIER);
+}
+void *emu_warp_exchange_slot(unsigned lane) {
+    unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    return warp_slots[(t / 32) % 32][lane % 32];
+}
+void *emu_dynamic_smem() { return dynamic_smem.data(); }
+void emu_set_max_dynamic_smem(const void *kernel, int bytes) { smem_opt_in[kernel] = bytes; }
+
+void emu_launch(const void *kernel, dim3 grid, dim3 block, size_t dynamic_smem_bytes,
+                const std::function<void()> &body) {
+    unsigned n_threads = block.x * block.y * block.z;
+    if (n_threads == 0 || n_threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
+        grid.z > 65535)
+        fatal("emulator: invalid launch: grid (%u,%u,%u), block (%u,%u,%u)", grid.x, grid.y, grid.z, block.x, block.y,
+              block.z);
+    auto opt_in = smem_opt_in.find(kernel);
+    size_t limit = opt_in == smem_opt_in.end() ? DEFAULT_SMEM_LIMIT : (size_t)opt_in->second;
+    if (dynamic_smem_bytes > limit || dynamic_smem_bytes > OPT_IN_SMEM_LIMIT)
+        fatal("emulator: launch asks for %zu bytes of dynamic shared memory; the kernel may use %zu",
+              dynamic_smem_bytes, std::min(limit, OPT_IN_SMEM_LIMIT));
+    fibers.reserve(1024);  // the fibers' jmp_bufs must not move: a vector that never reallocates
+    add_fibers(n_threads);
+    dynamic_smem.assign(dynamic_smem_bytes, 0xff);
+    kernel_body = &body;
+    gridDim = grid, blockDim = block;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                blockIdx.x = x, blockIdx.y = y, blockIdx.z = z;
+                run_block(n_threads);
+            }
+}
+
+// ================================ gpu/runtime.h on host memory ===================================
+
+extern "C" {
+int gpu_device_count(char *why, size_t why_len) { return 1; }
+static bool initialized;
+void gpu_init(int device) { initialized = true; }
+void gpu_shutdown(void) { initialized = false; }
+bool gpu_initialized(void) { return initialized; }
+void gpu_synchronize(void) {}
+void gpu_device_description(char *out, size_t out_len) {
+    snprintf(out, out_len, "CPU emulation of gpu/*.cu (tests/gpu/emu); matmuls are reference_cpu's");
+}
+void *gpu_alloc(MemCategory category, size_t bytes) { return mem_alloc(category, bytes); }
+void gpu_free(void *ptr) { mem_free(ptr); }
+void gpu_upload(void *device_dst, const void *host_src, size_t bytes) { memcpy(device_dst, host_src, bytes); }
+void gpu_download(void *host_dst, const void *device_src, size_t bytes) { memcpy(host_dst, device_src, bytes); }
+void gpu_fill_bytes(void *device_dst, int byte, size_t bytes) { memset(device_dst, byte, bytes); }
+void gpu_copy(void *device_dst, const void *device_src, size_t bytes) { memcpy(device_dst, device_src, bytes); }
+size_t gpu_mem_current(MemCategory category) { return mem_current(category); }
+size_t gpu_mem_peak(MemCategory category) { return mem_peak(category); }
+size_t gpu_mem_peak_total(void) { return mem_peak_total(); }
+void gpu_memory_report(void) { mem_print_report(); }
+}
+
+cudaStream_t gpu_stream(void) { return nullptr; }
+void *gpu_scratch_alloc(size_t bytes) { return mem_alloc(MEM_OTHER, bytes); }
+void gpu_scratch_free(void *ptr) { mem_free(ptr); }
+void gpu_matmul_shutdown(void) {}
+
+// ================================ matmuls: reference_cpu's ========================================
+
+namespace {
+std::vector<float> widen(const gpu_bf16 *x, size_t n) {
+    std::vector<float> y(n);
+    for (size_t i = 0; i < n; i++) y[i] = __bfloat162float(x[i]);
+    return y;
+}
+void narrow(gpu_bf16 *out, const std::vector<float> &x) {
+    for (size_t i = 0; i < x.size(); i++) out[i] = __float2bfloat16_rn(x[i]);
+}
+}  // namespace
+
+extern "C" {
+void gpu_matmul_forward(float *out, const float *inp, const float *weight, int M, int K, int N) {
+    matmul_forward(out, inp, weight, M, K, N);
+}
+void gpu_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                         int M, int K, int N) {
+    matmul_backward(dinp, dweight, dout, inp, weight, M, K, N);
+}
+void gpu_matmul_forward_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K, int N) {
+    std::vector<float> x = widen(inp, (size_t)M * K), w = widen(weight, (size_t)N * K), y((size_t)M * N);
+    matmul_forward(y.data(), x.data(), w.data(), M, K, N);
+    narrow(out, y);
+}
+void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
+                              const gpu_bf16 *weight, int M, int K, int N) {
+    std::vector<float> dy = widen(dout, (size_t)M * N), x = widen(inp, (size_t)M * K), w = widen(weight, (size_t)N * K);
+    std::vector<float> dx = dinp ? widen(dinp, (size_t)M * K) : std::vector<float>();
+    matmul_backward(dinp ? dx.data() : NULL, dweight, dy.data(), x.data(), w.data(), M, K, N);
+    if (dinp) narrow(dinp, dx);
+}
+}

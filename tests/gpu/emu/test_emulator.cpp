@@ -1,0 +1,101 @@
+// test_emulator.cpp: the emulator can fail. Kernels with a known answer (shuffles, __syncthreads_or,
+// shared memory across warps, dynamic shared memory) must get it; a kernel whose cross-warp read is
+// ordered only by a warp barrier must be caught reading stale data; with the argument `deadlock`, a
+// barrier that half the block skips must end the run with the emulator's deadlock message
+// (tests/t_gpu_emulated.sh checks that exit).
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "gpu/internal.cuh"
+
+static int failures;
+static void expect(bool ok, const char *what) {
+    std::printf("%s %s\n", ok ? "PASS" : "FAIL", what);
+    failures += !ok;
+}
+
+// Each lane gets the sum of its warp's lane ids through a butterfly of shuffles: 0 + ... + 31 = 496.
+__global__ void warp_sum_kernel(int *out) {
+    int x = (int)threadIdx.x % 32;
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    out[blockIdx.x * blockDim.x + threadIdx.x] = x;
+}
+
+// Only thread 77 votes true in odd blocks.
+__global__ void vote_kernel(int *out) {
+    int any = __syncthreads_or(blockIdx.x % 2 == 1 && threadIdx.x == 77);
+    out[blockIdx.x * blockDim.x + threadIdx.x] = any;
+}
+
+// Warp 1 reads what warp 0 wrote. With a block barrier between them it always sees it; with only a
+// warp barrier (`racy`) it may not, and the emulator's run-ahead rounds must make that happen.
+__global__ void cross_warp_kernel(int *out, bool racy) {
+    __shared__ int value[32];
+    if (threadIdx.x < 32) value[threadIdx.x] = (int)blockIdx.x + 1;
+    if (racy) __syncwarp();
+    else __syncthreads();
+    if (threadIdx.x >= 32) out[blockIdx.x * 32 + threadIdx.x - 32] = value[threadIdx.x - 32];
+}
+
+// Dynamic shared memory arrives as NaN bytes; a kernel that writes it first reads its own values.
+__global__ void dynamic_smem_kernel(float *out) {
+    GPU_DYNAMIC_SMEM(float, buffer);
+    out[threadIdx.x] = buffer[threadIdx.x];  // before writing: the poison
+    __syncthreads();
+    buffer[blockDim.x - 1 - threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    out[blockDim.x + threadIdx.x] = buffer[threadIdx.x];
+}
+
+__global__ void divergent_barrier_kernel() {
+    if (threadIdx.x < 64) __syncthreads();
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && std::strcmp(argv[1], "deadlock") == 0) {
+        GPU_LAUNCH(divergent_barrier_kernel, 1, 128, 0);
+        std::printf("FAIL: a barrier half the block skips did not deadlock\n");
+        return 0;
+    }
+    // (The lambda GPU_LAUNCH makes copies its captures const: pass plain pointers.)
+    std::vector<int> sums(4 * 64);
+    int *sums_ptr = sums.data();
+    GPU_LAUNCH(warp_sum_kernel, 4, 64, 0, sums_ptr);
+    bool ok = true;
+    for (int s : sums) ok = ok && s == 496;
+    expect(ok, "warp shuffles: every lane has its warp's sum");
+
+    std::vector<int> votes(6 * 128);
+    int *votes_ptr = votes.data();
+    GPU_LAUNCH(vote_kernel, 6, 128, 0, votes_ptr);
+    ok = true;
+    for (int b = 0; b < 6; b++)
+        for (int t = 0; t < 128; t++) ok = ok && votes[b * 128 + t] == b % 2;
+    expect(ok, "__syncthreads_or: one thread's vote reaches all, per block");
+
+    const int blocks = 64;
+    std::vector<int> seen(blocks * 32);
+    int *seen_ptr = seen.data();
+    GPU_LAUNCH(cross_warp_kernel, blocks, 64, 0, seen_ptr, false);
+    ok = true;
+    for (int b = 0; b < blocks; b++)
+        for (int l = 0; l < 32; l++) ok = ok && seen[b * 32 + l] == b + 1;
+    expect(ok, "cross-warp read after __syncthreads sees the write");
+    std::fill(seen.begin(), seen.end(), 0);
+    GPU_LAUNCH(cross_warp_kernel, blocks, 64, 0, seen_ptr, true);
+    int stale = 0;
+    for (int b = 0; b < blocks; b++)
+        for (int l = 0; l < 32; l++) stale += seen[b * 32 + l] != b + 1;
+    expect(stale > 0, "cross-warp read after only __syncwarp is caught reading stale data");
+
+    std::vector<float> smem_out(2 * 96);
+    float *smem_out_ptr = smem_out.data();
+    GPU_LAUNCH(dynamic_smem_kernel, 1, 96, 96 * sizeof(float), smem_out_ptr);
+    ok = true;
+    for (int t = 0; t < 96; t++) ok = ok && std::isnan(smem_out[t]) && smem_out[96 + t] == (float)(95 - t);
+    expect(ok, "dynamic shared memory: poisoned with NaN, then shared by the block");
+
+    std::printf("test_emulator: %d failed\n", failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU kernels on the CPU: tests/gpu/test_gpu_ops.c and test_gpu_model.c -- the checks `make
+# test-gpu` runs on a GPU -- built against gpu/*.cu compiled as C++ with the emulator of
+# tests/gpu/emu (threads as fibers, real barriers, a scheduler that lets warps run ahead of each
+# other to expose missing barriers). Every check must pass. First the emulator's own test: known
+# answers, a missing barrier caught, a divergent barrier ending as a deadlock. Needs a C++ compiler
+# (else SKIP).
+set -euo pipefail
+BUILD=${BUILD:-build}
+EMU=$BUILD/tests/emu
+if [ ! -x "$EMU/test_emulator" ]; then
+    if command -v "${CXX:-g++}" >/dev/null 2>&1; then echo "FAIL: $EMU/test_emulator missing (make)"; exit 1; fi
+    echo "SKIP: no C++ compiler, so no emulated GPU test"
+    exit 0
+fi
+"$EMU/test_emulator" || { echo "FAIL: the emulator's own test"; exit 1; }
+status=0
+out=$("$EMU/test_emulator" deadlock 2>&1) || status=$?
+[ "$status" -eq 1 ] && grep -q 'emulator: deadlock in block' <<<"$out" ||
+    { echo "FAIL: a divergent barrier did not end as a deadlock (status $status): $out"; exit 1; }
+echo "ok: a divergent barrier ends the run: $out"
+
+shopt -s nullglob
+programs=()
+for p in "$EMU"/test_gpu_*; do [[ "$p" == *.d ]] || programs+=("$p"); done
+[ ${#programs[@]} -gt 0 ] || { echo "FAIL: no emulated GPU test in $EMU (make)"; exit 1; }
+for p in "${programs[@]}"; do
+    status=0
+    out=$("$p" 2>&1) || status=$?
+    summary=$(grep -E '^test_gpu_[a-z]+: [0-9]+ checks, [0-9]+ failed$' <<<"$out" || true)
+    if [ "$status" -ne 0 ] || [[ "$summary" != *", 0 failed" ]] || grep -q '^SKIP' <<<"$out"; then
+        echo "FAIL: $p (status $status)"; grep -E '^(FAIL|SKIP)|emulator|error' <<<"$out" | head -20; tail -3 <<<"$out"; exit 1
+    fi
+    echo "ok: $p on the CPU emulator: $summary"
+done
