@@ -10,12 +10,14 @@
 #include "common/args.h"
 #include "common/log.h"
 #include "common/rng.h"
+#include "common/trace.h"
 #include "gpu/mfu.h"
 #include "gpu/model.h"
 #include "gpu/runtime.h"
+#include "gpu/timeline.h"
 
 static struct {
-    const char *model, *precision;
+    const char *model, *precision, *trace;
     int batch, seq_len, steps, warmup, layers;
     double peak_tflops;
 } opt;
@@ -30,6 +32,8 @@ int main(int argc, char **argv) {
         {"steps", ARG_INT, &opt.steps, "12", "steps, warm-up included", .min = 2, .max = 1 << 20},
         {"warmup", ARG_INT, &opt.warmup, "2", "first steps left out of the timing", .min = 1, .max = 1 << 20},
         {"layers", ARG_INT, &opt.layers, "0", "override n_layers (0: the config's)", .min = 0, .max = 1 << 10},
+        {"trace", ARG_STRING, &opt.trace, NULL, "write a Perfetto trace: host steps and the GPU timeline",
+         .value_name = "FILE"},
         {"peak-tflops", ARG_DOUBLE, &opt.peak_tflops, "989", "the device's dense bf16 peak, for MFU (H100 SXM: 989)",
          .min = 1, .max = 1e6},
     };
@@ -64,6 +68,8 @@ int main(int argc, char **argv) {
            opt.seq_len, opt.precision, flops_per_token);
 
     AdamWConfig adam = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    if (opt.trace) trace_init(0, "rank 0 [gpu 0]");
+    int host = trace_track("compute");
     long long t0 = 0;
     double loss = 0;
     for (int step = 1; step <= opt.steps; step++) {
@@ -71,14 +77,22 @@ int main(int argc, char **argv) {
             gpu_synchronize();
             t0 = now_ns();
         }
+        trace_begin(host, "step", "step");
+        trace_arg_int(host, "step", step);
         gpu_model_zero_grads(&m);
         loss = gpu_model_forward(&m, inputs, targets);
         gpu_model_backward(&m, 1.0);
         gpu_model_step(&m, step, 3e-4, &adam, 1.0);
+        trace_end(host);
         if (step <= opt.warmup) printf("warm-up step %d: loss %.4f\n", step, loss);
     }
     gpu_synchronize();
     double seconds = (now_ns() - t0) * 1e-9;
+    if (opt.trace) {
+        gpu_timeline_flush();
+        if (!trace_write_pftrace(opt.trace)) fatal("could not write %s", opt.trace);
+        printf("trace: %s\n", opt.trace);
+    }
     int measured = opt.steps - opt.warmup;
     Throughput t = throughput((double)BT * measured, seconds, flops_per_token, opt.peak_tflops * 1e12);
     printf("timing: steps=%d measured=%d mean_step_ms=%.3f tokens_per_s=%.1f tflops=%.2f mfu=%.4f last_loss=%.4f\n",

@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "gpu/runtime.h"
+#include "gpu/timeline.h"
 
 // ---- the ops in the model's precision ---------------------------------------------------------------------
 // Activations are void*: fp32 or bf16 by m->precision. Weights are read from the compute copy
@@ -223,11 +224,20 @@ double gpu_model_forward(GpuModel *m, const int *inputs, const int *targets) {
     int BT = m->B * m->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
     gpu_upload(m->inputs, inputs, sizeof(int) * BT);
     gpu_upload(m->targets, targets, sizeof(int) * BT);
+    gpu_timeline_begin("embedding fwd", "forward");
     if (BF16(m)) gpu_embedding_forward_bf16(m->blocks[0].x, m->inputs, weight(m, m->tok_embeddings), BT, D);
     else gpu_embedding_forward(m->blocks[0].x, m->inputs, weight(m, m->tok_embeddings), BT, D);
-    for (int l = 0; l < L; l++) gpu_block_forward(m, l, l + 1 < L ? m->blocks[l + 1].x : m->x_final);
+    gpu_timeline_end();
+    for (int l = 0; l < L; l++) {
+        gpu_timeline_begin("block fwd", "forward");
+        gpu_timeline_arg_int("layer", l);
+        gpu_block_forward(m, l, l + 1 < L ? m->blocks[l + 1].x : m->x_final);
+        gpu_timeline_end();
+    }
+    gpu_timeline_begin("head fwd + loss", "forward");
     rmsnorm_fwd(m, m->xn_final, m->rstd_final, m->x_final, weight(m, m->norm));
     matmul_fwd(m, m->logits, m->xn_final, weight(m, m->output), BT, D, V);
+    gpu_timeline_end();  // before the loss's wait, which the region would otherwise not include
     return BF16(m) ? gpu_cross_entropy_forward_bf16(m->lse_final, m->logits, m->targets, BT, V)
                    : gpu_cross_entropy_forward(m->lse_final, m->logits, m->targets, BT, V);
 }
@@ -277,6 +287,7 @@ void gpu_model_backward(GpuModel *m, double dloss) {
     const ModelConfig *c = &m->cfg;
     int BT = m->B * m->T, D = c->dim, V = c->vocab_size;
     // head: loss -> logits -> final norm (model_head_backward)
+    gpu_timeline_begin("head bwd", "backward");
     zero(m, m->dlogits, (size_t)BT * V);
     if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
     else gpu_cross_entropy_backward(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
@@ -285,21 +296,28 @@ void gpu_model_backward(GpuModel *m, double dloss) {
     matmul_bwd(m, NULL, grad(m, m->output), m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
     zero(m, m->dx, (size_t)BT * D);
     rmsnorm_bwd(m, m->dx, grad(m, m->norm), m->dxn, m->x_final, weight(m, m->norm), m->rstd_final);
+    gpu_timeline_end();
     // blocks, last to first (model_blocks_backward)
     for (int l = c->n_layers - 1; l >= 0; l--) {
+        gpu_timeline_begin("block bwd", "backward");
+        gpu_timeline_arg_int("layer", l);
         gpu_block_backward(m, l, m->dx, m->dx_next);
+        gpu_timeline_end();
         void *swap = m->dx;
         m->dx = m->dx_next;
         m->dx_next = swap;
     }
     // the lookup (model_embed_backward); tied: after the output projection's contribution, as the reference
+    gpu_timeline_begin("embedding bwd", "backward");
     if (BF16(m)) gpu_embedding_backward_bf16(grad(m, m->tok_embeddings), m->dx, m->inputs, BT, D);
     else gpu_embedding_backward(grad(m, m->tok_embeddings), m->dx, m->inputs, BT, D);
+    gpu_timeline_end();
 }
 
 // ---- optimizer step ----------------------------------------------------------------------------------------
 double gpu_model_step(GpuModel *m, long long step, double lr, const AdamWConfig *adam, double max_norm) {
     size_t n = m->table.total_numel;
+    gpu_timeline_begin("optimizer", "optimizer");
     double norm = sqrt(gpu_sum_of_squares(m->grads, n));
     if (max_norm > 0) {  // clip_by_global_norm
         double coef = max_norm / (norm + 1e-6);
@@ -307,5 +325,6 @@ double gpu_model_step(GpuModel *m, long long step, double lr, const AdamWConfig 
     }
     if (BF16(m)) gpu_adamw_step_bf16_copy(m->params, m->params_bf16, m->grads, m->adam_m, m->adam_v, n, step, lr, adam);
     else gpu_adamw_step(m->params, m->grads, m->adam_m, m->adam_v, n, step, lr, adam);
+    gpu_timeline_end();
     return norm;
 }

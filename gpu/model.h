@@ -10,6 +10,10 @@
 //   gpu_model_backward(&m, 1.0);
 //   double norm = gpu_model_step(&m, step, lr, &adam, 1.0);  // clip to 1.0, then AdamW
 //
+// With tracing on (common/trace.h), each piece -- embedding, every block, the head, forward and
+// backward, and the optimizer step -- is a slice on the GPU timeline (gpu/timeline.h), named as
+// reference_cpu's model names its host slices.
+//
 // Precision. GPU_FP32 computes everything in fp32 (compared with the reference by
 // tests/gpu/test_gpu_model.c). GPU_BF16 keeps fp32 master weights, gradients and moments, and a
 // bf16 copy of the weights (refreshed by the fused AdamW) that forward and backward read;

@@ -7,7 +7,8 @@
 # Without a CUDA device it prints SKIP and exits 0.
 # Settings: BENCH_GPU_MODEL (llama3_1b), BENCH_GPU_LAYERS (0: the model's), BENCH_GPU_BATCH (4),
 # BENCH_GPU_SEQ (2048), BENCH_GPU_STEPS (12), BENCH_GPU_PEAK_TFLOPS (989), BENCH_GPU_TORCH (eager
-# compile; empty: ours alone), BENCH_GPU_PYTHON (python3: the one with a CUDA PyTorch).
+# compile; empty: ours alone), BENCH_GPU_PYTHON (python3: the one with a CUDA PyTorch),
+# BENCH_GPU_TRACE (a file: our run's Perfetto trace, host steps and the GPU timeline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -27,8 +28,9 @@ field() {  # file, key -> value from the file's last `timing:` line
 }
 
 shapes="--batch $BATCH --seq-len $SEQ --steps $STEPS --layers $LAYERS"
-echo "bench-gpu: $BUILD/bench_gpu --model $MODEL $shapes"
-"$BUILD/bench_gpu" --model "$MODEL" $shapes --peak-tflops "$PEAK" >"$LOG/ours.txt" 2>&1 \
+trace=${BENCH_GPU_TRACE:+--trace $BENCH_GPU_TRACE}
+echo "bench-gpu: $BUILD/bench_gpu --model $MODEL $shapes $trace"
+"$BUILD/bench_gpu" --model "$MODEL" $shapes --peak-tflops "$PEAK" $trace >"$LOG/ours.txt" 2>&1 \
     || { cat "$LOG/ours.txt"; echo "bench-gpu: $BUILD/bench_gpu failed" >&2; exit 1; }
 if grep -q '^SKIP' "$LOG/ours.txt"; then cat "$LOG/ours.txt"; exit 0; fi
 cat "$LOG/ours.txt"

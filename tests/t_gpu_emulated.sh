@@ -4,7 +4,7 @@
 # tests/gpu/emu (threads as fibers, real barriers, a scheduler that lets warps run ahead of each
 # other to expose missing barriers). Every check must pass. First the emulator's own test: known
 # answers, a missing barrier caught, a divergent barrier ending as a deadlock. Needs a C++ compiler
-# (else SKIP).
+# (else SKIP). Last, the GPU timeline of a traced step is checked against the Perfetto schema.
 set -euo pipefail
 BUILD=${BUILD:-build}
 EMU=$BUILD/tests/emu
@@ -24,12 +24,22 @@ shopt -s nullglob
 programs=()
 for p in "$EMU"/test_gpu_*; do [[ "$p" == *.d ]] || programs+=("$p"); done
 [ ${#programs[@]} -gt 0 ] || { echo "FAIL: no emulated GPU test in $EMU (make)"; exit 1; }
+PYTHON=${PYTHON:-$BUILD/venv/bin/python}
+TEST_TMP=${TEST_TMP:?TEST_TMP must name a scratch directory}
 for p in "${programs[@]}"; do
     status=0
-    out=$("$p" 2>&1) || status=$?
+    args=()
+    [[ "$p" == */test_gpu_model ]] && args=(--trace "$TEST_TMP/gpu_timeline.pftrace")
+    out=$("$p" "${args[@]}" 2>&1) || status=$?
     summary=$(grep -E '^test_gpu_[a-z]+: [0-9]+ checks, [0-9]+ failed$' <<<"$out" || true)
     if [ "$status" -ne 0 ] || [[ "$summary" != *", 0 failed" ]] || grep -q '^SKIP' <<<"$out"; then
         echo "FAIL: $p (status $status)"; grep -E '^(FAIL|SKIP)|emulator|error' <<<"$out" | head -20; tail -3 <<<"$out"; exit 1
     fi
     echo "ok: $p on the CPU emulator: $summary"
 done
+
+# The traced step's GPU timeline, next to the host's slices, against the Perfetto schema: one
+# process track, "compute" and "cuda:compute".
+"$PYTHON" tests/py/trace_check.py "$TEST_TMP/gpu_timeline.pftrace" --expect-tracks 3 --expect-slice "step 1" \
+    --expect-slice "embedding fwd" --expect-slice "block fwd" --expect-slice "head fwd + loss" \
+    --expect-slice "head bwd" --expect-slice "block bwd" --expect-slice "embedding bwd" --expect-slice optimizer

@@ -28,6 +28,12 @@ void gpu_download(void *host_dst, const void *device_src, size_t bytes) { memcpy
 void gpu_fill_bytes(void *device_dst, int byte, size_t bytes) { memset(device_dst, byte, bytes); }
 void gpu_copy(void *device_dst, const void *device_src, size_t bytes) { memcpy(device_dst, device_src, bytes); }
 
+// The GPU timeline is not under test here (tracing is off, as gpu/timeline.cu's calls would be).
+void gpu_timeline_begin(const char *name, const char *category) {}
+void gpu_timeline_arg_int(const char *key, int64_t value) {}
+void gpu_timeline_end(void) {}
+void gpu_timeline_flush(void) {}
+
 RopeTable gpu_rope_table_upload(const RopeTable *host) {
     RopeTable t = *host;
     size_t bytes = sizeof(float) * (size_t)host->max_pos * (host->head_dim / 2);

@@ -25,8 +25,10 @@
 
 #include "common/log.h"
 #include "common/rng.h"
+#include "common/trace.h"
 #include "gpu/model.h"
 #include "gpu/runtime.h"
+#include "gpu/timeline.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "reference_cpu/model.h"
 
@@ -147,10 +149,45 @@ static void test_loss_curve(const char *config, int B, int T) {
     model_free(&ref);
 }
 
-int main(void) {
+// One traced step of tiny: the GPU timeline holds one slice per piece of the model (embedding,
+// every block forward and backward, the head both ways, the optimizer), closed, on "cuda:compute"
+// next to the host's "compute" slice; written to `path` (tests/t_gpu_emulated.sh checks the file
+// against the Perfetto schema).
+static void test_timeline(const char *path) {
+    ModelConfig cfg;
+    model_config_lookup("tiny", &cfg);
+    int B = 2, T = 16, BT = B * T;
+    int *inputs = malloc(sizeof(int) * BT), *targets = malloc(sizeof(int) * BT);
+    make_batch(inputs, targets, BT, cfg.vocab_size);
+    AdamWConfig adam = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    GpuModel m;
+    gpu_model_init(&m, &cfg, 42, GPU_BF16, B, T);
+    trace_init(0, "rank 0 [gpu 0]");
+    int host = trace_track("compute");
+    trace_begin(host, "step 1", "step");
+    gpu_model_zero_grads(&m);
+    gpu_model_forward(&m, inputs, targets);
+    gpu_model_backward(&m, 1.0);
+    gpu_model_step(&m, 1, 1e-3, &adam, 1.0);
+    trace_end(host);
+    gpu_timeline_flush();
+    TraceStats st = trace_stats(trace_local());
+    size_t want = 1 + 2 * (size_t)cfg.n_layers + 5;  // host step; blocks fwd+bwd; embedding x2, head x2, optimizer
+    report("GPU timeline of one step", st.slices == want && st.open_slices == 0 && st.tracks == 2,
+           "%zu slices (want %zu), %zu open, %zu thread tracks (want 2)", st.slices, want, st.open_slices, st.tracks);
+    if (path) report("GPU timeline written", trace_write_pftrace(path), "%s", path);
+    trace_shutdown();
+    gpu_model_free(&m);
+    free(inputs), free(targets);
+}
+
+// test_gpu_model [--trace FILE]: FILE receives the traced step's Perfetto trace.
+int main(int argc, char **argv) {
     if (!gpu_test_start("test_gpu_model")) return 0;
+    const char *trace_path = argc == 3 && strcmp(argv[1], "--trace") == 0 ? argv[2] : NULL;
     test_first_step("tiny", 4, 32);
     test_first_step("small", 2, 128);
     test_loss_curve("tiny", 4, 32);
+    test_timeline(trace_path);
     return gpu_test_finish("test_gpu_model");
 }

@@ -76,3 +76,28 @@ template <typename Kernel> cudaError_t cudaFuncSetAttribute(Kernel kernel, cudaF
     emu_set_max_dynamic_smem(reinterpret_cast<const void *>(kernel), bytes);
     return cudaSuccess;
 }
+
+// Events: a launch runs to completion before emu_launch returns, so an event's time is the host
+// clock when it is recorded.
+struct EmuEvent {
+    long long ns;
+};
+typedef EmuEvent *cudaEvent_t;
+extern "C" long long now_ns(void);
+inline cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    *e = new EmuEvent{0};
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+    e->ns = now_ns();
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    *ms = (float)((end->ns - start->ns) * 1e-6);
+    return cudaSuccess;
+}
