@@ -175,6 +175,7 @@ all: gpu
 gpu: $(LIBGPU) $(GPU_PROGRAMS)
 test-gpu: gpu
 	@for t in $(GPU_TEST_BIN); do echo "== $$t"; $$t || exit 1; done
+	@echo "== 4 ranks on the GPU: $(BUILD)/tests/gpu/test_gpu_ddp"; $(MPIRUN) -np 4 $(BUILD)/tests/gpu/test_gpu_ddp
 bench-gpu: gpu
 	BUILD=$(BUILD) scripts/bench_gpu.sh
 print-nvccflags:

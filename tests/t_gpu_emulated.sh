@@ -4,7 +4,8 @@
 # tests/gpu/emu (threads as fibers, real barriers, a scheduler that lets warps run ahead of each
 # other to expose missing barriers). Every check must pass. First the emulator's own test: known
 # answers, a missing barrier caught, a divergent barrier ending as a deadlock. Needs a C++ compiler
-# (else SKIP). Last, the GPU timeline of a traced step is checked against the Perfetto schema.
+# (else SKIP). Then test_gpu_ddp on 4 ranks (DDP through the MPI backend, one emulated GPU), and
+# last the GPU timeline of a traced step against the Perfetto schema.
 set -euo pipefail
 BUILD=${BUILD:-build}
 EMU=$BUILD/tests/emu
@@ -37,6 +38,14 @@ for p in "${programs[@]}"; do
     fi
     echo "ok: $p on the CPU emulator: $summary"
 done
+
+# Data parallelism through the MPI backend, 4 ranks sharing the (emulated) GPU.
+MPIRUN=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
+status=0
+out=$(timeout 300 $MPIRUN -np 4 "$EMU/test_gpu_ddp" 2>&1) || status=$?
+summary=$(grep -E '^test_gpu_ddp: [0-9]+ checks, 0 failed$' <<<"$out" || true)
+[ "$status" -eq 0 ] && [ -n "$summary" ] || { echo "FAIL: 4-rank test_gpu_ddp (status $status)"; tail -20 <<<"$out"; exit 1; }
+echo "ok: $EMU/test_gpu_ddp on 4 ranks: $summary"
 
 # The traced step's GPU timeline, next to the host's slices, against the Perfetto schema: one
 # process track, "compute" and "cuda:compute".

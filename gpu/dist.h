@@ -1,0 +1,25 @@
+// dist.h: collectives on device buffers through common/comm.h's MPI communicator, staged through
+// host memory: copy down, the comm stream's collective, copy up. Two PCIe copies per call make it
+// slower than NCCL, but it works whatever devices the ranks have -- several ranks on one GPU
+// included, which NCCL refuses -- and its reductions are the MPI backend's bit-reproducible
+// rank-order folds (common/COMM.md). Blocking, like the comm_* blocking forms.
+//
+//   gpu_model_backward(&m, 1.0);
+//   gpu_all_reduce(dp, m.grads, m.table.total_numel, COMM_AVG);   // data parallel: the dp average
+#pragma once
+#include <stddef.h>
+
+#include "common/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// device_buf (count fp32) becomes the reduction over c's ranks.
+void gpu_all_reduce(Comm *c, float *device_buf, size_t count, CommReduceOp op);
+// The root's device_buf (count fp32) is copied to every rank's.
+void gpu_broadcast(Comm *c, float *device_buf, size_t count, int root);
+
+#ifdef __cplusplus
+}
+#endif

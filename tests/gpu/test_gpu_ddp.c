@@ -1,0 +1,147 @@
+// test_gpu_ddp.c: data parallelism on the GPU through the MPI backend (gpu/dist.h), against the
+// single-process reference. Run under mpirun; `make test-gpu` runs it on 4 ranks sharing the GPU
+// (rank r uses device r % devices), t_gpu_emulated on the CPU emulator. Alone it is a world of one.
+//
+//   step 1: each rank runs the fp32 GPU model on its B/N sequences of the global batch; the
+//           gradients averaged over the ranks must match the reference model's on the whole batch
+//           (every target is valid, so the mean of the ranks' mean losses is the global mean).
+//   3 steps: DDP training -- average the gradients, clip, AdamW on every rank -- against the
+//           reference's loss curve on the global batch; the ranks' weights end bit-identical.
+// Tolerances as test_gpu_model's fp32 ones (1e-5 loss, 1e-4 gradients and curve): splitting the
+// batch changes only the order of the sums over tokens.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/comm.h"
+#include "common/rng.h"
+#include "gpu/dist.h"
+#include "gpu/model.h"
+#include "reference_cpu/model.h"
+#include "tests/gpu/gpu_test_util.h"
+
+#define STEPS 3
+
+static uint64_t fnv1a(const void *data, size_t bytes) {
+    const unsigned char *p = data;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+int main(int argc, char **argv) {
+    comm_init(&argc, &argv, NULL);
+    Comm *world = comm_world();
+    int rank = comm_rank(world), size = comm_size(world);
+    log_set_program("test_gpu_ddp");
+    log_set_rank(rank);
+    char why[256];
+    int n_devices = gpu_device_count(why, sizeof why);
+    if (n_devices == 0) {
+        if (rank == 0) printf("SKIP: no CUDA device (%s)\n", why);
+        comm_finalize();
+        return 0;
+    }
+    gpu_init(rank % n_devices);
+    if (rank == 0) {
+        char device[256];
+        gpu_device_description(device, sizeof device);
+        printf("%d ranks on %d device(s): %s\n", size, n_devices, device);
+    }
+
+    ModelConfig cfg;
+    model_config_lookup("tiny", &cfg);
+    int T = 32, B = 8, B_local = B / size;
+    if (B % size) fatal("the global batch of %d sequences must split evenly over %d ranks", B, size);
+    int *inputs = malloc(sizeof(int) * B * T), *targets = malloc(sizeof(int) * B * T);
+    for (int i = 0; i < B * T; i++) {
+        inputs[i] = (int)rng_below(9, 1, i, cfg.vocab_size);
+        targets[i] = (int)rng_below(9, 2, i, cfg.vocab_size);
+    }
+    AdamWConfig adam = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    const double lr = 3e-3, max_norm = 1.0;
+
+    // The reference, on rank 0: the whole batch, the same steps.
+    Model ref;
+    ModelActs acts;
+    double ref_loss[STEPS];
+    float *ref_grads1 = NULL;
+    if (rank == 0) {
+        model_init(&ref, &cfg, 42, ATTN_FLASH);
+        acts = model_acts_alloc(&ref, B, T, AC_NONE);
+        size_t n = ref.table.total_numel;
+        real *m1 = calloc(n, sizeof(real)), *v1 = calloc(n, sizeof(real));
+        ref_grads1 = malloc(sizeof(float) * n);
+        for (int s = 0; s < STEPS; s++) {
+            model_zero_grads(&ref);
+            ref_loss[s] = model_forward(&ref, &acts, inputs, targets);
+            model_backward(&ref, &acts, inputs, 1.0);
+            if (s == 0) memcpy(ref_grads1, ref.grads, sizeof(float) * n);
+            double norm = sqrt(sum_of_squares(ref.grads, n));
+            clip_by_global_norm(ref.grads, n, norm, max_norm);
+            adamw_step(ref.params, ref.grads, m1, v1, n, s + 1, lr, &adam);
+        }
+        free(m1), free(v1);
+    }
+
+    GpuModel m;
+    gpu_model_init(&m, &cfg, 42, GPU_FP32, B_local, T);
+    size_t n = m.table.total_numel;
+    gpu_broadcast(world, m.params, n, 0);  // every replica starts from rank 0's weights
+    const int *my_inputs = inputs + (size_t)rank * B_local * T, *my_targets = targets + (size_t)rank * B_local * T;
+    float *grads = malloc(sizeof(float) * n);
+    double worst_curve = 0;
+    for (int s = 0; s < STEPS; s++) {
+        gpu_model_zero_grads(&m);
+        double loss = gpu_model_forward(&m, my_inputs, my_targets);
+        gpu_model_backward(&m, 1.0);
+        gpu_all_reduce(world, m.grads, n, COMM_AVG);
+        comm_all_reduce(world, &loss, 1, COMM_FLOAT64, COMM_AVG);
+        if (rank == 0) {
+            double e = fabs(loss - ref_loss[s]) / ref_loss[s];
+            worst_curve = e > worst_curve || e != e ? e : worst_curve;
+            if (s == 0) {
+                report("DDP step 1 loss", fabs(loss - ref_loss[0]) <= 1e-5 * ref_loss[0],
+                       "%.7f vs reference %.7f on the whole batch", loss, ref_loss[0]);
+                gpu_download(grads, m.grads, sizeof(float) * n);
+                double worst = 0;
+                const char *worst_name = "";
+                for (int i = 0; i < m.table.count; i++) {
+                    const ParamInfo *p = &m.table.items[i];
+                    double err = rel_l2(grads + p->offset, ref_grads1 + p->offset, p->numel);
+                    if (!(err <= worst)) worst = err, worst_name = p->name;
+                }
+                report("DDP step 1 averaged gradients", worst <= 1e-4,
+                       "worst tensor %s: ||d||/||ref|| = %.3g (bound 1e-4)", worst_name, worst);
+            }
+        }
+        gpu_model_step(&m, s + 1, lr, &adam, max_norm);
+    }
+    if (rank == 0)
+        report("DDP loss curve", worst_curve <= 1e-4, "%d steps on %d ranks, worst %.2g relative (bound 1e-4)", STEPS,
+               size, worst_curve);
+
+    // Every rank's weights, bit for bit: gather their hashes.
+    float *params = malloc(sizeof(float) * n);
+    gpu_download(params, m.params, sizeof(float) * n);
+    uint64_t mine = fnv1a(params, sizeof(float) * n), *all = malloc(sizeof(uint64_t) * size);
+    comm_all_gather(world, &mine, all, sizeof mine, COMM_BYTE);
+    if (rank == 0) {
+        int differ = 0;
+        for (int r = 0; r < size; r++) differ += all[r] != all[0];
+        report("DDP replicas identical", differ == 0, "%d of %d ranks differ from rank 0", differ, size);
+    }
+
+    int failed = n_failed;
+    comm_broadcast(world, &failed, 1, COMM_INT32, 0);
+    if (rank == 0) printf("test_gpu_ddp: %d checks, %d failed\n", n_checks, failed);
+    gpu_model_free(&m);
+    gpu_shutdown();
+    if (rank == 0) {
+        model_acts_free(&acts);
+        model_free(&ref);
+    }
+    free(inputs), free(targets), free(grads), free(params), free(all), free(ref_grads1);
+    comm_finalize();
+    return failed ? 1 : 0;
+}
