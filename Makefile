@@ -149,12 +149,15 @@ ifneq ($(NVCC),)
 NVCCFLAGS := -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -lineinfo -I. -MMD -MP \
   -Xcompiler -Wall,-Wextra -Werror all-warnings
 GPU_PROGRAM_SRC := $(wildcard gpu/main_*.c)
-GPU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(wildcard gpu/*.cu)) \
+# The NCCL communicator (gpu/nccl.cu) and its test only where NCCL was found.
+NO_NCCL_SRC := $(if $(HAVE_NCCL),,gpu/nccl.cu tests/gpu/test_gpu_nccl.c)
+GPU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(filter-out $(NO_NCCL_SRC),$(wildcard gpu/*.cu))) \
   $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out $(GPU_PROGRAM_SRC),$(wildcard gpu/*.c)))
 LIBGPU := $(BUILD)/libgpu.a
 GPU_CFLAGS := -I$(CUDA_HOME_FOUND)/include -Werror
-GPU_LDLIBS := -L$(CUDA_HOME_FOUND)/lib64 -Wl,-rpath,$(CUDA_HOME_FOUND)/lib64 -lcublasLt -lcudart -lstdc++
-GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(wildcard tests/gpu/test_*.c))
+GPU_LDLIBS := -L$(CUDA_HOME_FOUND)/lib64 -Wl,-rpath,$(CUDA_HOME_FOUND)/lib64 -lcublasLt -lcudart -lstdc++ \
+  $(if $(HAVE_NCCL),-lnccl)
+GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(filter-out $(NO_NCCL_SRC),$(wildcard tests/gpu/test_*.c)))
 GPU_PROGRAMS := $(GPU_TEST_BIN) $(foreach f,$(GPU_PROGRAM_SRC),$(BUILD)/$(patsubst main_%.c,%,$(notdir $(f))))
 
 $(BUILD)/obj/gpu/%.o: gpu/%.cu

@@ -7,13 +7,13 @@
 //   gpu_model_backward(&m, 1.0);
 //   gpu_all_reduce(dp, m.grads, m.table.total_numel, COMM_AVG);   // data parallel: the dp average
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
-
-#include "common/comm.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "common/comm.h"
 
 // device_buf (count fp32) becomes the reduction over c's ranks.
 void gpu_all_reduce(Comm *c, float *device_buf, size_t count, CommReduceOp op);

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "common/comm.h"
 #include "common/log.h"
 #include "gpu/runtime.h"
 
@@ -46,6 +47,31 @@ static inline bool gpu_test_start(const char *program) {
     char device[256];
     gpu_device_description(device, sizeof device);
     printf("device 0: %s\n", device);
+    return true;
+}
+
+// The same for a test under mpirun: starts the communicator, then the device of rank r (r % the
+// devices, or r itself with own_device: fewer devices than ranks is then a SKIP). On a SKIP every
+// rank has finalized the communicator and returns false.
+static inline bool gpu_test_start_ranks(const char *program, int *argc, char ***argv, bool own_device) {
+    comm_init(argc, argv, NULL);
+    int rank = comm_rank(comm_world()), size = comm_size(comm_world());
+    log_set_program(program);
+    log_set_rank(rank);
+    char why[256];
+    int n_devices = gpu_device_count(why, sizeof why);
+    if (n_devices == 0 || (own_device && n_devices < size)) {
+        if (rank == 0 && n_devices == 0) printf("SKIP: no CUDA device (%s)\n", why);
+        else if (rank == 0) printf("SKIP: %s needs a GPU per rank: %d ranks, %d devices\n", program, size, n_devices);
+        comm_finalize();
+        return false;
+    }
+    gpu_init(rank % n_devices);
+    if (rank == 0) {
+        char device[256];
+        gpu_device_description(device, sizeof device);
+        printf("%d ranks on %d device(s): %s\n", size, n_devices, device);
+    }
     return true;
 }
 

@@ -30,24 +30,9 @@ static uint64_t fnv1a(const void *data, size_t bytes) {
 }
 
 int main(int argc, char **argv) {
-    comm_init(&argc, &argv, NULL);
+    if (!gpu_test_start_ranks("test_gpu_ddp", &argc, &argv, false)) return 0;
     Comm *world = comm_world();
     int rank = comm_rank(world), size = comm_size(world);
-    log_set_program("test_gpu_ddp");
-    log_set_rank(rank);
-    char why[256];
-    int n_devices = gpu_device_count(why, sizeof why);
-    if (n_devices == 0) {
-        if (rank == 0) printf("SKIP: no CUDA device (%s)\n", why);
-        comm_finalize();
-        return 0;
-    }
-    gpu_init(rank % n_devices);
-    if (rank == 0) {
-        char device[256];
-        gpu_device_description(device, sizeof device);
-        printf("%d ranks on %d device(s): %s\n", size, n_devices, device);
-    }
 
     ModelConfig cfg;
     model_config_lookup("tiny", &cfg);
