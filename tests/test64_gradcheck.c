@@ -274,9 +274,5 @@ int main(void) {
     tcase_add_test(model, test_model_untied_flash);
     tcase_add_test(model, test_model_tied_naive);
     suite_add_tcase(s, model);
-    SRunner *runner = srunner_create(s);
-    srunner_run_all(runner, CK_NORMAL);
-    int failed = srunner_ntests_failed(runner);
-    srunner_free(runner);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

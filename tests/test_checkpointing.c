@@ -120,9 +120,5 @@ int main(void) {
     tcase_add_test(tc, test_selective_naive_untied);
     tcase_add_test(tc, test_bytes_per_block_matches_allocator);
     suite_add_tcase(s, tc);
-    SRunner *runner = srunner_create(s);
-    srunner_run_all(runner, CK_NORMAL);
-    int failed = srunner_ntests_failed(runner);
-    srunner_free(runner);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

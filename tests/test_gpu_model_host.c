@@ -321,9 +321,5 @@ int main(void) {
     tcase_add_test(tc, test_fp32_matches_reference_bit_for_bit);
     tcase_add_test(tc, test_bf16_trains_like_reference);
     suite_add_tcase(s, tc);
-    SRunner *runner = srunner_create(s);
-    srunner_run_all(runner, CK_NORMAL);
-    int failed = srunner_ntests_failed(runner);
-    srunner_free(runner);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

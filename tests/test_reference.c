@@ -265,9 +265,5 @@ int main(void) {
     tcase_add_test(tc, test_lr_schedule);
     tcase_add_test(tc, test_clip_by_global_norm);
     suite_add_tcase(s, tc);
-    SRunner *runner = srunner_create(s);
-    srunner_run_all(runner, CK_NORMAL);
-    int failed = srunner_ntests_failed(runner);
-    srunner_free(runner);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

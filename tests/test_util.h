@@ -43,3 +43,12 @@ static inline real *new_normal(size_t n, double std, uint64_t stream) {
 }
 
 static inline real *new_zeros(size_t n) { return calloc(n ? n : 1, sizeof(real)); }
+
+// Runs every test of the suite (forked, as Check does by default) and returns main's exit status.
+static inline int run_suite(Suite *suite) {
+    SRunner *runner = srunner_create(suite);
+    srunner_run_all(runner, CK_NORMAL);
+    int failed = srunner_ntests_failed(runner);
+    srunner_free(runner);
+    return failed ? 1 : 0;
+}
