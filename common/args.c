@@ -11,16 +11,19 @@
 #define MAX_SPECS 128
 static bool given[MAX_SPECS];
 
-static bool choice_allowed(const char *choices, const char *value) {
+int args_choice_index(const char *choices, const char *value) {
     size_t len = strlen(value);
-    for (const char *p = choices; p && *p;) {
+    int index = 0;
+    for (const char *p = choices; p && *p; index++) {
         const char *bar = strchr(p, '|');
         size_t n = bar ? (size_t)(bar - p) : strlen(p);
-        if (n == len && strncmp(p, value, n) == 0) return true;
+        if (n == len && strncmp(p, value, n) == 0) return index;
         p = bar ? bar + 1 : NULL;
     }
-    return false;
+    return -1;
 }
+
+static bool choice_allowed(const char *choices, const char *value) { return args_choice_index(choices, value) >= 0; }
 
 static void check_range(const ArgSpec *s, const char *text, double v) {
     if (s->min < s->max && (v < s->min || v > s->max)) {

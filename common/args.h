@@ -37,3 +37,6 @@ void args_parse(const ArgSpec *specs, int n_specs, int argc, char **argv, const 
 void args_print_help(const ArgSpec *specs, int n_specs, const char *program, const char *description);
 // True when the flag was given on the command line (not just defaulted).
 bool args_given(const ArgSpec *specs, int n_specs, const char *name);
+
+// Position of value in "a|b|c" (0 for a), or -1: maps an ARG_CHOICE to an enum listed in that order.
+int args_choice_index(const char *choices, const char *value);

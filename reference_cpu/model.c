@@ -7,7 +7,6 @@
 #include "common/mem.h"
 #include "common/trace.h"
 
-const char *const AC_MODE_NAMES = "none|full|selective";
 
 void model_init_tp(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention, int tp_size,
                    int tp_rank, bool allocate) {

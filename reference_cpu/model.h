@@ -84,7 +84,7 @@ typedef struct {
 } LocalShape;
 
 typedef enum { AC_NONE, AC_FULL, AC_SELECTIVE } ActCheckpoint;
-extern const char *const AC_MODE_NAMES;  // "none|full|selective", in enum order
+#define AC_MODE_NAMES "none|full|selective"  // in enum order (the trainer's --ac choices)
 
 typedef struct {
     ModelConfig cfg;

@@ -76,7 +76,7 @@ static const ArgSpec FLAGS[] = {
     {"matmul", ARG_CHOICE, &opt.matmul, "blas", "matmul backend", .choices = "blas|loop"},
     {"ac", ARG_CHOICE, &opt.ac, "none",
      "activation checkpointing: full recomputes each block in backward, selective only its element-wise ops "
-     "(chapter 5)", .choices = "none|full|selective"},
+     "(chapter 5)", .choices = AC_MODE_NAMES},
     {"checkpoint-dir", ARG_STRING, &opt.checkpoint_dir, NULL, "write DIR/step_N.safetensors checkpoints",
      .value_name = "DIR"},
     {"checkpoint-every", ARG_INT, &opt.checkpoint_every, "0", "checkpoint period in steps (0 = only at the end)",
@@ -121,7 +121,7 @@ static const ArgSpec FLAGS[] = {
      .max = 3},
     {"reshard-after-forward", ARG_CHOICE, &opt.reshard, "default",
      "ZeRO-3: free gathered weights after forward (default: all but the embedding, head and last block)",
-     .choices = "default|always|never"},
+     .choices = RESHARD_POLICY_NAMES},
     {"grad-accum-steps", ARG_INT, &opt.grad_accum_steps, "1",
      "micro-batches per optimizer step on each rank; gradients sync after the last", .min = 1, .max = UNBOUNDED},
     {"bucket-mb", ARG_DOUBLE, &opt.bucket_mb, "25", "DDP gradient bucket size in MiB", .min = 1e-6, .max = 1e6},
@@ -293,7 +293,7 @@ static StepResult train_step(Trainer *t, long long step) {
 }
 
 static ActCheckpoint checkpointing_mode(void) {
-    return strcmp(opt.ac, "full") == 0 ? AC_FULL : strcmp(opt.ac, "selective") == 0 ? AC_SELECTIVE : AC_NONE;
+    return (ActCheckpoint)args_choice_index(AC_MODE_NAMES, opt.ac);
 }
 
 static PpScheduleKind pipeline_schedule(void) {
@@ -336,9 +336,7 @@ static void setup_training_state(Trainer *t, const ModelConfig *cfg, AttentionIm
         t->adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
         return;
     }
-    FsdpOptions options = {opt.zero_stage, strcmp(opt.reshard, "always") == 0  ? RESHARD_ALWAYS
-                                           : strcmp(opt.reshard, "never") == 0 ? RESHARD_NEVER
-                                                                               : RESHARD_DEFAULT,
+    FsdpOptions options = {opt.zero_stage, (ReshardPolicy)args_choice_index(RESHARD_POLICY_NAMES, opt.reshard),
                            !opt.no_overlap};
     Comm *replicate = mesh->degree[MESH_DP_REPLICATE] > 1 ? mesh->dim[MESH_DP_REPLICATE] : NULL;
     t->fsdp = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, tp > 1 ? mesh->dim[MESH_TP] : NULL, &options, seed);

@@ -14,7 +14,6 @@
 #define COMM_REAL COMM_FLOAT32
 #endif
 
-const char *const RESHARD_POLICY_NAMES = "default|always|never";
 
 static FsdpUnit *unit_of(Fsdp *f, int unit) { return &f->units[unit + 1]; }  // embedding (-1) is first
 static int n_ranks(const Fsdp *f) { return comm_size(f->shard_group); }

@@ -33,7 +33,7 @@
 #include "reference_cpu/model.h"
 
 typedef enum { RESHARD_DEFAULT, RESHARD_ALWAYS, RESHARD_NEVER } ReshardPolicy;
-extern const char *const RESHARD_POLICY_NAMES;  // "default|always|never", in enum order
+#define RESHARD_POLICY_NAMES "default|always|never"  // in enum order (--reshard-after-forward)
 
 typedef struct {
     int stage;                // 1, 2 or 3
