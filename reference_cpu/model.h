@@ -79,6 +79,21 @@ typedef struct {
     void *ctx;
 } TensorParallel;
 
+// Context parallelism (chapter 8): the model holds T of the sequence's tokens, whose global
+// positions are `positions` (T, the same for every sample); RoPE and the causal mask use them.
+// Attention, the only op that mixes tokens, goes through these calls, which see the other cp ranks'
+// keys and values (chapters/08_context_parallel/cp.h). Same contracts as attention_flash_forward
+// and attention_flash_backward (lse (B, n_heads, T); backward accumulates). size <= 1: none of this runs.
+typedef struct {
+    int size;
+    const int *positions;
+    void (*attention_forward)(void *ctx, real *out, real *lse, const real *q, const real *k, const real *v,
+                              const AttnShape *s);
+    void (*attention_backward)(void *ctx, real *dq, real *dk, real *dv, const real *dout, const real *q,
+                               const real *k, const real *v, const real *out, const real *lse, const AttnShape *s);
+    void *ctx;
+} ContextParallel;
+
 // This rank's share of the sharded dimensions (the config's values without tensor parallelism).
 typedef struct {
     int n_heads, n_kv_heads, ffn_dim, vocab_size, vocab_start;
@@ -98,6 +113,7 @@ typedef struct {
     void *grads_ready_ctx;
     UnitStorage storage;         // .params == NULL: m->params and m->grads
     TensorParallel tp;           // .size == 1: no tensor parallelism
+    ContextParallel cp;          // .size <= 1: no context parallelism
     LocalShape local;            // the shapes this rank computes with
 } Model;
 
