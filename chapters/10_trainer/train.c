@@ -37,9 +37,9 @@
 typedef struct {
     const char *model, *data, *lr_decay, *attention, *matmul, *ac, *reshard;
     const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta, *grad_dump;
-    const char *pp_schedule, *pp_schedule_dot, *device;
+    const char *pp_schedule, *pp_schedule_dot, *device, *cp_mode, *cp_load_balance;
     int steps, batch, seq_len, n_layers, warmup_steps, checkpoint_every, log_every;
-    int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages;
+    int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages, cp;
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
     double bucket_mb, comm_timeout;
@@ -110,6 +110,14 @@ static const ArgSpec FLAGS[] = {
     {"sequence-parallel", ARG_BOOL, &opt.sequence_parallel, NULL,
      "with --tp: norms and residuals on sequence shards (all-gather / reduce-scatter instead of all-reduce)",
      .value_name = ""},
+    {"cp", ARG_INT, &opt.cp, "1",
+     "context-parallel ranks: each holds 1/cp of every sequence; attention sees the rest (chapter 8)", .min = 1,
+     .max = UNBOUNDED},
+    {"cp-mode", ARG_CHOICE, &opt.cp_mode, "ring",
+     "with --cp: ring (K/V travel round the cp ranks) or alltoall (Ulysses: heads split for attention)",
+     .choices = CP_MODE_NAMES},
+    {"cp-load-balance", ARG_CHOICE, &opt.cp_load_balance, "on",
+     "with --cp: on = zigzag chunks i and 2cp-1-i (equal causal work), off = contiguous chunks", .choices = "on|off"},
     {"pp", ARG_INT, &opt.pp, "1", "pipeline-parallel ranks: each holds a slice of the layers (chapter 7)", .min = 1,
      .max = UNBOUNDED},
     {"pp-schedule", ARG_CHOICE, &opt.pp_schedule, "1F1B", "pipeline schedule", .choices = PP_SCHEDULE_NAMES},
@@ -205,11 +213,21 @@ static void log_checkpointing(const Model *m, int B, int T, ActCheckpoint ac) {
              mm, 100 * mm / (3 * fwd), ew);
 }
 
-// This rank's slice of the step's global batch: every micro-batch it runs.
+// This rank's slice of the step's global batch: every micro-batch it runs. Under context
+// parallelism its dp rows in full, then this cp rank's tokens of each (with their targets).
 static StepBatch load_step_batch(Trainer *t, const DataSource *data, long long step) {
     int local = t->micro * t->n_micro;
-    data_batch(data, step, t->B, t->dp_index * local, local, t->T, t->inputs, t->targets);
-    return (StepBatch){t->inputs, t->targets, t->n_micro, t->micro, t->T, step};
+    if (!t->cp) data_batch(data, step, t->B, t->dp_index * local, local, t->T, t->inputs, t->targets);
+    else {
+        size_t n = (size_t)local * t->T;
+        int *inputs = mem_alloc(MEM_OTHER, sizeof(int) * n), *targets = mem_alloc(MEM_OTHER, sizeof(int) * n);
+        data_batch(data, step, t->B, t->dp_index * local, local, t->T, inputs, targets);
+        cp_take_tokens(t->cp, t->inputs, inputs, local);
+        cp_take_tokens(t->cp, t->targets, targets, local);
+        mem_free(inputs);
+        mem_free(targets);
+    }
+    return (StepBatch){t->inputs, t->targets, t->n_micro, t->micro, t->T_local, step};
 }
 
 // One optimizer step through the contract: forward/backward (with gradient sync), the extensions,
@@ -221,7 +239,8 @@ static StepResult train_step(Trainer *t, const DataSource *data, long long step,
     StepResult r = {.lr = lr_at(schedule, step)};
     s->zero_grads(s);
     r.loss = s->forward_backward(s, &batch);
-    if (t->dp_size > 1) comm_all_reduce(t->mesh->dp, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
+    // the mean over the global batch: every dp x cp rank holds as many tokens
+    if (comm_size(t->mesh->dp_cp) > 1) comm_all_reduce(t->mesh->dp_cp, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
     int track = trace_track("compute");
     trace_begin(track, "optimizer", "phase");
     r.grad_norm = s->grad_norm(s);  // every rank clips by the global norm and updates what it holds
@@ -333,7 +352,9 @@ static LayoutOptions layout_options(void) {
                            .sequence_parallel = opt.sequence_parallel,
                            .pp_schedule = pipeline_schedule(),
                            .pp_virtual_stages = opt.pp_virtual_stages,
-                           .pp_schedule_dot = opt.pp_schedule_dot};
+                           .pp_schedule_dot = opt.pp_schedule_dot,
+                           .cp_mode = args_choice_index(CP_MODE_NAMES, opt.cp_mode),
+                           .cp_load_balance = strcmp(opt.cp_load_balance, "on") == 0};
 }
 
 // Chapter 7's flags, before any rank starts: the schedule must exist for (p, m, v), the model must
@@ -362,12 +383,32 @@ static void check_pipeline_flags(const ModelConfig *cfg, const ArgSpec *flags) {
     check_writable("pp-schedule-dot", opt.pp_schedule_dot);
 }
 
+// Chapter 8's flags: the sequence must split into the chunks, alltoall needs whole kv heads per
+// cp rank, and what context parallelism does not combine with yet is refused.
+static void check_cp_flags(const ModelConfig *cfg, const ArgSpec *flags, AttentionImpl attention) {
+    if (opt.cp == 1) {
+        if (args_given(flags, N_FLAGS, "cp-mode")) fatal_input("--cp-mode: needs --cp 2 or more");
+        if (args_given(flags, N_FLAGS, "cp-load-balance")) fatal_input("--cp-load-balance: needs --cp 2 or more");
+        return;
+    }
+    CpMode mode = (CpMode)args_choice_index(CP_MODE_NAMES, opt.cp_mode);
+    const char *why = cp_check(opt.cp, mode, strcmp(opt.cp_load_balance, "on") == 0, opt.seq_len,
+                               opt.tp > 0 ? cfg->n_kv_heads / opt.tp : cfg->n_kv_heads);
+    if (why) fatal_input("%s", why);
+    if (attention != ATTN_FLASH) fatal_input("--cp %d: needs --attention flash (partial results merge by lse)", opt.cp);
+    if (args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA) fatal_input("--cp %d: runs on --device cpu only", opt.cp);
+    if (opt.pp > 1 && opt.dp_shard > 1)
+        fatal_input("--cp %d with --pp %d and --dp-shard %d: not supported (pipeline stages shard their optimizer "
+                    "state over dp_shard only)", opt.cp, opt.pp, opt.dp_shard);
+    if (opt.sequence_parallel) fatal_input("--cp %d with --sequence-parallel: not supported", opt.cp);
+}
+
 // The parallel layout: checks the flags against the world size and the batch.
 static Mesh *setup_mesh(void) {
     if (opt.sequence_parallel && opt.tp == 1) fatal_input("--sequence-parallel: needs --tp 2 or more");
     if (opt.desync_init && opt.dp_shard > 1)
         fatal_input("--desync-init: shows DDP's initial broadcast; sharded ranks each build only their own shard");
-    Mesh *mesh = mesh_create(opt.pp, opt.dp_replicate, opt.dp_shard, 1, opt.tp);
+    Mesh *mesh = mesh_create(opt.pp, opt.dp_replicate, opt.dp_shard, opt.cp, opt.tp);
     int dp = opt.dp_replicate * opt.dp_shard, micro = opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps;
     if (opt.batch % (dp * micro) != 0)
         fatal_input("--batch %d: must be divisible by data-parallel ranks (%d) x %s (%d) = %d", opt.batch, dp,
@@ -392,6 +433,7 @@ int main(int argc, char **argv) {
     print_model_info(&cfg, opt.seq_len);
     if (opt.model_info) return 0;
     check_pipeline_flags(&cfg, flags);
+    check_cp_flags(&cfg, flags, attention);
     check_writable("trace", opt.trace);
     check_writable("trace-json", opt.trace_json);
     check_writable("dump", opt.dump);
@@ -404,7 +446,7 @@ int main(int argc, char **argv) {
     bool tracing = opt.trace || opt.trace_json || opt.trace_hta;
     comm_init(&argc, &argv, &(CommOptions){.timeout_seconds = opt.comm_timeout, .trace = tracing});
     log_set_rank(comm_rank(comm_world()));
-    Trainer t = {.B = opt.batch, .T = opt.seq_len};
+    Trainer t = {.B = opt.batch, .T = opt.seq_len, .T_local = opt.seq_len / opt.cp};
     t.mesh = setup_mesh();
     t.dp_size = comm_size(t.mesh->dp);
     t.dp_index = comm_rank(t.mesh->dp);
@@ -423,9 +465,9 @@ int main(int argc, char **argv) {
     LayoutOptions layout = layout_options();
     if (args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA) t.strategy = cuda_strategy_create(&t, &cfg, init_seed, &layout);
     else trainer_setup_layout(&t, &cfg, attention, init_seed, &layout);
-    log_checkpointing(&t.model, t.micro, t.T, (ActCheckpoint)layout.ac);
-    t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
-    t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
+    log_checkpointing(&t.model, t.micro, t.T_local, (ActCheckpoint)layout.ac);
+    t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T_local);
+    t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T_local);
 
     RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.T, opt.steps};
     long long start_step = 0;

@@ -17,6 +17,7 @@
 #pragma once
 #include <stdbool.h>
 
+#include "chapters/08_context_parallel/cp.h"
 #include "common/mesh.h"
 #include "reference_cpu/adamw.h"
 #include "reference_cpu/model.h"
@@ -61,6 +62,8 @@ typedef struct {
     Mesh *mesh;
     int *inputs, *targets;  // this rank's slice of the step's batch (n_micro * micro, T)
     int B, T;               // global batch, sequence length
+    int T_local;            // tokens of each sequence on this rank: T / cp (context parallelism)
+    CpAttention *cp;        // NULL without context parallelism
     int micro, n_micro;     // sequences per micro-batch, micro-batches per step on this rank
     int dp_index, dp_size;
 } Trainer;
@@ -95,6 +98,8 @@ typedef struct {
     int pp_schedule;           // PpScheduleKind (chapter 7)
     int pp_virtual_stages;
     const char *pp_schedule_dot;
+    int cp_mode;               // CpMode (chapter 8), with cp > 1
+    bool cp_load_balance;      // zigzag chunks (else contiguous)
 } LayoutOptions;
 
 // Builds t->model (this tp rank's slice, initialised from seed, sharded or staged as the layout
