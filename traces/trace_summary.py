@@ -15,6 +15,8 @@ slices count once):
   exposed   comm time during which no compute slice runs, outside pipeline waits (what
             communication costs the step)
   overlap   1 - exposed / comm, in percent (empty when the rank has no comm)
+  exposed by group   the same for each communicator's "comm:<group>" track alone (a line under
+            the table, summed over ranks; per rank in --json): e.g. how much of the cp ring shows
   span      first begin to last end of the rank's compute and comm slices
   idle      span minus the union of compute and comm
   bubble%   bubble / span: the rank's measured bubble fraction (chapter 7 compares it with
@@ -90,6 +92,7 @@ class Rank:
     def __init__(self, rank, name=""):
         self.rank, self.name = rank, name
         self.compute, self.comm, self.waits, self.pipeline_waits = [], [], [], []  # (begin, end) in ns
+        self.comm_by_group = defaultdict(list)  # "cp", "tp", ... -> (begin, end) of its comm track
 
     def add(self, track_name, begin, end, depth, category=""):
         # A slice of category "comm-wait" on the compute track (DDP's "ddp wait", FSDP's all-gather
@@ -103,6 +106,7 @@ class Rank:
             self.compute.append((begin, end))
         elif track_name.startswith("comm:"):
             self.comm.append((begin, end))
+            self.comm_by_group[track_name[len("comm:"):]].append((begin, end))
 
 
 def read_pftrace(data):
@@ -184,6 +188,9 @@ def summarize(rank):
     busy = union(compute + comm)
     row = {"rank": rank.rank, "name": rank.name, "compute": length(compute), "comm": length(comm)}
     row["exposed"] = length(exposed)
+    # the same per communicator: which group's communication the compute did not hide
+    row["exposed_by_group"] = {group: length(subtract(subtract(union(spans), compute), pipeline_waits))
+                               for group, spans in sorted(rank.comm_by_group.items())}
     row["overlap_pct"] = overlap_pct(row["comm"], row["exposed"])
     if not busy:
         row.update(start=0, end=0, span=0, idle=0, bubble=0, bubble_pct=0.0)
@@ -211,6 +218,8 @@ def total_of(rows):
     active = [row for row in rows if row["span"]]
     total["wall"] = max(r["end"] for r in active) - min(r["start"] for r in active) if active else 0
     total["ranks"] = len(rows)
+    groups = sorted({group for row in rows for group in row["exposed_by_group"]})
+    total["exposed_by_group"] = {group: sum(row["exposed_by_group"].get(group, 0) for row in rows) for group in groups}
     return total
 
 
@@ -219,6 +228,8 @@ def as_us(row):
     for key, value in row.items():
         if key in US_KEYS:
             out[f"{key}_us"] = value / 1000
+        elif key == "exposed_by_group":
+            out["exposed_by_group_us"] = {group: ns / 1000 for group, ns in value.items()}
         else:
             out[key] = value
     return out
@@ -237,6 +248,9 @@ def print_table(rows, total):
     for row in rows:
         print(table_line(row["rank"], row, row["name"]))
     print(table_line("total", total, f"({total['ranks']} ranks, wall {total['wall'] / 1e6:.3f} ms)"))
+    if total["exposed_by_group"]:
+        print("exposed comm by group, all ranks (ms): "
+              + ", ".join(f"{group} {ns / 1e6:.3f}" for group, ns in total["exposed_by_group"].items()))
 
 
 def main():
