@@ -352,6 +352,8 @@ static void check_mesh(const int degree[MESH_N_DIMS]) {
     for (int d = 0; d < MESH_N_DIMS; d++) expect_group(m, m->dim[d], 1u << d, mesh_dim_name((MeshDim)d));
     expect_group(m, m->dp_shard_cp, 1u << MESH_DP_SHARD | 1u << MESH_CP, "dp_shard_cp");
     expect_group(m, m->dp, 1u << MESH_DP_REPLICATE | 1u << MESH_DP_SHARD, "dp");
+    expect_group(m, m->dp_cp, 1u << MESH_DP_REPLICATE | 1u << MESH_DP_SHARD | 1u << MESH_CP,
+                 "dp_cp");
     char label[96];
     snprintf(label, sizeof label, "rank %d [pp%d dp%d cp%d tp%d]", m->rank, c[0], c[1] * degree[2] + c[2], c[3], c[4]);
     CHECK(strcmp(m->label, label) == 0, "mesh label '%s', want '%s'", m->label, label);

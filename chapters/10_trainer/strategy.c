@@ -7,7 +7,7 @@
 //
 // Context parallelism (chapter 8) is, like tp, a change to the model (its attention hook); for the
 // strategies it only widens the group whose gradients are averaged: the cp ranks of a replica hold
-// the same weights and other tokens of the same sequences (mesh->dp_cp, dp_shard_cp for ZeRO).
+// the same weights and other tokens of the same sequences (trainer_replica_group, dp_shard_cp for ZeRO).
 //
 // Each is a handful of small functions over its chapter's module. The first three share the
 // micro-batch loop below; the pipeline runs its schedule instead.
@@ -24,6 +24,8 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/trace.h"
+
+Comm *trainer_replica_group(const Mesh *m) { return m->degree[MESH_CP] > 1 ? m->dp_cp : m->dp; }
 
 static void no_op(Strategy *s) { (void)s; }
 static void no_op_begin(Strategy *s, bool last) { (void)s, (void)last; }
@@ -123,7 +125,8 @@ static Strategy *replicated_create(Trainer *t, const LayoutOptions *o) {
     r->adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
     r->adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
     r->tp_group = t->mesh->degree[MESH_TP] > 1 ? t->mesh->dim[MESH_TP] : NULL;
-    int replicas = comm_size(t->mesh->dp_cp);  // data-parallel ranks x cp ranks
+    Comm *group = trainer_replica_group(t->mesh);
+    int replicas = comm_size(group);
     Strategy *s = strategy_new(replicas > 1 ? "ddp" : "single", &t->model, r);
     s->zero_grads = replicated_zero_grads;
     s->grad_norm = replicated_grad_norm;
@@ -133,7 +136,7 @@ static Strategy *replicated_create(Trainer *t, const LayoutOptions *o) {
     s->load_full = replicated_load_full;
     s->free = replicated_free;
     if (replicas > 1) {
-        r->ddp = ddp_create(&t->model, t->mesh->dp_cp, (size_t)(o->bucket_mb * 1048576.0), o->overlap);
+        r->ddp = ddp_create(&t->model, group, (size_t)(o->bucket_mb * 1048576.0), o->overlap);
         ddp_broadcast_params(r->ddp);  // replicas start equal, whatever each rank initialised
         s->begin_backward = ddp_begin;
         s->finish_backward = ddp_finish;
@@ -212,7 +215,7 @@ static Strategy *pipeline_strategy_create(Trainer *t, const LayoutOptions *o, ui
                                (ActCheckpoint)o->ac, (size_t)(o->bucket_mb * 1048576.0), o->overlap,
                                o->pp_schedule_dot, mesh->degree[MESH_TP] > 1 ? mesh->dim[MESH_TP] : NULL,
                                sharded ? mesh->dp_shard_cp : NULL};
-    Comm *replicas = comm_size(mesh->dp_cp) > 1 ? mesh->dp_cp : NULL;  // dp x cp: same stage weights
+    Comm *replicas = comm_size(trainer_replica_group(mesh)) > 1 ? trainer_replica_group(mesh) : NULL;
     Pipeline *pl = pipeline_create(&t->model, mesh->dim[MESH_PP], replicas, &options, seed);
     if (t->dp_size > 1)
         log_info("pp x %s: %d data-parallel ranks per stage%s", sharded ? "zero-1" : "ddp", t->dp_size,

@@ -240,7 +240,8 @@ static StepResult train_step(Trainer *t, const DataSource *data, long long step,
     s->zero_grads(s);
     r.loss = s->forward_backward(s, &batch);
     // the mean over the global batch: every dp x cp rank holds as many tokens
-    if (comm_size(t->mesh->dp_cp) > 1) comm_all_reduce(t->mesh->dp_cp, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
+    Comm *replicas = trainer_replica_group(t->mesh);
+    if (comm_size(replicas) > 1) comm_all_reduce(replicas, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
     int track = trace_track("compute");
     trace_begin(track, "optimizer", "phase");
     r.grad_norm = s->grad_norm(s);  // every rank clips by the global norm and updates what it holds

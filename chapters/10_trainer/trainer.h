@@ -110,6 +110,9 @@ void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl atte
 // Linked in place of chapters/10_trainer/no_cuda.c where nvcc is found.
 Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, uint64_t seed, const LayoutOptions *o);
 void trainer_free_strategy(Trainer *t);
+// The ranks whose gradients and losses are averaged: dp (dp_replicate x dp_shard), times cp under
+// context parallelism (mesh->dp_cp; the cp ranks hold the same weights and other tokens).
+Comm *trainer_replica_group(const Mesh *m);
 // The state of one kind in the full table's layout, on every rank (pipeline: pp rank 0 only).
 void trainer_full_state(Trainer *t, StateKind kind, real *full);
 // Takes this rank's part of a full-layout state (the reverse, for --resume).
