@@ -279,7 +279,7 @@ static void seq_to_heads(CpAttention *cp, real *full, const real *x, int B, int 
         for (size_t t = 0; t < (size_t)B * L; t++)
             memcpy(send + j * block + t * n * w, x + (t * Hx + (size_t)j * n) * w, sizeof(real) * n * w);
     cp->transfers++;
-    comm_all_to_all(cp->group, send, recv, block, COMM_REAL);
+    cp_wait(comm_all_to_all_start(cp->group, send, recv, block, COMM_REAL));  // attention needs all of it
     for (int j = 0; j < N; j++)
         for (int b = 0; b < B; b++)
             for (int i = 0; i < L; i++)
@@ -297,7 +297,7 @@ static void heads_to_seq(CpAttention *cp, real *x, const real *full, int B, int 
                 memcpy(send + j * block + ((size_t)b * L + i) * n * w,
                        full + ((size_t)b * cp->seq_len + positions_of(cp, j)[i]) * n * w, sizeof(real) * n * w);
     cp->transfers++;
-    comm_all_to_all(cp->group, send, recv, block, COMM_REAL);
+    cp_wait(comm_all_to_all_start(cp->group, send, recv, block, COMM_REAL));  // attention needs all of it
     for (int j = 0; j < N; j++)
         for (size_t t = 0; t < (size_t)B * L; t++)
             memcpy(x + (t * Hx + (size_t)j * n) * w, recv + j * block + t * n * w, sizeof(real) * n * w);
