@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Chapter 8: training with context parallelism against the single process, alone and composed
-# with FSDP, TP, PP and in 4D. Compared as in tests/t_tp.sh: the loss at every step (rtol 1e-5),
+# with DDP, FSDP, TP, PP and in 3D. Compared as in tests/t_tp.sh: the loss at every step (rtol 1e-5),
 # the step-1 gradients (train --grad-dump vs the reference's --dump, rtol 1e-5 of each tensor's
 # largest value) and the parameters after 20 steps (rtol 5e-4: AdamW's 1/sqrt(v) turns last-bit
 # gradient differences into ~lr moves). What differs from the single process is summation order
@@ -33,6 +33,8 @@ run cp2_contiguous 2 --cp 2 --cp-load-balance off
 check_vs_ref cp2_contiguous
 run cp2_alltoall 2 --cp 2 --cp-mode alltoall
 check_vs_ref cp2_alltoall
+run ddp2_cp2 4 --dp-replicate 2 --cp 2
+check_vs_ref ddp2_cp2
 run fsdp2_cp2 4 --dp-shard 2 --cp 2
 check_vs_ref fsdp2_cp2
 run cp2_tp2 4 --cp 2 --tp 2
