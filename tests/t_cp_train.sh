@@ -45,6 +45,8 @@ run pp2_cp2 4 --pp 2 --cp 2
 check_vs_ref pp2_cp2
 run fsdp2_cp2_tp2 8 --dp-shard 2 --cp 2 --tp 2
 check_vs_ref fsdp2_cp2_tp2
+run pp2_cp2_tp2 8 --pp 2 --cp 2 --tp 2
+check_vs_ref pp2_cp2_tp2
 run cp2_ac_full 2 --cp 2 --ac full
 echo "== cp2 with full activation checkpointing vs without: bit-identical"
 $P --ckpt "$(ckpt cp2_ac_full)" --ckpt-ref "$(ckpt cp2)" --exact
