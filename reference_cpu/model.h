@@ -79,6 +79,19 @@ typedef struct {
     void *ctx;
 } TensorParallel;
 
+// Context parallelism (chapter 8). This rank holds T tokens of each longer sequence, at the global
+// positions `positions` (T, the same for every sequence): RoPE rotates by them, and attention over
+// the whole sequence goes through the callbacks, with attention_flash_forward/backward's meaning on
+// the local tokens (q, k, v after RoPE; lse (B, heads, T); backward accumulates into dq, dk, dv).
+// attention_forward == NULL: no context parallelism.
+typedef struct {
+    const int *positions;
+    void (*attention_forward)(void *ctx, real *out, real *lse, const real *q, const real *k, const real *v);
+    void (*attention_backward)(void *ctx, real *dq, real *dk, real *dv, const real *dout, const real *q,
+                               const real *k, const real *v, const real *out, const real *lse);
+    void *ctx;
+} ContextParallelHooks;
+
 // This rank's share of the sharded dimensions (the config's values without tensor parallelism).
 typedef struct {
     int n_heads, n_kv_heads, ffn_dim, vocab_size, vocab_start;
@@ -98,6 +111,7 @@ typedef struct {
     void *grads_ready_ctx;
     UnitStorage storage;         // .params == NULL: m->params and m->grads
     TensorParallel tp;           // .size == 1: no tensor parallelism
+    ContextParallelHooks cp;     // .attention_forward == NULL: no context parallelism
     LocalShape local;            // the shapes this rank computes with
 } Model;
 
