@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <signal.h>
@@ -30,9 +31,27 @@ void checkpoint_path_for_step(const char *dir, long long step, char *out, size_t
     snprintf(out, out_len, "%s/step_%06lld.safetensors", dir, step);
 }
 
+// A state that is not finite everywhere is never written: resuming from it could only continue
+// the divergence, and it would replace the last good checkpoint as the latest. Weights can stay
+// finite while AdamW's v overflows (a gradient element above 1.8e19 squares to inf in float32, its
+// update is then 0), so all three are scanned. Exits with status 1 naming the first bad element.
+static void refuse_non_finite(const Model *m, const real *const buffers[3], long long step, const char *path) {
+    for (int b = 0; b < 3; b++)
+        for (int i = 0; i < m->table.count; i++) {
+            const ParamInfo *p = &m->table.items[i];
+            const real *x = buffers[b] + p->offset;
+            for (size_t j = 0; j < p->numel; j++)
+                if (!isfinite(x[j]))
+                    fatal("step %lld: %s%s[%zu] is %g; %s is not written, the last checkpoint written stays the "
+                          "latest (try a lower --lr or a --grad-clip)", step, STATE_PREFIXES[b], p->name, j,
+                          (double)x[j], path);
+        }
+}
+
 void checkpoint_save(const char *path, const Model *m, const real *adam_m, const real *adam_v, long long step,
                      const RunIdentity *run) {
     const real *buffers[3] = {m->params, adam_m, adam_v};
+    refuse_non_finite(m, buffers, step, path);
     char err[1024], name[PARAM_NAME_MAX + 16], text[64];
     StWriter *w = st_writer_new();
     for (int b = 0; b < 3; b++)

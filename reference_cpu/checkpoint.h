@@ -21,7 +21,8 @@ typedef struct {
     const char *schedule;  // "cosine, warmup 2, min_lr_ratio 0.1"
 } RunIdentity;
 
-// Exits with status 1 (and leaves any previous file intact) if the write fails.
+// Exits with status 1 (and leaves any previous file intact) if the write fails, or without writing
+// if any weight or AdamW moment is not finite (the last good checkpoint stays the latest).
 void checkpoint_save(const char *path, const Model *m, const real *adam_m, const real *adam_v, long long step,
                      const RunIdentity *run);
 // Loads into an initialised model of the same config and returns the completed step. A missing,
