@@ -129,18 +129,18 @@ static void check_file(const char *flag, const char *path) {
 
 static void check_dir(const char *flag, const char *path) {
     struct stat st;
-    bool made = false;
     if (stat(path, &st) == 0) {
         if (!S_ISDIR(st.st_mode)) fatal_input("--%s %s: exists and is not a directory", flag, path);
     } else {
         check_parent(flag, path);
-        if (mkdir(path, 0777) != 0) fatal_input("--%s %s: cannot create the directory (%s)", flag, path, strerror(errno));
-        made = true;
+        // Kept once made: the run creates it anyway, and under mpirun every rank checks at once (a
+        // rank removing it again would pull it from under another rank's probe).
+        if (mkdir(path, 0777) != 0 && errno != EEXIST)
+            fatal_input("--%s %s: cannot create the directory (%s)", flag, path, strerror(errno));
     }
     char probe[PATH_MAX];
     snprintf(probe, sizeof probe, "%s/probe", path);
     int error = probe_create(probe);
-    if (made) rmdir(path);
     if (error) fatal_input("--%s %s: cannot create files in this directory (%s)", flag, path, strerror(error));
 }
 
@@ -150,8 +150,8 @@ void fileio_check_output(const char *flag, const char *path, OutputKind kind) {
     // Room for the temporary's ".tmp.<pid>" suffix, within the name and within the path
     size_t suffix = (size_t)snprintf(NULL, 0, ".tmp.%d", (int)getpid());
     if (longest_component(path) + suffix > NAME_MAX)
-        fatal_input("--%s: a name in %.60s... is longer than %d bytes with the temporary suffix", flag, path,
-                    (int)(NAME_MAX - suffix));
+        fatal_input("--%s %.60s...: a name longer than %d bytes (NAME_MAX %d, less the temporary's \".tmp.<pid>\")",
+                    flag, path, (int)(NAME_MAX - suffix), NAME_MAX);
     if (strlen(path) + suffix + 16 >= PATH_MAX) fatal_input("--%s %.60s...: path too long", flag, path);
     if (kind == OUTPUT_DIR) check_dir(flag, path);
     else check_file(flag, path);

@@ -30,8 +30,9 @@ typedef enum { OUTPUT_FILE, OUTPUT_DIR } OutputKind;
 // Checks, before any work, that the output `path` given to --flag can be written: not empty, every
 // name within NAME_MAX (the temporary "<name>.tmp.<pid>" too), the parent an existing directory,
 // an existing target of the right kind (a regular file, or a directory), and the directory really
-// takes a new file: a probe temporary is created and removed (a directory made for the probe is
-// removed again). Exits with status 2 and one line naming the flag and the reason otherwise.
+// takes a new file: a probe temporary is created and removed (a missing directory is created, as
+// the run would create it next, and kept). Exits with status 2 and one line naming the flag and
+// the reason otherwise.
 void fileio_check_output(const char *flag, const char *path, OutputKind kind);
 
 // Reads a whole file into a malloc'd buffer. Returns NULL and fills err on failure.
