@@ -164,7 +164,7 @@ traces/trace-summary --json "$T/GPipe.pftrace" | $PYTHON -c '
 import json, sys
 rows = json.load(sys.stdin)["ranks"]
 print("== trace-summary GPipe bubble% (measured, not asserted): "
-      + ", ".join(f"{r['bubble_pct']:.1f}" for r in rows) + " (ideal 33.3)")
+      + ", ".join("%.1f" % r["bubble_pct"] for r in rows) + " (ideal 33.3)")
 sys.exit(0 if len(rows) == 2 else 1)' || { echo "FAIL: trace-summary: not 2 ranks"; exit 1; }
 
 echo "== bad layouts exit 2 with one line"
