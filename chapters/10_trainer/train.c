@@ -39,7 +39,7 @@
 typedef struct {
     const char *model, *data, *lr_decay, *attention, *matmul, *ac, *reshard;
     const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta, *grad_dump;
-    const char *pp_schedule, *pp_schedule_dot;
+    const char *pp_schedule, *pp_schedule_dot, *device;
     int steps, batch, seq_len, n_layers, warmup_steps, checkpoint_every, log_every;
     int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages;
     long long seed;
@@ -74,6 +74,9 @@ static const ArgSpec FLAGS[] = {
      "markov | markov:order=K,branches=N | text:FILE | tokens:FILE (common/DATA.md)", .value_name = "SPEC"},
     {"rope-theta", ARG_DOUBLE, &opt.rope_theta, NULL, "RoPE base (default: the model's, 500000)", .min = 1,
      .max = UNBOUNDED},
+    {"device", ARG_CHOICE, &opt.device, "cpu",
+     "where the model runs: cpu (the reference and every chapter), cuda (the GPU model: single process and "
+     "--dp-replicate so far)", .choices = DEVICE_NAMES},
     {"attention", ARG_CHOICE, &opt.attention, "flash", "attention kernel", .choices = ATTENTION_IMPL_NAMES},
     {"matmul", ARG_CHOICE, &opt.matmul, "blas", "matmul backend", .choices = MATMUL_BACKEND_NAMES},
     {"ac", ARG_CHOICE, &opt.ac, "none",
@@ -430,6 +433,8 @@ int main(int argc, char **argv) {
     check_pipeline_flags(&cfg, flags);
     check_before_work(&cfg, flags);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
+    if (opt.dump && args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA)
+        fatal_input("--dump: records the CPU reference; run it with --device cpu and compare with --grad-dump");
 
     bool tracing = opt.trace || opt.trace_json || opt.trace_hta;
     comm_init(&argc, &argv, &(CommOptions){.timeout_seconds = opt.comm_timeout, .trace = tracing});
@@ -455,7 +460,8 @@ int main(int argc, char **argv) {
     // --desync-init: replicas differ (what DDP's broadcast must fix), the ranks of one replica agree
     uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.dp_index : 0);
     LayoutOptions layout = layout_options();
-    trainer_setup_layout(&t, &cfg, attention, init_seed, &layout);
+    if (args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA) t.strategy = cuda_strategy_create(&t, &cfg, init_seed, &layout);
+    else trainer_setup_layout(&t, &cfg, attention, init_seed, &layout);
     log_checkpointing(&t.model, t.micro, t.T, (ActCheckpoint)layout.ac);
     t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
     t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
