@@ -45,6 +45,8 @@ static void account(MemCategory category, size_t bytes, int sign) {
 
 void *mem_alloc(MemCategory category, size_t bytes) {
     void *raw = NULL;
+    if (bytes > SIZE_MAX - HEADER_SIZE)  // a size computed from a wrapped product: never "allocate" it
+        fatal("mem_alloc: %zu bytes for %s is beyond any machine (a size overflowed)", bytes, category_names[category]);
     if (posix_memalign(&raw, 64, HEADER_SIZE + (bytes ? bytes : 1)) != 0)
         fatal("out of memory allocating %zu bytes for %s", bytes, category_names[category]);
     memset(raw, 0, HEADER_SIZE + bytes);

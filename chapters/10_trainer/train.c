@@ -204,6 +204,9 @@ static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
     if (tokens > INT32_MAX || (uint64_t)opt.batch * (uint64_t)opt.seq_len > INT32_MAX)
         fatal_input("--batch %d x --seq-len %d: %" PRIu64 " tokens per step, more than 2^31 - 1", opt.batch,
                     opt.seq_len, (uint64_t)opt.batch * (uint64_t)opt.seq_len);
+    // The plan is of host memory: with --device cuda the state lives on the GPU, whose allocator
+    // reports what does not fit.
+    if (args_choice_index(DEVICE_NAMES, opt.device) != DEVICE_CPU) return;
     uint64_t ranks = mem_mul(mem_mul(dp, (uint64_t)opt.pp), (uint64_t)opt.tp);
     char what[160];
     snprintf(what, sizeof what, "--model %s --n-layers %d --batch %d --seq-len %d on %" PRIu64 " rank(s)", cfg->name,
