@@ -86,16 +86,15 @@ static int probe_create(const char *path) {
     return 0;
 }
 
-// The longest component of path, in bytes.
-static size_t longest_component(const char *path) {
-    size_t longest = 0;
+// Whether every name in path fits NAME_MAX, the last one with `suffix` more bytes (the temporary).
+static bool names_fit(const char *path, size_t suffix) {
     for (const char *p = path; *p;) {
         size_t n = strcspn(p, "/");
-        if (n > longest) longest = n;
         p += n;
         while (*p == '/') p++;
+        if (n + (*p ? 0 : suffix) > NAME_MAX) return false;
     }
-    return longest;
+    return true;
 }
 
 // The directory part of path ("." for a bare name, "/" for "/x").
@@ -149,9 +148,9 @@ void fileio_check_output(const char *flag, const char *path, OutputKind kind) {
     if (!*path) fatal_input("--%s: empty path", flag);
     // Room for the temporary's ".tmp.<pid>" suffix, within the name and within the path
     size_t suffix = (size_t)snprintf(NULL, 0, ".tmp.%d", (int)getpid());
-    if (longest_component(path) + suffix > NAME_MAX)
-        fatal_input("--%s %.60s...: a name longer than %d bytes (NAME_MAX %d, less the temporary's \".tmp.<pid>\")",
-                    flag, path, (int)(NAME_MAX - suffix), NAME_MAX);
+    if (!names_fit(path, kind == OUTPUT_FILE ? suffix : 0))
+        fatal_input("--%s %.60s...: a name is longer than NAME_MAX, %d bytes (a file's name needs %d more for its "
+                    "temporary \".tmp.<pid>\")", flag, path, NAME_MAX, (int)suffix);
     if (strlen(path) + suffix + 16 >= PATH_MAX) fatal_input("--%s %.60s...: path too long", flag, path);
     if (kind == OUTPUT_DIR) check_dir(flag, path);
     else check_file(flag, path);

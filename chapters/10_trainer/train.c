@@ -197,16 +197,16 @@ static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
     if (args_given(flags, N_FLAGS, "zero-stage") && opt.dp_shard == 1)
         fatal_input("--zero-stage %d: shards over --dp-shard, which is 1 here (give --dp-shard 2 or more, or leave "
                     "--zero-stage out)", opt.zero_stage);
-    // one rank's micro-batch: (micro, T) tokens, indexed with int in the model code
-    uint64_t dp = (uint64_t)opt.dp_replicate * (uint64_t)opt.dp_shard;
-    uint64_t n_micro = (uint64_t)(opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps);
-    uint64_t micro = (uint64_t)opt.batch / dp / n_micro, tokens = mem_mul(micro ? micro : 1, (uint64_t)opt.seq_len);
-    if (tokens > INT32_MAX || (uint64_t)opt.batch * (uint64_t)opt.seq_len > INT32_MAX)
+    // the tokens of a step (B, T) are counted and indexed with int
+    if ((uint64_t)opt.batch * (uint64_t)opt.seq_len > INT32_MAX)
         fatal_input("--batch %d x --seq-len %d: %" PRIu64 " tokens per step, more than 2^31 - 1", opt.batch,
                     opt.seq_len, (uint64_t)opt.batch * (uint64_t)opt.seq_len);
     // The plan is of host memory: with --device cuda the state lives on the GPU, whose allocator
     // reports what does not fit.
     if (args_choice_index(DEVICE_NAMES, opt.device) != DEVICE_CPU) return;
+    uint64_t dp = (uint64_t)opt.dp_replicate * (uint64_t)opt.dp_shard;
+    uint64_t n_micro = (uint64_t)(opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps);
+    uint64_t micro = (uint64_t)opt.batch / dp / n_micro;  // sequences per micro-batch on one rank
     uint64_t ranks = mem_mul(mem_mul(dp, (uint64_t)opt.pp), (uint64_t)opt.tp);
     char what[160];
     snprintf(what, sizeof what, "--model %s --n-layers %d --batch %d --seq-len %d on %" PRIu64 " rank(s)", cfg->name,
