@@ -11,6 +11,7 @@
 //   mpirun -np 4 ./build/train --dp-replicate 2 --dp-shard 2          (chapter 4: HSDP)
 //   mpirun -np 4 ./build/train --tp 2 --dp-shard 2                    (chapter 6: tensor parallel, with FSDP)
 //   mpirun -np 4 ./build/train --pp 4 --pp-schedule 1F1B --pp-microbatches 8   (chapter 7: pipeline parallel)
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@
 #include "common/args.h"
 #include "common/comm.h"
 #include "common/data.h"
+#include "common/fileio.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/mesh.h"
@@ -142,8 +144,9 @@ static const ArgSpec FLAGS[] = {
     {"desync-init", ARG_BOOL, &opt.desync_init, NULL,
      "give every data-parallel replica a different init (seed + dp rank) to show the initial broadcast fixes it",
      .value_name = ""},
-    {"comm-timeout", ARG_DOUBLE, &opt.comm_timeout, "300", "seconds before a stuck collective ends the run",
-     .min = 0.1, .max = UNBOUNDED},
+    {"comm-timeout", ARG_DOUBLE, &opt.comm_timeout, NULL,
+     "seconds before a stuck collective ends the run (default: 300 until two steps are measured, then "
+     "max(60, 10 x the slowest step); common/COMM.md)", .min = 0.1, .max = UNBOUNDED},
     {"mesh-dot", ARG_STRING, &opt.mesh_dot, NULL, "write the device mesh as a Graphviz diagram", .value_name = "FILE"},
     {"model-info", ARG_BOOL, &opt.model_info, NULL, "print the config, parameter count and FLOPs per token, and exit", .value_name = ""},
 };
@@ -153,7 +156,11 @@ static ModelConfig resolve_config(void) {
     ModelConfig cfg;
     if (!model_config_lookup(opt.model, &cfg)) fatal_input("--model %s: unknown model", opt.model);
     if (opt.seq_len < 0) opt.seq_len = cfg.max_seq_len;
-    if (opt.seq_len > cfg.max_seq_len) cfg.max_seq_len = opt.seq_len;  // the RoPE table grows with it
+    if (opt.seq_len > cfg.max_seq_len) {  // the RoPE table grows with it: allowed, but said
+        log_info("--seq-len %d: beyond model %s's max_seq_len %d, which grows to %d (a checkpoint records it)",
+                 opt.seq_len, cfg.name, cfg.max_seq_len, opt.seq_len);
+        cfg.max_seq_len = opt.seq_len;
+    }
     if (opt.rope_theta > 0) cfg.rope_theta = opt.rope_theta;
     if (opt.n_layers > 0) cfg.n_layers = opt.n_layers;
     model_config_validate(&cfg, opt.seq_len);
@@ -178,25 +185,61 @@ static void print_model_info(const ModelConfig *c, int seq_len) {
     free(json);
 }
 
-static void ensure_directory(const char *dir) {
-    if (mkdir(dir, 0777) != 0) {
-        struct stat st;
-        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-            fatal_input("--checkpoint-dir %s: cannot create directory", dir);
-    }
+// ---- promises kept before any work (README: "What is promised, and how it is tested") -----------
+
+// Every output can be created (fileio_check_output), the sizes fit int where the code indexes with
+// int, and the planned memory fits the machine; flags that would be ignored are refused. Runs on
+// every rank before comm_init, so a typo costs a second, not a run.
+static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
+    static const struct {
+        const char *flag, **path;
+        OutputKind kind;
+    } outputs[] = {
+        {"trace", &opt.trace, OUTPUT_FILE},          {"trace-json", &opt.trace_json, OUTPUT_FILE},
+        {"trace-hta", &opt.trace_hta, OUTPUT_DIR},   {"dump", &opt.dump, OUTPUT_FILE},
+        {"grad-dump", &opt.grad_dump, OUTPUT_FILE},  {"checkpoint-dir", &opt.checkpoint_dir, OUTPUT_DIR},
+        {"mesh-dot", &opt.mesh_dot, OUTPUT_FILE},    {"pp-schedule-dot", &opt.pp_schedule_dot, OUTPUT_FILE},
+    };
+    for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; i++)
+        fileio_check_output(outputs[i].flag, *outputs[i].path, outputs[i].kind);
+    if (args_given(flags, N_FLAGS, "zero-stage") && opt.dp_shard == 1)
+        fatal_input("--zero-stage %d: shards over --dp-shard, which is 1 here (give --dp-shard 2 or more, or leave "
+                    "--zero-stage out)", opt.zero_stage);
+    // the tokens of a step (B, T) are counted and indexed with int
+    if ((uint64_t)opt.batch * (uint64_t)opt.seq_len > INT32_MAX)
+        fatal_input("--batch %d x --seq-len %d: %" PRIu64 " tokens per step, more than 2^31 - 1", opt.batch,
+                    opt.seq_len, (uint64_t)opt.batch * (uint64_t)opt.seq_len);
+    // The plan is of host memory: with --device cuda the state lives on the GPU, whose allocator
+    // reports what does not fit.
+    if (args_choice_index(DEVICE_NAMES, opt.device) != DEVICE_CPU) return;
+    uint64_t dp = (uint64_t)opt.dp_replicate * (uint64_t)opt.dp_shard;
+    uint64_t n_micro = (uint64_t)(opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps);
+    uint64_t micro = (uint64_t)opt.batch / dp / n_micro;  // sequences per micro-batch on one rank
+    uint64_t ranks = mem_mul(mem_mul(mem_mul(dp, (uint64_t)opt.pp), (uint64_t)opt.tp), (uint64_t)opt.cp);
+    char what[160];
+    snprintf(what, sizeof what, "--model %s --n-layers %d --batch %d --seq-len %d on %" PRIu64 " rank(s)", cfg->name,
+             cfg->n_layers, opt.batch, opt.seq_len, ranks);
+    mem_check_plan(what, model_plan_bytes(cfg, micro ? micro : 1, (uint64_t)opt.seq_len, ranks));
 }
 
-// Checks the output paths before training, so a typo costs a second, not a run.
-static void check_writable(const char *flag, const char *path) {
-    if (!path) return;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) return;
-    *slash = 0;
-    struct stat st;
-    if (dir[0] && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)))
-        fatal_input("--%s %s: directory %s does not exist", flag, path, dir);
+// The comm timeout follows the measured steps unless --comm-timeout fixes it (common/COMM.md):
+// max(60 s, 10 x the slowest step) once two steps are measured; the start-up value around the
+// writes of rank 0 (checkpoints, dumps, traces), which the other ranks wait for.
+static void adapt_comm_timeout(double step_seconds, bool measured, const ArgSpec *flags) {
+    static double slowest;
+    static int n_measured;
+    if (args_given(flags, N_FLAGS, "comm-timeout")) return;
+    if (!measured) {
+        comm_set_timeout(COMM_STARTUP_TIMEOUT_S);
+        return;
+    }
+    if (step_seconds > slowest) slowest = step_seconds;
+    if (++n_measured < 2) return;
+    double before = comm_timeout(), now = comm_timeout_for_step(slowest);
+    comm_set_timeout(now);
+    if (n_measured == 2 || (before != now && before != COMM_STARTUP_TIMEOUT_S))
+        log_info("comm timeout: %.0f s = max(%.0f s, %.0f x the slowest step, %.3f s)", now, COMM_TIMEOUT_FLOOR_S,
+                 COMM_TIMEOUT_STEP_FACTOR, slowest);
 }
 
 // Chapter 5's figures: what each block keeps for backward and what the recompute costs, per
@@ -372,7 +415,6 @@ static void check_pipeline_flags(const ModelConfig *cfg, const ArgSpec *flags) {
                     "(stages 2-3 would gather and scatter every micro-batch)", opt.pp, opt.dp_shard);
     if (opt.grad_accum_steps > 1)
         fatal_input("--grad-accum-steps %d: with --pp the micro-batches are --pp-microbatches", opt.grad_accum_steps);
-    check_writable("pp-schedule-dot", opt.pp_schedule_dot);
 }
 
 // Chapter 8's flags: the sequence must split into the cp ranks' chunks, all-to-all needs the heads
@@ -429,11 +471,7 @@ int main(int argc, char **argv) {
     if (opt.model_info) return 0;
     check_pipeline_flags(&cfg, flags);
     check_context_parallel_flags(&cfg, flags);
-    check_writable("trace", opt.trace);
-    check_writable("trace-json", opt.trace_json);
-    check_writable("dump", opt.dump);
-    check_writable("grad-dump", opt.grad_dump);
-    check_writable("mesh-dot", opt.mesh_dot);
+    check_before_work(&cfg, flags);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
     if (opt.dump && cuda)
         fatal_input("--dump: records the CPU reference; run it with --device cpu and compare with --grad-dump");
@@ -449,7 +487,11 @@ int main(int argc, char **argv) {
     t.dp_index = comm_rank(t.mesh->dp);
     t.n_micro = opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps;
     t.micro = t.B / (t.dp_size * t.n_micro);
-    if (opt.checkpoint_dir && t.mesh->rank == 0) ensure_directory(opt.checkpoint_dir);
+    if (opt.checkpoint_dir && t.mesh->rank == 0) {
+        if (mkdir(opt.checkpoint_dir, 0777) != 0 && errno != EEXIST)  // checked writable above
+            fatal("--checkpoint-dir %s: %s", opt.checkpoint_dir, strerror(errno));
+        checkpoint_clean_stale(opt.checkpoint_dir);
+    }
     if (tracing) {
         trace_align_clocks(comm_world());
         trace_init(t.mesh->rank, t.mesh->label);
@@ -468,7 +510,10 @@ int main(int argc, char **argv) {
     t.full_inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.cp_layout.T);
     t.full_targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.cp_layout.T);
 
-    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.cp_layout.T, opt.steps};
+    char schedule_text[128];  // the checkpoint records it; a resume with another one says so
+    snprintf(schedule_text, sizeof schedule_text, "%s, warmup %d, min_lr_ratio %g", opt.lr_decay, opt.warmup_steps,
+             opt.min_lr_ratio);
+    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.cp_layout.T, opt.steps, opt.lr, schedule_text};
     long long start_step = 0;
     if (opt.resume) {
         char path[4096];
@@ -503,6 +548,7 @@ int main(int argc, char **argv) {
         trace_end(track);
         double seconds = (now_ns() - t0) * 1e-9;
         if (step - start_step > 2) measured_seconds += seconds, measured_steps++;  // skip warm-up steps
+        adapt_comm_timeout(seconds, step - start_step > 2, flags);
         if (step % opt.log_every == 0 || step == opt.steps)
             log_info("step %5lld | loss %.6f | grad_norm %.4f | lr %.3e | %.0f tok/s | mem %.1f MiB", step, r.loss,
                      r.grad_norm, r.lr, t.B * t.cp_layout.T / seconds, mem_current_total() / 1048576.0);
@@ -511,11 +557,13 @@ int main(int argc, char **argv) {
             char path[4096];
             checkpoint_path_for_step(opt.checkpoint_dir, step, path, sizeof path);
             trace_begin(track, "checkpoint", "io");
+            adapt_comm_timeout(0, false, flags);  // rank 0 writes, the others wait in the next step
             save_state(&t, path, step, &run);
             trace_end(track);
             if (t.mesh->rank == 0) log_info("checkpoint written to %s", path);
         }
     }
+    adapt_comm_timeout(0, false, flags);  // the dump and trace writes below
     if (measured_steps > 0)
         log_info("timing: steps=%d measured=%d mean_step_ms=%.2f tokens_per_s=%.1f", opt.steps, measured_steps,
                  1e3 * measured_seconds / measured_steps, (double)t.B * t.cp_layout.T * measured_steps / measured_seconds);
