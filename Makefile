@@ -120,10 +120,8 @@ $(LIBREF32): $(REF32_OBJ)
 $(LIBREF64): $(REF64_OBJ)
 	$(AR) rcs $@ $^
 
-# build/train: where nvcc is found it also links the GPU library (--device cuda, gpu/strategy.c),
-# listed before the reference's so that its cuda_strategy_create is the one linked.
-$(BUILD)/train: chapters/10_trainer/train.c $(if $(NVCC),$(BUILD)/libgpu.a) $(LIBREF32) $(LIBCOMMON)
-	$(CC) $(CFLAGS) $(if $(NVCC),$(GPU_CFLAGS)) $^ -o $@ $(if $(NVCC),$(GPU_LDLIBS)) $(LDLIBS)
+$(BUILD)/train: chapters/10_trainer/train.c $(LIBREF32) $(LIBCOMMON)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/train64: chapters/10_trainer/train.c $(LIBREF64) $(LIBCOMMON)
 	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(LDLIBS)
 
@@ -160,7 +158,8 @@ GPU_CFLAGS := -I$(CUDA_HOME_FOUND)/include -Werror
 GPU_LDLIBS := -L$(CUDA_HOME_FOUND)/lib64 -Wl,-rpath,$(CUDA_HOME_FOUND)/lib64 -lcublasLt -lcudart -lstdc++ \
   $(if $(HAVE_NCCL),-lnccl)
 GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(filter-out $(NO_NCCL_SRC),$(wildcard tests/gpu/test_*.c)))
-GPU_PROGRAMS := $(GPU_TEST_BIN) $(foreach f,$(GPU_PROGRAM_SRC),$(BUILD)/$(patsubst main_%.c,%,$(notdir $(f))))
+GPU_PROGRAMS := $(GPU_TEST_BIN) $(foreach f,$(GPU_PROGRAM_SRC),$(BUILD)/$(patsubst main_%.c,%,$(notdir $(f)))) \
+  $(BUILD)/train-cuda
 
 $(BUILD)/obj/gpu/%.o: gpu/%.cu
 	@mkdir -p $(dir $@)
@@ -172,6 +171,10 @@ $(LIBGPU): $(GPU_OBJ)
 	$(AR) rcs $@ $^
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
+# The trainer with the GPU library (--device cuda; build/train hands over to it). $(LIBGPU) comes
+# before the reference's library so that gpu/strategy.c's cuda_strategy_create is the one linked.
+$(BUILD)/train-cuda: chapters/10_trainer/train.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
 $(BUILD)/%: gpu/main_%.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)

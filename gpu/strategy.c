@@ -95,6 +95,9 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     if (o->ac != AC_NONE) fatal_input("--device cuda: no activation checkpointing on the GPU yet (use --ac none)");
 }
 
+bool trainer_has_cuda(void) { return true; }
+void trainer_exec_cuda_build(char **argv) { (void)argv; }
+
 Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, uint64_t seed, const LayoutOptions *o) {
     refuse_layout(t, o);
     char why[256];

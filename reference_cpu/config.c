@@ -1,8 +1,11 @@
 #include "reference_cpu/config.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "common/log.h"
+#include "common/mem.h"
+#include "reference_cpu/real.h"
 
 const char *const MODEL_CONFIG_NAMES = "tiny|small|llama3_1b|llama3_8b|llama3_70b|llama3_405b";
 
@@ -81,6 +84,20 @@ size_t model_param_count(const ModelConfig *c) {
     return model_param_count_non_embedding(c) + embedding * (c->tied ? 1 : 2);
 }
 
+uint64_t model_plan_bytes(const ModelConfig *c, uint64_t micro, uint64_t seq_len, uint64_t ranks) {
+    uint64_t h = (uint64_t)c->dim, hd = (uint64_t)model_head_dim(c), f = (uint64_t)c->ffn_dim;
+    uint64_t hq = mem_mul((uint64_t)c->n_heads, hd), hkv = mem_mul((uint64_t)c->n_kv_heads, hd);
+    // the same sum as model_param_count_non_embedding, checked
+    uint64_t per_layer = mem_add(mem_add(2 * h, mem_mul(2 * h, hq)), mem_add(mem_mul(2 * h, hkv), mem_mul(3 * h, f)));
+    uint64_t params = mem_add(mem_mul(per_layer, (uint64_t)c->n_layers), h);
+    params = mem_add(params, mem_mul(mem_mul((uint64_t)c->vocab_size, h), c->tied ? 1 : 2));
+    uint64_t tokens = mem_mul(micro, seq_len);
+    uint64_t residual = mem_mul(mem_mul(tokens, h), (uint64_t)c->n_layers);  // (micro, T, dim) per block
+    uint64_t logits = mem_mul(mem_mul(tokens, (uint64_t)c->vocab_size), 2);   // logits and dlogits
+    uint64_t elements = mem_add(mem_add(mem_mul(params, 4), residual), logits);
+    return mem_mul(elements / (ranks ? ranks : 1), sizeof(real));
+}
+
 double model_flops_per_token(const ModelConfig *c, int seq_len) {
     // Matmul weights: everything but the norms and the embedding lookup; the output projection
     // always multiplies (tied or not).
@@ -149,11 +166,16 @@ bool model_config_from_json(const char *json, ModelConfig *out, char *err, size_
     return ok;
 }
 
-bool model_config_same_shape(const ModelConfig *a, const ModelConfig *b) {
-    bool same = a->tied == b->tied;
-#define SAME_FIELD(f) same = same && a->f == b->f;
+bool model_config_same_shape(const ModelConfig *a, const ModelConfig *b, char *diff, size_t diff_len) {
+    // the first field that differs, in the order of the JSON
+#define SAME_FIELD(f)                                                                    \
+    if (a->f != b->f) {                                                                  \
+        snprintf(diff, diff_len, "%s %.10g vs %.10g", #f, (double)a->f, (double)b->f);   \
+        return false;                                                                    \
+    }
     CONFIG_INT_FIELDS(SAME_FIELD)
     CONFIG_DOUBLE_FIELDS(SAME_FIELD)
+    SAME_FIELD(tied)
 #undef SAME_FIELD
-    return same;
+    return true;
 }

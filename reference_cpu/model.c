@@ -302,9 +302,6 @@ BlockActs block_acts_view(const ModelActs *a, int l) {
     return v;
 }
 
-// RoPE positions: the global positions of this rank's tokens under context parallelism, else 0..T-1.
-static const int *cp_positions(const Model *m) { return m->cp.size > 1 ? m->cp.positions : NULL; }
-
 static AttnShape attn_shape(const Model *m, int B, int T) {
     AttnShape s = {B, T, T, m->local.n_heads, m->local.n_kv_heads, model_head_dim(&m->cfg), NULL, NULL, true};
     return s;
@@ -321,9 +318,9 @@ void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, ModelAct
     matmul_forward(a->q, a->xn1, w->wq, BT, D, hq);
     matmul_forward(a->k, a->xn1, w->wk, BT, D, hkv);
     matmul_forward(a->v, a->xn1, w->wv, BT, D, hkv);
-    rope_forward(a->q, &m->rope, cp_positions(m), B, T, local->n_heads);
-    rope_forward(a->k, &m->rope, cp_positions(m), B, T, local->n_kv_heads);
-    if (m->cp.size > 1) m->cp.attention_forward(m->cp.ctx, a->attn, a->attn_stats, a->q, a->k, a->v, &s);
+    rope_forward(a->q, &m->rope, m->cp.positions, B, T, local->n_heads);
+    rope_forward(a->k, &m->rope, m->cp.positions, B, T, local->n_kv_heads);
+    if (m->cp.attention_forward) m->cp.attention_forward(m->cp.ctx, a->attn, a->attn_stats, a->q, a->k, a->v);
     else if (m->attention == ATTN_NAIVE) attention_naive_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     else attention_flash_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     real *partial = partial_target(m, a->h, scratch->sp_full);
@@ -377,15 +374,15 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
     zero(scratch->dq, (size_t)BT * hq);
     zero(scratch->dk, (size_t)BT * hkv);
     zero(scratch->dv, (size_t)BT * hkv);
-    if (m->cp.size > 1)
+    if (m->cp.attention_backward)
         m->cp.attention_backward(m->cp.ctx, scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v,
-                                 a->attn, a->attn_stats, &s);
+                                 a->attn, a->attn_stats);
     else if (m->attention == ATTN_NAIVE)
         attention_naive_backward(scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v, a->attn_stats, &s);
     else
         attention_flash_backward(scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v, a->attn, a->attn_stats, &s);
-    rope_backward(scratch->dq, &m->rope, cp_positions(m), B, T, local->n_heads);
-    rope_backward(scratch->dk, &m->rope, cp_positions(m), B, T, local->n_kv_heads);
+    rope_backward(scratch->dq, &m->rope, m->cp.positions, B, T, local->n_heads);
+    rope_backward(scratch->dk, &m->rope, m->cp.positions, B, T, local->n_kv_heads);
     zero(scratch->dxn, (size_t)BT * D);
     matmul_backward(scratch->dxn, NULL, scratch->dq, a->xn1, w->wq, BT, D, hq);
     matmul_backward(scratch->dxn, NULL, scratch->dk, a->xn1, w->wk, BT, D, hkv);

@@ -79,20 +79,18 @@ typedef struct {
     void *ctx;
 } TensorParallel;
 
-// Context parallelism (chapter 8): the model holds T of the sequence's tokens, whose global
-// positions are `positions` (T, the same for every sample); RoPE and the causal mask use them.
-// Attention, the only op that mixes tokens, goes through these calls, which see the other cp ranks'
-// keys and values (chapters/08_context_parallel/cp.h). Same contracts as attention_flash_forward
-// and attention_flash_backward (lse (B, n_heads, T); backward accumulates). size <= 1: none of this runs.
+// Context parallelism (chapter 8). This rank holds T tokens of each longer sequence, at the global
+// positions `positions` (T, the same for every sequence): RoPE rotates by them, and attention over
+// the whole sequence goes through the callbacks, with attention_flash_forward/backward's meaning on
+// the local tokens (q, k, v after RoPE; lse (B, heads, T); backward accumulates into dq, dk, dv).
+// attention_forward == NULL: no context parallelism.
 typedef struct {
-    int size;
     const int *positions;
-    void (*attention_forward)(void *ctx, real *out, real *lse, const real *q, const real *k, const real *v,
-                              const AttnShape *s);
+    void (*attention_forward)(void *ctx, real *out, real *lse, const real *q, const real *k, const real *v);
     void (*attention_backward)(void *ctx, real *dq, real *dk, real *dv, const real *dout, const real *q,
-                               const real *k, const real *v, const real *out, const real *lse, const AttnShape *s);
+                               const real *k, const real *v, const real *out, const real *lse);
     void *ctx;
-} ContextParallel;
+} ContextParallelHooks;
 
 // This rank's share of the sharded dimensions (the config's values without tensor parallelism).
 typedef struct {
@@ -113,7 +111,7 @@ typedef struct {
     void *grads_ready_ctx;
     UnitStorage storage;         // .params == NULL: m->params and m->grads
     TensorParallel tp;           // .size == 1: no tensor parallelism
-    ContextParallel cp;          // .size <= 1: no context parallelism
+    ContextParallelHooks cp;     // .attention_forward == NULL: no context parallelism
     LocalShape local;            // the shapes this rank computes with
 } Model;
 

@@ -1,9 +1,6 @@
-// cp.c: context parallelism (cp.h): the split of the sequence, ring attention and all-to-all
-// attention, forward and backward, built from reference_cpu's blockwise attention.
 #include "chapters/08_context_parallel/cp.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,417 +8,427 @@
 #include "common/mem.h"
 #include "common/trace.h"
 
-enum { TAG_KV = 80, TAG_DKV = 81 };
+enum { TAG_KV = 40, TAG_DKV = 41 };
 
-struct CpAttention {
-    Comm *group;
-    int size, rank, seq_len, local_len;
-    CpMode mode;
-    bool load_balance;
-    int *positions;       // (N, local_len): the global positions of every rank's tokens
-    real *scratch;        // grown on demand, reused by every call (MEM_COMM)
-    size_t scratch_numel;
-    long transfers;
-};
+// ---- the split ------------------------------------------------------------------------------------
 
-// ---- the split ----------------------------------------------------------------------------------
-
-const char *cp_check(int cp_size, CpMode mode, bool load_balance, int seq_len, int n_kv_heads) {
-    static char why[200];
-    int parts = load_balance ? 2 * cp_size : cp_size;
-    if (cp_size < 1) {
-        snprintf(why, sizeof why, "--cp %d: must be at least 1", cp_size);
-        return why;
-    }
-    if (seq_len % parts != 0) {
-        snprintf(why, sizeof why, "--cp %d: the sequence length %d must divide by %s = %d", cp_size, seq_len,
-                 load_balance ? "2 x cp (zigzag chunks)" : "cp", parts);
-        return why;
-    }
-    if (mode == CP_ALLTOALL && n_kv_heads % cp_size != 0) {
-        snprintf(why, sizeof why,
-                 "--cp-mode alltoall: the %d kv heads (per tensor-parallel rank) must divide by --cp %d "
-                 "(each cp rank takes whole kv heads); use --cp-mode ring",
-                 n_kv_heads, cp_size);
-        return why;
-    }
+const char *cp_layout_check(int n, int T, bool balanced) {
+    if (n == 1) return NULL;  // one rank holds every token
+    if (balanced && T % (2 * n) != 0)
+        return "the sequence length must divide by 2 x cp (zigzag: two chunks per rank; --cp-load-balance off "
+               "needs only cp)";
+    if (!balanced && T % n != 0) return "the sequence length must divide by cp";
     return NULL;
 }
 
-void cp_chunk_positions(int *positions, int rank, int N, int seq_len, bool load_balance) {
-    if (!load_balance) {
-        int L = seq_len / N;
-        for (int i = 0; i < L; i++) positions[i] = rank * L + i;
-        return;
-    }
-    int c = seq_len / (2 * N);  // chunks `rank` and 2N-1-rank: a early one and its mirror image
-    for (int i = 0; i < c; i++) {
-        positions[i] = rank * c + i;
-        positions[c + i] = (2 * N - 1 - rank) * c + i;
-    }
+CpLayout cp_layout(int n, int rank, int T, bool balanced) {
+    const char *rule = cp_layout_check(n, T, balanced);
+    if (rule) fatal_input("--cp %d with sequence length %d: %s", n, T, rule);
+    if (n == 1) balanced = false;  // the whole sequence, in order
+    return (CpLayout){n, rank, T, balanced ? T / (2 * n) : T / n, balanced};
 }
 
-CpAttention *cp_create(Comm *cp_group, CpMode mode, bool load_balance, int seq_len, int n_kv_heads) {
-    int N = comm_size(cp_group);
-    const char *why = cp_check(N, mode, load_balance, seq_len, n_kv_heads);
-    if (why) fatal_input("%s", why);
-    CpAttention *cp = calloc(1, sizeof *cp);
-    if (!cp) fatal("out of memory");
-    *cp = (CpAttention){.group = cp_group, .size = N, .rank = comm_rank(cp_group), .seq_len = seq_len,
-                        .local_len = seq_len / N, .mode = mode, .load_balance = load_balance};
-    cp->positions = malloc(sizeof(int) * seq_len);
-    if (!cp->positions) fatal("out of memory");
-    for (int r = 0; r < N; r++) cp_chunk_positions(cp->positions + (size_t)r * cp->local_len, r, N, seq_len, load_balance);
+int cp_local_len(const CpLayout *l) { return l->T / l->n; }
+
+// Zigzag: chunk `rank` then chunk 2n-1-rank; contiguous: chunk `rank`.
+void cp_local_positions(const CpLayout *l, int *positions) {
+    int c = l->chunk;
+    for (int t = 0; t < c; t++) positions[t] = l->rank * c + t;
+    if (l->balanced)
+        for (int t = 0; t < c; t++) positions[c + t] = (2 * l->n - 1 - l->rank) * c + t;
+}
+
+void cp_take_local(const CpLayout *l, const int *full, int *local, int B) {
+    int Tl = cp_local_len(l);
+    int *positions = malloc(sizeof(int) * (size_t)Tl);
+    cp_local_positions(l, positions);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < Tl; t++) local[(size_t)b * Tl + t] = full[(size_t)b * l->T + positions[t]];
+    free(positions);
+}
+
+// ---- state ------------------------------------------------------------------------------------------
+
+struct ContextParallel {
+    Comm *group;
+    CpMode mode;
+    CpLayout layout;
+    int B, Tl, H, Hkv, hd;
+    int *all_positions;     // (n * Tl) every rank's positions, in rank order
+    real *kv[2];            // (2 * kv_count) K then V of the block at hand, and the next one arriving
+    real *dkv[2];           // the same for their gradients (backward), travelling with them
+    real *block_out;        // (Tl * H * hd) one sequence's partial output
+    real *block_lse;        // (H * Tl) its log-sum-exp (and, backward, the global lse of the queries at hand)
+    long long transfers;
+};
+
+static size_t kv_count(const ContextParallel *cp) { return (size_t)cp->B * cp->Tl * cp->Hkv * cp->hd; }
+
+ContextParallel *cp_create(Comm *cp_group, CpMode mode, bool balanced, int B, int T, int n_heads, int n_kv_heads,
+                           int head_dim) {
+    int n = comm_size(cp_group);
+    if (mode == CP_ALLTOALL && (n_heads % n != 0 || n_kv_heads % n != 0))
+        fatal_input("--cp-mode alltoall with --cp %d: the %d heads and %d kv heads (after tensor parallelism) must "
+                    "divide by cp", n, n_heads, n_kv_heads);
+    ContextParallel *cp = calloc(1, sizeof *cp);
+    cp->group = cp_group, cp->mode = mode;
+    cp->layout = cp_layout(n, comm_rank(cp_group), T, balanced);
+    cp->B = B, cp->Tl = cp_local_len(&cp->layout), cp->H = n_heads, cp->Hkv = n_kv_heads, cp->hd = head_dim;
+    cp->all_positions = malloc(sizeof(int) * (size_t)n * cp->Tl);
+    for (int r = 0; r < n; r++) {
+        CpLayout other = cp_layout(n, r, T, balanced);
+        cp_local_positions(&other, cp->all_positions + (size_t)r * cp->Tl);
+    }
+    if (mode == CP_RING) {
+        for (int i = 0; i < 2; i++) {
+            cp->kv[i] = mem_alloc(MEM_COMM, sizeof(real) * 2 * kv_count(cp));
+            cp->dkv[i] = mem_alloc(MEM_COMM, sizeof(real) * 2 * kv_count(cp));
+        }
+        cp->block_out = mem_alloc(MEM_COMM, sizeof(real) * (size_t)cp->Tl * n_heads * head_dim);
+        cp->block_lse = mem_alloc(MEM_COMM, sizeof(real) * (size_t)n_heads * cp->Tl);
+    }
     return cp;
 }
 
-void cp_free(CpAttention *cp) {
+void cp_free(ContextParallel *cp) {
     if (!cp) return;
-    mem_free(cp->scratch);
-    free(cp->positions);
+    for (int i = 0; i < 2; i++) mem_free(cp->kv[i]), mem_free(cp->dkv[i]);
+    mem_free(cp->block_out);
+    mem_free(cp->block_lse);
+    free(cp->all_positions);
     free(cp);
 }
 
-int cp_local_len(const CpAttention *cp) { return cp->local_len; }
-static const int *positions_of(const CpAttention *cp, int rank) { return cp->positions + (size_t)rank * cp->local_len; }
-const int *cp_positions(const CpAttention *cp) { return positions_of(cp, cp->rank); }
-long cp_transfers(const CpAttention *cp) { return cp->transfers; }
+const int *cp_positions(const ContextParallel *cp) {
+    return cp->all_positions + (size_t)cp->layout.rank * cp->Tl;
+}
+const CpLayout *cp_get_layout(const ContextParallel *cp) { return &cp->layout; }
+long long cp_transfers(const ContextParallel *cp) { return cp->transfers; }
 
-void cp_take_tokens(const CpAttention *cp, int *local, const int *full, int B) {
-    const int *pos = cp_positions(cp);
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < cp->local_len; i++) local[(size_t)b * cp->local_len + i] = full[(size_t)b * cp->seq_len + pos[i]];
+// ---- ring: which queries meet which keys at a step ----------------------------------------------------
+
+// Local query rows [q0, q0 + nq) against the source's key rows [k0, k0 + nk); nq == 0: nothing.
+typedef struct {
+    int q0, nq, k0, nk;
+    bool causal;
+} RingBlock;
+
+static RingBlock ring_block(const ContextParallel *cp, int src) {
+    int r = cp->layout.rank, c = cp->layout.chunk, Tl = cp->Tl;
+    if (src == r) return (RingBlock){0, Tl, 0, Tl, true};  // the diagonal
+    if (!cp->layout.balanced) return src < r ? (RingBlock){0, Tl, 0, Tl, false} : (RingBlock){0, 0, 0, 0, false};
+    if (src < r) return (RingBlock){0, Tl, 0, c, false};  // every query, the source's first chunk
+    return (RingBlock){c, c, 0, Tl, false};                // our second chunk, both of the source's
 }
 
-void cp_take_rows(const CpAttention *cp, real *local, const real *full, int B, int width) {
-    const int *pos = cp_positions(cp);
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < cp->local_len; i++)
-            memcpy(local + ((size_t)b * cp->local_len + i) * width, full + ((size_t)b * cp->seq_len + pos[i]) * width,
-                   sizeof(real) * width);
+// The attention shape of one sequence's block (B = 1).
+static AttnShape block_shape(const ContextParallel *cp, RingBlock blk, int src) {
+    const int *mine = cp_positions(cp), *theirs = cp->all_positions + (size_t)src * cp->Tl;
+    return (AttnShape){1, blk.nq, blk.nk, cp->H, cp->Hkv, cp->hd, mine + blk.q0, theirs + blk.k0, blk.causal};
 }
 
-// At least n elements of scratch (grown, never shrunk: the same shapes come every layer).
-static real *scratch(CpAttention *cp, size_t n) {
-    if (n > cp->scratch_numel) {
-        mem_free(cp->scratch);
-        cp->scratch = mem_alloc(MEM_COMM, sizeof(real) * n);
-        cp->scratch_numel = n;
+// Folds one block's (o_b, lse_b) into the running (o, lse) of a query row and head:
+//   lse' = log(e^lse + e^lse_b) = max + log1p(e^(min - max)),  o' = o e^(lse - lse') + o_b e^(lse_b - lse')
+static void merge_row(real *o, real *lse, const real *o_b, real lse_b, int hd) {
+    if (lse_b == -INFINITY) return;  // the block had no key for this query
+    if (*lse == -INFINITY) {
+        memcpy(o, o_b, sizeof(real) * hd);
+        *lse = lse_b;
+        return;
     }
-    return cp->scratch;
+    real hi = *lse > lse_b ? *lse : lse_b, lo = *lse > lse_b ? lse_b : *lse;
+    real merged = hi + log1p_r(exp_r(lo - hi));
+    real a = exp_r(*lse - merged), b = exp_r(lse_b - merged);
+    for (int d = 0; d < hd; d++) o[d] = o[d] * a + o_b[d] * b;
+    *lse = merged;
 }
 
-static void fill(real *x, size_t n, real value) {
-    for (size_t i = 0; i < n; i++) x[i] = value;
+static void trace_block(const char *name, int step, int src) {
+    int track = trace_track("compute");
+    trace_begin(track, name, "attention");
+    trace_arg_int(track, "ring_step", step);
+    trace_arg_int(track, "source", src);
 }
 
-// ---- ring attention ----------------------------------------------------------------------------
+// Queries of this rank against the K/V of rank src (kv: K then V, each (B, Tl, Hkv, hd)). The first
+// step writes out and lse; later ones merge into them.
+static void ring_forward_block(ContextParallel *cp, int step, int src, const real *kv, real *out, real *lse,
+                               const real *q) {
+    RingBlock blk = ring_block(cp, src);
+    if (blk.nq == 0) return;
+    trace_block("ring attention fwd", step, src);
+    AttnShape s = block_shape(cp, blk, src);
+    size_t q_stride = (size_t)cp->H * cp->hd, k_stride = (size_t)cp->Hkv * cp->hd;
+    const real *k = kv, *v = kv + kv_count(cp);
+    for (int b = 0; b < cp->B; b++) {
+        const real *qb = q + ((size_t)b * cp->Tl + blk.q0) * q_stride;
+        const real *kb = k + ((size_t)b * cp->Tl + blk.k0) * k_stride, *vb = v + ((size_t)b * cp->Tl + blk.k0) * k_stride;
+        real *ob = out + (size_t)b * cp->Tl * q_stride, *lb = lse + (size_t)b * cp->H * cp->Tl;
+        if (step == 0) {  // the diagonal covers every local query
+            attention_flash_forward(ob, lb, qb, kb, vb, &s);
+            continue;
+        }
+        attention_flash_forward(cp->block_out, cp->block_lse, qb, kb, vb, &s);
+        for (int h = 0; h < cp->H; h++)
+            for (int i = 0; i < blk.nq; i++)
+                merge_row(ob + (size_t)(blk.q0 + i) * q_stride + (size_t)h * cp->hd, lb + (size_t)h * cp->Tl + blk.q0 + i,
+                          cp->block_out + (size_t)i * q_stride + (size_t)h * cp->hd, cp->block_lse[(size_t)h * blk.nq + i],
+                          cp->hd);
+    }
+    trace_end(trace_track("compute"));
+}
 
-// One hop round the ring: send (n) goes to the next rank while recv (n) arrives from the previous
-// one, as one batched operation on the comm stream.
-static CommHandle *ring_hop_start(CpAttention *cp, const real *send, real *recv, size_t n, int tag) {
-    int next = (cp->rank + 1) % cp->size, prev = (cp->rank + cp->size - 1) % cp->size;
-    CommP2P ops[2] = {{COMM_SEND, (void *)send, n, COMM_REAL, next, tag}, {COMM_RECV, recv, n, COMM_REAL, prev, tag}};
+// The same block's backward: dq (local) += ..., dkv (the source's K then V gradients) += ...
+static void ring_backward_block(ContextParallel *cp, int step, int src, const real *kv, real *dkv, real *dq,
+                                const real *dout, const real *q, const real *out, const real *lse) {
+    RingBlock blk = ring_block(cp, src);
+    if (blk.nq == 0) return;
+    trace_block("ring attention bwd", step, src);
+    AttnShape s = block_shape(cp, blk, src);
+    size_t q_stride = (size_t)cp->H * cp->hd, k_stride = (size_t)cp->Hkv * cp->hd, n_kv = kv_count(cp);
+    for (int b = 0; b < cp->B; b++) {
+        size_t qrow = (size_t)b * cp->Tl + blk.q0, krow = (size_t)b * cp->Tl + blk.k0;
+        const real *lb = lse + (size_t)b * cp->H * cp->Tl;
+        for (int h = 0; h < cp->H; h++)  // the global lse of the queries at hand, (H, nq)
+            memcpy(cp->block_lse + (size_t)h * blk.nq, lb + (size_t)h * cp->Tl + blk.q0, sizeof(real) * blk.nq);
+        attention_flash_backward(dq + qrow * q_stride, dkv + krow * k_stride, dkv + n_kv + krow * k_stride,
+                                 dout + qrow * q_stride, q + qrow * q_stride, kv + krow * k_stride,
+                                 kv + n_kv + krow * k_stride, out + qrow * q_stride, cp->block_lse, &s);
+    }
+    trace_end(trace_track("compute"));
+}
+
+// Sends buf to the next rank of the ring and receives the previous rank's into next: one operation.
+static CommHandle *rotate(ContextParallel *cp, real *buf, real *next, size_t count, int tag) {
+    int n = cp->layout.n, r = cp->layout.rank;
+    CommP2P ops[2] = {{COMM_SEND, buf, count, COMM_REAL, (r + 1) % n, tag},
+                      {COMM_RECV, next, count, COMM_REAL, (r - 1 + n) % n, tag}};
     cp->transfers++;
     return comm_batch_start(cp->group, ops, 2);
 }
 
-// The part of this rank's (local_len x local_len) block against the K/V of rank src that the
-// causal mask leaves: query rows [q0, q0+nq) against key rows [k0, k0+nk). Returns false when no
-// query sees any of those keys (contiguous split, src after this rank).
-typedef struct {
-    int q0, nq, k0, nk;
-    bool causal;  // only the diagonal (src == rank) needs the mask
-} RingBlock;
-
-static bool ring_block(const CpAttention *cp, int src, RingBlock *blk) {
-    int L = cp->local_len, c = L / 2, r = cp->rank;
-    if (src == r) *blk = (RingBlock){0, L, 0, L, true};
-    else if (!cp->load_balance) {
-        if (src > r) return false;
-        *blk = (RingBlock){0, L, 0, L, false};
-    } else if (src < r) *blk = (RingBlock){0, L, 0, c, false};  // src's first chunk precedes both of ours
-    else *blk = (RingBlock){c, c, 0, L, false};  // both src chunks lie between our two chunks
-    return true;
-}
-
-static AttnShape block_shape(const CpAttention *cp, const AttnShape *s, const RingBlock *blk, int src) {
-    return (AttnShape){1, blk->nq, blk->nk, s->n_heads, s->n_kv_heads, s->head_dim, cp_positions(cp) + blk->q0,
-                       positions_of(cp, src) + blk->k0, blk->causal};
-}
-
-// Online-softmax merge of a block's (out_b, lse_b) into the running (out, lse), per query row and
-// head: lse' = log(e^lse + e^lse_b) and out' = out e^(lse - lse') + out_b e^(lse_b - lse'), i.e. each
-// partial output is reweighted by its share of the softmax normaliser (README.md derives it).
-// out, out_b (nq, H, hd); lse rows h*lse_stride + i; lse_b (H, nq). A row whose block saw no key
-// (lse_b = -inf) keeps its state; the first block (lse = -inf, out = 0) is copied exactly.
-static void merge_block(real *out, real *lse, const real *out_b, const real *lse_b, int nq, int H, int hd,
-                        int lse_stride) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int h = 0; h < H; h++)
-        for (int i = 0; i < nq; i++) {
-            real lb = lse_b[(size_t)h * nq + i], *l = &lse[(size_t)h * lse_stride + i];
-            if (lb == -INFINITY) continue;
-            double hi = *l > lb ? *l : lb, lo = *l > lb ? lb : *l;
-            real merged = (real)(hi + log1p(exp(lo - hi)));
-            real wa = exp_r(*l - merged), wb = exp_r(lb - merged);
-            real *o = out + ((size_t)i * H + h) * hd;
-            const real *ob = out_b + ((size_t)i * H + h) * hd;
-            for (int d = 0; d < hd; d++) o[d] = o[d] * wa + ob[d] * wb;
-            *l = merged;
-        }
-}
-
-// comm_wait, marked on the compute track as time the main thread is blocked on the cp ring (what
-// trace-summary counts as exposed communication).
-static void cp_wait(CommHandle *h) {
+// The main thread waits for a cp transfer (a ring hop, an all-to-all): marked as exposed
+// communication if it really waits.
+static void wait_ring(CommHandle *h) {
     if (!h) return;
+    bool blocked = !comm_test(h);
     int track = trace_track("compute");
-    trace_begin(track, "cp wait", "comm-wait");
+    if (blocked) trace_begin(track, "cp wait", "comm-wait");
     comm_wait(h);
-    trace_end(track);
+    if (blocked) trace_end(track);
 }
 
-static void trace_step(int track, const char *name, int step, int src) {
-    trace_begin(track, name, "cp");
-    trace_arg_int(track, "step", step);
-    trace_arg_int(track, "kv_rank", src);
+static void pack_kv(ContextParallel *cp, real *kv, const real *k, const real *v) {
+    memcpy(kv, k, sizeof(real) * kv_count(cp));
+    memcpy(kv + kv_count(cp), v, sizeof(real) * kv_count(cp));
 }
 
-static void ring_forward(CpAttention *cp, real *out, real *lse, const real *q, const real *k, const real *v,
-                         const AttnShape *s) {
-    int N = cp->size, L = cp->local_len, H = s->n_heads, hd = s->head_dim;
-    size_t kv_n = (size_t)s->B * L * s->n_kv_heads * hd;  // one of K, V
-    real *buf = scratch(cp, 4 * kv_n + (size_t)L * H * hd + (size_t)H * L);
-    real *kv[2] = {buf, buf + 2 * kv_n};  // double buffer: compute on one, receive into the other
-    real *out_b = buf + 4 * kv_n, *lse_b = out_b + (size_t)L * H * hd;
-    memcpy(kv[0], k, sizeof(real) * kv_n);
-    memcpy(kv[0] + kv_n, v, sizeof(real) * kv_n);
-    fill(out, (size_t)s->B * L * H * hd, 0);
-    fill(lse, (size_t)s->B * H * L, -INFINITY);
-    int track = trace_track("compute");
-    for (int step = 0; step < N; step++) {
-        // The next K/V travels while this one computes. Reading a buffer whose send is in flight
-        // is safe (MPI and NCCL only read a send buffer); writing it would not be.
-        const real *cur = kv[step % 2];
-        CommHandle *hop = step + 1 < N ? ring_hop_start(cp, cur, kv[(step + 1) % 2], 2 * kv_n, TAG_KV) : NULL;
-        int src = (cp->rank - step + N) % N;
-        RingBlock blk;
-        trace_step(track, "ring attention step", step, src);
-        if (ring_block(cp, src, &blk)) {
-            AttnShape bs = block_shape(cp, s, &blk, src);
-            for (int b = 0; b < s->B; b++) {  // one sample at a time: its rows of a block are contiguous
-                size_t k_off = ((size_t)b * L + blk.k0) * s->n_kv_heads * hd, q_off = ((size_t)b * L + blk.q0) * H * hd;
-                attention_flash_forward(out_b, lse_b, q + q_off, cur + k_off, cur + kv_n + k_off, &bs);
-                merge_block(out + q_off, lse + (size_t)b * H * L + blk.q0, out_b, lse_b, blk.nq, H, hd, L);
-            }
-        }
-        trace_end(track);
-        cp_wait(hop);
+static void ring_forward(ContextParallel *cp, real *out, real *lse, const real *q, const real *k, const real *v) {
+    int n = cp->layout.n, r = cp->layout.rank;
+    pack_kv(cp, cp->kv[0], k, v);
+    for (int s = 0; s < n; s++) {
+        real *cur = cp->kv[s % 2];
+        CommHandle *next = s + 1 < n ? rotate(cp, cur, cp->kv[(s + 1) % 2], 2 * kv_count(cp), TAG_KV) : NULL;
+        ring_forward_block(cp, s, (r - s + n) % n, cur, out, lse, q);
+        wait_ring(next);
     }
 }
 
-// Backward, the same ring again. Each block's flash backward uses the GLOBAL lse and the final
-// out/dout, so its dq, dk, dv are exact partial sums of the full gradients: dq adds up here; the
-// dK/dV of the block travel with a second ring (the same direction, one step behind the K/V) and
-// collect every rank's part, arriving home after the last step.
-static void ring_backward(CpAttention *cp, real *dq, real *dk, real *dv, const real *dout, const real *q,
-                          const real *k, const real *v, const real *out, const real *lse, const AttnShape *s) {
-    int N = cp->size, L = cp->local_len, H = s->n_heads, hd = s->head_dim;
-    size_t kv_n = (size_t)s->B * L * s->n_kv_heads * hd;
-    real *buf = scratch(cp, 10 * kv_n + (size_t)H * L);
-    real *kv[2] = {buf, buf + 2 * kv_n};
-    real *acc[2] = {buf + 4 * kv_n, buf + 6 * kv_n};  // this step's dK/dV (one being sent, one computed)
-    real *arrived = buf + 8 * kv_n;                    // dK/dV from the ranks before us on the ring
-    real *lse_b = buf + 10 * kv_n;
-    memcpy(kv[0], k, sizeof(real) * kv_n);
-    memcpy(kv[0] + kv_n, v, sizeof(real) * kv_n);
-    int track = trace_track("compute");
-    CommHandle *dkv_hop = NULL;
-    for (int step = 0; step < N; step++) {
-        const real *cur = kv[step % 2];
-        CommHandle *hop = step + 1 < N ? ring_hop_start(cp, cur, kv[(step + 1) % 2], 2 * kv_n, TAG_KV) : NULL;
-        int src = (cp->rank - step + N) % N;
-        real *dkv = acc[step % 2];
-        fill(dkv, 2 * kv_n, 0);
-        RingBlock blk;
-        trace_step(track, "ring attention backward step", step, src);
-        if (ring_block(cp, src, &blk)) {
-            AttnShape bs = block_shape(cp, s, &blk, src);
-            for (int b = 0; b < s->B; b++) {
-                size_t k_off = ((size_t)b * L + blk.k0) * s->n_kv_heads * hd, q_off = ((size_t)b * L + blk.q0) * H * hd;
-                for (int h = 0; h < H; h++)  // the block's rows of the global lse, (H, nq)
-                    memcpy(lse_b + (size_t)h * blk.nq, lse + ((size_t)b * H + h) * L + blk.q0, sizeof(real) * blk.nq);
-                attention_flash_backward(dq + q_off, dkv + k_off, dkv + kv_n + k_off, dout + q_off, q + q_off, cur + k_off,
-                                         cur + kv_n + k_off, out + q_off, lse_b, &bs);
-            }
-        }
-        trace_end(track);
-        cp_wait(dkv_hop);  // the previous step's hop: `arrived` holds src's dK/dV from the ranks before us
-        if (step > 0) add_inplace(dkv, arrived, 2 * kv_n);
-        dkv_hop = ring_hop_start(cp, dkv, arrived, 2 * kv_n, TAG_DKV);
-        cp_wait(hop);
+static void ring_backward(ContextParallel *cp, real *dq, real *dk, real *dv, const real *dout, const real *q,
+                          const real *k, const real *v, const real *out, const real *lse) {
+    int n = cp->layout.n, r = cp->layout.rank;
+    size_t count = 2 * kv_count(cp);
+    pack_kv(cp, cp->kv[0], k, v);
+    memset(cp->dkv[0], 0, sizeof(real) * count);  // nobody has added to our own K/V's gradients yet
+    CommHandle *dkv_in = NULL;
+    for (int s = 0; s < n; s++) {
+        real *cur = cp->kv[s % 2], *dcur = cp->dkv[s % 2];
+        CommHandle *next = s + 1 < n ? rotate(cp, cur, cp->kv[(s + 1) % 2], count, TAG_KV) : NULL;
+        wait_ring(dkv_in);  // the source's gradients so far, from the ranks before us
+        ring_backward_block(cp, s, (r - s + n) % n, cur, dcur, dq, dout, q, out, lse);
+        // on to the next rank; after the last step each rank has received its own tokens' sum
+        dkv_in = n > 1 ? rotate(cp, dcur, cp->dkv[(s + 1) % 2], count, TAG_DKV) : NULL;
+        wait_ring(next);
     }
-    cp_wait(dkv_hop);  // our own K/V's gradient, summed over every rank's queries
-    add_inplace(dk, arrived, kv_n);
-    add_inplace(dv, arrived + kv_n, kv_n);
+    wait_ring(dkv_in);
+    const real *mine = cp->dkv[n > 1 ? n % 2 : 0];
+    add_inplace(dk, mine, kv_count(cp));
+    add_inplace(dv, mine + kv_count(cp), kv_count(cp));
 }
 
-// ---- all-to-all (Ulysses) ----------------------------------------------------------------------
+// ---- all-to-all (Ulysses) -----------------------------------------------------------------------------
+// Layouts, with H heads split into n groups of Hl = H / n (group p: heads [p Hl, (p+1) Hl)):
+//   local   (B, Tl, H, hd)          this rank's tokens, every head
+//   blocks  n x (B, Tl, Hl, hd)     block p: head group p of the local tokens (what goes to rank p);
+//                                   received: rank p's tokens, this rank's head group
+//   full    (B, n Tl, Hl, hd)       every rank's tokens in rank order, this rank's head group
+// and for the log-sum-exp, local (B, H, Tl), blocks n x (B, Hl, Tl), full (B, Hl, n Tl).
 
-// x (B, L, Hx, w) sequence-sharded -> full (B, T, Hx/N, w) head-sharded: rank j gets heads
-// [j*Hx/N, (j+1)*Hx/N) of every rank's tokens, each placed at its global position (so attention
-// on `full` is exactly the single process's on those heads). send, recv: (B*L*Hx*w) scratch.
-static void seq_to_heads(CpAttention *cp, real *full, const real *x, int B, int Hx, int w, real *send, real *recv) {
-    int N = cp->size, L = cp->local_len, n = Hx / N;
-    size_t block = (size_t)B * L * n * w;
-    for (int j = 0; j < N; j++)
-        for (size_t t = 0; t < (size_t)B * L; t++)
-            memcpy(send + j * block + t * n * w, x + (t * Hx + (size_t)j * n) * w, sizeof(real) * n * w);
+static void local_to_blocks(const ContextParallel *cp, int H, const real *local, real *blocks, bool reverse) {
+    int n = cp->layout.n, Hl = H / n, hd = cp->hd;
+    for (int p = 0; p < n; p++)
+        for (int b = 0; b < cp->B; b++)
+            for (int t = 0; t < cp->Tl; t++) {
+                real *blk = blocks + ((((size_t)p * cp->B + b) * cp->Tl + t) * Hl) * hd;
+                real *loc = (real *)local + (((size_t)b * cp->Tl + t) * H + (size_t)p * Hl) * hd;
+                if (reverse) memcpy(loc, blk, sizeof(real) * Hl * hd);
+                else memcpy(blk, loc, sizeof(real) * Hl * hd);
+            }
+}
+
+static void blocks_to_full(const ContextParallel *cp, int Hl, const real *blocks, real *full, bool reverse) {
+    int n = cp->layout.n, hd = cp->hd;
+    size_t row = (size_t)Hl * hd;
+    for (int p = 0; p < n; p++)
+        for (int b = 0; b < cp->B; b++) {
+            real *blk = (real *)blocks + (((size_t)p * cp->B + b) * cp->Tl) * row;
+            real *f = full + ((size_t)b * n * cp->Tl + (size_t)p * cp->Tl) * row;
+            if (reverse) memcpy(blk, f, sizeof(real) * cp->Tl * row);
+            else memcpy(f, blk, sizeof(real) * cp->Tl * row);
+        }
+}
+
+// The log-sum-exp's layouts (reverse: full -> blocks -> local).
+static void lse_local_to_blocks(const ContextParallel *cp, real *local, real *blocks, bool reverse) {
+    int n = cp->layout.n, Hl = cp->H / n;
+    for (int p = 0; p < n; p++)
+        for (int b = 0; b < cp->B; b++)
+            for (int h = 0; h < Hl; h++) {
+                real *blk = blocks + (((size_t)p * cp->B + b) * Hl + h) * cp->Tl;
+                real *loc = local + ((size_t)b * cp->H + (size_t)p * Hl + h) * cp->Tl;
+                if (reverse) memcpy(loc, blk, sizeof(real) * cp->Tl);
+                else memcpy(blk, loc, sizeof(real) * cp->Tl);
+            }
+}
+
+static void lse_blocks_to_full(const ContextParallel *cp, real *blocks, real *full, bool reverse) {
+    int n = cp->layout.n, Hl = cp->H / n;
+    for (int p = 0; p < n; p++)
+        for (int b = 0; b < cp->B; b++)
+            for (int h = 0; h < Hl; h++) {
+                real *blk = blocks + (((size_t)p * cp->B + b) * Hl + h) * cp->Tl;
+                real *f = full + (((size_t)b * Hl + h) * n + p) * cp->Tl;
+                if (reverse) memcpy(blk, f, sizeof(real) * cp->Tl);
+                else memcpy(f, blk, sizeof(real) * cp->Tl);
+            }
+}
+
+static real *alloc_comm(size_t count) { return mem_alloc(MEM_COMM, sizeof(real) * count); }
+
+// local (B, Tl, H, hd) -> full (B, n Tl, H/n, hd): one all-to-all.
+static void to_heads(ContextParallel *cp, int H, const real *local, real *full) {
+    size_t count = (size_t)cp->B * cp->Tl * H * cp->hd;
+    real *send = alloc_comm(count), *recv = alloc_comm(count);
+    local_to_blocks(cp, H, local, send, false);
+    wait_ring(comm_all_to_all_start(cp->group, send, recv, count / cp->layout.n, COMM_REAL));  // a wait: exposed
     cp->transfers++;
-    cp_wait(comm_all_to_all_start(cp->group, send, recv, block, COMM_REAL));  // attention needs all of it
-    for (int j = 0; j < N; j++)
-        for (int b = 0; b < B; b++)
-            for (int i = 0; i < L; i++)
-                memcpy(full + ((size_t)b * cp->seq_len + positions_of(cp, j)[i]) * n * w,
-                       recv + j * block + ((size_t)b * L + i) * n * w, sizeof(real) * n * w);
+    blocks_to_full(cp, H / cp->layout.n, recv, full, false);
+    mem_free(send), mem_free(recv);
 }
 
-// The inverse: full (B, T, Hx/N, w) head-sharded -> x (B, L, Hx, w) sequence-sharded.
-static void heads_to_seq(CpAttention *cp, real *x, const real *full, int B, int Hx, int w, real *send, real *recv) {
-    int N = cp->size, L = cp->local_len, n = Hx / N;
-    size_t block = (size_t)B * L * n * w;
-    for (int j = 0; j < N; j++)
-        for (int b = 0; b < B; b++)
-            for (int i = 0; i < L; i++)
-                memcpy(send + j * block + ((size_t)b * L + i) * n * w,
-                       full + ((size_t)b * cp->seq_len + positions_of(cp, j)[i]) * n * w, sizeof(real) * n * w);
+// The reverse: full (B, n Tl, H/n, hd) -> local (B, Tl, H, hd); accumulate adds into local.
+static void to_tokens(ContextParallel *cp, int H, const real *full, real *local, bool accumulate) {
+    size_t count = (size_t)cp->B * cp->Tl * H * cp->hd;
+    real *send = alloc_comm(count), *recv = alloc_comm(count), *mine = accumulate ? alloc_comm(count) : local;
+    blocks_to_full(cp, H / cp->layout.n, send, (real *)full, true);
+    wait_ring(comm_all_to_all_start(cp->group, send, recv, count / cp->layout.n, COMM_REAL));  // a wait: exposed
     cp->transfers++;
-    cp_wait(comm_all_to_all_start(cp->group, send, recv, block, COMM_REAL));  // attention needs all of it
-    for (int j = 0; j < N; j++)
-        for (size_t t = 0; t < (size_t)B * L; t++)
-            memcpy(x + (t * Hx + (size_t)j * n) * w, recv + j * block + t * n * w, sizeof(real) * n * w);
+    local_to_blocks(cp, H, mine, recv, true);
+    if (accumulate) add_inplace(local, mine, count), mem_free(mine);
+    mem_free(send), mem_free(recv);
 }
 
-// lse is head-major, (B, H, T); the all-to-alls move token-major rows: dst (B, T, H) = src^T per sample.
-static void swap_last_two(real *dst, const real *src, int B, int rows, int cols) {
-    for (int b = 0; b < B; b++)
-        for (int r = 0; r < rows; r++)
-            for (int c = 0; c < cols; c++)
-                dst[((size_t)b * cols + c) * rows + r] = src[((size_t)b * rows + r) * cols + c];
+static void lse_move(ContextParallel *cp, real *local, real *full, bool to_full) {
+    size_t count = (size_t)cp->B * cp->H * cp->Tl;
+    real *send = alloc_comm(count), *recv = alloc_comm(count);
+    if (to_full) lse_local_to_blocks(cp, local, send, false);
+    else lse_blocks_to_full(cp, send, full, true);
+    wait_ring(comm_all_to_all_start(cp->group, send, recv, count / cp->layout.n, COMM_REAL));  // a wait: exposed
+    cp->transfers++;
+    if (to_full) lse_blocks_to_full(cp, recv, full, false);
+    else lse_local_to_blocks(cp, local, recv, true);
+    mem_free(send), mem_free(recv);
 }
 
-// The head-sharded tensors of one call: q, out, dout, dq (B, T, H/N, hd); k, v, dk, dv (B, T,
-// KV/N, hd); lse (B, H/N, T); and the all-to-all staging.
+// The whole sequence, this rank's head group (the positions give the causal mask in rank order).
+static AttnShape full_shape(const ContextParallel *cp) {
+    int n = cp->layout.n, T = n * cp->Tl;
+    return (AttnShape){cp->B, T, T, cp->H / n, cp->Hkv / n, cp->hd, cp->all_positions, cp->all_positions, true};
+}
+
 typedef struct {
-    real *q, *k, *v, *out, *dout, *dq, *dk, *dv, *lse, *lse_t, *send, *recv;
-} HeadBuffers;
+    real *q, *k, *v, *out, *lse;
+} HeadSharded;
 
-static HeadBuffers head_buffers(CpAttention *cp, const AttnShape *s) {
-    size_t BT = (size_t)s->B * cp->seq_len, q_n = BT * s->n_heads / cp->size * s->head_dim,
-           kv_n = BT * s->n_kv_heads / cp->size * s->head_dim, lse_n = BT * s->n_heads / cp->size,
-           stage_n = (size_t)s->B * cp->local_len * s->n_heads * s->head_dim;
-    real *p = scratch(cp, 4 * q_n + 4 * kv_n + 2 * lse_n + 2 * stage_n);
-    HeadBuffers hb;
-    real **q_like[] = {&hb.q, &hb.out, &hb.dout, &hb.dq}, **kv_like[] = {&hb.k, &hb.v, &hb.dk, &hb.dv};
-    for (int i = 0; i < 4; i++) *q_like[i] = p, p += q_n;
-    for (int i = 0; i < 4; i++) *kv_like[i] = p, p += kv_n;
-    hb.lse = p, p += lse_n;
-    hb.lse_t = p, p += lse_n;
-    hb.send = p, p += stage_n;
-    hb.recv = p;
-    return hb;
+static HeadSharded heads_alloc(const ContextParallel *cp) {
+    size_t tq = (size_t)cp->B * cp->Tl * cp->H * cp->hd, tkv = (size_t)cp->B * cp->Tl * cp->Hkv * cp->hd;
+    return (HeadSharded){alloc_comm(tq), alloc_comm(tkv), alloc_comm(tkv), alloc_comm(tq),
+                         alloc_comm((size_t)cp->B * cp->H * cp->Tl)};
 }
 
-static AttnShape full_shape(const CpAttention *cp, const AttnShape *s) {
-    return (AttnShape){s->B, cp->seq_len, cp->seq_len, s->n_heads / cp->size, s->n_kv_heads / cp->size,
-                       s->head_dim, NULL, NULL, true};
+static void heads_free(HeadSharded *x) { mem_free(x->q), mem_free(x->k), mem_free(x->v), mem_free(x->out), mem_free(x->lse); }
+
+static void alltoall_forward(ContextParallel *cp, real *out, real *lse, const real *q, const real *k, const real *v) {
+    HeadSharded x = heads_alloc(cp);
+    to_heads(cp, cp->H, q, x.q);
+    to_heads(cp, cp->Hkv, k, x.k);
+    to_heads(cp, cp->Hkv, v, x.v);
+    AttnShape s = full_shape(cp);
+    trace_block("ulysses attention fwd", 0, cp->layout.rank);
+    attention_flash_forward(x.out, x.lse, x.q, x.k, x.v, &s);
+    trace_end(trace_track("compute"));
+    to_tokens(cp, cp->H, x.out, out, false);
+    lse_move(cp, lse, x.lse, false);
+    heads_free(&x);
 }
 
-static void alltoall_forward(CpAttention *cp, real *out, real *lse, const real *q, const real *k, const real *v,
-                             const AttnShape *s) {
-    HeadBuffers hb = head_buffers(cp, s);
-    int B = s->B, H = s->n_heads, KV = s->n_kv_heads, hd = s->head_dim, L = cp->local_len;
-    seq_to_heads(cp, hb.q, q, B, H, hd, hb.send, hb.recv);
-    seq_to_heads(cp, hb.k, k, B, KV, hd, hb.send, hb.recv);
-    seq_to_heads(cp, hb.v, v, B, KV, hd, hb.send, hb.recv);
-    AttnShape fs = full_shape(cp, s);
-    int track = trace_track("compute");
-    trace_begin(track, "alltoall attention", "cp");
-    attention_flash_forward(hb.out, hb.lse, hb.q, hb.k, hb.v, &fs);
-    trace_end(track);
-    heads_to_seq(cp, out, hb.out, B, H, hd, hb.send, hb.recv);
-    swap_last_two(hb.lse_t, hb.lse, B, fs.n_heads, cp->seq_len);  // (B, H/N, T) -> (B, T, H/N)
-    heads_to_seq(cp, hb.dq, hb.lse_t, B, H, 1, hb.send, hb.recv);  // -> (B, L, H), in dq's space
-    swap_last_two(lse, hb.dq, B, L, H);
+static void alltoall_backward(ContextParallel *cp, real *dq, real *dk, real *dv, const real *dout, const real *q,
+                              const real *k, const real *v, const real *out, const real *lse) {
+    HeadSharded x = heads_alloc(cp), d = heads_alloc(cp);
+    to_heads(cp, cp->H, q, x.q);
+    to_heads(cp, cp->Hkv, k, x.k);
+    to_heads(cp, cp->Hkv, v, x.v);
+    to_heads(cp, cp->H, out, x.out);
+    to_heads(cp, cp->H, dout, d.out);
+    lse_move(cp, (real *)lse, x.lse, true);
+    memset(d.q, 0, sizeof(real) * (size_t)cp->B * cp->Tl * cp->H * cp->hd);
+    memset(d.k, 0, sizeof(real) * kv_count(cp));
+    memset(d.v, 0, sizeof(real) * kv_count(cp));
+    AttnShape s = full_shape(cp);
+    trace_block("ulysses attention bwd", 0, cp->layout.rank);
+    attention_flash_backward(d.q, d.k, d.v, d.out, x.q, x.k, x.v, x.out, x.lse, &s);
+    trace_end(trace_track("compute"));
+    to_tokens(cp, cp->H, d.q, dq, true);
+    to_tokens(cp, cp->Hkv, d.k, dk, true);
+    to_tokens(cp, cp->Hkv, d.v, dv, true);
+    heads_free(&x), heads_free(&d);
 }
 
-static void alltoall_backward(CpAttention *cp, real *dq, real *dk, real *dv, const real *dout, const real *q,
-                              const real *k, const real *v, const real *out, const real *lse, const AttnShape *s) {
-    HeadBuffers hb = head_buffers(cp, s);
-    int B = s->B, H = s->n_heads, KV = s->n_kv_heads, hd = s->head_dim, L = cp->local_len;
-    AttnShape fs = full_shape(cp, s);
-    seq_to_heads(cp, hb.q, q, B, H, hd, hb.send, hb.recv);
-    seq_to_heads(cp, hb.k, k, B, KV, hd, hb.send, hb.recv);
-    seq_to_heads(cp, hb.v, v, B, KV, hd, hb.send, hb.recv);
-    seq_to_heads(cp, hb.out, out, B, H, hd, hb.send, hb.recv);
-    seq_to_heads(cp, hb.dout, dout, B, H, hd, hb.send, hb.recv);
-    swap_last_two(hb.dq, lse, B, H, L);                             // (B, H, L) -> (B, L, H)
-    seq_to_heads(cp, hb.lse_t, hb.dq, B, H, 1, hb.send, hb.recv);   // -> (B, T, H/N)
-    swap_last_two(hb.lse, hb.lse_t, B, cp->seq_len, fs.n_heads);    // -> (B, H/N, T)
-    size_t q_n = (size_t)B * cp->seq_len * fs.n_heads * hd, kv_n = (size_t)B * cp->seq_len * fs.n_kv_heads * hd;
-    fill(hb.dq, q_n, 0);
-    fill(hb.dk, kv_n, 0);
-    fill(hb.dv, kv_n, 0);
-    int track = trace_track("compute");
-    trace_begin(track, "alltoall attention backward", "cp");
-    attention_flash_backward(hb.dq, hb.dk, hb.dv, hb.dout, hb.q, hb.k, hb.v, hb.out, hb.lse, &fs);
-    trace_end(track);
-    // back to sequence-sharded, added into the caller's gradients (hb.out, hb.q: free by now)
-    real *back = hb.out;
-    heads_to_seq(cp, back, hb.dq, B, H, hd, hb.send, hb.recv);
-    add_inplace(dq, back, (size_t)B * L * H * hd);
-    heads_to_seq(cp, back, hb.dk, B, KV, hd, hb.send, hb.recv);
-    add_inplace(dk, back, (size_t)B * L * KV * hd);
-    heads_to_seq(cp, back, hb.dv, B, KV, hd, hb.send, hb.recv);
-    add_inplace(dv, back, (size_t)B * L * KV * hd);
+// ---- entry points ------------------------------------------------------------------------------------
+
+void cp_attention_forward(ContextParallel *cp, real *out, real *lse, const real *q, const real *k, const real *v) {
+    if (cp->mode == CP_ALLTOALL) alltoall_forward(cp, out, lse, q, k, v);
+    else ring_forward(cp, out, lse, q, k, v);
 }
 
-// ---- entry points ------------------------------------------------------------------------------
-
-static void check_shape(const CpAttention *cp, const AttnShape *s) {
-    if (s->Tq != cp->local_len || s->Tk != cp->local_len || !s->causal || s->q_pos || s->k_pos)
-        fatal("cp attention: expected causal (Tq, Tk) = (%d, %d) without positions, got (%d, %d)", cp->local_len,
-              cp->local_len, s->Tq, s->Tk);
+void cp_attention_backward(ContextParallel *cp, real *dq, real *dk, real *dv, const real *dout, const real *q,
+                           const real *k, const real *v, const real *out, const real *lse) {
+    if (cp->mode == CP_ALLTOALL) alltoall_backward(cp, dq, dk, dv, dout, q, k, v, out, lse);
+    else ring_backward(cp, dq, dk, dv, dout, q, k, v, out, lse);
 }
 
-void cp_attention_forward(CpAttention *cp, real *out, real *lse, const real *q, const real *k, const real *v,
-                          const AttnShape *s) {
-    check_shape(cp, s);
-    if (cp->size == 1) attention_flash_forward(out, lse, q, k, v, s);  // exactly the single process
-    else if (cp->mode == CP_RING) ring_forward(cp, out, lse, q, k, v, s);
-    else alltoall_forward(cp, out, lse, q, k, v, s);
+static void hook_forward(void *ctx, real *out, real *lse, const real *q, const real *k, const real *v) {
+    cp_attention_forward(ctx, out, lse, q, k, v);
 }
 
-void cp_attention_backward(CpAttention *cp, real *dq, real *dk, real *dv, const real *dout, const real *q,
-                           const real *k, const real *v, const real *out, const real *lse, const AttnShape *s) {
-    check_shape(cp, s);
-    if (cp->size == 1) attention_flash_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
-    else if (cp->mode == CP_RING) ring_backward(cp, dq, dk, dv, dout, q, k, v, out, lse, s);
-    else alltoall_backward(cp, dq, dk, dv, dout, q, k, v, out, lse, s);
-}
-
-static void hook_forward(void *ctx, real *out, real *lse, const real *q, const real *k, const real *v,
-                         const AttnShape *s) {
-    cp_attention_forward(ctx, out, lse, q, k, v, s);
-}
 static void hook_backward(void *ctx, real *dq, real *dk, real *dv, const real *dout, const real *q, const real *k,
-                          const real *v, const real *out, const real *lse, const AttnShape *s) {
-    cp_attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse, s);
+                          const real *v, const real *out, const real *lse) {
+    cp_attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse);
 }
 
-void cp_install(Model *m, CpAttention *cp) {
-    if (m->attention != ATTN_FLASH) fatal_input("--cp %d: needs --attention flash (ring attention merges lse)", cp->size);
-    m->cp = (ContextParallel){.size = cp->size, .positions = cp_positions(cp), .attention_forward = hook_forward,
-                              .attention_backward = hook_backward, .ctx = cp};
+ContextParallel *cp_install(Model *m, Comm *cp_group, CpMode mode, bool balanced, int B, int T) {
+    ContextParallel *cp = cp_create(cp_group, mode, balanced, B, T, m->local.n_heads, m->local.n_kv_heads,
+                                    model_head_dim(&m->cfg));
+    m->cp = (ContextParallelHooks){cp_positions(cp), hook_forward, hook_backward, cp};
+    return cp;
 }

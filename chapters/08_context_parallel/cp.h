@@ -1,71 +1,77 @@
-// cp.h: context parallelism, over the mesh's cp group of N ranks.
+// cp.h: context parallelism. The N ranks of the cp group each hold a share of every sequence's
+// tokens (the activations of a block are O(tokens), so a sequence too long for one rank's memory
+// fits on N), and attention, the one place where tokens meet, is computed across the group.
 //
-// Every rank holds T/N of each sample's tokens (and their global positions); everything but
-// attention is per token, so only attention needs the other ranks. Two ways to give it them:
+// The split (zigzag). Each sequence of T tokens is cut into 2N chunks of c = T / 2N tokens; cp rank
+// i holds chunks i and 2N-1-i, 2c tokens, in that order. Under the causal mask an early chunk sees
+// few keys and a late one many, so pairing the i-th earliest with the i-th latest gives every rank
+// the same attention work. `balanced = false` gives rank i the contiguous chunk [i T/N, (i+1) T/N)
+// instead, to show the imbalance. RoPE and the mask use the tokens' global positions.
 //
-//   ring (default)   K and V of the local tokens travel round the cp ring, one hop per step, while
-//                    each rank computes its queries against the block it holds; the N partial
-//                    outputs are merged through their log-sum-exp (the online-softmax merge).
-//                    Backward runs the ring again, recomputing each block from the saved global
-//                    lse: dQ stays here, dK/dV travel a second ring back to the owner of K/V.
-//   alltoall         (DeepSpeed-Ulysses) one all-to-all turns sequence-sharded Q, K, V into
-//                    head-sharded ones over the whole sequence; ordinary attention runs on H/N
-//                    heads; another all-to-all brings the output back. Needs kv heads % N == 0.
+// Ring attention (CP_RING). K and V of the local tokens travel around the ring: at step s rank r
+// holds the K/V of rank (r - s) mod N, computes its queries against them, and merges the partial
+// output into its running (out, lse) through the log-sum-exp. The next step's K/V are already on
+// their way (comm stream, double-buffered) while this step computes. Zigzag steps:
+//   s = 0           the local chunks against themselves, causal
+//   source j < r    all local queries against the source's first chunk (chunk j: earlier than both
+//                   of ours), no mask; its second chunk is later than both and skipped
+//   source j > r    our second chunk against both of the source's chunks (both earlier than it), no
+//                   mask; our first chunk sees neither
+// so every step off the diagonal is half a block. Backward runs the ring again: each block's
+// gradients from the saved global lse and the final output (so the pieces are exact partial sums);
+// dQ accumulates here; dK/dV accumulate in a buffer that travels with the K/V and, after N steps,
+// arrives back at the rank that owns those tokens.
+//   transfers per attention: forward N-1 (K and V of 2c tokens each), backward N-1 K/V plus N dK/dV.
 //
-// The split (cp_positions): the sequence is cut into 2N chunks of c = T/(2N) tokens and rank i
-// holds chunks i and 2N-1-i (zigzag), so that every rank has the same amount of causal work; with
-// load balancing off rank i holds the contiguous chunk [i*T/N, (i+1)*T/N).
-//
-// Zigzag ring, rank r, step s, the K/V of rank src = (r - s) mod N (chunks src and 2N-1-src):
-//   s = 0      both local Q chunks against both local K/V chunks, causal (the diagonal);
-//   src < r    all local Q against the first K/V chunk (wholly in the past): no mask;
-//   src > r    the second Q chunk against both K/V chunks (the first Q chunk sees neither): no mask.
-// Each off-diagonal step is half of a full (2c x 2c) block, on every rank. Contiguous: src < r is a
-// full block, src > r nothing (the K/V is still passed on), so rank N-1 works N times rank 0.
-//
-// Communication per layer and micro-batch (ring): forward N-1 K/V hops; backward N-1 K/V hops and
-// N dK/dV hops (the last one home), each hop one batched send+recv started before the block that
-// it overlaps computes. The bytes of one hop: 2 * B * (T/N) * H_kv * head_dim * sizeof(real).
+// All-to-all (CP_ALLTOALL, DeepSpeed-Ulysses). One all-to-all turns the sequence-sharded q, k, v
+// into head-sharded ones (every token, H/N heads), attention runs locally on the whole sequence, and
+// one all-to-all brings the output back. Needs the heads (kv heads after tensor parallelism) to
+// divide by N.
 #pragma once
 #include <stdbool.h>
 
 #include "common/comm.h"
 #include "reference_cpu/model.h"
+#include "reference_cpu/ops.h"
 
 typedef enum { CP_RING, CP_ALLTOALL } CpMode;
-#define CP_MODE_NAMES "ring|alltoall"  // in enum order (the trainer's --cp-mode choices)
+#define CP_MODE_NAMES "ring|alltoall"  // in enum order (--cp-mode)
 
-typedef struct CpAttention CpAttention;
+// Which tokens of a sequence of T this rank holds.
+typedef struct {
+    int n, rank;    // cp degree and this rank's index
+    int T, chunk;   // full length; chunk = T / 2n (zigzag) or T / n (contiguous)
+    bool balanced;  // zigzag (true) or contiguous
+} CpLayout;
 
-// Why this layout cannot run, or NULL: the sequence length must divide by 2N (zigzag) or N
-// (contiguous); alltoall needs n_kv_heads (this tp rank's) % N == 0. The text is one line.
-const char *cp_check(int cp_size, CpMode mode, bool load_balance, int seq_len, int n_kv_heads);
-// For the cp group (size N, this rank's position in it); seq_len is the full sequence length T.
-// Exits with status 2 (cp_check's line) on a layout that cannot run.
-CpAttention *cp_create(Comm *cp_group, CpMode mode, bool load_balance, int seq_len, int n_kv_heads);
-void cp_free(CpAttention *cp);
-int cp_local_len(const CpAttention *cp);      // T/N
-const int *cp_positions(const CpAttention *cp);  // (T/N) global positions of this rank's tokens, ascending
+// NULL if T splits under this layout, else the rule broken.
+const char *cp_layout_check(int n, int T, bool balanced);
+CpLayout cp_layout(int n, int rank, int T, bool balanced);
+int cp_local_len(const CpLayout *l);  // tokens per sequence on this rank: T / n
+// positions (cp_local_len): the global position of each local token, in local order.
+void cp_local_positions(const CpLayout *l, int *positions);
+// full (B, T) -> local (B, cp_local_len): this rank's tokens of each sequence.
+void cp_take_local(const CpLayout *l, const int *full, int *local, int B);
 
-// Fills positions (T/N) with those of `rank` of N (what cp_positions returns on that rank).
-void cp_chunk_positions(int *positions, int rank, int N, int seq_len, bool load_balance);
-// This rank's tokens of B samples: local (B, T/N) = full (B, T) at cp_positions.
-void cp_take_tokens(const CpAttention *cp, int *local, const int *full, int B);
-// The same for any per-token tensor: local (B, T/N, width) = full (B, T, width) at cp_positions.
-void cp_take_rows(const CpAttention *cp, real *local, const real *full, int B, int width);
+typedef struct ContextParallel ContextParallel;
 
-// Attention of this rank's queries against the whole sequence, the same contract as
-// attention_flash_forward / _backward on local tensors: q, out, dq (B, T/N, n_heads, hd); k, v, dk,
-// dv (B, T/N, n_kv_heads, hd); lse (B, n_heads, T/N), the log-sum-exp over ALL keys. s->Tq = s->Tk
-// = T/N; s->causal must be set and its positions NULL (the module knows its tokens' positions).
-// Backward accumulates (+=) into dq, dk, dv. Collective over the cp group.
-void cp_attention_forward(CpAttention *cp, real *out, real *lse, const real *q, const real *k, const real *v,
-                          const AttnShape *s);
-void cp_attention_backward(CpAttention *cp, real *dq, real *dk, real *dv, const real *dout, const real *q,
-                           const real *k, const real *v, const real *out, const real *lse, const AttnShape *s);
+// Collective over cp_group. B sequences per micro-batch; heads are this (tp) rank's.
+ContextParallel *cp_create(Comm *cp_group, CpMode mode, bool balanced, int B, int T, int n_heads, int n_kv_heads,
+                           int head_dim);
+void cp_free(ContextParallel *cp);
+const int *cp_positions(const ContextParallel *cp);  // this rank's tokens' global positions
+const CpLayout *cp_get_layout(const ContextParallel *cp);
 
-// Installs cp as the model's ContextParallel callbacks (model.h); cp must outlive the model's use.
-void cp_install(Model *m, CpAttention *cp);
-
-// Transfers (one batched send+recv, or one all-to-all) this rank has started since cp_create.
-long cp_transfers(const CpAttention *cp);
+// Causal attention over the whole sequence for this rank's queries. q (B, Tl, H, hd), k and v
+// (B, Tl, Hkv, hd): the local tokens, after RoPE at their global positions. out (B, Tl, H, hd),
+// lse (B, H, Tl): as attention_flash_forward would give for these queries on the full sequence.
+void cp_attention_forward(ContextParallel *cp, real *out, real *lse, const real *q, const real *k, const real *v);
+// Accumulates (+=) into dq, dk, dv (local tokens) the gradients of the whole sequence's attention
+// with respect to this rank's q, k, v, given dout for this rank's queries and forward's out and lse.
+void cp_attention_backward(ContextParallel *cp, real *dq, real *dk, real *dv, const real *dout, const real *q,
+                           const real *k, const real *v, const real *out, const real *lse);
+// Installs the model's context-parallel hooks (reference_cpu/model.h) for micro-batches of B sequences
+// of T tokens (the whole length), with the model's (tp-local) heads. Collective over cp_group.
+ContextParallel *cp_install(Model *m, Comm *cp_group, CpMode mode, bool balanced, int B, int T);
+// Transfers this rank has posted so far (K/V and dK/dV messages, all-to-alls): for the tests.
+long long cp_transfers(const ContextParallel *cp);

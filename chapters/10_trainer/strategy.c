@@ -5,10 +5,6 @@
 //   fsdp      ZeRO-1/2/3 over dp_shard x cp, HSDP with dp_replicate (chapters 3-4)
 //   pipeline  a stage's layers per pp rank, its own schedule of micro-batches (chapter 7)
 //
-// Context parallelism (chapter 8) is, like tp, a change to the model (its attention hook); for the
-// strategies it only widens the group whose gradients are averaged: the cp ranks of a replica hold
-// the same weights and other tokens of the same sequences (trainer_replica_group, dp_shard_cp for ZeRO).
-//
 // Each is a handful of small functions over its chapter's module. The first three share the
 // micro-batch loop below; the pipeline runs its schedule instead.
 #include <math.h>
@@ -19,13 +15,12 @@
 #include "chapters/03_fsdp/fsdp.h"
 #include "chapters/06_tensor_parallel/tp.h"
 #include "chapters/07_pipeline_parallel/pipeline.h"
+#include "chapters/08_context_parallel/cp.h"
 #include "chapters/10_trainer/trainer.h"
 #include "common/args.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/trace.h"
-
-Comm *trainer_replica_group(const Mesh *m) { return m->degree[MESH_CP] > 1 ? m->dp_cp : m->dp; }
 
 static void no_op(Strategy *s) { (void)s; }
 static void no_op_begin(Strategy *s, bool last) { (void)s, (void)last; }
@@ -125,8 +120,7 @@ static Strategy *replicated_create(Trainer *t, const LayoutOptions *o) {
     r->adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
     r->adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
     r->tp_group = t->mesh->degree[MESH_TP] > 1 ? t->mesh->dim[MESH_TP] : NULL;
-    Comm *group = trainer_replica_group(t->mesh);
-    int replicas = comm_size(group);
+    int replicas = comm_size(t->mesh->dp_cp);  // data-parallel ranks, times cp (they average gradients too)
     Strategy *s = strategy_new(replicas > 1 ? "ddp" : "single", &t->model, r);
     s->zero_grads = replicated_zero_grads;
     s->grad_norm = replicated_grad_norm;
@@ -136,7 +130,7 @@ static Strategy *replicated_create(Trainer *t, const LayoutOptions *o) {
     s->load_full = replicated_load_full;
     s->free = replicated_free;
     if (replicas > 1) {
-        r->ddp = ddp_create(&t->model, group, (size_t)(o->bucket_mb * 1048576.0), o->overlap);
+        r->ddp = ddp_create(&t->model, t->mesh->dp_cp, (size_t)(o->bucket_mb * 1048576.0), o->overlap);
         ddp_broadcast_params(r->ddp);  // replicas start equal, whatever each rank initialised
         s->begin_backward = ddp_begin;
         s->finish_backward = ddp_finish;
@@ -211,14 +205,14 @@ static void pipeline_release(Strategy *s) { pipeline_free(s->impl); }
 static Strategy *pipeline_strategy_create(Trainer *t, const LayoutOptions *o, uint64_t seed) {
     Mesh *mesh = t->mesh;
     bool sharded = mesh->degree[MESH_DP_SHARD] > 1;
-    PipelineOptions options = {(PpScheduleKind)o->pp_schedule, t->n_micro, o->pp_virtual_stages, t->micro, t->T_local,
+    PipelineOptions options = {(PpScheduleKind)o->pp_schedule, t->n_micro, o->pp_virtual_stages, t->micro, t->T,
                                (ActCheckpoint)o->ac, (size_t)(o->bucket_mb * 1048576.0), o->overlap,
                                o->pp_schedule_dot, mesh->degree[MESH_TP] > 1 ? mesh->dim[MESH_TP] : NULL,
                                sharded ? mesh->dp_shard_cp : NULL};
-    Comm *replicas = comm_size(trainer_replica_group(mesh)) > 1 ? trainer_replica_group(mesh) : NULL;
-    Pipeline *pl = pipeline_create(&t->model, mesh->dim[MESH_PP], replicas, &options, seed);
-    if (t->dp_size > 1)
-        log_info("pp x %s: %d data-parallel ranks per stage%s", sharded ? "zero-1" : "ddp", t->dp_size,
+    int replicas = comm_size(mesh->dp_cp);
+    Pipeline *pl = pipeline_create(&t->model, mesh->dim[MESH_PP], replicas > 1 ? mesh->dp_cp : NULL, &options, seed);
+    if (replicas > 1)
+        log_info("pp x %s: %d data-parallel ranks per stage%s", sharded ? "zero-1" : "ddp", replicas,
                  sharded ? ", AdamW state sharded over dp_shard" : "");
     Strategy *s = strategy_new("pipeline", &t->model, pl);
     s->forward_backward = pipeline_run;  // zeroes the stages' gradients itself
@@ -242,8 +236,8 @@ void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl atte
     bool sharded = mesh->degree[MESH_DP_SHARD] > 1, pipelined = mesh->degree[MESH_PP] > 1;
     model_init_tp(&t->model, cfg, seed, attention, tp, tp_rank, !sharded && !pipelined);
     if (tp > 1) {
-        if (o->sequence_parallel && (t->micro * t->T_local) % tp != 0)
-            fatal_input("--sequence-parallel: the %d tokens of a micro-batch must divide by --tp %d", t->micro * t->T_local, tp);
+        if (o->sequence_parallel && (t->micro * t->T) % tp != 0)
+            fatal_input("--sequence-parallel: the %d tokens of a micro-batch must divide by --tp %d", t->micro * t->T, tp);
         tp_install(&t->model, mesh->dim[MESH_TP], o->sequence_parallel);
         const LocalShape *local = &t->model.local;
         log_info("tp: %d ranks%s; this one holds %d of %d heads, %d of %d kv heads, %d of %d ffn columns, vocab rows "
@@ -252,24 +246,23 @@ void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl atte
                  local->vocab_start + local->vocab_size);
     }
     if (mesh->degree[MESH_CP] > 1) {
-        t->cp = cp_create(mesh->dim[MESH_CP], (CpMode)o->cp_mode, o->cp_load_balance, t->T, t->model.local.n_kv_heads);
-        cp_install(&t->model, t->cp);
-        log_info("cp: %d ranks, %s attention, %s split; this one holds %d of each sequence's %d tokens",
-                 mesh->degree[MESH_CP], o->cp_mode == CP_RING ? "ring" : "all-to-all",
-                 o->cp_load_balance ? "zigzag" : "contiguous", t->T_local, t->T);
+        t->cp = cp_install(&t->model, mesh->dim[MESH_CP], (CpMode)o->cp_mode, o->cp_load_balance, t->micro,
+                           t->cp_layout.T);
+        log_info("cp: %d ranks, %s, %s split: this rank holds %d of every %d tokens", mesh->degree[MESH_CP],
+                 o->cp_mode == CP_RING ? "ring attention" : "all-to-all (Ulysses)",
+                 o->cp_load_balance ? "zigzag" : "contiguous", t->T, t->cp_layout.T);
     }
     if (pipelined) t->strategy = pipeline_strategy_create(t, o, seed);
     else if (sharded) t->strategy = sharded_create(t, o, seed);
     else t->strategy = replicated_create(t, o);
-    if (!pipelined) t->strategy->acts = model_acts_alloc(&t->model, t->micro, t->T_local, (ActCheckpoint)o->ac);
+    if (!pipelined) t->strategy->acts = model_acts_alloc(&t->model, t->micro, t->T, (ActCheckpoint)o->ac);
 }
 
 void trainer_free_strategy(Trainer *t) {
     t->strategy->free(t->strategy);
+    cp_free(t->cp);
     model_acts_free(&t->strategy->acts);
     free(t->strategy);
-    cp_free(t->cp);
-    t->cp = NULL;
     t->strategy = NULL;
 }
 

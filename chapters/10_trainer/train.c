@@ -11,6 +11,7 @@
 //   mpirun -np 4 ./build/train --dp-replicate 2 --dp-shard 2          (chapter 4: HSDP)
 //   mpirun -np 4 ./build/train --tp 2 --dp-shard 2                    (chapter 6: tensor parallel, with FSDP)
 //   mpirun -np 4 ./build/train --pp 4 --pp-schedule 1F1B --pp-microbatches 8   (chapter 7: pipeline parallel)
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@
 #include "common/args.h"
 #include "common/comm.h"
 #include "common/data.h"
+#include "common/fileio.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/mesh.h"
@@ -111,13 +113,13 @@ static const ArgSpec FLAGS[] = {
      "with --tp: norms and residuals on sequence shards (all-gather / reduce-scatter instead of all-reduce)",
      .value_name = ""},
     {"cp", ARG_INT, &opt.cp, "1",
-     "context-parallel ranks: each holds 1/cp of every sequence; attention sees the rest (chapter 8)", .min = 1,
-     .max = UNBOUNDED},
-    {"cp-mode", ARG_CHOICE, &opt.cp_mode, "ring",
-     "with --cp: ring (K/V travel round the cp ranks) or alltoall (Ulysses: heads split for attention)",
+     "context-parallel ranks: each holds 1/cp of every sequence's tokens, attention runs across them (chapter 8)",
+     .min = 1, .max = UNBOUNDED},
+    {"cp-mode", ARG_CHOICE, &opt.cp_mode, "ring", "with --cp: ring attention, or all-to-all (DeepSpeed-Ulysses)",
      .choices = CP_MODE_NAMES},
     {"cp-load-balance", ARG_CHOICE, &opt.cp_load_balance, "on",
-     "with --cp: on = zigzag chunks i and 2cp-1-i (equal causal work), off = contiguous chunks", .choices = "on|off"},
+     "with --cp: on = zigzag split (2 chunks per rank, equal causal work), off = contiguous chunks",
+     .choices = "on|off"},
     {"pp", ARG_INT, &opt.pp, "1", "pipeline-parallel ranks: each holds a slice of the layers (chapter 7)", .min = 1,
      .max = UNBOUNDED},
     {"pp-schedule", ARG_CHOICE, &opt.pp_schedule, "1F1B", "pipeline schedule", .choices = PP_SCHEDULE_NAMES},
@@ -142,8 +144,9 @@ static const ArgSpec FLAGS[] = {
     {"desync-init", ARG_BOOL, &opt.desync_init, NULL,
      "give every data-parallel replica a different init (seed + dp rank) to show the initial broadcast fixes it",
      .value_name = ""},
-    {"comm-timeout", ARG_DOUBLE, &opt.comm_timeout, "300", "seconds before a stuck collective ends the run",
-     .min = 0.1, .max = UNBOUNDED},
+    {"comm-timeout", ARG_DOUBLE, &opt.comm_timeout, NULL,
+     "seconds before a stuck collective ends the run (default: 300 until two steps are measured, then "
+     "max(60, 10 x the slowest step); common/COMM.md)", .min = 0.1, .max = UNBOUNDED},
     {"mesh-dot", ARG_STRING, &opt.mesh_dot, NULL, "write the device mesh as a Graphviz diagram", .value_name = "FILE"},
     {"model-info", ARG_BOOL, &opt.model_info, NULL, "print the config, parameter count and FLOPs per token, and exit", .value_name = ""},
 };
@@ -153,7 +156,11 @@ static ModelConfig resolve_config(void) {
     ModelConfig cfg;
     if (!model_config_lookup(opt.model, &cfg)) fatal_input("--model %s: unknown model", opt.model);
     if (opt.seq_len < 0) opt.seq_len = cfg.max_seq_len;
-    if (opt.seq_len > cfg.max_seq_len) cfg.max_seq_len = opt.seq_len;  // the RoPE table grows with it
+    if (opt.seq_len > cfg.max_seq_len) {  // the RoPE table grows with it: allowed, but said
+        log_info("--seq-len %d: beyond model %s's max_seq_len %d, which grows to %d (a checkpoint records it)",
+                 opt.seq_len, cfg.name, cfg.max_seq_len, opt.seq_len);
+        cfg.max_seq_len = opt.seq_len;
+    }
     if (opt.rope_theta > 0) cfg.rope_theta = opt.rope_theta;
     if (opt.n_layers > 0) cfg.n_layers = opt.n_layers;
     model_config_validate(&cfg, opt.seq_len);
@@ -178,25 +185,61 @@ static void print_model_info(const ModelConfig *c, int seq_len) {
     free(json);
 }
 
-static void ensure_directory(const char *dir) {
-    if (mkdir(dir, 0777) != 0) {
-        struct stat st;
-        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-            fatal_input("--checkpoint-dir %s: cannot create directory", dir);
-    }
+// ---- promises kept before any work (README: "What is promised, and how it is tested") -----------
+
+// Every output can be created (fileio_check_output), the sizes fit int where the code indexes with
+// int, and the planned memory fits the machine; flags that would be ignored are refused. Runs on
+// every rank before comm_init, so a typo costs a second, not a run.
+static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
+    static const struct {
+        const char *flag, **path;
+        OutputKind kind;
+    } outputs[] = {
+        {"trace", &opt.trace, OUTPUT_FILE},          {"trace-json", &opt.trace_json, OUTPUT_FILE},
+        {"trace-hta", &opt.trace_hta, OUTPUT_DIR},   {"dump", &opt.dump, OUTPUT_FILE},
+        {"grad-dump", &opt.grad_dump, OUTPUT_FILE},  {"checkpoint-dir", &opt.checkpoint_dir, OUTPUT_DIR},
+        {"mesh-dot", &opt.mesh_dot, OUTPUT_FILE},    {"pp-schedule-dot", &opt.pp_schedule_dot, OUTPUT_FILE},
+    };
+    for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; i++)
+        fileio_check_output(outputs[i].flag, *outputs[i].path, outputs[i].kind);
+    if (args_given(flags, N_FLAGS, "zero-stage") && opt.dp_shard == 1)
+        fatal_input("--zero-stage %d: shards over --dp-shard, which is 1 here (give --dp-shard 2 or more, or leave "
+                    "--zero-stage out)", opt.zero_stage);
+    // the tokens of a step (B, T) are counted and indexed with int
+    if ((uint64_t)opt.batch * (uint64_t)opt.seq_len > INT32_MAX)
+        fatal_input("--batch %d x --seq-len %d: %" PRIu64 " tokens per step, more than 2^31 - 1", opt.batch,
+                    opt.seq_len, (uint64_t)opt.batch * (uint64_t)opt.seq_len);
+    // The plan is of host memory: with --device cuda the state lives on the GPU, whose allocator
+    // reports what does not fit.
+    if (args_choice_index(DEVICE_NAMES, opt.device) != DEVICE_CPU) return;
+    uint64_t dp = (uint64_t)opt.dp_replicate * (uint64_t)opt.dp_shard;
+    uint64_t n_micro = (uint64_t)(opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps);
+    uint64_t micro = (uint64_t)opt.batch / dp / n_micro;  // sequences per micro-batch on one rank
+    uint64_t ranks = mem_mul(mem_mul(mem_mul(dp, (uint64_t)opt.pp), (uint64_t)opt.tp), (uint64_t)opt.cp);
+    char what[160];
+    snprintf(what, sizeof what, "--model %s --n-layers %d --batch %d --seq-len %d on %" PRIu64 " rank(s)", cfg->name,
+             cfg->n_layers, opt.batch, opt.seq_len, ranks);
+    mem_check_plan(what, model_plan_bytes(cfg, micro ? micro : 1, (uint64_t)opt.seq_len, ranks));
 }
 
-// Checks the output paths before training, so a typo costs a second, not a run.
-static void check_writable(const char *flag, const char *path) {
-    if (!path) return;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) return;
-    *slash = 0;
-    struct stat st;
-    if (dir[0] && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)))
-        fatal_input("--%s %s: directory %s does not exist", flag, path, dir);
+// The comm timeout follows the measured steps unless --comm-timeout fixes it (common/COMM.md):
+// max(60 s, 10 x the slowest step) once two steps are measured; the start-up value around the
+// writes of rank 0 (checkpoints, dumps, traces), which the other ranks wait for.
+static void adapt_comm_timeout(double step_seconds, bool measured, const ArgSpec *flags) {
+    static double slowest;
+    static int n_measured;
+    if (args_given(flags, N_FLAGS, "comm-timeout")) return;
+    if (!measured) {
+        comm_set_timeout(COMM_STARTUP_TIMEOUT_S);
+        return;
+    }
+    if (step_seconds > slowest) slowest = step_seconds;
+    if (++n_measured < 2) return;
+    double before = comm_timeout(), now = comm_timeout_for_step(slowest);
+    comm_set_timeout(now);
+    if (n_measured == 2 || (before != now && before != COMM_STARTUP_TIMEOUT_S))
+        log_info("comm timeout: %.0f s = max(%.0f s, %.0f x the slowest step, %.3f s)", now, COMM_TIMEOUT_FLOOR_S,
+                 COMM_TIMEOUT_STEP_FACTOR, slowest);
 }
 
 // Chapter 5's figures: what each block keeps for backward and what the recompute costs, per
@@ -213,21 +256,13 @@ static void log_checkpointing(const Model *m, int B, int T, ActCheckpoint ac) {
              mm, 100 * mm / (3 * fwd), ew);
 }
 
-// This rank's slice of the step's global batch: every micro-batch it runs. Under context
-// parallelism its dp rows in full, then this cp rank's tokens of each (with their targets).
+// This rank's slice of the step's global batch: every micro-batch it runs.
 static StepBatch load_step_batch(Trainer *t, const DataSource *data, long long step) {
     int local = t->micro * t->n_micro;
-    if (!t->cp) data_batch(data, step, t->B, t->dp_index * local, local, t->T, t->inputs, t->targets);
-    else {
-        size_t n = (size_t)local * t->T;
-        int *inputs = mem_alloc(MEM_OTHER, sizeof(int) * n), *targets = mem_alloc(MEM_OTHER, sizeof(int) * n);
-        data_batch(data, step, t->B, t->dp_index * local, local, t->T, inputs, targets);
-        cp_take_tokens(t->cp, t->inputs, inputs, local);
-        cp_take_tokens(t->cp, t->targets, targets, local);
-        mem_free(inputs);
-        mem_free(targets);
-    }
-    return (StepBatch){t->inputs, t->targets, t->n_micro, t->micro, t->T_local, step};
+    data_batch(data, step, t->B, t->dp_index * local, local, t->cp_layout.T, t->full_inputs, t->full_targets);
+    cp_take_local(&t->cp_layout, t->full_inputs, t->inputs, local);  // this cp rank's tokens (all: a copy)
+    cp_take_local(&t->cp_layout, t->full_targets, t->targets, local);
+    return (StepBatch){t->inputs, t->targets, t->n_micro, t->micro, t->T, step};
 }
 
 // One optimizer step through the contract: forward/backward (with gradient sync), the extensions,
@@ -239,9 +274,8 @@ static StepResult train_step(Trainer *t, const DataSource *data, long long step,
     StepResult r = {.lr = lr_at(schedule, step)};
     s->zero_grads(s);
     r.loss = s->forward_backward(s, &batch);
-    // the mean over the global batch: every dp x cp rank holds as many tokens
-    Comm *replicas = trainer_replica_group(t->mesh);
-    if (comm_size(replicas) > 1) comm_all_reduce(replicas, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
+    // the mean over the dp ranks' sequences and the cp ranks' tokens (each holds as many)
+    if (comm_size(t->mesh->dp_cp) > 1) comm_all_reduce(t->mesh->dp_cp, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
     int track = trace_track("compute");
     trace_begin(track, "optimizer", "phase");
     r.grad_norm = s->grad_norm(s);  // every rank clips by the global norm and updates what it holds
@@ -381,27 +415,27 @@ static void check_pipeline_flags(const ModelConfig *cfg, const ArgSpec *flags) {
                     "(stages 2-3 would gather and scatter every micro-batch)", opt.pp, opt.dp_shard);
     if (opt.grad_accum_steps > 1)
         fatal_input("--grad-accum-steps %d: with --pp the micro-batches are --pp-microbatches", opt.grad_accum_steps);
-    check_writable("pp-schedule-dot", opt.pp_schedule_dot);
 }
 
-// Chapter 8's flags: the sequence must split into the chunks, alltoall needs whole kv heads per
-// cp rank, and what context parallelism does not combine with yet is refused.
-static void check_cp_flags(const ModelConfig *cfg, const ArgSpec *flags, AttentionImpl attention) {
+// Chapter 8's flags: the sequence must split into the cp ranks' chunks, all-to-all needs the heads
+// (after tp) to divide by cp, and the ring runs the blockwise kernel.
+static void check_context_parallel_flags(const ModelConfig *cfg, const ArgSpec *flags) {
+    static const char *const cp_only[] = {"cp-mode", "cp-load-balance"};
     if (opt.cp == 1) {
-        if (args_given(flags, N_FLAGS, "cp-mode")) fatal_input("--cp-mode: needs --cp 2 or more");
-        if (args_given(flags, N_FLAGS, "cp-load-balance")) fatal_input("--cp-load-balance: needs --cp 2 or more");
+        for (int i = 0; i < 2; i++)
+            if (args_given(flags, N_FLAGS, cp_only[i])) fatal_input("--%s: needs --cp 2 or more", cp_only[i]);
         return;
     }
-    CpMode mode = (CpMode)args_choice_index(CP_MODE_NAMES, opt.cp_mode);
-    const char *why = cp_check(opt.cp, mode, strcmp(opt.cp_load_balance, "on") == 0, opt.seq_len,
-                               opt.tp > 0 ? cfg->n_kv_heads / opt.tp : cfg->n_kv_heads);
-    if (why) fatal_input("%s", why);
-    if (attention != ATTN_FLASH) fatal_input("--cp %d: needs --attention flash (partial results merge by lse)", opt.cp);
-    if (args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA) fatal_input("--cp %d: runs on --device cpu only", opt.cp);
-    if (opt.pp > 1 && opt.dp_shard > 1)
-        fatal_input("--cp %d with --pp %d and --dp-shard %d: not supported (pipeline stages shard their optimizer "
-                    "state over dp_shard only)", opt.cp, opt.pp, opt.dp_shard);
-    if (opt.sequence_parallel) fatal_input("--cp %d with --sequence-parallel: not supported", opt.cp);
+    const char *rule = cp_layout_check(opt.cp, opt.seq_len, strcmp(opt.cp_load_balance, "on") == 0);
+    if (rule) fatal_input("--cp %d with --seq-len %d: %s", opt.cp, opt.seq_len, rule);
+    int heads = cfg->n_heads / opt.tp, kv_heads = cfg->n_kv_heads / opt.tp;
+    if (args_choice_index(CP_MODE_NAMES, opt.cp_mode) == CP_ALLTOALL && (heads % opt.cp || kv_heads % opt.cp))
+        fatal_input("--cp-mode alltoall --cp %d: each rank attends with heads/cp of the %d heads and %d kv heads "
+                    "left after --tp %d, so both must divide by cp (or use --cp-mode ring)", opt.cp, heads, kv_heads,
+                    opt.tp);
+    if (args_choice_index(ATTENTION_IMPL_NAMES, opt.attention) == ATTN_NAIVE)
+        fatal_input("--attention naive with --cp %d: ring attention merges blocks through their log-sum-exp, which "
+                    "the blockwise kernel returns; use --attention flash", opt.cp);
 }
 
 // The parallel layout: checks the flags against the world size and the batch.
@@ -426,6 +460,8 @@ int main(int argc, char **argv) {
     flags[0].choices = MODEL_CONFIG_NAMES;
     args_parse(flags, N_FLAGS, argc, argv, "train",
                "Trains Llama 3: the single-process CPU reference alone, the parallel modules under mpirun.");
+    bool cuda = args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA;
+    if (cuda && !trainer_has_cuda()) trainer_exec_cuda_build(argv);  // before MPI starts: the GPU build takes over
     matmul_set_backend((MatmulBackend)args_choice_index(MATMUL_BACKEND_NAMES, opt.matmul));
     AttentionImpl attention = (AttentionImpl)args_choice_index(ATTENTION_IMPL_NAMES, opt.attention);
     if (opt.compare) return dump_compare(opt.compare, attention, opt.compare_rtol);
@@ -434,43 +470,50 @@ int main(int argc, char **argv) {
     print_model_info(&cfg, opt.seq_len);
     if (opt.model_info) return 0;
     check_pipeline_flags(&cfg, flags);
-    check_cp_flags(&cfg, flags, attention);
-    check_writable("trace", opt.trace);
-    check_writable("trace-json", opt.trace_json);
-    check_writable("dump", opt.dump);
-    check_writable("grad-dump", opt.grad_dump);
-    check_writable("mesh-dot", opt.mesh_dot);
+    check_context_parallel_flags(&cfg, flags);
+    check_before_work(&cfg, flags);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
-    if (opt.dump && args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA)
+    if (opt.dump && cuda)
         fatal_input("--dump: records the CPU reference; run it with --device cpu and compare with --grad-dump");
 
     bool tracing = opt.trace || opt.trace_json || opt.trace_hta;
     comm_init(&argc, &argv, &(CommOptions){.timeout_seconds = opt.comm_timeout, .trace = tracing});
     log_set_rank(comm_rank(comm_world()));
-    Trainer t = {.B = opt.batch, .T = opt.seq_len, .T_local = opt.seq_len / opt.cp};
+    Trainer t = {.B = opt.batch, .T = opt.seq_len};
     t.mesh = setup_mesh();
+    t.cp_layout = cp_layout(opt.cp, t.mesh->coord[MESH_CP], opt.seq_len, strcmp(opt.cp_load_balance, "on") == 0);
+    t.T = cp_local_len(&t.cp_layout);
     t.dp_size = comm_size(t.mesh->dp);
     t.dp_index = comm_rank(t.mesh->dp);
     t.n_micro = opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps;
     t.micro = t.B / (t.dp_size * t.n_micro);
-    if (opt.checkpoint_dir && t.mesh->rank == 0) ensure_directory(opt.checkpoint_dir);
+    if (opt.checkpoint_dir && t.mesh->rank == 0) {
+        if (mkdir(opt.checkpoint_dir, 0777) != 0 && errno != EEXIST)  // checked writable above
+            fatal("--checkpoint-dir %s: %s", opt.checkpoint_dir, strerror(errno));
+        checkpoint_clean_stale(opt.checkpoint_dir);
+    }
     if (tracing) {
         trace_align_clocks(comm_world());
         trace_init(t.mesh->rank, t.mesh->label);
         mem_set_observer(trace_memory_observer);
     }
 
-    DataSource *data = data_open(opt.data, cfg.vocab_size, t.T, (uint64_t)opt.seed);
+    DataSource *data = data_open(opt.data, cfg.vocab_size, t.cp_layout.T, (uint64_t)opt.seed);
     // --desync-init: replicas differ (what DDP's broadcast must fix), the ranks of one replica agree
     uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.dp_index : 0);
     LayoutOptions layout = layout_options();
-    if (args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA) t.strategy = cuda_strategy_create(&t, &cfg, init_seed, &layout);
+    if (cuda) t.strategy = cuda_strategy_create(&t, &cfg, init_seed, &layout);
     else trainer_setup_layout(&t, &cfg, attention, init_seed, &layout);
-    log_checkpointing(&t.model, t.micro, t.T_local, (ActCheckpoint)layout.ac);
-    t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T_local);
-    t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T_local);
+    log_checkpointing(&t.model, t.micro, t.T, (ActCheckpoint)layout.ac);
+    t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
+    t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
+    t.full_inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.cp_layout.T);
+    t.full_targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.cp_layout.T);
 
-    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.T, opt.steps};
+    char schedule_text[128];  // the checkpoint records it; a resume with another one says so
+    snprintf(schedule_text, sizeof schedule_text, "%s, warmup %d, min_lr_ratio %g", opt.lr_decay, opt.warmup_steps,
+             opt.min_lr_ratio);
+    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.cp_layout.T, opt.steps, opt.lr, schedule_text};
     long long start_step = 0;
     if (opt.resume) {
         char path[4096];
@@ -488,8 +531,8 @@ int main(int argc, char **argv) {
     double floor = data_entropy_floor(data);
     log_info("data: %s", data_describe(data));
     if (!isnan(floor)) log_info("loss floor (entropy rate of the source): %.4f nats/token", floor);
-    log_info("batch %d x seq %d = %d tokens/step, %d steps, lr %g (warmup %d, %s decay), seed %lld", t.B, t.T,
-             t.B * t.T, opt.steps, opt.lr, opt.warmup_steps, opt.lr_decay, opt.seed);
+    log_info("batch %d x seq %d = %d tokens/step, %d steps, lr %g (warmup %d, %s decay), seed %lld", t.B,
+             t.cp_layout.T, t.B * t.cp_layout.T, opt.steps, opt.lr, opt.warmup_steps, opt.lr_decay, opt.seed);
     if (t.mesh->world_size > 1) log_info("mesh: %d ranks; rank 0 is %s", t.mesh->world_size, t.mesh->label);
 
     // Step boundaries get their own track, so the compute track holds only work (and the marked waits):
@@ -505,22 +548,25 @@ int main(int argc, char **argv) {
         trace_end(track);
         double seconds = (now_ns() - t0) * 1e-9;
         if (step - start_step > 2) measured_seconds += seconds, measured_steps++;  // skip warm-up steps
+        adapt_comm_timeout(seconds, step - start_step > 2, flags);
         if (step % opt.log_every == 0 || step == opt.steps)
             log_info("step %5lld | loss %.6f | grad_norm %.4f | lr %.3e | %.0f tok/s | mem %.1f MiB", step, r.loss,
-                     r.grad_norm, r.lr, t.B * t.T / seconds, mem_current_total() / 1048576.0);
+                     r.grad_norm, r.lr, t.B * t.cp_layout.T / seconds, mem_current_total() / 1048576.0);
         bool periodic = opt.checkpoint_every > 0 && step % opt.checkpoint_every == 0;
         if (opt.checkpoint_dir && (periodic || step == opt.steps)) {
             char path[4096];
             checkpoint_path_for_step(opt.checkpoint_dir, step, path, sizeof path);
             trace_begin(track, "checkpoint", "io");
+            adapt_comm_timeout(0, false, flags);  // rank 0 writes, the others wait in the next step
             save_state(&t, path, step, &run);
             trace_end(track);
             if (t.mesh->rank == 0) log_info("checkpoint written to %s", path);
         }
     }
+    adapt_comm_timeout(0, false, flags);  // the dump and trace writes below
     if (measured_steps > 0)
         log_info("timing: steps=%d measured=%d mean_step_ms=%.2f tokens_per_s=%.1f", opt.steps, measured_steps,
-                 1e3 * measured_seconds / measured_steps, (double)t.B * t.T * measured_steps / measured_seconds);
+                 1e3 * measured_seconds / measured_steps, (double)t.B * t.cp_layout.T * measured_steps / measured_seconds);
     mem_print_report();
     t.strategy->report_memory(t.strategy);
     for (int i = 0; i < n_ext; i++)
@@ -536,6 +582,8 @@ int main(int argc, char **argv) {
     trainer_free_strategy(&t);
     mem_free(t.inputs);
     mem_free(t.targets);
+    mem_free(t.full_inputs);
+    mem_free(t.full_targets);
     model_free(&t.model);
     data_close(data);
     mesh_free(t.mesh);

@@ -61,9 +61,10 @@ typedef struct {
     Strategy *strategy;
     Mesh *mesh;
     int *inputs, *targets;  // this rank's slice of the step's batch (n_micro * micro, T)
-    int B, T;               // global batch, sequence length
-    int T_local;            // tokens of each sequence on this rank: T / cp (context parallelism)
-    CpAttention *cp;        // NULL without context parallelism
+    int *full_inputs, *full_targets;  // the same rows, whole sequences (n_micro * micro, cp_layout.T)
+    int B, T;               // global batch, tokens per sequence on this rank (the whole length / cp)
+    CpLayout cp_layout;     // which tokens of each sequence this rank holds (all of them when cp = 1)
+    ContextParallel *cp;    // NULL when cp = 1
     int micro, n_micro;     // sequences per micro-batch, micro-batches per step on this rank
     int dp_index, dp_size;
 } Trainer;
@@ -98,8 +99,8 @@ typedef struct {
     int pp_schedule;           // PpScheduleKind (chapter 7)
     int pp_virtual_stages;
     const char *pp_schedule_dot;
-    int cp_mode;               // CpMode (chapter 8), with cp > 1
-    bool cp_load_balance;      // zigzag chunks (else contiguous)
+    int cp_mode;               // CpMode (chapter 8)
+    bool cp_load_balance;      // zigzag split
 } LayoutOptions;
 
 // Builds t->model (this tp rank's slice, initialised from seed, sharded or staged as the layout
@@ -107,12 +108,13 @@ typedef struct {
 void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, uint64_t seed,
                           const LayoutOptions *options);
 // --device cuda (gpu/strategy.c): the one-GPU model behind the same contract; single process and DDP.
-// Linked in place of chapters/10_trainer/no_cuda.c where nvcc is found.
+// Linked into build/train-cuda in place of chapters/10_trainer/no_cuda.c, which build/train uses:
+// there trainer_has_cuda() is false and trainer_exec_cuda_build() replaces the process with
+// build/train-cuda, same arguments (or exits 2 when there is none).
+bool trainer_has_cuda(void);
+void trainer_exec_cuda_build(char **argv);
 Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, uint64_t seed, const LayoutOptions *o);
 void trainer_free_strategy(Trainer *t);
-// The ranks whose gradients and losses are averaged: dp (dp_replicate x dp_shard), times cp under
-// context parallelism (mesh->dp_cp; the cp ranks hold the same weights and other tokens).
-Comm *trainer_replica_group(const Mesh *m);
 // The state of one kind in the full table's layout, on every rank (pipeline: pp rank 0 only).
 void trainer_full_state(Trainer *t, StateKind kind, real *full);
 // Takes this rank's part of a full-layout state (the reverse, for --resume).
