@@ -363,6 +363,13 @@ void hf_read_local_range(const HfCheckpoint *h, const ParamInfo *p, int tp_rank,
     free(scratch);
 }
 
+static void fill_from_checkpoint(const ParamSource *src, const ParamInfo *p, int tp_rank, int tp_size, size_t first,
+                                 size_t count, real *out) {
+    hf_read_local_range(src->ctx, p, tp_rank, tp_size, first, count, out);
+}
+
+ParamSource hf_param_source(const HfCheckpoint *h) { return (ParamSource){fill_from_checkpoint, 0, h}; }
+
 void hf_read_all(const HfCheckpoint *h, const ParamTable *t, real *flat) {
     for (int i = 0; i < t->count; i++) hf_read_local_range(h, &t->items[i], 0, 1, 0, t->items[i].numel, flat + t->items[i].offset);
 }

@@ -43,6 +43,9 @@ void hf_close(HfCheckpoint *h);  // NULL is fine
 // can take weights from either.
 void hf_read_local_range(const HfCheckpoint *h, const ParamInfo *p, int tp_rank, int tp_size, size_t first,
                          size_t count, real *out);
+// The same as a ParamSource (params.h), for the model, FSDP and the pipeline to initialise from:
+// each rank then reads only the elements it holds. h must stay open while they are built.
+ParamSource hf_param_source(const HfCheckpoint *h);
 // Every tensor of table t (tp_size 1) into flat (t->total_numel).
 void hf_read_all(const HfCheckpoint *h, const ParamTable *t, real *flat);
 

@@ -101,7 +101,7 @@ static int cmd_slices(const char *dir) {
         if (cfg.n_kv_heads % tp || cfg.ffn_dim % tp || cfg.vocab_size % tp) continue;
         for (int rank = 0; rank < tp; rank++) {
             Model local;
-            model_init_tp(&local, &cfg, 0, ATTN_FLASH, tp, rank, false);
+            model_init_tp(&local, &cfg, NULL, ATTN_FLASH, tp, rank, false);
             size_t n = local.table.total_numel;
             real *want = malloc(sizeof(real) * n), *got = malloc(sizeof(real) * n);
             tp_scatter_full(&local, full.params, want);  // chapter 6's slicing of the whole tensors

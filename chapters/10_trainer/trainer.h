@@ -94,9 +94,10 @@ typedef struct {
     const char *pp_schedule_dot;
 } LayoutOptions;
 
-// Builds t->model (this tp rank's slice, initialised from seed, sharded or staged as the layout
-// needs) and t->strategy for t->mesh. Logs the layout.
-void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, uint64_t seed,
+// Builds t->model (this tp rank's slice, sharded or staged as the layout needs, each rank asking
+// init for only the elements it holds: the seed, or a Hugging Face checkpoint) and t->strategy for
+// t->mesh. Logs the layout.
+void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, const ParamSource *init,
                           const LayoutOptions *options);
 void trainer_free_strategy(Trainer *t);
 // The state of one kind in the full table's layout, on every rank (pipeline: pp rank 0 only).
