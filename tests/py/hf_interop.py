@@ -14,6 +14,10 @@ and writes it with save_pretrained (safetensors). Then:
            to the ones transformers saved (fp32 cases; bf16/f16 come back as their fp32 values).
 Then bad files (hf_driver must exit 2 with one line): a missing config key, a shape mismatch, an
 unsupported rope_scaling type, a missing shard.
+Then the trainer (BUILD/train --init-from hf:DIR --export-hf OUT): its step-1 logits and loss (--dump)
+equal HF's on the same tokens; with lr 0 the export is bit-identical to the input under every layout
+(single, --tp 2, --dp-shard 2 (ZeRO-3), --pp 2, --tp 2 x --dp-shard 2: each rank read only its part);
+a sharded export loads in transformers; bad flags exit 2.
 
 Error measure per tensor: max_rel = max|ours - HF| / max|HF|, as tests/py/torch_oracle.py.
 """
@@ -305,11 +309,62 @@ def bad_files(chk, build, tmp, single_dir, sharded_dir):
                edit_config(lambda c: c.update(tie_word_embeddings=False)), "'lm_head.weight' is missing")
 
 
+# ---- the trainer ------------------------------------------------------------------------------
+def trainer(chk, build, tmp, model_dir, mpirun):
+    print("== trainer: --init-from hf:DIR, --export-hf")
+    common = ["--init-from", f"hf:{model_dir}", "--batch", "4", "--seq-len", str(T), "--steps", "2"]
+    dump = os.path.join(tmp, "trainer", "dump.safetensors")
+    os.makedirs(os.path.dirname(dump), exist_ok=True)
+    run([f"{build}/train"] + common + ["--dump", dump])
+    d, _ = safetensors_io.load(dump)
+    model = LlamaForCausalLM.from_pretrained(model_dir, attn_implementation="eager", torch_dtype=torch.float32)
+    inputs, targets = torch.tensor(d["inputs"][0]).long(), torch.tensor(d["targets"][0]).long()
+    with torch.no_grad():
+        logits = model.lm_head(model.model(input_ids=inputs).last_hidden_state)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+    chk.close("train --init-from --dump: step-1 logits vs HF", d["logits"], logits.numpy(), F32_LOGITS_REL)
+    chk.close("train --init-from --dump: step-1 loss vs HF", np.array(d["loss"][0]), np.array(float(loss)), F32_LOSS_REL)
+
+    saved = read_hf_dir(model_dir)
+    layouts = [(1, []), (2, ["--tp", "2"]), (2, ["--dp-shard", "2", "--zero-stage", "3"]), (2, ["--pp", "2"]),
+               (4, ["--tp", "2", "--dp-shard", "2"])]
+    for np_, flags in layouts:
+        out = os.path.join(tmp, "trainer", "export_" + "_".join(f.strip("-") for f in flags) if flags else "single")
+        cmd = ([] if np_ == 1 else mpirun + ["-np", str(np_)]) + [f"{build}/train"] + common + \
+            ["--lr", "0", "--export-hf", out] + flags
+        p = run(cmd, expect_rc=None)
+        if p.returncode != 0:
+            chk.true(f"train {' '.join(flags)}", False, p.stderr.strip()[-500:])
+            continue
+        back = read_hf_dir(out)
+        same = set(back) == set(saved) and all(back[n].numpy().tobytes() == saved[n].numpy().tobytes() for n in saved)
+        chk.true(f"lr 0, {np_} rank(s) {' '.join(flags) or '(single process)'}: export bit-identical to the input", same)
+
+    out = os.path.join(tmp, "trainer", "export_sharded")
+    run([f"{build}/train"] + common + ["--export-hf", out, "--export-hf-shard-mb", "0.03"])
+    shards = [f for f in os.listdir(out) if f.startswith("model-")]
+    trained = LlamaForCausalLM.from_pretrained(out, attn_implementation="eager", torch_dtype=torch.float32)
+    with torch.no_grad():
+        moved = float((trained(input_ids=inputs).logits - model(input_ids=inputs).logits).abs().max())
+    chk.true(f"2 trained steps exported in {len(shards)} shards: transformers loads them", len(shards) > 1 and moved > 0,
+             f"logits moved by {moved:.2e}")
+
+    for flags, wanted in [(["--init-from", model_dir], "expected hf:DIR"),
+                          (["--init-from", f"hf:{model_dir}", "--model", "tiny"], "--model: not with --init-from"),
+                          (["--init-from", f"hf:{tmp}/no_such_dir"], "config.json"),
+                          (["--init-from", f"hf:{model_dir}", "--export-hf", dump], "is not a directory")]:
+        p = run([f"{build}/train", "--steps", "1"] + flags, expect_rc=None)
+        lines = p.stderr.strip().splitlines()
+        chk.true(f"train {' '.join(flags[-2:])}: exit 2, one line", p.returncode == 2 and len(lines) == 1 and
+                 wanted in lines[0], f"rc {p.returncode}: {p.stderr.strip()}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--tmp", required=True)
     ap.add_argument("--case", action="append", help="run only these cases (default: all)")
+    ap.add_argument("--mpirun", default="mpirun --oversubscribe", help="how to start ranks")
     args = ap.parse_args()
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
@@ -320,6 +375,8 @@ def main():
         dirs[name] = run_case(chk, args.build, args.tmp, name, CASES[name])
     if "tied" in dirs and "f16_sharded" in dirs:
         bad_files(chk, args.build, args.tmp, dirs["tied"], dirs["f16_sharded"])
+    if "untied_llama3" in dirs:
+        trainer(chk, args.build, args.tmp, dirs["untied_llama3"], args.mpirun.split())
     print(f"hf_interop: {'PASS' if chk.failures == 0 else f'FAIL ({chk.failures} checks)'}")
     return 1 if chk.failures else 0
 
