@@ -74,7 +74,7 @@ static const cJSON *config_item(const cJSON *o, const char *key, const char *pat
 
 static double config_number(const cJSON *o, const char *key, const char *path, bool required, double fallback) {
     const cJSON *item = config_item(o, key, path, required);
-    if (!item) return fallback;
+    if (!item || (!required && cJSON_IsNull(item))) return fallback;  // null: the default, as in LlamaConfig
     if (!cJSON_IsNumber(item)) fatal_input("%s: key \"%s\" is not a number", path, key);
     return item->valuedouble;
 }
@@ -201,12 +201,10 @@ static void open_index(HfCheckpoint *h, const char *dir, const char *index_path)
     cJSON_ArrayForEach(item, map) {
         if (!cJSON_IsString(item)) fatal_input("%s: weight_map[\"%s\"] is not a file name", index_path, item->string);
         if (strchr(item->valuestring, '/')) fatal_input("%s: shard name '%s' has a '/'", index_path, item->valuestring);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, item->valuestring);
         bool seen = false;
-        for (int i = 0; i < h->n_files && !seen; i++) {
-            const char *p = st_path(h->files[i]);
-            seen = strcmp(p + strlen(p) - strlen(item->valuestring), item->valuestring) == 0 &&
-                   p[strlen(p) - strlen(item->valuestring) - 1] == '/';
-        }
+        for (int i = 0; i < h->n_files && !seen; i++) seen = strcmp(st_path(h->files[i]), path) == 0;
         if (seen) continue;
         h->files = realloc(h->files, sizeof *h->files * (size_t)(h->n_files + 1));
         h->files[h->n_files++] = open_shard(dir, item->valuestring, index_path);
