@@ -39,7 +39,7 @@
 typedef struct {
     const char *model, *data, *lr_decay, *attention, *matmul, *ac, *reshard;
     const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta, *grad_dump;
-    const char *pp_schedule, *pp_schedule_dot, *init_from, *export_hf;
+    const char *pp_schedule, *pp_schedule_dot, *device, *init_from, *export_hf;
     int steps, batch, seq_len, n_layers, warmup_steps, checkpoint_every, log_every;
     int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages;
     long long seed;
@@ -74,6 +74,9 @@ static const ArgSpec FLAGS[] = {
      "markov | markov:order=K,branches=N | text:FILE | tokens:FILE (common/DATA.md)", .value_name = "SPEC"},
     {"rope-theta", ARG_DOUBLE, &opt.rope_theta, NULL, "RoPE base (default: the model's, 500000)", .min = 1,
      .max = UNBOUNDED},
+    {"device", ARG_CHOICE, &opt.device, "cpu",
+     "where the model runs: cpu (the reference and every chapter), cuda (the GPU model: single process and "
+     "--dp-replicate so far)", .choices = DEVICE_NAMES},
     {"attention", ARG_CHOICE, &opt.attention, "flash", "attention kernel", .choices = ATTENTION_IMPL_NAMES},
     {"matmul", ARG_CHOICE, &opt.matmul, "blas", "matmul backend", .choices = MATMUL_BACKEND_NAMES},
     {"ac", ARG_CHOICE, &opt.ac, "none",
@@ -442,6 +445,8 @@ int main(int argc, char **argv) {
     check_writable("mesh-dot", opt.mesh_dot);
     check_export_dir(opt.export_hf);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
+    if (opt.dump && args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA)
+        fatal_input("--dump: records the CPU reference; run it with --device cpu and compare with --grad-dump");
 
     bool tracing = opt.trace || opt.trace_json || opt.trace_hta;
     comm_init(&argc, &argv, &(CommOptions){.timeout_seconds = opt.comm_timeout, .trace = tracing});
@@ -464,7 +469,8 @@ int main(int argc, char **argv) {
     uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.dp_index : 0);
     ParamSource init = init_checkpoint ? hf_param_source(init_checkpoint) : param_source_seed(init_seed);
     LayoutOptions layout = layout_options();
-    trainer_setup_layout(&t, &cfg, attention, &init, &layout);
+    if (args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA) t.strategy = cuda_strategy_create(&t, &cfg, &init, &layout);
+    else trainer_setup_layout(&t, &cfg, attention, &init, &layout);
     if (init_checkpoint) log_info("initial weights from %s", opt.init_from);
     hf_close(init_checkpoint);
     log_checkpointing(&t.model, t.micro, t.T, (ActCheckpoint)layout.ac);

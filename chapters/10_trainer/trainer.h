@@ -81,6 +81,9 @@ typedef struct {
     void (*finish)(void *ctx, Trainer *t);
 } TrainerExtension;
 
+typedef enum { DEVICE_CPU, DEVICE_CUDA } Device;
+#define DEVICE_NAMES "cpu|cuda"  // in enum order (--device)
+
 // How the layout is built: the mesh's degrees say which strategy, these the details.
 typedef struct {
     int zero_stage;            // with dp_shard > 1
@@ -99,6 +102,9 @@ typedef struct {
 // t->mesh. Logs the layout.
 void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, const ParamSource *init,
                           const LayoutOptions *options);
+// --device cuda (gpu/strategy.c): the one-GPU model behind the same contract; single process and DDP.
+// Linked in place of chapters/10_trainer/no_cuda.c where nvcc is found.
+Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSource *init, const LayoutOptions *o);
 void trainer_free_strategy(Trainer *t);
 // The state of one kind in the full table's layout, on every rank (pipeline: pp rank 0 only).
 void trainer_full_state(Trainer *t, StateKind kind, real *full);

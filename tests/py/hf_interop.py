@@ -16,7 +16,8 @@ Then bad files (hf_driver must exit 2 with one line): a missing config key, a sh
 unsupported rope_scaling type, a missing shard.
 Then the trainer (BUILD/train --init-from hf:DIR --export-hf OUT): its step-1 logits and loss (--dump)
 equal HF's on the same tokens; with lr 0 the export is bit-identical to the input under every layout
-(single, --tp 2, --dp-shard 2 (ZeRO-3), --pp 2, --tp 2 x --dp-shard 2: each rank read only its part);
+(single, --tp 2, --dp-shard 2 (ZeRO-3), --pp 2, --tp 2 x --dp-shard 2: each rank read only its part;
+--device cuda on the CUDA emulator where it is built);
 a sharded export loads in transformers; bad flags exit 2.
 
 Error measure per tensor: max_rel = max|ours - HF| / max|HF|, as tests/py/torch_oracle.py.
@@ -328,9 +329,14 @@ def trainer(chk, build, tmp, model_dir, mpirun):
     saved = read_hf_dir(model_dir)
     layouts = [(1, []), (2, ["--tp", "2"]), (2, ["--dp-shard", "2", "--zero-stage", "3"]), (2, ["--pp", "2"]),
                (4, ["--tp", "2", "--dp-shard", "2"])]
+    # --device cuda: the GPU model on the CUDA emulator (built with the GPU tests where a C++ compiler is)
+    emulated = os.path.join(build, "tests", "emu", "train")
+    if os.path.exists(emulated):
+        layouts.append((1, ["--device", "cuda"]))
     for np_, flags in layouts:
         out = os.path.join(tmp, "trainer", "export_" + "_".join(f.strip("-") for f in flags) if flags else "single")
-        cmd = ([] if np_ == 1 else mpirun + ["-np", str(np_)]) + [f"{build}/train"] + common + \
+        program = emulated if "cuda" in flags else f"{build}/train"
+        cmd = ([] if np_ == 1 else mpirun + ["-np", str(np_)]) + [program] + common + \
             ["--lr", "0", "--export-hf", out] + flags
         p = run(cmd, expect_rc=None)
         if p.returncode != 0:
