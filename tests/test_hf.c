@@ -163,6 +163,7 @@ END_TEST
 int main(void) {
     Suite *s = suite_create("hf");
     TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);  // reads every shard of a model element by element: seconds on a loaded machine
     tcase_add_test(tc, test_round_trip_single_file);
     tcase_add_test(tc, test_round_trip_shards_tied_llama3);
     tcase_add_test(tc, test_shard_reads_equal_the_seed);
