@@ -138,13 +138,14 @@ static void on_grads_ready(int unit, void *ctx) {
 
 // ---- setup ----------------------------------------------------------------------------------------
 // Writes the initial values of elements [first, first + count) of unit u's flat range into out.
-static void init_unit_range(const Model *m, const FsdpUnit *u, uint64_t seed, size_t first, size_t count, real *out) {
+static void init_unit_range(const Model *m, const FsdpUnit *u, const ParamSource *init, size_t first, size_t count,
+                            real *out) {
     for (int i = 0; i < m->table.count; i++) {
         const ParamInfo *p = &m->table.items[i];
         if (p->layer != u->unit) continue;
         size_t p_first = p->offset - u->offset, p_end = p_first + p->numel;  // unit-relative
         size_t lo = p_first > first ? p_first : first, hi = p_end < first + count ? p_end : first + count;
-        if (lo < hi) param_init_local_range(p, m->tp.rank, m->tp.size, seed, lo - p_first, hi - lo, out + (lo - first));
+        if (lo < hi) param_source_fill(init, p, m->tp.rank, m->tp.size, lo - p_first, hi - lo, out + (lo - first));
     }
 }
 
@@ -158,7 +159,7 @@ static bool reshard_after_forward(const Fsdp *f, int unit) {
 }
 
 Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *tp_group,
-                  const FsdpOptions *options, uint64_t seed) {
+                  const FsdpOptions *options, const ParamSource *init) {
     if (model->params) fatal("fsdp_create: the model must come from model_init_unallocated");
     Fsdp *f = calloc(1, sizeof *f);
     f->model = model, f->shard_group = shard_group, f->replicate_group = replicate_group, f->tp_group = tp_group;
@@ -180,11 +181,11 @@ Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *
         size_t owned = zero_slice_len(u->numel, u->shard, mine);
         if (options->stage < 3) {  // the full copy lives all step; the shard is a slice of it
             u->full = alloc_real(MEM_PARAMS, padded(u, f));
-            init_unit_range(model, u, seed, 0, u->numel, u->full);
+            init_unit_range(model, u, init, 0, u->numel, u->full);
             u->params_shard = u->full + mine;
         } else {
             u->params_shard = alloc_real(MEM_PARAMS, u->shard);
-            init_unit_range(model, u, seed, mine, owned, u->params_shard);
+            init_unit_range(model, u, init, mine, owned, u->params_shard);
         }
         if (options->stage == 1) {
             u->full_grads = alloc_real(MEM_GRADS, padded(u, f));

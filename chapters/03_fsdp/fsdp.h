@@ -20,7 +20,7 @@
 // HSDP: with dp_replicate > 1 the shard group is one replica; the gradient shards are then
 // averaged over the replicate group (all-reduce), queued right behind the reduce-scatter.
 //
-//   Fsdp *f = fsdp_create(&model, shard_group, replicate_group, &options, seed);  // installs UnitStorage
+//   Fsdp *f = fsdp_create(&model, shard_group, replicate_group, &options, &init);  // installs UnitStorage
 //   fsdp_zero_grads(f);
 //   for each micro-batch:  model_forward(...); fsdp_begin_backward(f, last); model_backward(...);
 //                          fsdp_end_backward(f);
@@ -81,10 +81,11 @@ size_t zero_slice_len(size_t numel, size_t shard, size_t mine);
 CommHandle *zero_gather_slices_start(Comm *group, real *full, size_t shard, real *staging);
 
 // Collective over shard_group (and replicate_group). The model must come from
-// model_init_unallocated; every rank builds only its shards, from the seed (sharding-independent
-// init, so the weights equal the single process's). Installs the model's UnitStorage and hook.
+// model_init_unallocated; every rank builds only its shards, asking init for just those elements
+// (from the seed: a sharding-independent init, so the weights equal the single process's; from a
+// checkpoint: only its shards' bytes are read). Installs the model's UnitStorage and hook.
 Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *tp_group,
-                  const FsdpOptions *options, uint64_t seed);
+                  const FsdpOptions *options, const ParamSource *init);
 void fsdp_free(Fsdp *f);
 
 void fsdp_zero_grads(Fsdp *f);
