@@ -121,6 +121,10 @@ double plan_acts_bytes(const Model *m, int B, int T, ActCheckpoint ac, int first
     return (in_flight * per_set + recompute + scratch) * elem_bytes;
 }
 
+double plan_ffn_hidden_bytes(const ModelConfig *c, int B, int T, int elem_bytes) {
+    return (double)c->n_layers * B * T * c->ffn_dim * elem_bytes;
+}
+
 // The micro-batches (x chunks) each pipeline rank holds at once, from chapter 7's validator.
 static void in_flight_per_rank(const PlanConfig *p, int *in_flight) {
     PpSchedule s;

@@ -90,6 +90,10 @@ PlanMemory plan_memory(const PlanConfig *p);
 double plan_acts_bytes(const Model *m, int B, int T, ActCheckpoint ac, int first, int end, int in_flight,
                        int elem_bytes);
 
+// The FFN's hidden activation (B, T, ffn_dim) of every layer, elem_bytes each: the one tensor
+// seed 002's 405B example counts (the SwiGLU product; the reference keeps gate and up as well).
+double plan_ffn_hidden_bytes(const ModelConfig *c, int B, int T, int elem_bytes);
+
 // ---- step time ------------------------------------------------------------------------------------
 typedef struct {
     double step_s, tps_per_gpu, mfu;
