@@ -110,7 +110,8 @@ START_TEST(test_matches_trainer_tables) {
 }
 END_TEST
 
-// Alpha-beta costs: a ring inside a node, hierarchical across nodes, all-reduce twice all-gather.
+// Alpha-beta costs: all-gather a flat ring (NVLink inside a node, the network once it spans
+// nodes); all-reduce hierarchical.
 START_TEST(test_collective_costs) {
     Cluster c;
     ck_assert(cluster_lookup("h100-sxm-ib", &c));
@@ -118,13 +119,16 @@ START_TEST(test_collective_costs) {
     double intra = 7 * c.nvlink_lat + 7.0 / 8 * S / c.nvlink_bw;
     ck_assert_double_eq_tol(plan_all_gather_s(&c, 8, 1, S), intra, 1e-15);
     ck_assert_double_eq_tol(plan_all_reduce_s(&c, 8, 1, S), 2 * intra, 1e-15);
-    // 32 ranks = 4 nodes of 8: 3 network hops on S/8, then the node's ring.
-    double hier = 3 * c.net_lat + 3.0 / 4 * (S / 8) / c.net_bw + intra;
-    ck_assert_double_eq_tol(plan_all_gather_s(&c, 32, 1, S), hier, 1e-15);
-    // Stride 8 (tp = 8 inside): one rank per node, a pure network ring.
+    // 32 ranks = 4 nodes of 8: the ring's 31 steps each wait for the network; 8 NICs per node.
+    ck_assert_double_eq_tol(plan_all_gather_s(&c, 32, 1, S), 31 * c.net_lat + 31.0 / 32 * S / (8 * c.net_bw), 1e-15);
+    // All-reduce over them: 2 x (node ring), then a tree over 4 nodes on S/8 per NIC.
+    double hier = 2 * intra + 2 * 2 * c.net_lat + 2 * 3.0 / 4 * (S / 8) / c.net_bw;
+    ck_assert_double_eq_tol(plan_all_reduce_s(&c, 32, 1, S), hier, 1e-15);
+    // Stride 8 (tp = 8 inside): one rank per node.
     ck_assert_int_eq(plan_group_per_node(&c, 4, 8), 1);
+    ck_assert_int_eq(plan_group_per_node(&c, 4, 2), 4);
     ck_assert_double_eq_tol(plan_all_gather_s(&c, 4, 8, S), 3 * c.net_lat + 3.0 / 4 * S / c.net_bw, 1e-15);
-    ck_assert(plan_all_gather_s(&c, 1, 1, S) == 0);
+    ck_assert(plan_all_gather_s(&c, 1, 1, S) == 0 && plan_all_reduce_s(&c, 1, 1, S) == 0);
 }
 END_TEST
 

@@ -74,19 +74,29 @@ int plan_group_per_node(const Cluster *c, int n, int stride) {
     return g < n ? g : n;
 }
 
-// Ring inside a node; across k nodes, hierarchical: the k ranks with the same local index (one NIC
-// each) gather their 1/g of the buffer over the network first, then the node's g ranks exchange
-// those over NVLink. A reduce-scatter is the same in reverse at the same cost.
+// All-gather and reduce-scatter: NCCL runs them only as rings over all n ranks (seed 003), n - 1
+// lock-step steps of bytes/n each. Inside a node every step crosses NVLink. Once the ring spans
+// nodes every step waits for a network hop, and the network carries (n-1)/n of the buffer: NCCL
+// runs one ring per NIC (channels), so the g ranks of the group in a node share the buffer over
+// their g NICs (up to NVLink's own rate). The latency term (n - 1) alpha grows with the group:
+// what makes large FSDP groups slow (seed 003).
 double plan_all_gather_s(const Cluster *c, int n, int stride, double bytes) {
     if (n <= 1) return 0;
-    int g = plan_group_per_node(c, n, stride), k = (n + g - 1) / g;
-    double intra = g > 1 ? (g - 1) * c->nvlink_lat + (double)(g - 1) / g * bytes / c->nvlink_bw : 0;
-    if (k == 1) return intra;
-    return (k - 1) * c->net_lat + (double)(k - 1) / k * (bytes / g) / c->net_bw + intra;
+    int g = plan_group_per_node(c, n, stride);
+    double lat = g == n ? c->nvlink_lat : c->net_lat, bw = g == n ? c->nvlink_bw : fmin(c->nvlink_bw, g * c->net_bw);
+    return (n - 1) * lat + (double)(n - 1) / n * bytes / bw;
 }
 
+// All-reduce: hierarchical across nodes (NCCL's tree and ring variants reduce inside the node
+// first): reduce-scatter over the node's g ranks (NVLink), all-reduce of each 1/g piece among the
+// k nodes (one NIC per piece; a pipelined tree: 2 log2(k) network latencies, twice the piece
+// over the NIC), all-gather inside the node.
 double plan_all_reduce_s(const Cluster *c, int n, int stride, double bytes) {
-    return 2 * plan_all_gather_s(c, n, stride, bytes);
+    if (n <= 1) return 0;
+    int g = plan_group_per_node(c, n, stride), k = (n + g - 1) / g;
+    double intra = g > 1 ? 2 * ((g - 1) * c->nvlink_lat + (double)(g - 1) / g * bytes / c->nvlink_bw) : 0;
+    if (k == 1) return intra;
+    return intra + 2 * ceil(log2(k)) * c->net_lat + 2.0 * (k - 1) / k * (bytes / g) / c->net_bw;
 }
 
 static double p2p_s(const Cluster *c, bool same_node, double bytes) {

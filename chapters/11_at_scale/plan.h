@@ -113,8 +113,9 @@ double plan_ideal_bubble(PpScheduleKind kind, int p, int m, int v);
 
 // ---- collectives (alpha-beta) ----------------------------------------------------------------------
 // A group of n ranks, `stride` ranks apart in the global numbering (tp innermost): how many of
-// them share a node, and the time of an all-gather or reduce-scatter of `bytes` (the full buffer)
-// and an all-reduce (reduce-scatter + all-gather).
+// them share a node, and the time of an all-gather or reduce-scatter of `bytes` (the full buffer:
+// a flat ring, NVLink inside a node, the network once it spans nodes) and of an all-reduce
+// (hierarchical: inside the node, then across nodes on 1/g of the buffer per NIC).
 int plan_group_per_node(const Cluster *c, int n, int stride);
 double plan_all_gather_s(const Cluster *c, int n, int stride, double bytes);
 double plan_all_reduce_s(const Cluster *c, int n, int stride, double bytes);
