@@ -288,11 +288,14 @@ static Costs unit_costs(const PlanConfig *p, const Cluster *c) {
     // Data parallel: units all-gathered in the compute precision, gradients reduced in theirs,
     // over the shard group (dp_shard x cp, stride tp) and the replicas (stride dp_shard x cp x tp).
     int N = shard_size(p), shard_stride = p->tp, rep_stride = N * p->tp;
+    // What the all-gathers carry: the compute-precision copy, or the weights themselves when
+    // there is only one copy (fp32 on the CPU).
+    double gathered_bytes = p->working_bytes ? p->working_bytes : p->master_bytes;
     UnitCost *units[3] = {&k.block, &k.embed, &k.head};
     double params[3] = {block_params(m) / tp, embedding_params(m) / tp, head_params(m) / tp};
     for (int i = 0; i < 3; i++) {
         if (fsdp(p)) {
-            if (p->zero_stage == 3) units[i]->gather = plan_all_gather_s(c, N, shard_stride, params[i] * p->working_bytes);
+            if (p->zero_stage == 3) units[i]->gather = plan_all_gather_s(c, N, shard_stride, params[i] * gathered_bytes);
             units[i]->reduce = plan_all_gather_s(c, N, shard_stride, params[i] * p->grad_bytes);
             units[i]->replicate = plan_all_reduce_s(c, p->dp_replicate, rep_stride, params[i] / N * p->grad_bytes);
         } else {
@@ -307,7 +310,7 @@ static Costs unit_costs(const PlanConfig *p, const Cluster *c) {
     // working copy: ~ (2 x 4) x 3 + 4 + 2 bytes per parameter of the rank's shard.
     double shard = rank_params(p, 0) / (fsdp(p) ? N : 1);
     k.optimizer = shard * 30 / c->hbm_bw;
-    if (fsdp(p) && p->zero_stage < 3) k.after_step = plan_all_gather_s(c, N, shard_stride, rank_params(p, 0) * p->working_bytes);
+    if (fsdp(p) && p->zero_stage < 3) k.after_step = plan_all_gather_s(c, N, shard_stride, rank_params(p, 0) * gathered_bytes);
     return k;
 }
 
