@@ -45,7 +45,7 @@ last=$(printf '%s\n' "$out" | tail -1)
 [[ "$last" =~ ^TPS/GPU\ [0-9]+$ ]] || { echo "FAIL: last line '$last'"; exit 1; }
 "$PYTHON" tests/py/trace_check.py "$T/sim.pftrace" --expect-slice "block fwd" --expect-slice "block bwd" \
     --expect-slice "all-gather" --expect-slice "reduce-scatter" --expect-slice "send act" --expect-slice tp \
-    --expect-slice optimizer --expect-slice "step 1"
+    --expect-slice optimizer --expect-slice step --expect-slice "pp wait"
 summary=$(traces/trace-summary "$T/sim.pftrace")
 printf '%s\n' "$summary" | grep -q "pp1 dp0 cp0 tp0" || { echo "FAIL: trace-summary: $summary"; exit 1; }
 echo "ok: trace of 2 pipeline ranks read by trace-summary"

@@ -318,7 +318,7 @@ static Costs unit_costs(const PlanConfig *p, const Cluster *c) {
 typedef struct {
     int rank, track;
     double start, end;
-    const char *name;
+    const char *name, *category;
     int microbatch, stage;
     double flops;
 } SimSlice;
@@ -386,19 +386,25 @@ static void queue_push(MessageQueue *q, double t) {
 static double run_compute(Sim *sim, RankState *st, int rank, double ready, double dur, const char *name, int mb,
                           int stage, double flops, bool comm_wait) {
     double start = fmax(st->clock, ready);
+    // A wait shows on the compute track as the trainer's do: for a collective ("comm-wait", exposed
+    // communication) or for a pipeline neighbour ("pipeline-wait", bubble).
+    if (start > st->clock)
+        record(sim->slices, (SimSlice){rank, TRACK_COMPUTE, st->clock, start, comm_wait ? "fsdp all-gather wait" : "pp wait",
+                                       comm_wait ? "comm-wait" : "pipeline-wait", mb, stage, 0});
     if (st->busy == 0) st->first_compute = start;
     else if (comm_wait) st->waited += start - st->clock;
     else st->idle += start - st->clock;
     st->clock = start + dur;
     st->busy += dur;
     st->last_compute = st->clock;
-    record(sim->slices, (SimSlice){rank, TRACK_COMPUTE, start, st->clock, name, mb, stage, flops});
+    record(sim->slices, (SimSlice){rank, TRACK_COMPUTE, start, st->clock, name, "phase", mb, stage, flops});
     return start;
 }
 
 static void blocking_wait(Sim *sim, RankState *st, int rank, double dur, int track, const char *name, int mb) {
     if (dur <= 0) return;
-    record(sim->slices, (SimSlice){rank, track, st->clock, st->clock + dur, name, mb, -1, 0});
+    record(sim->slices, (SimSlice){rank, track, st->clock, st->clock + dur, name, "comm", mb, -1, 0});
+    record(sim->slices, (SimSlice){rank, TRACK_COMPUTE, st->clock, st->clock + dur, name, "comm-wait", mb, -1, 0});
     st->clock += dur;
     st->waited += dur;
 }
@@ -407,7 +413,7 @@ static void blocking_wait(Sim *sim, RankState *st, int rank, double dur, int tra
 static double issue(Sim *sim, double *stream, int rank, int track, double at, double dur, const char *name) {
     double start = fmax(*stream, at);
     *stream = start + dur;
-    if (dur > 0) record(sim->slices, (SimSlice){rank, track, start, *stream, name, -1, -1, 0});
+    if (dur > 0) record(sim->slices, (SimSlice){rank, track, start, *stream, name, "comm", -1, -1, 0});
     return *stream;
 }
 
@@ -547,11 +553,14 @@ static SimResult simulate(Sim *sim, const PpSchedule *s) {
     for (int r = 0; r < P; r++) {
         RankState *x = &st[r];
         double drained = fmax(x->clock, fmax(x->shard_free, x->rep_free));
+        if (drained > x->clock)
+            record(sim->slices, (SimSlice){r, TRACK_COMPUTE, x->clock, drained, "gradient sync wait", "comm-wait", -1, -1, 0});
         x->waited += drained - x->clock;
         x->clock = drained;
         if (sim->k->optimizer > 0) run_compute(sim, x, r, x->clock, sim->k->optimizer, "optimizer", -1, -1, 0, false);
         if (sim->k->after_step > 0) {
             double end = issue(sim, &x->shard_free, r, TRACK_SHARD, x->clock, sim->k->after_step, "all-gather");
+            record(sim->slices, (SimSlice){r, TRACK_COMPUTE, x->clock, end, "weights all-gather wait", "comm-wait", -1, -1, 0});
             x->waited += end - x->clock;
             x->clock = end;
         }
@@ -576,13 +585,14 @@ static void write_trace(const PlanConfig *p, const SliceList *l, double step, co
         trace_init(r, name);
         int tracks[N_TRACKS];
         for (int t = 0; t < N_TRACKS; t++) tracks[t] = trace_track(TRACK_NAMES[t]);
-        trace_begin_at(tracks[TRACK_STEPS], "step 1", "step", 0);
+        trace_begin_at(tracks[TRACK_STEPS], "step", "step", 0);
+        trace_arg_int(tracks[TRACK_STEPS], "step", 1);
         trace_end_at(tracks[TRACK_STEPS], (int64_t)(step * 1e9));
         for (int i = 0; i < l->count; i++) {
             const SimSlice *s = &l->items[i];
             if (s->rank != r) continue;
             int t = tracks[s->track];
-            trace_begin_at(t, s->name, s->track == TRACK_COMPUTE ? "compute" : "comm", (int64_t)(s->start * 1e9));
+            trace_begin_at(t, s->name, s->category, (int64_t)(s->start * 1e9));
             if (s->microbatch >= 0) trace_arg_int(t, "microbatch", s->microbatch);
             if (s->stage >= 0) trace_arg_int(t, "stage", s->stage);
             if (s->flops > 0) trace_arg_double(t, "flops", s->flops);
