@@ -152,10 +152,11 @@ static PlanMemory rank_memory(const PlanConfig *p, const Model *m, int r, int in
     ZeroMemory z = zero_memory_model(stage, P, N, p->master_bytes, p->grad_bytes, p->optim_bytes);
     double biggest = fmax(block_params(&p->model), embedding_params(&p->model)) / p->tp;
     // The compute-precision copy: all of it unless ZeRO-3 shards it; FSDP under a pipeline gathers
-    // once per step and keeps it (every micro-batch needs it), otherwise two units (the current
-    // one and the prefetched one).
-    double working = stage < 3 || p->pp > 1 ? P : 2 * biggest;
-    mem.weights = z.params + p->working_bytes * working;
+    // once per step and keeps it (every micro-batch needs it), otherwise two gathered units (the
+    // current one and the prefetched one; in fp32 these are the only extra copy).
+    double gathered_bytes = p->working_bytes ? p->working_bytes : p->master_bytes;
+    if (stage == 3 && p->pp == 1) mem.weights = z.params + 2 * biggest * gathered_bytes;
+    else mem.weights = z.params + p->working_bytes * P;
     mem.grads = z.grads;
     mem.optimizer = z.optimizer;
     int B = micro_batch(p), T = p->seq_len / p->cp;
