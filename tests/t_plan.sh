@@ -3,6 +3,7 @@
 #  - bad input: one line, exit status 2, before any work;
 #  - the output ends with `TPS/GPU <number>`; --trace writes a valid Perfetto file with the
 #    trainer's track names; --search lists fitting meshes fastest first;
+#  - seed 003's trends hold (throughput per GPU falls with scale, TP 2-4 beats FSDP at 2,048 GPUs);
 #  - every row of chapters/11_at_scale/validation.txt (published throughputs of seeds 000 and 001)
 #    is predicted within the band stated next to it. Deterministic arithmetic: no timing involved.
 set -eu
@@ -55,6 +56,17 @@ s=$("$PLAN" --model llama3_70b --gpus 64 --batch 64 --ac full --search)
 printf '%s\n' "$s" | awk 'NR > 2 && NF == 11 { if (seen && $11 + 0 > prev + 0) bad = 1; prev = $11; seen = 1; if ($7 + 0 > 89.5) bad = 1 }
     END { exit bad || !seen }' || { echo "FAIL: search output: $s"; exit 1; }
 echo "ok: search ($(printf '%s\n' "$s" | head -1))"
+
+# Seed 003's trends (Llama 2 7B, 4,096 tokens, 2 sequences per GPU): per-GPU throughput falls from
+# 128 to 2,048 GPUs under FSDP, and tensor parallelism of 2 or 4 beats pure FSDP at 2,048.
+tps() { "$PLAN" --model llama2_7b --seq-len 4096 --ac selective "$@" | sed -n 's/^TPS\/GPU //p'; }
+f128=$(tps --gpus 128 --batch 256); f2048=$(tps --gpus 2048 --batch 4096)
+t2=$(tps --gpus 2048 --tp 2 --batch 4096); t4=$(tps --gpus 2048 --tp 4 --batch 4096)
+if [ "$f2048" -lt "$f128" ] && [ "$t2" -gt "$f2048" ] && [ "$t4" -gt "$f2048" ]; then
+    echo "ok: seed 003 trends: FSDP $f128 -> $f2048 TPS/GPU from 128 to 2048 GPUs; at 2048 TP 2 $t2, TP 4 $t4"
+else
+    echo "FAIL: seed 003 trends: FSDP $f128 -> $f2048; TP 2 $t2, TP 4 $t4 at 2048"; exit 1
+fi
 
 # The validation rows.
 fails=0
