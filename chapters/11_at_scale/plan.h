@@ -8,8 +8,9 @@
 //                in flight (pp_validate)
 //   compute      FLOPs of model_block_forward_flops over a roofline: FLOPs / (peak x efficiency)
 //                for matmuls and attention, bytes / HBM bandwidth for element-wise ops
-//   collectives  chapter 1's alpha-beta cost: ring inside a node (NVLink), hierarchical across
-//                nodes (inter-node ring on 1/g of the data, then NVLink)
+//   collectives  chapter 1's alpha-beta cost per link: all-gather and reduce-scatter as NCCL's
+//                flat rings (NVLink inside a node, the network once they span nodes), all-reduce
+//                hierarchical (inside the node, then across nodes on 1/g of the data per NIC)
 //   the step     every pipeline rank's action list from chapter 7 (pp_schedule_build), replayed as
 //                an event simulation with one compute stream and one comm stream per group, under
 //                the runtime's overlap rules (FSDP prefetch of one unit, per-unit reduce-scatter and
