@@ -321,19 +321,26 @@ void fsdp_load_full(Fsdp *f, StateKind kind, const real *flat) {
 }
 
 // ---- memory model ----------------------------------------------------------------------------------
+ZeroMemory zero_memory_model(int stage, double P, double N, double weight_bytes, double grad_bytes,
+                             double optim_bytes) {
+    return (ZeroMemory){.params = weight_bytes * P / (stage >= 3 ? N : 1),
+                        .grads = grad_bytes * P / (stage >= 2 ? N : 1),
+                        .optimizer = optim_bytes * P / (stage >= 1 ? N : 1)};
+}
+
 void fsdp_print_memory_estimate(const Fsdp *f) {
     double P = (double)f->model->table.total_numel, N = n_ranks(f), MiB = 1048576.0, b = sizeof(real);
     double biggest = 0;  // elements of the largest padded unit: the transient full buffers
     for (int i = 0; i < f->n_units; i++)
         if (f->units[i].shard * N > biggest) biggest = (double)f->units[i].shard * N;
     int stage = f->options.stage;
-    double params = stage < 3 ? b * P : b * P / N, grads = stage == 1 ? b * P : b * P / N, optim = 2 * b * P / N;
+    ZeroMemory z = zero_memory_model(stage, P, N, b, b, 2 * b);
     log_info("zero-%d memory model: P = %.0f parameters, N = %d shards, b = %zu bytes; the largest unit in full "
              "is %.4f MiB (stages 2-3 hold a few of those at a time on top of the formula)",
              stage, P, (int)N, sizeof(real), b * biggest / MiB);
     MemCategory cats[3] = {MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER};
     const char *formula[3] = {stage < 3 ? "bP" : "bP/N", stage == 1 ? "bP" : "bP/N", "2bP/N"};
-    double est[3] = {params, grads, optim};
+    double est[3] = {z.params, z.grads, z.optimizer};
     for (int c = 0; c < 3; c++)
         log_info("  %-10s %-6s = %9.4f MiB   measured peak %9.4f MiB", mem_category_name(cats[c]), formula[c],
                  est[c] / MiB, mem_peak(cats[c]) / MiB);

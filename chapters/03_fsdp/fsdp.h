@@ -108,6 +108,17 @@ void fsdp_gather_full(Fsdp *f, StateKind kind, real *flat);
 // The reverse, for --resume: takes this rank's shard of a full tensor.
 void fsdp_load_full(Fsdp *f, StateKind kind, const real *flat);
 
+// The ZeRO memory model per rank, in bytes: P parameters, N ranks sharing them, `stage` 0 (plain
+// data parallelism: nothing sharded) to 3, with weight_bytes, grad_bytes and optim_bytes stored per
+// parameter (fp32 here: 4, 4, 8; mixed precision with Adam: 2, 2, 12). Stage 1 divides the
+// optimizer state by N, stage 2 also the gradients, stage 3 also the weights. The transient full
+// units of stages 2-3 are not in it (see fsdp_print_memory_estimate). Chapter 11 plans with it.
+typedef struct {
+    double params, grads, optimizer;
+} ZeroMemory;
+ZeroMemory zero_memory_model(int stage, double P, double N, double weight_bytes, double grad_bytes,
+                             double optim_bytes);
+
 // Prints the memory model of this stage next to the measured peaks (bytes by category):
 //   stage 1: params 4P, grads 4P, optimizer 8P/N
 //   stage 2: params 4P, grads 4P/N + the units in flight, optimizer 8P/N
