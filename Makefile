@@ -89,7 +89,9 @@ CHAPTER_PROGRAMS := $(foreach f,$(CHAPTER_PROGRAM_SRC),$(BUILD)/$(patsubst main_
 PROGRAMS := $(BUILD)/train $(BUILD)/train64 $(CHAPTER_PROGRAMS)
 
 .PHONY: all run test bench deps clean probe exercises grade
-all: probe $(PROGRAMS) $(if $(HAVE_CHECK),$(TEST_BIN))
+# Drivers that end-to-end test scripts run (tests/t_hf.sh), in fp32 and float64.
+TEST_DRIVERS := $(BUILD)/tests/hf_driver $(BUILD)/tests/hf_driver64
+all: probe $(PROGRAMS) $(TEST_DRIVERS) $(if $(HAVE_CHECK),$(TEST_BIN))
 
 probe:
 	@echo "probe: cc=$(CC) ($(shell $(CC) -dumpfullversion 2>/dev/null))" \
@@ -138,6 +140,13 @@ $(BUILD)/tests/test_%: tests/test_%.c $(LIBREF32) $(LIBCOMMON)
 $(BUILD)/tests/test64_%: tests/test64_%.c $(LIBREF64) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(CHECK_LIBS) $(LDLIBS)
+
+$(BUILD)/tests/hf_driver: tests/hf_driver.c $(LIBREF32) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/tests/hf_driver64: tests/hf_driver.c $(LIBREF64) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(LDLIBS)
 
 # ---- GPU (gpu/): built only where nvcc is found; needs no GPU to build -----------------------
 # Kernels (gpu/*.cu) for Hopper (sm_90a, the H100/H200) with warnings as errors; gpu/*.c is C on top

@@ -7,25 +7,29 @@
 #include "common/mem.h"
 #include "reference_cpu/real.h"
 
-const char *const MODEL_CONFIG_NAMES = "tiny|small|llama3_1b|llama3_8b|llama3_70b|llama3_405b";
+const char *const MODEL_CONFIG_NAMES = "tiny|small|llama3_1b|llama3_8b|llama3_70b|llama3_405b|llama2_7b";
 
 typedef struct {
     const char *name;
     int dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, max_seq_len;
     bool tied;
     double rope_scaling_factor;
+    double rope_theta;  // 0: Llama 3's 500000
 } NamedConfig;
 
 // tiny: for tests, divisible enough for tp 4, pp 2 x 2 virtual stages, cp 2 (seq 32 = 4 chunks of 8).
 // small: the CPU demo, 10.5M parameters, byte-level vocabulary (256) so text files train as is. The llama3_* entries are the published shapes (Llama 3.2 1B
 // ties its output projection; 3.1 models use RoPE scaling for their 128K context).
 static const NamedConfig NAMED_CONFIGS[] = {
-    {"tiny", 64, 4, 8, 4, 128, 256, 32, false, 0},
-    {"small", 384, 6, 6, 2, 1152, 256, 256, false, 0},
-    {"llama3_1b", 2048, 16, 32, 8, 8192, 128256, 8192, true, 32},
-    {"llama3_8b", 4096, 32, 32, 8, 14336, 128256, 8192, false, 8},
-    {"llama3_70b", 8192, 80, 64, 8, 28672, 128256, 8192, false, 8},
-    {"llama3_405b", 16384, 126, 128, 8, 53248, 128256, 8192, false, 8},
+    {"tiny", 64, 4, 8, 4, 128, 256, 32, false, 0, 0},
+    {"small", 384, 6, 6, 2, 1152, 256, 256, false, 0, 0},
+    {"llama3_1b", 2048, 16, 32, 8, 8192, 128256, 8192, true, 32, 0},
+    {"llama3_8b", 4096, 32, 32, 8, 14336, 128256, 8192, false, 8, 0},
+    {"llama3_70b", 8192, 80, 64, 8, 28672, 128256, 8192, false, 8, 0},
+    {"llama3_405b", 16384, 126, 128, 8, 53248, 128256, 8192, false, 8, 0},
+    // Llama 2 7B (multi-head attention, 32K vocabulary, 4K context, RoPE base 10000): the model of
+    // the IBM/Meta FSDP throughput run chapter 11 predicts.
+    {"llama2_7b", 4096, 32, 32, 32, 11008, 32000, 4096, false, 0, 10000.0},
 };
 
 bool model_config_lookup(const char *name, ModelConfig *out) {
@@ -42,7 +46,7 @@ bool model_config_lookup(const char *name, ModelConfig *out) {
         out->vocab_size = n->vocab_size;
         out->max_seq_len = n->max_seq_len;
         out->norm_eps = 1e-5;
-        out->rope_theta = 500000.0;
+        out->rope_theta = n->rope_theta ? n->rope_theta : 500000.0;
         out->tied = n->tied;
         out->rope_scaling_factor = n->rope_scaling_factor;
         out->rope_low_freq_factor = 1.0;

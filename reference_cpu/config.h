@@ -24,7 +24,7 @@ typedef struct {
     int rope_original_max_seq_len;    // 8192
 } ModelConfig;
 
-// Looks up tiny, small, llama3_1b, llama3_8b, llama3_70b, llama3_405b. Returns false if unknown.
+// Looks up tiny, small, llama3_1b, llama3_8b, llama3_70b, llama3_405b, llama2_7b. Returns false if unknown.
 bool model_config_lookup(const char *name, ModelConfig *out);
 extern const char *const MODEL_CONFIG_NAMES;  // "tiny|small|llama3_1b|..." for the flag table
 

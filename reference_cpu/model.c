@@ -8,7 +8,7 @@
 #include "common/trace.h"
 
 
-void model_init_tp(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention, int tp_size,
+void model_init_tp(Model *m, const ModelConfig *cfg, const ParamSource *init, AttentionImpl attention, int tp_size,
                    int tp_rank, bool allocate) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
@@ -25,16 +25,17 @@ void model_init_tp(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImp
     m->grads = mem_alloc(MEM_GRADS, sizeof(real) * m->table.total_numel);
     for (int i = 0; i < m->table.count; i++) {
         const ParamInfo *p = &m->table.items[i];
-        param_init_local_range(p, tp_rank, tp_size, seed, 0, p->numel, m->params + p->offset);
+        param_source_fill(init, p, tp_rank, tp_size, 0, p->numel, m->params + p->offset);
     }
 }
 
 void model_init_unallocated(Model *m, const ModelConfig *cfg, AttentionImpl attention) {
-    model_init_tp(m, cfg, 0, attention, 1, 0, false);
+    model_init_tp(m, cfg, NULL, attention, 1, 0, false);
 }
 
 void model_init(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention) {
-    model_init_tp(m, cfg, seed, attention, 1, 0, true);
+    ParamSource init = param_source_seed(seed);
+    model_init_tp(m, cfg, &init, attention, 1, 0, true);
 }
 
 // ---- tensor parallelism: the sums over the tp group (nothing without it) ------------------------

@@ -160,9 +160,10 @@ void model_init(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl a
 // The same without params and grads (NULL): for storage that shards them (FSDP).
 void model_init_unallocated(Model *m, const ModelConfig *cfg, AttentionImpl attention);
 // Tensor-parallel rank tp_rank of tp_size: the table and shapes of this rank's shards; with
-// allocate, its params and grads initialised to the full tensors' values. The caller installs m->tp
+// allocate, its params and grads, the params filled from init (this rank's slices of the full
+// tensors; init may be NULL without allocate). The caller installs m->tp
 // (chapters/06_tensor_parallel/tp.h) before the first forward.
-void model_init_tp(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention, int tp_size,
+void model_init_tp(Model *m, const ModelConfig *cfg, const ParamSource *init, AttentionImpl attention, int tp_size,
                    int tp_rank, bool allocate);
 void model_free(Model *m);
 // Unit ranges in the flat layout (in elements).

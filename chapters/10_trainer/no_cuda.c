@@ -29,7 +29,7 @@ void trainer_exec_cuda_build(char **argv) {
                 "train-cuda next to train: see make probe)");
 }
 
-Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, uint64_t seed, const LayoutOptions *o) {
-    (void)t, (void)cfg, (void)seed, (void)o;
+Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSource *init, const LayoutOptions *o) {
+    (void)t, (void)cfg, (void)init, (void)o;
     fatal_input("--device cuda: this program was built without CUDA");
 }

@@ -156,12 +156,12 @@ static void fsdp_load(Strategy *s, StateKind kind, const real *local_flat) { fsd
 static void fsdp_memory(const Strategy *s) { fsdp_print_memory_estimate(s->impl); }
 static void fsdp_release(Strategy *s) { fsdp_free(s->impl); }
 
-static Strategy *sharded_create(Trainer *t, const LayoutOptions *o, uint64_t seed) {
+static Strategy *sharded_create(Trainer *t, const LayoutOptions *o, const ParamSource *init) {
     Mesh *mesh = t->mesh;
     FsdpOptions options = {o->zero_stage, (ReshardPolicy)o->reshard, o->overlap};
     Comm *replicate = mesh->degree[MESH_DP_REPLICATE] > 1 ? mesh->dim[MESH_DP_REPLICATE] : NULL;
     Comm *tp_group = mesh->degree[MESH_TP] > 1 ? mesh->dim[MESH_TP] : NULL;
-    Fsdp *f = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, tp_group, &options, seed);
+    Fsdp *f = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, tp_group, &options, init);
     Strategy *s = strategy_new(replicate ? "hsdp" : "fsdp", &t->model, f);
     char reshard[32];
     s->zero_grads = fsdp_zero;
@@ -202,7 +202,7 @@ static void pipeline_load(Strategy *s, StateKind kind, const real *local_flat) {
 }
 static void pipeline_release(Strategy *s) { pipeline_free(s->impl); }
 
-static Strategy *pipeline_strategy_create(Trainer *t, const LayoutOptions *o, uint64_t seed) {
+static Strategy *pipeline_strategy_create(Trainer *t, const LayoutOptions *o, const ParamSource *init) {
     Mesh *mesh = t->mesh;
     bool sharded = mesh->degree[MESH_DP_SHARD] > 1;
     PipelineOptions options = {(PpScheduleKind)o->pp_schedule, t->n_micro, o->pp_virtual_stages, t->micro, t->T,
@@ -210,7 +210,7 @@ static Strategy *pipeline_strategy_create(Trainer *t, const LayoutOptions *o, ui
                                o->pp_schedule_dot, mesh->degree[MESH_TP] > 1 ? mesh->dim[MESH_TP] : NULL,
                                sharded ? mesh->dp_shard_cp : NULL};
     int replicas = comm_size(mesh->dp_cp);
-    Pipeline *pl = pipeline_create(&t->model, mesh->dim[MESH_PP], replicas > 1 ? mesh->dp_cp : NULL, &options, seed);
+    Pipeline *pl = pipeline_create(&t->model, mesh->dim[MESH_PP], replicas > 1 ? mesh->dp_cp : NULL, &options, init);
     if (replicas > 1)
         log_info("pp x %s: %d data-parallel ranks per stage%s", sharded ? "zero-1" : "ddp", replicas,
                  sharded ? ", AdamW state sharded over dp_shard" : "");
@@ -229,12 +229,12 @@ static Strategy *pipeline_strategy_create(Trainer *t, const LayoutOptions *o, ui
 
 // The model first (this tp rank's slice; its own weights only where no module shards or stages
 // them), then the strategy the mesh calls for.
-void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, uint64_t seed,
+void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, const ParamSource *init,
                           const LayoutOptions *o) {
     Mesh *mesh = t->mesh;
     int tp = mesh->degree[MESH_TP], tp_rank = mesh->coord[MESH_TP];
     bool sharded = mesh->degree[MESH_DP_SHARD] > 1, pipelined = mesh->degree[MESH_PP] > 1;
-    model_init_tp(&t->model, cfg, seed, attention, tp, tp_rank, !sharded && !pipelined);
+    model_init_tp(&t->model, cfg, init, attention, tp, tp_rank, !sharded && !pipelined);
     if (tp > 1) {
         if (o->sequence_parallel && (t->micro * t->T) % tp != 0)
             fatal_input("--sequence-parallel: the %d tokens of a micro-batch must divide by --tp %d", t->micro * t->T, tp);
@@ -252,8 +252,8 @@ void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl atte
                  o->cp_mode == CP_RING ? "ring attention" : "all-to-all (Ulysses)",
                  o->cp_load_balance ? "zigzag" : "contiguous", t->T, t->cp_layout.T);
     }
-    if (pipelined) t->strategy = pipeline_strategy_create(t, o, seed);
-    else if (sharded) t->strategy = sharded_create(t, o, seed);
+    if (pipelined) t->strategy = pipeline_strategy_create(t, o, init);
+    else if (sharded) t->strategy = sharded_create(t, o, init);
     else t->strategy = replicated_create(t, o);
     if (!pipelined) t->strategy->acts = model_acts_alloc(&t->model, t->micro, t->T, (ActCheckpoint)o->ac);
 }

@@ -12,6 +12,7 @@
 //   mpirun -np 4 ./build/train --tp 2 --dp-shard 2                    (chapter 6: tensor parallel, with FSDP)
 //   mpirun -np 4 ./build/train --pp 4 --pp-schedule 1F1B --pp-microbatches 8   (chapter 7: pipeline parallel)
 #include <errno.h>
+//   ./build/train --init-from hf:llama-3.2-1b --seq-len 512 --data tokens:t.bin --export-hf tuned   (HF.md)
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -34,17 +35,18 @@
 #include "reference_cpu/adamw.h"
 #include "reference_cpu/checkpoint.h"
 #include "reference_cpu/dump.h"
+#include "reference_cpu/hf.h"
 #include "reference_cpu/model.h"
 
 typedef struct {
     const char *model, *data, *lr_decay, *attention, *matmul, *ac, *reshard;
     const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta, *grad_dump;
-    const char *pp_schedule, *pp_schedule_dot, *device, *cp_mode, *cp_load_balance;
+    const char *pp_schedule, *pp_schedule_dot, *device, *cp_mode, *cp_load_balance, *init_from, *export_hf;
     int steps, batch, seq_len, n_layers, warmup_steps, checkpoint_every, log_every;
     int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages, cp;
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
-    double bucket_mb, comm_timeout;
+    double bucket_mb, comm_timeout, export_hf_shard_mb;
     bool model_info, no_overlap, desync_init, sequence_parallel;
 } Options;
 
@@ -82,6 +84,15 @@ static const ArgSpec FLAGS[] = {
     {"ac", ARG_CHOICE, &opt.ac, "none",
      "activation checkpointing: full recomputes each block in backward, selective only its element-wise ops "
      "(chapter 5)", .choices = AC_MODE_NAMES},
+    {"init-from", ARG_STRING, &opt.init_from, NULL,
+     "initial weights and model config from a Hugging Face Llama checkpoint directory (config.json, safetensors); "
+     "each rank reads only what it holds", .value_name = "hf:DIR"},
+    {"export-hf", ARG_STRING, &opt.export_hf, NULL,
+     "after the last step, write the weights as a Hugging Face Llama checkpoint (config.json, safetensors)",
+     .value_name = "DIR"},
+    {"export-hf-shard-mb", ARG_DOUBLE, &opt.export_hf_shard_mb, "5120",
+     "--export-hf: largest safetensors file in MiB; more weights than that are split into shards with an index",
+     .min = 0.001, .max = UNBOUNDED},
     {"checkpoint-dir", ARG_STRING, &opt.checkpoint_dir, NULL, "write DIR/step_N.safetensors checkpoints",
      .value_name = "DIR"},
     {"checkpoint-every", ARG_INT, &opt.checkpoint_every, "0", "checkpoint period in steps (0 = only at the end)",
@@ -152,9 +163,23 @@ static const ArgSpec FLAGS[] = {
 };
 #define N_FLAGS ((int)(sizeof FLAGS / sizeof FLAGS[0]))
 
-static ModelConfig resolve_config(void) {
+// --init-from hf:DIR: the checkpoint's config.json is the model; the flags that would change its
+// shapes or numerics are refused rather than silently overridden.
+static HfCheckpoint *open_init_checkpoint(const ArgSpec *flags, ModelConfig *cfg) {
+    if (strncmp(opt.init_from, "hf:", 3) != 0 || !opt.init_from[3])
+        fatal_input("--init-from %s: expected hf:DIR (a Hugging Face Llama checkpoint directory)", opt.init_from);
+    static const char *const shape_flags[] = {"model", "n-layers", "rope-theta", "desync-init"};
+    for (int i = 0; i < 4; i++)
+        if (args_given(flags, N_FLAGS, shape_flags[i]))
+            fatal_input("--%s: not with --init-from, whose config.json sets the model and its weights", shape_flags[i]);
+    return hf_open(opt.init_from + 3, cfg);
+}
+
+static ModelConfig resolve_config(const ArgSpec *flags, HfCheckpoint **init_checkpoint) {
     ModelConfig cfg;
-    if (!model_config_lookup(opt.model, &cfg)) fatal_input("--model %s: unknown model", opt.model);
+    *init_checkpoint = NULL;
+    if (opt.init_from) *init_checkpoint = open_init_checkpoint(flags, &cfg);
+    else if (!model_config_lookup(opt.model, &cfg)) fatal_input("--model %s: unknown model", opt.model);
     if (opt.seq_len < 0) opt.seq_len = cfg.max_seq_len;
     if (opt.seq_len > cfg.max_seq_len) {  // the RoPE table grows with it: allowed, but said
         log_info("--seq-len %d: beyond model %s's max_seq_len %d, which grows to %d (a checkpoint records it)",
@@ -199,6 +224,7 @@ static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
         {"trace-hta", &opt.trace_hta, OUTPUT_DIR},   {"dump", &opt.dump, OUTPUT_FILE},
         {"grad-dump", &opt.grad_dump, OUTPUT_FILE},  {"checkpoint-dir", &opt.checkpoint_dir, OUTPUT_DIR},
         {"mesh-dot", &opt.mesh_dot, OUTPUT_FILE},    {"pp-schedule-dot", &opt.pp_schedule_dot, OUTPUT_FILE},
+        {"export-hf", &opt.export_hf, OUTPUT_DIR},
     };
     for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; i++)
         fileio_check_output(outputs[i].flag, *outputs[i].path, outputs[i].kind);
@@ -368,6 +394,19 @@ static long long load_state(Trainer *t, const char *path, const RunIdentity *run
     return step;
 }
 
+// --export-hf: the full weights gathered from whatever layout (every rank takes part), written by rank 0.
+static void export_hf(Trainer *t) {
+    ParamTable full_table = param_table_build(&t->model.cfg);
+    real *full = mem_alloc(MEM_OTHER, sizeof(real) * full_table.total_numel);
+    trainer_full_state(t, STATE_WEIGHTS, full);
+    if (t->mesh->rank == 0) {
+        hf_export(opt.export_hf, &t->model.cfg, full, ST_F32, (size_t)(opt.export_hf_shard_mb * 1048576.0));
+        log_info("Hugging Face checkpoint written to %s/", opt.export_hf);
+    }
+    mem_free(full);
+    param_table_free(&full_table);
+}
+
 static ActCheckpoint checkpointing_mode(void) {
     return (ActCheckpoint)args_choice_index(AC_MODE_NAMES, opt.ac);
 }
@@ -466,7 +505,8 @@ int main(int argc, char **argv) {
     AttentionImpl attention = (AttentionImpl)args_choice_index(ATTENTION_IMPL_NAMES, opt.attention);
     if (opt.compare) return dump_compare(opt.compare, attention, opt.compare_rtol);
 
-    ModelConfig cfg = resolve_config();
+    HfCheckpoint *init_checkpoint;
+    ModelConfig cfg = resolve_config(flags, &init_checkpoint);
     print_model_info(&cfg, opt.seq_len);
     if (opt.model_info) return 0;
     check_pipeline_flags(&cfg, flags);
@@ -501,9 +541,12 @@ int main(int argc, char **argv) {
     DataSource *data = data_open(opt.data, cfg.vocab_size, t.cp_layout.T, (uint64_t)opt.seed);
     // --desync-init: replicas differ (what DDP's broadcast must fix), the ranks of one replica agree
     uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.dp_index : 0);
+    ParamSource init = init_checkpoint ? hf_param_source(init_checkpoint) : param_source_seed(init_seed);
     LayoutOptions layout = layout_options();
-    if (cuda) t.strategy = cuda_strategy_create(&t, &cfg, init_seed, &layout);
-    else trainer_setup_layout(&t, &cfg, attention, init_seed, &layout);
+    if (cuda) t.strategy = cuda_strategy_create(&t, &cfg, &init, &layout);
+    else trainer_setup_layout(&t, &cfg, attention, &init, &layout);
+    if (init_checkpoint) log_info("initial weights from %s", opt.init_from);
+    hf_close(init_checkpoint);
     log_checkpointing(&t.model, t.micro, t.T, (ActCheckpoint)layout.ac);
     t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
     t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
@@ -567,6 +610,7 @@ int main(int argc, char **argv) {
     if (measured_steps > 0)
         log_info("timing: steps=%d measured=%d mean_step_ms=%.2f tokens_per_s=%.1f", opt.steps, measured_steps,
                  1e3 * measured_seconds / measured_steps, (double)t.B * t.cp_layout.T * measured_steps / measured_seconds);
+    if (opt.export_hf) export_hf(&t);
     mem_print_report();
     t.strategy->report_memory(t.strategy);
     for (int i = 0; i < n_ext; i++)

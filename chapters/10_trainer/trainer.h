@@ -103,9 +103,10 @@ typedef struct {
     bool cp_load_balance;      // zigzag split
 } LayoutOptions;
 
-// Builds t->model (this tp rank's slice, initialised from seed, sharded or staged as the layout
-// needs) and t->strategy for t->mesh. Logs the layout.
-void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, uint64_t seed,
+// Builds t->model (this tp rank's slice, sharded or staged as the layout needs, each rank asking
+// init for only the elements it holds: the seed, or a Hugging Face checkpoint) and t->strategy for
+// t->mesh. Logs the layout.
+void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, const ParamSource *init,
                           const LayoutOptions *options);
 // --device cuda (gpu/strategy.c): the one-GPU model behind the same contract; single process and DDP.
 // Linked into build/train-cuda in place of chapters/10_trainer/no_cuda.c, which build/train uses:
@@ -113,7 +114,7 @@ void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl atte
 // build/train-cuda, same arguments (or exits 2 when there is none).
 bool trainer_has_cuda(void);
 void trainer_exec_cuda_build(char **argv);
-Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, uint64_t seed, const LayoutOptions *o);
+Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSource *init, const LayoutOptions *o);
 void trainer_free_strategy(Trainer *t);
 // The state of one kind in the full table's layout, on every rank (pipeline: pp rank 0 only).
 void trainer_full_state(Trainer *t, StateKind kind, real *full);
