@@ -44,6 +44,22 @@ START_TEST(test_scale_from_amax) {
 }
 END_TEST
 
+// Rowwise scales are powers of two: a row with amax 3 gets 128 (not 448/3), so 1.1 -> 140.8 ->
+// 144 (E4M3's step is 16 there) -> 1.125, and 3 -> 384 -> 3 exactly. Through an identity weight
+// (rows of amax 1, scale 256, exact) the output is the fake-quantized input itself.
+START_TEST(test_rowwise_power_of_two) {
+    enum { K = 4 };
+    real x[K] = {3, (real)1.1, 0, -2}, w[K * K] = {0}, y[K];
+    for (int i = 0; i < K; i++) w[i * K + i] = 1;
+    Fp8Options o = {FP8_ROWWISE, 1, 0};
+    Fp8 *f = fp8_create(&o, 1, (Fp8Groups){NULL, NULL});
+    fp8_linear_forward(f, 0, PROJ_WQ, y, x, w, 1, K, K);
+    real want[K] = {3, (real)1.125, 0, -2};
+    expect_equal_bits("rowwise output through an identity", y, want, K);
+    fp8_free(f);
+}
+END_TEST
+
 // Quantize then dequantize a Gaussian tensor, scaled per tensor: the amax maps to the format's max,
 // so the largest element is exact, and the whole tensor keeps >= 25 dB in either format.
 START_TEST(test_cast_sqnr) {
@@ -156,7 +172,11 @@ START_TEST(test_delayed_history) {
         ck_assert(fp8_delayed_scale(f, 1, PROJ_W2, 1) == (float)(448.0 / 2 / 0.25));
         ck_assert(fp8_delayed_scale(f, 0, PROJ_W2, 0) == 0);  // never used: no scale yet
     }
-    // save, run a step on each of two copies, compare
+    // one more step (amax 4, written at position 0 of the history), then save, run a step on each of
+    // two copies, compare: the restored copy writes the next amax where the original does
+    for (int i = 0; i < M * K; i++) x[i] = (real)(i == 3 ? 4.0 : 0.0);
+    fp8_linear_forward(f, 1, PROJ_W2, y, x, w, M, K, N);
+    fp8_step_end(f);
     size_t n = fp8_state_numel(f);
     float *state = malloc(sizeof(float) * n);
     fp8_state_get(f, state);
@@ -168,6 +188,7 @@ START_TEST(test_delayed_history) {
     fp8_linear_forward(g, 1, PROJ_W2, yb, x, w, M, K, N);
     expect_equal_bits("output after restoring the state", ya, yb, M * N);
     fp8_step_end(f), fp8_step_end(g);
+    ck_assert(fp8_delayed_scale(f, 1, PROJ_W2, 0) == (float)(448.0 / 2 / 4));  // 4 is still in the history
     ck_assert(fp8_delayed_scale(f, 1, PROJ_W2, 0) == fp8_delayed_scale(g, 1, PROJ_W2, 0));
     free(state);
     fp8_free(f), fp8_free(g);
@@ -226,6 +247,7 @@ int main(void) {
     Suite *s = suite_create("fp8");
     TCase *tc = tcase_create("fp8");
     tcase_add_test(tc, test_scale_from_amax);
+    tcase_add_test(tc, test_rowwise_power_of_two);
     tcase_add_test(tc, test_cast_sqnr);
     tcase_add_test(tc, test_gemm_sqnr);
     tcase_add_test(tc, test_outliers_tensorwise_vs_rowwise);
