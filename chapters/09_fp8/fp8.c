@@ -172,15 +172,15 @@ typedef struct {
 
 // The three GEMMs of a linear and the dimension each contracts: K (the features W's rows hold),
 // N (the output features) and M (the tokens).
-typedef enum { GEMM_FORWARD, GEMM_DGRAD, GEMM_WGRAD } Gemm;
+typedef enum { FP8_GEMM_FORWARD, FP8_GEMM_DGRAD, FP8_GEMM_WGRAD } Fp8Gemm;
 
 // The group that splits a GEMM's contraction dimension (row-wise amaxes are reduced over it):
 // under tensor parallelism the row-parallel wo and w2 split K, the column-parallel others split
 // N; the tokens M are split over dp.
-static Comm *contraction_group(const Fp8 *f, Gemm gemm, Projection p) {
+static Comm *contraction_group(const Fp8 *f, Fp8Gemm gemm, Projection p) {
     bool row_parallel = p == PROJ_WO || p == PROJ_W2;
-    if (gemm == GEMM_WGRAD) return f->groups.dp;
-    return (gemm == GEMM_FORWARD) == row_parallel ? f->groups.tp : NULL;
+    if (gemm == FP8_GEMM_WGRAD) return f->groups.dp;
+    return (gemm == FP8_GEMM_FORWARD) == row_parallel ? f->groups.tp : NULL;
 }
 
 // Dynamic scales for both operands from their amaxes, reduced in one call per group: per tensor,
@@ -222,7 +222,7 @@ static void delayed_scales(Fp8 *f, const Operand *a, const Operand *b, float *sc
 }
 
 // out += or = op(a) op(b)^T-style product of the two fake-quantized operands, as `gemm` says.
-static void emulated_gemm(Fp8 *f, Gemm gemm, Projection p, const Operand *a, const Operand *b, real *out, int M,
+static void emulated_gemm(Fp8 *f, Fp8Gemm gemm, Projection p, const Operand *a, const Operand *b, real *out, int M,
                           int K, int N) {
     int na = fp8_n_scales(a->rows, a->cols, a->g), nb = fp8_n_scales(b->rows, b->cols, b->g);
     grow_f(&f->scales, &f->scales_cap, (size_t)(na + nb));
@@ -233,8 +233,8 @@ static void emulated_gemm(Fp8 *f, Gemm gemm, Projection p, const Operand *a, con
     grow(&f->qb, &f->qb_cap, (size_t)b->rows * b->cols);
     fp8_fake_quantize(f->qa, a->x, a->rows, a->cols, a->g, sa, a->format);
     fp8_fake_quantize(f->qb, b->x, b->rows, b->cols, b->g, sb, b->format);
-    if (gemm == GEMM_FORWARD) matmul_forward(out, f->qa, f->qb, M, K, N);         // x (M,K), w (N,K)
-    else if (gemm == GEMM_DGRAD) matmul_backward(out, NULL, f->qa, NULL, f->qb, M, K, N);  // dy (M,N), w
+    if (gemm == FP8_GEMM_FORWARD) matmul_forward(out, f->qa, f->qb, M, K, N);         // x (M,K), w (N,K)
+    else if (gemm == FP8_GEMM_DGRAD) matmul_backward(out, NULL, f->qa, NULL, f->qb, M, K, N);  // dy (M,N), w
     else matmul_backward(NULL, out, f->qa, f->qb, NULL, M, K, N);                  // dy (M,N), x (M,K)
 }
 
@@ -257,7 +257,7 @@ void fp8_linear_forward(Fp8 *f, int layer, Projection proj, real *out, const rea
     // Y (M,N) = X (M,K) W (N,K)^T contracts K: the rows of X and of W
     Operand a = {x, M, K, along(f, FP8_PER_ROW), FP8_E4M3, slot_of(f, layer, proj, ROLE_INPUT)};
     Operand b = {w, N, K, along(f, FP8_PER_ROW), FP8_E4M3, slot_of(f, layer, proj, ROLE_WEIGHT)};
-    emulated_gemm(f, GEMM_FORWARD, proj, &a, &b, out, M, K, N);
+    emulated_gemm(f, FP8_GEMM_FORWARD, proj, &a, &b, out, M, K, N);
 }
 
 void fp8_linear_backward(Fp8 *f, int layer, Projection proj, real *dx, real *dw, const real *dy, const real *x,
@@ -265,12 +265,12 @@ void fp8_linear_backward(Fp8 *f, int layer, Projection proj, real *dx, real *dw,
     if (dx) {  // dX (M,K) += dY (M,N) W (N,K) contracts N: the rows of dY, the columns of W
         Operand a = {dy, M, N, along(f, FP8_PER_ROW), grad_format(f), slot_of(f, layer, proj, ROLE_GRAD)};
         Operand b = {w, N, K, along(f, FP8_PER_COL), FP8_E4M3, slot_of(f, layer, proj, ROLE_WEIGHT)};
-        emulated_gemm(f, GEMM_DGRAD, proj, &a, &b, dx, M, K, N);
+        emulated_gemm(f, FP8_GEMM_DGRAD, proj, &a, &b, dx, M, K, N);
     }
     if (dw) {  // dW (N,K) += dY^T (N,M) X (M,K) contracts M: the columns of dY and of X
         Operand a = {dy, M, N, along(f, FP8_PER_COL), grad_format(f), slot_of(f, layer, proj, ROLE_GRAD)};
         Operand b = {x, M, K, along(f, FP8_PER_COL), FP8_E4M3, slot_of(f, layer, proj, ROLE_INPUT)};
-        emulated_gemm(f, GEMM_WGRAD, proj, &a, &b, dw, M, K, N);
+        emulated_gemm(f, FP8_GEMM_WGRAD, proj, &a, &b, dw, M, K, N);
     }
 }
 
