@@ -69,9 +69,9 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 # ---- sources ----------------------------------------------------------------------------------
 COMMON_SRC := $(wildcard common/*.c)
 # Chapter modules (ddp.c, ...) are built with the reference, in fp32 and float64; a chapter's
-# chapters/NN_x/main_NAME.c is a program, build/NAME; chapters/00_reference/train.c is the trainer.
+# chapters/NN_x/main_NAME.c is a program, build/NAME; chapters/10_trainer/train.c is the trainer.
 CHAPTER_PROGRAM_SRC := $(wildcard chapters/*/main_*.c)
-CHAPTER_SRC := $(filter-out $(CHAPTER_PROGRAM_SRC) chapters/00_reference/train.c,$(wildcard chapters/*/*.c))
+CHAPTER_SRC := $(filter-out $(CHAPTER_PROGRAM_SRC) chapters/10_trainer/train.c,$(wildcard chapters/*/*.c))
 REF_SRC := $(wildcard reference_cpu/*.c) $(CHAPTER_SRC)
 COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/obj/%.o)
 REF32_OBJ := $(REF_SRC:%.c=$(BUILD)/obj/f32/%.o)
@@ -120,9 +120,9 @@ $(LIBREF32): $(REF32_OBJ)
 $(LIBREF64): $(REF64_OBJ)
 	$(AR) rcs $@ $^
 
-$(BUILD)/train: chapters/00_reference/train.c $(LIBREF32) $(LIBCOMMON)
+$(BUILD)/train: chapters/10_trainer/train.c $(LIBREF32) $(LIBCOMMON)
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
-$(BUILD)/train64: chapters/00_reference/train.c $(LIBREF64) $(LIBCOMMON)
+$(BUILD)/train64: chapters/10_trainer/train.c $(LIBREF64) $(LIBCOMMON)
 	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(LDLIBS)
 
 # build/NAME from chapters/*/main_NAME.c

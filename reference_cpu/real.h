@@ -6,6 +6,7 @@
 #ifdef REF_FLOAT64
 typedef double real;
 #define REAL_NAME "F64"
+#define COMM_REAL COMM_FLOAT64  // the communicator's datatype for real (common/comm.h)
 #define rsqrt_r(x) (1.0 / sqrt(x))
 #define exp_r exp
 #define log_r log
@@ -15,6 +16,7 @@ typedef double real;
 #else
 typedef float real;
 #define REAL_NAME "F32"
+#define COMM_REAL COMM_FLOAT32
 #define rsqrt_r(x) (1.0f / sqrtf(x))
 #define exp_r expf
 #define log_r logf

@@ -1,10 +1,12 @@
 #include "chapters/09_fp8/fp8.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "common/mem.h"
+#include "common/safetensors.h"
 
 // ================================ scales, quantize, dequantize ===================================
 
@@ -32,17 +34,32 @@ static inline float max_abs(float m, real x) {
 
 void fp8_amax(float *amax, const real *x, int rows, int cols, Fp8Granularity g) {
     for (int i = 0; i < fp8_n_scales(rows, cols, g); i++) amax[i] = 0;
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) {
-            float *a = &amax[scale_index(r, c, g)];
-            *a = max_abs(*a, x[(size_t)r * cols + c]);
+    for (int r = 0; r < rows; r++) {
+        const real *row = x + (size_t)r * cols;
+        if (g == FP8_PER_COL) {
+            for (int c = 0; c < cols; c++) amax[c] = max_abs(amax[c], row[c]);
+        } else {
+            float *a = &amax[g == FP8_PER_ROW ? r : 0];
+            for (int c = 0; c < cols; c++) *a = max_abs(*a, row[c]);
         }
+    }
+}
+
+// Every code's value, per format: fp8_to_float's results, looked up in the inner loops.
+static float decoded[2][256];
+static bool decoded_ready;
+
+static void build_decode_tables(void) {
+    if (decoded_ready) return;
+    for (int f = 0; f < 2; f++)
+        for (int c = 0; c < 256; c++) decoded[f][c] = fp8_to_float((uint8_t)c, (Fp8Format)f);
+    decoded_ready = true;
 }
 
 // One element: x * scale in fp32, then the saturating cast; and back, q / scale in fp32 (torchao's
 // order, so the emulation matches its numbers).
 static inline uint8_t quantize_one(real x, float scale, Fp8Format f) { return fp8_from_float((float)x * scale, f); }
-static inline real dequantize_one(uint8_t q, float scale, Fp8Format f) { return (real)(fp8_to_float(q, f) / scale); }
+static inline real dequantize_one(uint8_t q, float scale, Fp8Format f) { return (real)(decoded[f][q] / scale); }
 
 void fp8_quantize(uint8_t *q, const real *x, int rows, int cols, Fp8Granularity g, const float *scale, Fp8Format f) {
     for (int r = 0; r < rows; r++)
@@ -54,6 +71,7 @@ void fp8_quantize(uint8_t *q, const real *x, int rows, int cols, Fp8Granularity 
 
 void fp8_dequantize(real *x, const uint8_t *q, int rows, int cols, Fp8Granularity g, const float *scale,
                     Fp8Format f) {
+    build_decode_tables();
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) {
             size_t i = (size_t)r * cols + c;
@@ -63,6 +81,7 @@ void fp8_dequantize(real *x, const uint8_t *q, int rows, int cols, Fp8Granularit
 
 void fp8_fake_quantize(real *out, const real *x, int rows, int cols, Fp8Granularity g, const float *scale,
                        Fp8Format f) {
+    build_decode_tables();  // here, before the parallel loop
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) {
@@ -326,4 +345,41 @@ void fp8_state_set(Fp8 *f, const float *in) {
     memcpy(f->scale, in + 2, sizeof(float) * f->n_slots);
     memcpy(f->history, in + 2 + f->n_slots, sizeof(float) * f->n_slots * L);
     memset(f->amax_now, 0, sizeof(float) * f->n_slots);
+}
+
+// Metadata pins what the state's layout depends on: the history length and the slots.
+static void state_identity(const Fp8 *f, char *out, size_t n) {
+    snprintf(out, n, "amax_history=%d blocks=%d margin=%d", f->o.amax_history, f->n_layers, f->o.margin);
+}
+
+void fp8_state_save(const Fp8 *f, const char *path) {
+    size_t n = fp8_state_numel(f);
+    float *state = mem_alloc(MEM_OTHER, sizeof(float) * (n ? n : 1));
+    fp8_state_get(f, state);
+    char err[1024], identity[128];
+    int64_t shape[1] = {(int64_t)n};
+    state_identity(f, identity, sizeof identity);
+    StWriter *w = st_writer_new();
+    if (!st_writer_add(w, "fp8.delayed_state", ST_F32, 1, shape, state, err, sizeof err) ||
+        !st_writer_add_metadata(w, "fp8", identity, err, sizeof err) || !st_write(w, path, err, sizeof err))
+        fatal("fp8 state: %s", err);
+    st_writer_free(w);
+    mem_free(state);
+}
+
+void fp8_state_load(Fp8 *f, const char *path) {
+    char err[1024], identity[128];
+    StFile *file = st_open(path, err, sizeof err);
+    if (!file) fatal_input("--resume with delayed FP8 scaling: %s", err);
+    state_identity(f, identity, sizeof identity);
+    const char *theirs = st_metadata(file, "fp8");
+    if (!theirs || strcmp(theirs, identity) != 0)
+        fatal_input("%s: FP8 state written with %s, this run has %s", path, theirs ? theirs : "(none)", identity);
+    size_t n = fp8_state_numel(f);
+    float *state = mem_alloc(MEM_OTHER, sizeof(float) * n);
+    int64_t shape[1] = {(int64_t)n};
+    if (!st_read(file, "fp8.delayed_state", ST_F32, 1, shape, state, err, sizeof err)) fatal_input("--resume: %s", err);
+    fp8_state_set(f, state);
+    mem_free(state);
+    st_close(file);
 }

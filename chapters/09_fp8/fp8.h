@@ -94,6 +94,11 @@ void fp8_step_end(Fp8 *f);
 size_t fp8_state_numel(const Fp8 *f);
 void fp8_state_get(const Fp8 *f, float *out);
 void fp8_state_set(Fp8 *f, const float *in);
+// The same as a file next to a checkpoint (safetensors: the state as one F32 tensor, the recipe's
+// settings as metadata). Load exits 2 with one line if the file is missing, corrupt or written with
+// another --fp8-amax-history or number of blocks.
+void fp8_state_save(const Fp8 *f, const char *path);
+void fp8_state_load(Fp8 *f, const char *path);
 // The scale delayed scaling will use next for block `layer`'s projection `proj`, operand `role`
 // (0 input, 1 weight, 2 output gradient): for tests and logs. 0 until the first fp8_step_end.
 float fp8_delayed_scale(const Fp8 *f, int layer, Projection proj, int role);
