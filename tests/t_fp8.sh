@@ -16,8 +16,9 @@
 #     process's by up to 5e-2 of a tensor's largest value (1.4e-6 with the loop matmul, and one FP8
 #     GEMM split over ranks differs only in the last bit with either backend): an amplification of
 #     last-bit differences through the FP8 roundings of later layers that is not yet explained.
+#     Pipeline stages (2 micro-batches) equal the single process with --grad-accum-steps 2 bit for bit.
 #  3. Delayed scaling resumes bit-identically (its amax history is in <checkpoint>.fp8).
-#  4. An unknown recipe exits 2 with one line.
+#  4. An unknown recipe, and the FP8 flags without --fp8, exit 2 with one line.
 set -eu
 source tests/lib.sh
 for n in 2 4; do
@@ -54,6 +55,13 @@ run fsdp2_rowwise 2 --dp-shard 2 --fp8-recipe rowwise
 check fsdp2_rowwise ref_rowwise
 run tp2_ddp2_delayed 4 --tp 2 --dp-replicate 2 --fp8-recipe delayed --matmul loop
 check tp2_ddp2_delayed ref_loop_delayed
+# Pipeline stages: dynamic scales come from one micro-batch (as in torchao), so the reference is the
+# single process with the same micro-batches (--grad-accum-steps 2); same operands, same sums: exact.
+run ref_accum2 1 --grad-accum-steps 2
+run pp2 2 --pp 2 --pp-microbatches 2
+echo "== pp2 vs ref_accum2: bit-identical"
+$P --log "$T/pp2.log" --log-ref "$T/ref_accum2.log" --loss-rtol 0
+$P --ckpt "$T/pp2.grads.safetensors" --ckpt-ref "$T/ref_accum2.grads.safetensors" --prefix grad. --exact
 # FP8 must differ from fp32 (the hook runs): the fp32 run's losses are not the same numbers
 "$BUILD/train" "${common[@]:0:${#common[@]}-1}" > "$T/fp32.log"
 if $P --log "$T/fp32.log" --log-ref "$T/ref_tensorwise.log" --loss-rtol 0 >/dev/null; then
@@ -72,6 +80,16 @@ cmp "$T/parts/step_000010.safetensors.fp8" "$T/whole/step_000010.safetensors.fp8
     { echo "FAIL: the FP8 state after resuming differs"; exit 1; }
 echo "ok: resumed delayed scaling is bit-identical (weights, AdamW state and amax history)"
 
-expect_error 1 "--fp8-recipe blockwise" --fp8 --fp8-recipe blockwise
-expect_error 1 "need --fp8" --fp8-recipe rowwise
-expect_error 1 "only with --fp8-recipe delayed" --fp8 --fp8-amax-history 16
+# expect_exit2 WANTED FLAGS...: exit status 2 and one line on stderr that contains WANTED
+expect_exit2() {
+    local want=$1 out rc=0
+    shift
+    out=$("$BUILD/train" --model tiny --steps 1 "$@" 2>&1 >/dev/null) || rc=$?
+    if [ "$rc" -ne 2 ] || [ "$(grep -c . <<<"$out")" -ne 1 ] || [[ "$out" != *"$want"* ]]; then
+        echo "FAIL: $* -> rc $rc: $out"; exit 1
+    fi
+    echo "ok: $* -> $out"
+}
+expect_exit2 "--fp8-recipe blockwise" --fp8 --fp8-recipe blockwise
+expect_exit2 "need --fp8" --fp8-recipe rowwise
+expect_exit2 "only with --fp8-recipe delayed" --fp8 --fp8-amax-history 16
