@@ -158,7 +158,8 @@ GPU_CFLAGS := -I$(CUDA_HOME_FOUND)/include -Werror
 GPU_LDLIBS := -L$(CUDA_HOME_FOUND)/lib64 -Wl,-rpath,$(CUDA_HOME_FOUND)/lib64 -lcublasLt -lcudart -lstdc++ \
   $(if $(HAVE_NCCL),-lnccl)
 GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(filter-out $(NO_NCCL_SRC),$(wildcard tests/gpu/test_*.c)))
-GPU_PROGRAMS := $(GPU_TEST_BIN) $(foreach f,$(GPU_PROGRAM_SRC),$(BUILD)/$(patsubst main_%.c,%,$(notdir $(f))))
+GPU_PROGRAMS := $(GPU_TEST_BIN) $(foreach f,$(GPU_PROGRAM_SRC),$(BUILD)/$(patsubst main_%.c,%,$(notdir $(f)))) \
+  $(BUILD)/train-cuda
 
 $(BUILD)/obj/gpu/%.o: gpu/%.cu
 	@mkdir -p $(dir $@)
@@ -170,6 +171,10 @@ $(LIBGPU): $(GPU_OBJ)
 	$(AR) rcs $@ $^
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
+# The trainer with the GPU library (--device cuda; build/train hands over to it). $(LIBGPU) comes
+# before the reference's library so that gpu/strategy.c's cuda_strategy_create is the one linked.
+$(BUILD)/train-cuda: chapters/10_trainer/train.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
 $(BUILD)/%: gpu/main_%.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
@@ -202,7 +207,7 @@ EMU_CXXFLAGS := -std=c++17 -O2 -I tests/gpu/emu/include -I. -DGPU_EMULATOR $(WAR
 EMU_OBJ := $(patsubst gpu/%.cu,$(BUILD)/obj/emu/%.o,$(filter-out gpu/matmul.cu gpu/runtime.cu,$(wildcard gpu/*.cu))) \
   $(BUILD)/obj/emu/emu.o $(patsubst gpu/%.c,$(BUILD)/obj/emu/%.o,$(filter-out gpu/main_%.c,$(wildcard gpu/*.c)))
 EMU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/emu/%,$(wildcard tests/gpu/test_*.c)) \
-  $(BUILD)/tests/emu/test_emulator
+  $(BUILD)/tests/emu/test_emulator $(BUILD)/tests/emu/train
 ifneq ($(shell command -v $(CXX) 2>/dev/null),)
 all: $(EMU_TEST_BIN)
 endif
@@ -218,6 +223,10 @@ $(BUILD)/obj/emu/%.o: gpu/%.c
 $(BUILD)/tests/emu/test_emulator: tests/gpu/emu/test_emulator.cpp $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(LDLIBS)
+# The trainer with --device cuda on the emulator (tests/t_gpu_trainer.sh).
+$(BUILD)/tests/emu/train: chapters/10_trainer/train.c $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Werror $^ -o $@ -lstdc++ $(LDLIBS)
 $(BUILD)/tests/emu/%: tests/gpu/%.c $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Werror $^ -o $@ -lstdc++ $(LDLIBS)

@@ -331,9 +331,10 @@ void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, ModelAct
     linear_forward(m, w, PROJ_WQ, a->q, a->xn1, w->wq, BT, D, hq);
     linear_forward(m, w, PROJ_WK, a->k, a->xn1, w->wk, BT, D, hkv);
     linear_forward(m, w, PROJ_WV, a->v, a->xn1, w->wv, BT, D, hkv);
-    rope_forward(a->q, &m->rope, NULL, B, T, local->n_heads);
-    rope_forward(a->k, &m->rope, NULL, B, T, local->n_kv_heads);
-    if (m->attention == ATTN_NAIVE) attention_naive_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
+    rope_forward(a->q, &m->rope, m->cp.positions, B, T, local->n_heads);
+    rope_forward(a->k, &m->rope, m->cp.positions, B, T, local->n_kv_heads);
+    if (m->cp.attention_forward) m->cp.attention_forward(m->cp.ctx, a->attn, a->attn_stats, a->q, a->k, a->v);
+    else if (m->attention == ATTN_NAIVE) attention_naive_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     else attention_flash_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     real *partial = partial_target(m, a->h, scratch->sp_full);
     linear_forward(m, w, PROJ_WO, partial, a->attn, w->wo, BT, hq, D);
@@ -386,12 +387,15 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
     zero(scratch->dq, (size_t)BT * hq);
     zero(scratch->dk, (size_t)BT * hkv);
     zero(scratch->dv, (size_t)BT * hkv);
-    if (m->attention == ATTN_NAIVE)
+    if (m->cp.attention_backward)
+        m->cp.attention_backward(m->cp.ctx, scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v,
+                                 a->attn, a->attn_stats);
+    else if (m->attention == ATTN_NAIVE)
         attention_naive_backward(scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v, a->attn_stats, &s);
     else
         attention_flash_backward(scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v, a->attn, a->attn_stats, &s);
-    rope_backward(scratch->dq, &m->rope, NULL, B, T, local->n_heads);
-    rope_backward(scratch->dk, &m->rope, NULL, B, T, local->n_kv_heads);
+    rope_backward(scratch->dq, &m->rope, m->cp.positions, B, T, local->n_heads);
+    rope_backward(scratch->dk, &m->rope, m->cp.positions, B, T, local->n_kv_heads);
     zero(scratch->dxn, (size_t)BT * D);
     linear_backward(m, w, PROJ_WQ, scratch->dxn, NULL, scratch->dq, a->xn1, w->wq, BT, D, hq);
     linear_backward(m, w, PROJ_WK, scratch->dxn, NULL, scratch->dk, a->xn1, w->wk, BT, D, hkv);

@@ -79,6 +79,19 @@ typedef struct {
     void *ctx;
 } TensorParallel;
 
+// Context parallelism (chapter 8). This rank holds T tokens of each longer sequence, at the global
+// positions `positions` (T, the same for every sequence): RoPE rotates by them, and attention over
+// the whole sequence goes through the callbacks, with attention_flash_forward/backward's meaning on
+// the local tokens (q, k, v after RoPE; lse (B, heads, T); backward accumulates into dq, dk, dv).
+// attention_forward == NULL: no context parallelism.
+typedef struct {
+    const int *positions;
+    void (*attention_forward)(void *ctx, real *out, real *lse, const real *q, const real *k, const real *v);
+    void (*attention_backward)(void *ctx, real *dq, real *dk, real *dv, const real *dout, const real *q,
+                               const real *k, const real *v, const real *out, const real *lse);
+    void *ctx;
+} ContextParallelHooks;
+
 // FP8 linears (chapter 9, chapters/09_fp8/fp8.h). When Model.fp8 is set, the seven projections of
 // every block run their GEMMs through it instead of matmul_forward / matmul_backward (same shapes,
 // same accumulation), quantizing the operands to FP8 first; `layer` and the projection name the
@@ -112,6 +125,7 @@ typedef struct {
     void *grads_ready_ctx;
     UnitStorage storage;         // .params == NULL: m->params and m->grads
     TensorParallel tp;           // .size == 1: no tensor parallelism
+    ContextParallelHooks cp;     // .attention_forward == NULL: no context parallelism
     LocalShape local;            // the shapes this rank computes with
     const Fp8Hook *fp8;          // NULL: fp32 projections
 } Model;

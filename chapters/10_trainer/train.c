@@ -39,10 +39,10 @@
 typedef struct {
     const char *model, *data, *lr_decay, *attention, *matmul, *ac, *reshard;
     const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta, *grad_dump;
-    const char *pp_schedule, *pp_schedule_dot, *fp8_recipe;
+    const char *pp_schedule, *pp_schedule_dot, *device, *cp_mode, *cp_load_balance, *fp8_recipe;
     int fp8_amax_history;
     int steps, batch, seq_len, n_layers, warmup_steps, checkpoint_every, log_every;
-    int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages;
+    int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages, cp;
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
     double bucket_mb, comm_timeout;
@@ -75,6 +75,9 @@ static const ArgSpec FLAGS[] = {
      "markov | markov:order=K,branches=N | text:FILE | tokens:FILE (common/DATA.md)", .value_name = "SPEC"},
     {"rope-theta", ARG_DOUBLE, &opt.rope_theta, NULL, "RoPE base (default: the model's, 500000)", .min = 1,
      .max = UNBOUNDED},
+    {"device", ARG_CHOICE, &opt.device, "cpu",
+     "where the model runs: cpu (the reference and every chapter), cuda (the GPU model: single process and "
+     "--dp-replicate so far)", .choices = DEVICE_NAMES},
     {"attention", ARG_CHOICE, &opt.attention, "flash", "attention kernel", .choices = ATTENTION_IMPL_NAMES},
     {"matmul", ARG_CHOICE, &opt.matmul, "blas", "matmul backend", .choices = MATMUL_BACKEND_NAMES},
     {"ac", ARG_CHOICE, &opt.ac, "none",
@@ -110,6 +113,14 @@ static const ArgSpec FLAGS[] = {
     {"sequence-parallel", ARG_BOOL, &opt.sequence_parallel, NULL,
      "with --tp: norms and residuals on sequence shards (all-gather / reduce-scatter instead of all-reduce)",
      .value_name = ""},
+    {"cp", ARG_INT, &opt.cp, "1",
+     "context-parallel ranks: each holds 1/cp of every sequence's tokens, attention runs across them (chapter 8)",
+     .min = 1, .max = UNBOUNDED},
+    {"cp-mode", ARG_CHOICE, &opt.cp_mode, "ring", "with --cp: ring attention, or all-to-all (DeepSpeed-Ulysses)",
+     .choices = CP_MODE_NAMES},
+    {"cp-load-balance", ARG_CHOICE, &opt.cp_load_balance, "on",
+     "with --cp: on = zigzag split (2 chunks per rank, equal causal work), off = contiguous chunks",
+     .choices = "on|off"},
     {"pp", ARG_INT, &opt.pp, "1", "pipeline-parallel ranks: each holds a slice of the layers (chapter 7)", .min = 1,
      .max = UNBOUNDED},
     {"pp-schedule", ARG_CHOICE, &opt.pp_schedule, "1F1B", "pipeline schedule", .choices = PP_SCHEDULE_NAMES},
@@ -215,7 +226,9 @@ static void log_checkpointing(const Model *m, int B, int T, ActCheckpoint ac) {
 // This rank's slice of the step's global batch: every micro-batch it runs.
 static StepBatch load_step_batch(Trainer *t, const DataSource *data, long long step) {
     int local = t->micro * t->n_micro;
-    data_batch(data, step, t->B, t->dp_index * local, local, t->T, t->inputs, t->targets);
+    data_batch(data, step, t->B, t->dp_index * local, local, t->cp_layout.T, t->full_inputs, t->full_targets);
+    cp_take_local(&t->cp_layout, t->full_inputs, t->inputs, local);  // this cp rank's tokens (all: a copy)
+    cp_take_local(&t->cp_layout, t->full_targets, t->targets, local);
     return (StepBatch){t->inputs, t->targets, t->n_micro, t->micro, t->T, step};
 }
 
@@ -228,7 +241,8 @@ static StepResult train_step(Trainer *t, const DataSource *data, long long step,
     StepResult r = {.lr = lr_at(schedule, step)};
     s->zero_grads(s);
     r.loss = s->forward_backward(s, &batch);
-    if (t->dp_size > 1) comm_all_reduce(t->mesh->dp, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
+    // the mean over the dp ranks' sequences and the cp ranks' tokens (each holds as many)
+    if (comm_size(t->mesh->dp_cp) > 1) comm_all_reduce(t->mesh->dp_cp, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
     int track = trace_track("compute");
     trace_begin(track, "optimizer", "phase");
     r.grad_norm = s->grad_norm(s);  // every rank clips by the global norm and updates what it holds
@@ -297,10 +311,11 @@ static Fp8 *fp8;  // --fp8, else NULL
 static Fp8Hook fp8_model_hook;
 
 // Each amax is reduced over the ranks that hold other pieces of its tensor: the tp group (features)
-// and the data-parallel ranks (tokens).
+// and the data- and context-parallel ranks (tokens).
 static void fp8_install(Trainer *t) {
     Fp8Options o = {(Fp8Recipe)args_choice_index(FP8_RECIPE_NAMES, opt.fp8_recipe), opt.fp8_amax_history, 0};
-    Fp8Groups groups = {t->mesh->degree[MESH_TP] > 1 ? t->mesh->dim[MESH_TP] : NULL, t->dp_size > 1 ? t->mesh->dp : NULL};
+    Comm *tokens = t->mesh->dp_cp;
+    Fp8Groups groups = {t->mesh->degree[MESH_TP] > 1 ? t->mesh->dim[MESH_TP] : NULL, comm_size(tokens) > 1 ? tokens : NULL};
     fp8 = fp8_create(&o, t->model.cfg.n_layers, groups);
     fp8_model_hook = fp8_hook(fp8);
     t->model.fp8 = &fp8_model_hook;
@@ -394,7 +409,9 @@ static LayoutOptions layout_options(void) {
                            .sequence_parallel = opt.sequence_parallel,
                            .pp_schedule = pipeline_schedule(),
                            .pp_virtual_stages = opt.pp_virtual_stages,
-                           .pp_schedule_dot = opt.pp_schedule_dot};
+                           .pp_schedule_dot = opt.pp_schedule_dot,
+                           .cp_mode = args_choice_index(CP_MODE_NAMES, opt.cp_mode),
+                           .cp_load_balance = strcmp(opt.cp_load_balance, "on") == 0};
 }
 
 // Chapter 7's flags, before any rank starts: the schedule must exist for (p, m, v), the model must
@@ -423,12 +440,33 @@ static void check_pipeline_flags(const ModelConfig *cfg, const ArgSpec *flags) {
     check_writable("pp-schedule-dot", opt.pp_schedule_dot);
 }
 
+// Chapter 8's flags: the sequence must split into the cp ranks' chunks, all-to-all needs the heads
+// (after tp) to divide by cp, and the ring runs the blockwise kernel.
+static void check_context_parallel_flags(const ModelConfig *cfg, const ArgSpec *flags) {
+    static const char *const cp_only[] = {"cp-mode", "cp-load-balance"};
+    if (opt.cp == 1) {
+        for (int i = 0; i < 2; i++)
+            if (args_given(flags, N_FLAGS, cp_only[i])) fatal_input("--%s: needs --cp 2 or more", cp_only[i]);
+        return;
+    }
+    const char *rule = cp_layout_check(opt.cp, opt.seq_len, strcmp(opt.cp_load_balance, "on") == 0);
+    if (rule) fatal_input("--cp %d with --seq-len %d: %s", opt.cp, opt.seq_len, rule);
+    int heads = cfg->n_heads / opt.tp, kv_heads = cfg->n_kv_heads / opt.tp;
+    if (args_choice_index(CP_MODE_NAMES, opt.cp_mode) == CP_ALLTOALL && (heads % opt.cp || kv_heads % opt.cp))
+        fatal_input("--cp-mode alltoall --cp %d: each rank attends with heads/cp of the %d heads and %d kv heads "
+                    "left after --tp %d, so both must divide by cp (or use --cp-mode ring)", opt.cp, heads, kv_heads,
+                    opt.tp);
+    if (args_choice_index(ATTENTION_IMPL_NAMES, opt.attention) == ATTN_NAIVE)
+        fatal_input("--attention naive with --cp %d: ring attention merges blocks through their log-sum-exp, which "
+                    "the blockwise kernel returns; use --attention flash", opt.cp);
+}
+
 // The parallel layout: checks the flags against the world size and the batch.
 static Mesh *setup_mesh(void) {
     if (opt.sequence_parallel && opt.tp == 1) fatal_input("--sequence-parallel: needs --tp 2 or more");
     if (opt.desync_init && opt.dp_shard > 1)
         fatal_input("--desync-init: shows DDP's initial broadcast; sharded ranks each build only their own shard");
-    Mesh *mesh = mesh_create(opt.pp, opt.dp_replicate, opt.dp_shard, 1, opt.tp);
+    Mesh *mesh = mesh_create(opt.pp, opt.dp_replicate, opt.dp_shard, opt.cp, opt.tp);
     int dp = opt.dp_replicate * opt.dp_shard, micro = opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps;
     if (opt.batch % (dp * micro) != 0)
         fatal_input("--batch %d: must be divisible by data-parallel ranks (%d) x %s (%d) = %d", opt.batch, dp,
@@ -445,6 +483,8 @@ int main(int argc, char **argv) {
     flags[0].choices = MODEL_CONFIG_NAMES;
     args_parse(flags, N_FLAGS, argc, argv, "train",
                "Trains Llama 3: the single-process CPU reference alone, the parallel modules under mpirun.");
+    bool cuda = args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA;
+    if (cuda && !trainer_has_cuda()) trainer_exec_cuda_build(argv);  // before MPI starts: the GPU build takes over
     matmul_set_backend((MatmulBackend)args_choice_index(MATMUL_BACKEND_NAMES, opt.matmul));
     AttentionImpl attention = (AttentionImpl)args_choice_index(ATTENTION_IMPL_NAMES, opt.attention);
     if (opt.compare) return dump_compare(opt.compare, attention, opt.compare_rtol);
@@ -453,22 +493,28 @@ int main(int argc, char **argv) {
     print_model_info(&cfg, opt.seq_len);
     if (opt.model_info) return 0;
     check_pipeline_flags(&cfg, flags);
+    check_context_parallel_flags(&cfg, flags);
     if (!opt.fp8 && (args_given(flags, N_FLAGS, "fp8-recipe") || args_given(flags, N_FLAGS, "fp8-amax-history")))
         fatal_input("--fp8-recipe and --fp8-amax-history: need --fp8");
     if (args_given(flags, N_FLAGS, "fp8-amax-history") && strcmp(opt.fp8_recipe, "delayed") != 0)
         fatal_input("--fp8-amax-history: only with --fp8-recipe delayed");
+    if (opt.fp8 && cuda) fatal_input("--fp8: emulated on the CPU only; the GPU model has no FP8 path yet");
     check_writable("trace", opt.trace);
     check_writable("trace-json", opt.trace_json);
     check_writable("dump", opt.dump);
     check_writable("grad-dump", opt.grad_dump);
     check_writable("mesh-dot", opt.mesh_dot);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
+    if (opt.dump && cuda)
+        fatal_input("--dump: records the CPU reference; run it with --device cpu and compare with --grad-dump");
 
     bool tracing = opt.trace || opt.trace_json || opt.trace_hta;
     comm_init(&argc, &argv, &(CommOptions){.timeout_seconds = opt.comm_timeout, .trace = tracing});
     log_set_rank(comm_rank(comm_world()));
     Trainer t = {.B = opt.batch, .T = opt.seq_len};
     t.mesh = setup_mesh();
+    t.cp_layout = cp_layout(opt.cp, t.mesh->coord[MESH_CP], opt.seq_len, strcmp(opt.cp_load_balance, "on") == 0);
+    t.T = cp_local_len(&t.cp_layout);
     t.dp_size = comm_size(t.mesh->dp);
     t.dp_index = comm_rank(t.mesh->dp);
     t.n_micro = opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps;
@@ -480,17 +526,20 @@ int main(int argc, char **argv) {
         mem_set_observer(trace_memory_observer);
     }
 
-    DataSource *data = data_open(opt.data, cfg.vocab_size, t.T, (uint64_t)opt.seed);
+    DataSource *data = data_open(opt.data, cfg.vocab_size, t.cp_layout.T, (uint64_t)opt.seed);
     // --desync-init: replicas differ (what DDP's broadcast must fix), the ranks of one replica agree
     uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.dp_index : 0);
     LayoutOptions layout = layout_options();
-    trainer_setup_layout(&t, &cfg, attention, init_seed, &layout);
+    if (cuda) t.strategy = cuda_strategy_create(&t, &cfg, init_seed, &layout);
+    else trainer_setup_layout(&t, &cfg, attention, init_seed, &layout);
     if (opt.fp8) fp8_install(&t);
     log_checkpointing(&t.model, t.micro, t.T, (ActCheckpoint)layout.ac);
     t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
     t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
+    t.full_inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.cp_layout.T);
+    t.full_targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.cp_layout.T);
 
-    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.T, opt.steps};
+    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.cp_layout.T, opt.steps};
     long long start_step = 0;
     if (opt.resume) {
         char path[4096];
@@ -509,8 +558,8 @@ int main(int argc, char **argv) {
     double floor = data_entropy_floor(data);
     log_info("data: %s", data_describe(data));
     if (!isnan(floor)) log_info("loss floor (entropy rate of the source): %.4f nats/token", floor);
-    log_info("batch %d x seq %d = %d tokens/step, %d steps, lr %g (warmup %d, %s decay), seed %lld", t.B, t.T,
-             t.B * t.T, opt.steps, opt.lr, opt.warmup_steps, opt.lr_decay, opt.seed);
+    log_info("batch %d x seq %d = %d tokens/step, %d steps, lr %g (warmup %d, %s decay), seed %lld", t.B,
+             t.cp_layout.T, t.B * t.cp_layout.T, opt.steps, opt.lr, opt.warmup_steps, opt.lr_decay, opt.seed);
     if (t.mesh->world_size > 1) log_info("mesh: %d ranks; rank 0 is %s", t.mesh->world_size, t.mesh->label);
 
     // Step boundaries get their own track, so the compute track holds only work (and the marked waits):
@@ -528,7 +577,7 @@ int main(int argc, char **argv) {
         if (step - start_step > 2) measured_seconds += seconds, measured_steps++;  // skip warm-up steps
         if (step % opt.log_every == 0 || step == opt.steps)
             log_info("step %5lld | loss %.6f | grad_norm %.4f | lr %.3e | %.0f tok/s | mem %.1f MiB", step, r.loss,
-                     r.grad_norm, r.lr, t.B * t.T / seconds, mem_current_total() / 1048576.0);
+                     r.grad_norm, r.lr, t.B * t.cp_layout.T / seconds, mem_current_total() / 1048576.0);
         bool periodic = opt.checkpoint_every > 0 && step % opt.checkpoint_every == 0;
         if (opt.checkpoint_dir && (periodic || step == opt.steps)) {
             char path[4096];
@@ -541,7 +590,7 @@ int main(int argc, char **argv) {
     }
     if (measured_steps > 0)
         log_info("timing: steps=%d measured=%d mean_step_ms=%.2f tokens_per_s=%.1f", opt.steps, measured_steps,
-                 1e3 * measured_seconds / measured_steps, (double)t.B * t.T * measured_steps / measured_seconds);
+                 1e3 * measured_seconds / measured_steps, (double)t.B * t.cp_layout.T * measured_steps / measured_seconds);
     mem_print_report();
     t.strategy->report_memory(t.strategy);
     for (int i = 0; i < n_ext; i++)
@@ -557,6 +606,8 @@ int main(int argc, char **argv) {
     trainer_free_strategy(&t);
     mem_free(t.inputs);
     mem_free(t.targets);
+    mem_free(t.full_inputs);
+    mem_free(t.full_targets);
     model_free(&t.model);
     data_close(data);
     mesh_free(t.mesh);
