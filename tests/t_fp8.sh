@@ -11,11 +11,10 @@
 #     rtol 1e-4: after step 1 a last-bit difference in a weight can move it across a rounding
 #     boundary of the FP8 grid (a 2^-4 relative step for that element), which AdamW's normalised
 #     early updates carry on: 3.6e-5 relative by step 4 under DDP here (fp32 alone: < 1e-5).
-#     The TP runs use --matmul loop (both sides): with OpenBLAS, whose kernels round a tp slice's
-#     matmul differently from the full one, TP's step-1 FP8 gradients differ from the single
-#     process's by up to 5e-2 of a tensor's largest value (1.4e-6 with the loop matmul, and one FP8
-#     GEMM split over ranks differs only in the last bit with either backend): an amplification of
-#     last-bit differences through the FP8 roundings of later layers that is not yet explained.
+#     The TP runs use --matmul loop (both sides): OpenBLAS rounds a tp slice's matmul differently in
+#     the last bit from the whole one, and FP8 training turns last-bit differences into large ones
+#     (the single process with OpenBLAS vs the loop matmul: step-1 FP8 gradients 5.5e-2 apart, fp32
+#     ones 8.8e-7); with the loop matmul TP's activations are the single process's bits.
 #     Pipeline stages (2 micro-batches) equal the single process with --grad-accum-steps 2 bit for bit.
 #  3. Delayed scaling resumes bit-identically (its amax history is in <checkpoint>.fp8).
 #  4. An unknown recipe, and the FP8 flags without --fp8, exit 2 with one line.
