@@ -188,7 +188,14 @@ $(BUILD)/train-cuda: chapters/10_trainer/train.c $(LIBGPU) $(LIBREF32) $(LIBCOMM
 $(BUILD)/%: gpu/main_%.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
 
-all: gpu
+# The FP8 cast oracle (chapter 9): cuda_fp8.h's host conversions against chapters/09_fp8/fp8_cast.c,
+# a plain C++ program (no device code), run by tests/t_fp8_cast.sh.
+FP8_ORACLE := $(BUILD)/tests/fp8_oracle
+$(FP8_ORACLE): tests/fp8_oracle.cpp $(BUILD)/obj/f32/chapters/09_fp8/fp8_cast.o
+	@mkdir -p $(dir $@)
+	$(CXX) -O2 -std=c++17 -I. -I$(CUDA_HOME_FOUND)/include $(WARN) -Werror $^ -o $@
+
+all: gpu $(FP8_ORACLE)
 gpu: $(LIBGPU) $(GPU_PROGRAMS)
 test-gpu: gpu
 	@for t in $(GPU_TEST_BIN); do echo "== $$t"; $$t || exit 1; done

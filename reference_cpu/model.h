@@ -92,6 +92,20 @@ typedef struct {
     void *ctx;
 } ContextParallelHooks;
 
+// FP8 linears (chapter 9, chapters/09_fp8/fp8.h). When Model.fp8 is set, the seven projections of
+// every block run their GEMMs through it instead of matmul_forward / matmul_backward (same shapes,
+// same accumulation), quantizing the operands to FP8 first; `layer` and the projection name the
+// linear (delayed scaling keeps state per linear). The embedding, norms, attention and the output
+// head stay in full precision. NULL: the matmuls themselves, bit for bit.
+typedef enum { PROJ_WQ, PROJ_WK, PROJ_WV, PROJ_WO, PROJ_W1, PROJ_W2, PROJ_W3, N_PROJ } Projection;
+typedef struct {
+    void (*forward)(void *ctx, int layer, Projection p, real *out, const real *inp, const real *weight, int M, int K,
+                    int N);
+    void (*backward)(void *ctx, int layer, Projection p, real *dinp, real *dweight, const real *dout,
+                     const real *inp, const real *weight, int M, int K, int N);
+    void *ctx;
+} Fp8Hook;
+
 // This rank's share of the sharded dimensions (the config's values without tensor parallelism).
 typedef struct {
     int n_heads, n_kv_heads, ffn_dim, vocab_size, vocab_start;
@@ -113,11 +127,13 @@ typedef struct {
     TensorParallel tp;           // .size == 1: no tensor parallelism
     ContextParallelHooks cp;     // .attention_forward == NULL: no context parallelism
     LocalShape local;            // the shapes this rank computes with
+    const Fp8Hook *fp8;          // NULL: fp32 projections
 } Model;
 
 // Pointers to one block's tensors inside a flat buffer laid out by the table (params or grads).
 typedef struct {
     real *attention_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
+    int layer;  // the block these belong to
 } BlockWeights;
 
 // Everything one block keeps from forward for backward, for B*T tokens (heads and ffn columns:

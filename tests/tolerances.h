@@ -26,3 +26,18 @@
 // of magnitude. With one rank the computation is the plain call: bit-identical.
 #define CP_ATTENTION_RTOL 1e-5
 #define CP_ATTENTION_RTOL_TEXT "1e-5"
+
+// FP8 (chapter 9), as signal-to-quantization-noise ratios, SQNR = 20 log10(|x| / |x - q(x)|) in dB
+// (torchao's test thresholds). A cast keeps 3 (E4M3) or 2 (E5M2) mantissa bits: relative error up
+// to 2^-4 or 2^-3 per element, about 31 dB and 25 dB on Gaussian data with a tensor-wide scale; a
+// GEMM averages K such errors, so no worse. The linear's output and weight gradient compound two
+// and three quantized operands (the gradient an E5M2 one): 18 dB and 17 dB. A wrong scale or a
+// format mix-up drops far below these (a factor-of-2 scale error costs nothing, so the tests also
+// check the scales themselves).
+#define FP8_SQNR_CAST_DB 25.0
+#define FP8_SQNR_GEMM_DB 25.0
+#define FP8_SQNR_LINEAR_OUT_DB 18.0
+#define FP8_SQNR_LINEAR_WGRAD_DB 17.0
+// A tiny model's loss after one FP8 forward vs fp32: the quantization noise (~3% per element) averages
+// over thousands of products and the loss is near ln(vocab); 1% relative bounds it.
+#define FP8_LOSS_RTOL 1e-2

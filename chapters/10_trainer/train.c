@@ -13,6 +13,7 @@
 //   mpirun -np 4 ./build/train --pp 4 --pp-schedule 1F1B --pp-microbatches 8   (chapter 7: pipeline parallel)
 #include <errno.h>
 //   ./build/train --init-from hf:llama-3.2-1b --seq-len 512 --data tokens:t.bin --export-hf tuned   (HF.md)
+//   ./build/train --model small --fp8 --fp8-recipe rowwise            (chapter 9: FP8 linears, emulated)
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@
 
 #include "chapters/03_fsdp/fsdp.h"
 #include "chapters/07_pipeline_parallel/pipeline.h"
+#include "chapters/09_fp8/fp8.h"
 #include "chapters/10_trainer/trainer.h"
 #include "common/args.h"
 #include "common/comm.h"
@@ -41,13 +43,14 @@
 typedef struct {
     const char *model, *data, *lr_decay, *attention, *matmul, *ac, *reshard;
     const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta, *grad_dump;
-    const char *pp_schedule, *pp_schedule_dot, *device, *cp_mode, *cp_load_balance, *init_from, *export_hf;
+    const char *pp_schedule, *pp_schedule_dot, *device, *cp_mode, *cp_load_balance, *init_from, *export_hf, *fp8_recipe;
+    int fp8_amax_history;
     int steps, batch, seq_len, n_layers, warmup_steps, checkpoint_every, log_every;
     int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages, cp;
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
     double bucket_mb, comm_timeout, export_hf_shard_mb;
-    bool model_info, no_overlap, desync_init, sequence_parallel;
+    bool model_info, no_overlap, desync_init, sequence_parallel, fp8;
 } Options;
 
 static Options opt = {.seq_len = -1, .warmup_steps = -1, .rope_theta = -1};
@@ -146,6 +149,13 @@ static const ArgSpec FLAGS[] = {
     {"reshard-after-forward", ARG_CHOICE, &opt.reshard, "default",
      "ZeRO-3: free gathered weights after forward (default: all but the embedding, head and last block)",
      .choices = RESHARD_POLICY_NAMES},
+    {"fp8", ARG_BOOL, &opt.fp8, NULL,
+     "FP8 linears: the three GEMMs of every block projection on FP8 operands, emulated on the CPU (chapter 9)",
+     .value_name = ""},
+    {"fp8-recipe", ARG_CHOICE, &opt.fp8_recipe, "tensorwise", "with --fp8: how tensors are scaled into FP8",
+     .choices = FP8_RECIPE_NAMES},
+    {"fp8-amax-history", ARG_INT, &opt.fp8_amax_history, "1024",
+     "with --fp8-recipe delayed: steps of amax history a scale comes from", .min = 1, .max = UNBOUNDED},
     {"grad-accum-steps", ARG_INT, &opt.grad_accum_steps, "1",
      "micro-batches per optimizer step on each rank; gradients sync after the last", .min = 1, .max = UNBOUNDED},
     {"bucket-mb", ARG_DOUBLE, &opt.bucket_mb, "25", "DDP gradient bucket size in MiB", .min = 1e-6, .max = 1e6},
@@ -364,6 +374,59 @@ static TrainerExtension grad_dump(void) {
 
 // ---- checkpoints: the full tensors whatever the layout (every rank takes part, rank 0 writes) ------
 
+// ---- FP8 linears (chapter 9): a hook on the model, and an extension that ends each step ----------------
+
+static Fp8 *fp8;  // --fp8, else NULL
+static Fp8Hook fp8_model_hook;
+
+// Each amax is reduced over the ranks that hold other pieces of its tensor: the tp group (features)
+// and the data- and context-parallel ranks (tokens).
+static void fp8_install(Trainer *t) {
+    Fp8Options o = {(Fp8Recipe)args_choice_index(FP8_RECIPE_NAMES, opt.fp8_recipe), opt.fp8_amax_history, 0};
+    Comm *tokens = t->mesh->dp_cp;
+    Fp8Groups groups = {t->mesh->degree[MESH_TP] > 1 ? t->mesh->dim[MESH_TP] : NULL, comm_size(tokens) > 1 ? tokens : NULL};
+    fp8 = fp8_create(&o, t->model.cfg.n_layers, groups);
+    fp8_model_hook = fp8_hook(fp8);
+    t->model.fp8 = &fp8_model_hook;
+    if (o.recipe == FP8_DELAYED)
+        log_info("fp8: wq wk wv wo w1 w2 w3 of every block in FP8 (emulated), delayed scaling, amax history %d",
+                 o.amax_history);
+    else log_info("fp8: wq wk wv wo w1 w2 w3 of every block in FP8 (emulated), %s scaling", opt.fp8_recipe);
+}
+
+static void fp8_after_step(void *ctx, Trainer *t, const StepBatch *b, const StepResult *r) { fp8_step_end(fp8); }
+
+static void fp8_finish(void *ctx, Trainer *t) {
+    t->model.fp8 = NULL;
+    fp8_free(fp8);
+    fp8 = NULL;
+}
+
+// Delayed scaling's history sits next to the checkpoint, in <checkpoint>.fp8. Pipeline stages each
+// hold their own blocks' entries (zeros elsewhere), the other ranks the same values: the MAX over
+// the world is the whole state.
+static void fp8_companion(const char *checkpoint, char *out, size_t n) { snprintf(out, n, "%s.fp8", checkpoint); }
+
+static void fp8_save(Trainer *t, const char *path) {
+    if (!fp8 || fp8_state_numel(fp8) == 0) return;
+    size_t n = fp8_state_numel(fp8);
+    float *state = mem_alloc(MEM_OTHER, sizeof(float) * n);
+    fp8_state_get(fp8, state);
+    comm_all_reduce(t->mesh->world, state, n, COMM_FLOAT32, COMM_MAX);
+    fp8_state_set(fp8, state);
+    char companion[4200];
+    fp8_companion(path, companion, sizeof companion);
+    if (t->mesh->rank == 0) fp8_state_save(fp8, companion);
+    mem_free(state);
+}
+
+static void fp8_load(const char *path) {
+    if (!fp8 || fp8_state_numel(fp8) == 0) return;
+    char companion[4200];
+    fp8_companion(path, companion, sizeof companion);
+    fp8_state_load(fp8, companion);
+}
+
 static void save_state(Trainer *t, const char *path, long long step, const RunIdentity *run) {
     Model whole = t->model;
     whole.table = param_table_build(&t->model.cfg);
@@ -374,6 +437,7 @@ static void save_state(Trainer *t, const char *path, long long step, const RunId
     }
     whole.params = full[STATE_WEIGHTS];
     if (t->mesh->rank == 0) checkpoint_save(path, &whole, full[STATE_ADAM_M], full[STATE_ADAM_V], step, run);
+    fp8_save(t, path);
     for (int kind = 0; kind < N_CHECKPOINT_STATES; kind++) mem_free(full[kind]);
     param_table_free(&whole.table);
 }
@@ -386,6 +450,7 @@ static long long load_state(Trainer *t, const char *path, const RunIdentity *run
         full[kind] = mem_alloc(MEM_OTHER, sizeof(real) * whole.table.total_numel);
     whole.params = full[STATE_WEIGHTS];
     long long step = checkpoint_load(path, &whole, full[STATE_ADAM_M], full[STATE_ADAM_V], run);
+    fp8_load(path);
     for (int kind = 0; kind < N_CHECKPOINT_STATES; kind++) {
         trainer_load_full_state(t, (StateKind)kind, full[kind]);
         mem_free(full[kind]);
@@ -511,6 +576,11 @@ int main(int argc, char **argv) {
     if (opt.model_info) return 0;
     check_pipeline_flags(&cfg, flags);
     check_context_parallel_flags(&cfg, flags);
+    if (!opt.fp8 && (args_given(flags, N_FLAGS, "fp8-recipe") || args_given(flags, N_FLAGS, "fp8-amax-history")))
+        fatal_input("--fp8-recipe and --fp8-amax-history: need --fp8");
+    if (args_given(flags, N_FLAGS, "fp8-amax-history") && strcmp(opt.fp8_recipe, "delayed") != 0)
+        fatal_input("--fp8-amax-history: only with --fp8-recipe delayed");
+    if (opt.fp8 && cuda) fatal_input("--fp8: emulated on the CPU only; the GPU model has no FP8 path yet");
     check_before_work(&cfg, flags);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
     if (opt.dump && cuda)
@@ -547,6 +617,7 @@ int main(int argc, char **argv) {
     else trainer_setup_layout(&t, &cfg, attention, &init, &layout);
     if (init_checkpoint) log_info("initial weights from %s", opt.init_from);
     hf_close(init_checkpoint);
+    if (opt.fp8) fp8_install(&t);
     log_checkpointing(&t.model, t.micro, t.T, (ActCheckpoint)layout.ac);
     t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
     t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
@@ -567,8 +638,9 @@ int main(int argc, char **argv) {
     LrSchedule schedule = {opt.lr, opt.min_lr_ratio, opt.warmup_steps, opt.steps,
                            (LrDecay)args_choice_index(LR_DECAY_NAMES, opt.lr_decay)};
     AdamWConfig adam = {opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
-    TrainerExtension extensions[2];
+    TrainerExtension extensions[3];
     int n_ext = 0;
+    if (fp8) extensions[n_ext++] = (TrainerExtension){"fp8", NULL, NULL, fp8_after_step, fp8_finish};
     if (opt.dump) extensions[n_ext++] = reference_dump(&t, &adam);
     if (opt.grad_dump) extensions[n_ext++] = grad_dump();
     double floor = data_entropy_floor(data);

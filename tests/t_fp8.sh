@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Chapter 9: FP8 across ranks and through the trainer.
+#  1. tests/test_fp8_groups under mpirun on 2 and 4 ranks: one FP8 linear split by tokens, by output
+#     features and by input features equals the single-process FP8 linear, for every recipe,
+#     because each amax is MAX-reduced over the group that splits its tensor.
+#  2. `train --fp8` on tiny under DDP, FSDP and TP (and rowwise / delayed under some of them)
+#     against the single-process `--fp8` run of the same recipe: the step-1 gradients (--grad-dump)
+#     within rtol 1e-5 of each tensor's largest value, as t_tp.sh: the scales agree exactly (the
+#     amaxes are reduced), so the FP8 operands are the same and only the order of the sums differs;
+#     a rank scaling with its own amax moves gradients by ~1e-2. And the losses of 4 steps within
+#     rtol 1e-4: after step 1 a last-bit difference in a weight can move it across a rounding
+#     boundary of the FP8 grid (a 2^-4 relative step for that element), which AdamW's normalised
+#     early updates carry on: 3.6e-5 relative by step 4 under DDP here (fp32 alone: < 1e-5).
+#     The TP runs use --matmul loop (both sides): OpenBLAS rounds a tp slice's matmul differently in
+#     the last bit from the whole one, and FP8 training turns last-bit differences into large ones
+#     (the single process with OpenBLAS vs the loop matmul: step-1 FP8 gradients 5.5e-2 apart, fp32
+#     ones 8.8e-7); with the loop matmul TP's activations are the single process's bits.
+#     Pipeline stages (2 micro-batches) equal the single process with --grad-accum-steps 2 bit for bit.
+#  3. Delayed scaling resumes bit-identically (its amax history is in <checkpoint>.fp8).
+#  4. An unknown recipe, and the FP8 flags without --fp8, exit 2 with one line.
+set -eu
+source tests/lib.sh
+for n in 2 4; do
+    out=$(timeout 120 $MPIRUN -np "$n" "$BUILD/tests/test_fp8_groups" 2>&1) || { echo "FAIL: $n ranks:"; echo "$out" | tail -20; exit 1; }
+    grep -q "^test_fp8_groups: $n ranks: all checks passed" <<<"$out" || { echo "FAIL: $n ranks: $out"; exit 1; }
+    echo "ok: $(grep '^test_fp8_groups:' <<<"$out")"
+done
+
+common=(--model tiny --steps 4 --batch 8 --seed 5 --lr 1e-3 --fp8)
+resume=(--model tiny --steps 10 --batch 8 --seed 5 --lr 1e-3 --fp8 --fp8-recipe delayed --fp8-amax-history 4)
+run() {  # name, ranks, extra flags...
+    local name=$1 np=$2; shift 2
+    $MPIRUN -np "$np" "$BUILD/train" "${common[@]}" "$@" --grad-dump "$T/$name.grads.safetensors" > "$T/$name.log" 2>&1 ||
+        { cat "$T/$name.log"; echo "FAIL: run $name"; exit 1; }
+}
+check() {  # name, reference name
+    echo "== $1 vs $2"
+    $P --log "$T/$1.log" --log-ref "$T/$2.log" --loss-rtol 1e-4
+    $P --ckpt "$T/$1.grads.safetensors" --ckpt-ref "$T/$2.grads.safetensors" --prefix grad. --param-rtol 1e-5
+}
+for recipe in tensorwise rowwise delayed; do
+    run "ref_$recipe" 1 --fp8-recipe "$recipe"
+    run "ref_loop_$recipe" 1 --fp8-recipe "$recipe" --matmul loop
+done
+run ddp2 2 --dp-replicate 2
+check ddp2 ref_tensorwise
+run fsdp2 2 --dp-shard 2
+check fsdp2 ref_tensorwise
+run tp2 2 --tp 2 --matmul loop
+check tp2 ref_loop_tensorwise
+run tp2_rowwise 2 --tp 2 --fp8-recipe rowwise --matmul loop
+check tp2_rowwise ref_loop_rowwise
+run fsdp2_rowwise 2 --dp-shard 2 --fp8-recipe rowwise
+check fsdp2_rowwise ref_rowwise
+run tp2_ddp2_delayed 4 --tp 2 --dp-replicate 2 --fp8-recipe delayed --matmul loop
+check tp2_ddp2_delayed ref_loop_delayed
+# Pipeline stages: dynamic scales come from one micro-batch (as in torchao), so the reference is the
+# single process with the same micro-batches (--grad-accum-steps 2); same operands, same sums: exact.
+run ref_accum2 1 --grad-accum-steps 2
+run pp2 2 --pp 2 --pp-microbatches 2
+echo "== pp2 vs ref_accum2: bit-identical"
+$P --log "$T/pp2.log" --log-ref "$T/ref_accum2.log" --loss-rtol 0
+$P --ckpt "$T/pp2.grads.safetensors" --ckpt-ref "$T/ref_accum2.grads.safetensors" --prefix grad. --exact
+# FP8 must differ from fp32 (the hook runs): the fp32 run's losses are not the same numbers
+"$BUILD/train" "${common[@]:0:${#common[@]}-1}" > "$T/fp32.log"
+if $P --log "$T/fp32.log" --log-ref "$T/ref_tensorwise.log" --loss-rtol 0 >/dev/null; then
+    echo "FAIL: --fp8 trained exactly like fp32"; exit 1
+fi
+echo "ok: --fp8 losses differ from fp32's"
+
+echo "== delayed scaling: 10 steps vs 5 steps, then --resume for 5 more: bit-identical"
+"$BUILD/train" "${resume[@]}" --checkpoint-dir "$T/whole" > "$T/whole.log"
+"$BUILD/train" "${resume[@]}" --checkpoint-dir "$T/parts" --checkpoint-every 5 > "$T/part1.log"
+[ -f "$T/parts/step_000005.safetensors.fp8" ] || { echo "FAIL: no FP8 state next to the checkpoint"; exit 1; }
+rm "$T/parts/step_000010.safetensors" "$T/parts/step_000010.safetensors.fp8"
+"$BUILD/train" "${resume[@]}" --checkpoint-dir "$T/parts" --resume "$T/parts" > "$T/part2.log"
+$P --ckpt "$T/parts/step_000010.safetensors" --ckpt-ref "$T/whole/step_000010.safetensors" --exact
+cmp "$T/parts/step_000010.safetensors.fp8" "$T/whole/step_000010.safetensors.fp8" ||
+    { echo "FAIL: the FP8 state after resuming differs"; exit 1; }
+echo "ok: resumed delayed scaling is bit-identical (weights, AdamW state and amax history)"
+
+# expect_exit2 WANTED FLAGS...: exit status 2 and one line on stderr that contains WANTED
+expect_exit2() {
+    local want=$1 out rc=0
+    shift
+    out=$("$BUILD/train" --model tiny --steps 1 "$@" 2>&1 >/dev/null) || rc=$?
+    if [ "$rc" -ne 2 ] || [ "$(grep -c . <<<"$out")" -ne 1 ] || [[ "$out" != *"$want"* ]]; then
+        echo "FAIL: $* -> rc $rc: $out"; exit 1
+    fi
+    echo "ok: $* -> $out"
+}
+expect_exit2 "--fp8-recipe blockwise" --fp8 --fp8-recipe blockwise
+expect_exit2 "need --fp8" --fp8-recipe rowwise
+expect_exit2 "only with --fp8-recipe delayed" --fp8 --fp8-amax-history 16
