@@ -395,7 +395,6 @@ static void attention_forward(T *out, float *lse, const T *q, const T *k, const 
     size_t smem = prepare(flash_forward_kernel<T>, ATTN_KERNEL_FORWARD, p.hd);
     dim3 grid((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
     GPU_LAUNCH(flash_forward_kernel<T>, grid, ATTN_THREADS, smem, out, lse, q, k, v, p);
-    LAUNCH_CHECK();
 }
 
 template <typename T>
@@ -406,15 +405,12 @@ static void attention_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, c
     size_t n_rows = (size_t)p.B * p.H * p.Tq;
     float *dvec = (float *)gpu_scratch_alloc(n_rows * sizeof(float));
     GPU_LAUNCH(attention_dvec_kernel<T>, (unsigned)((n_rows * 32 + 255) / 256), 256, 0, dvec, dout, out, p);
-    LAUNCH_CHECK();
     size_t smem = prepare(flash_backward_dq_kernel<T>, ATTN_KERNEL_BACKWARD_DQ, p.hd);
     dim3 grid_q((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
     GPU_LAUNCH(flash_backward_dq_kernel<T>, grid_q, ATTN_THREADS, smem, dq, dout, q, k, v, lse, dvec, p);
-    LAUNCH_CHECK();
     smem = prepare(flash_backward_dkdv_kernel<T>, ATTN_KERNEL_BACKWARD_DKDV, p.hd);
     dim3 grid_kv((p.Tk + ATTN_BC - 1) / ATTN_BC, p.KV, p.B);
     GPU_LAUNCH(flash_backward_dkdv_kernel<T>, grid_kv, ATTN_THREADS, smem, dk, dv, dout, q, k, v, lse, dvec, p);
-    LAUNCH_CHECK();
     gpu_scratch_free(dvec);
 }
 

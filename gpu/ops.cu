@@ -24,7 +24,6 @@ static_assert(sizeof(real) == sizeof(float), "gpu/ needs the fp32 build of refer
         unsigned blocks_ = grid_1d((n), GPU_THREADS_1D, GPU_MAX_BLOCKS_1D);                          \
         if (blocks_) {                                                                               \
             GPU_LAUNCH(kernel, blocks_, GPU_THREADS_1D, 0, __VA_ARGS__);                             \
-            LAUNCH_CHECK();                                                                          \
         }                                                                                            \
     } while (0)
 
@@ -67,14 +66,12 @@ template <typename T>
 static void embedding_forward(T *out, const int *tokens, const T *table, int N, int C, int row_start, int n_rows) {
     if (N == 0 || C == 0) return;
     GPU_LAUNCH(embedding_forward_kernel<T>, N, 128, 0, out, tokens, table, C, row_start, n_rows);
-    LAUNCH_CHECK();
 }
 template <typename T>
 static void embedding_backward(float *dtable, const T *dout, const int *tokens, int N, int C, int row_start,
                                int n_rows) {
     if (N == 0 || C == 0) return;
     GPU_LAUNCH(embedding_backward_kernel<T>, (C + 63) / 64, 64, 0, dtable, dout, tokens, N, C, row_start, n_rows);
-    LAUNCH_CHECK();
 }
 
 extern "C" void gpu_embedding_forward(float *out, const int *tokens, const float *table, int N, int C) {
@@ -152,16 +149,13 @@ template <typename T>
 static void rmsnorm_forward(T *out, float *rstd, const T *inp, const T *weight, int N, int C, double eps) {
     if (N == 0) return;
     GPU_LAUNCH(rmsnorm_forward_kernel<T>, N, ROW_THREADS, 0, out, rstd, inp, weight, C, eps);
-    LAUNCH_CHECK();
 }
 template <typename T>
 static void rmsnorm_backward(T *dinp, float *dweight, const T *dout, const T *inp, const T *weight, const float *rstd,
                              int N, int C) {
     if (N == 0 || C == 0) return;
     GPU_LAUNCH(rmsnorm_backward_input_kernel<T>, N, ROW_THREADS, 0, dinp, dout, inp, weight, rstd, C);
-    LAUNCH_CHECK();
     GPU_LAUNCH(rmsnorm_backward_weight_kernel<T>, (C + 63) / 64, 64, 0, dweight, dout, inp, rstd, N, C);
-    LAUNCH_CHECK();
 }
 
 extern "C" void gpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
@@ -328,11 +322,9 @@ template <typename T>
 static double cross_entropy_forward(float *lse, const T *logits, const int *targets, int N, int V) {
     if (N == 0) return 0.0;
     GPU_LAUNCH(cross_entropy_lse_kernel<T>, N, ROW_THREADS, 0, lse, logits, V);
-    LAUNCH_CHECK();
     LossSum *d_sum = (LossSum *)gpu_scratch_alloc(sizeof(LossSum));
     LossSum sum;
     GPU_LAUNCH(cross_entropy_loss_kernel<T>, 1, 1024, 0, d_sum, lse, logits, targets, N, V);
-    LAUNCH_CHECK();
     gpu_download(&sum, d_sum, sizeof sum);
     gpu_scratch_free(d_sum);
     if (sum.bad_row != INT_MAX) fatal("cross-entropy: the target of row %d is outside [0, %d)", sum.bad_row, V);
@@ -370,9 +362,7 @@ static void cross_entropy_backward(T *dlogits, const T *logits, const float *lse
     if (N == 0) return;
     int *n_valid = (int *)gpu_scratch_alloc(sizeof(int));
     GPU_LAUNCH(count_valid_targets_kernel, 1, 1024, 0, n_valid, targets, N);
-    LAUNCH_CHECK();
     GPU_LAUNCH(cross_entropy_backward_kernel<T>, N, ROW_THREADS, 0, dlogits, logits, lse, targets, n_valid, V, dloss);
-    LAUNCH_CHECK();
     gpu_scratch_free(n_valid);
 }
 
@@ -471,9 +461,7 @@ extern "C" double gpu_sum_of_squares(const float *x, size_t n) {
     double total;
     size_t chunk = (n + SUM_SQ_BLOCKS - 1) / SUM_SQ_BLOCKS;
     GPU_LAUNCH(sum_of_squares_partial_kernel, SUM_SQ_BLOCKS, 256, 0, partial, x, n, chunk);
-    LAUNCH_CHECK();
     GPU_LAUNCH(sum_partials_kernel, 1, 1024, 0, partial + SUM_SQ_BLOCKS, partial, SUM_SQ_BLOCKS);
-    LAUNCH_CHECK();
     gpu_download(&total, partial + SUM_SQ_BLOCKS, sizeof total);
     gpu_scratch_free(partial);
     return total;
