@@ -389,7 +389,7 @@ static size_t prepare(Kernel kernel, AttnKernel which, int head_dim) {
 }
 
 template <typename T>
-static void attention_forward(T *out, float *lse, const T *q, const T *k, const T *v, const AttnShape *s) {
+static void launch_attention_forward(T *out, float *lse, const T *q, const T *k, const T *v, const AttnShape *s) {
     AttnParams p = params_of(s);
     if (p.B == 0 || p.Tq == 0) return;
     size_t smem = prepare(flash_forward_kernel<T>, ATTN_KERNEL_FORWARD, p.hd);
@@ -398,8 +398,8 @@ static void attention_forward(T *out, float *lse, const T *q, const T *k, const 
 }
 
 template <typename T>
-static void attention_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const T *out,
-                               const float *lse, const AttnShape *s) {
+static void launch_attention_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
+                                      const T *out, const float *lse, const AttnShape *s) {
     AttnParams p = params_of(s);
     if (p.B == 0 || p.Tq == 0 || p.Tk == 0) return;
     size_t n_rows = (size_t)p.B * p.H * p.Tq;
@@ -416,19 +416,19 @@ static void attention_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, c
 
 extern "C" void gpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                                       const AttnShape *s) {
-    attention_forward(out, lse, q, k, v, s);
+    launch_attention_forward(out, lse, q, k, v, s);
 }
 extern "C" void gpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                        const float *k, const float *v, const float *out, const float *lse,
                                        const AttnShape *s) {
-    attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+    launch_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
 }
 extern "C" void gpu_attention_forward_bf16(gpu_bf16 *out, float *lse, const gpu_bf16 *q, const gpu_bf16 *k,
                                            const gpu_bf16 *v, const AttnShape *s) {
-    attention_forward(out, lse, q, k, v, s);
+    launch_attention_forward(out, lse, q, k, v, s);
 }
 extern "C" void gpu_attention_backward_bf16(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, const gpu_bf16 *dout,
                                             const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
                                             const gpu_bf16 *out, const float *lse, const AttnShape *s) {
-    attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+    launch_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
 }

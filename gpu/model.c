@@ -119,10 +119,8 @@ void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPreci
     m->grads = gpu_alloc(MEM_GRADS, sizeof(float) * n);
     m->adam_m = gpu_alloc(MEM_OPTIMIZER, sizeof(float) * n);
     m->adam_v = gpu_alloc(MEM_OPTIMIZER, sizeof(float) * n);
-    if (precision == GPU_BF16) {
-        m->params_bf16 = gpu_alloc(MEM_PARAMS, sizeof(uint16_t) * n);
-        gpu_cast_f32_to_bf16(m->params_bf16, m->params, n);
-    }
+    if (precision == GPU_BF16) m->params_bf16 = gpu_alloc(MEM_PARAMS, sizeof(uint16_t) * n);
+    gpu_model_refresh_compute_copy(m);
 
     RopeTable host_rope = rope_table_build(cfg->max_seq_len, model_head_dim(cfg), cfg->rope_theta,
                                            cfg->rope_scaling_factor, cfg->rope_low_freq_factor,
@@ -189,6 +187,10 @@ void gpu_model_free(GpuModel *m) {
     mem_free(m->offsets);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
+}
+
+void gpu_model_refresh_compute_copy(GpuModel *m) {
+    if (BF16(m)) gpu_cast_f32_to_bf16(m->params_bf16, m->params, m->table.total_numel);
 }
 
 void gpu_model_zero_grads(GpuModel *m) { gpu_fill_bytes(m->grads, 0, sizeof(float) * m->table.total_numel); }

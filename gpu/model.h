@@ -67,6 +67,9 @@ typedef struct {
 void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPrecision precision, int B, int T);
 void gpu_model_free(GpuModel *m);
 void gpu_model_zero_grads(GpuModel *m);
+// After m->params was written other than by gpu_model_step (a broadcast, a loaded checkpoint): the
+// bf16 compute copy is cast again from the fp32 master weights (nothing to do in GPU_FP32).
+void gpu_model_refresh_compute_copy(GpuModel *m);
 // inputs, targets: host arrays of B*T tokens. Returns the mean loss (waits for the stream).
 double gpu_model_forward(GpuModel *m, const int *inputs, const int *targets);
 // Accumulates d(dloss * loss)/d(params) into m->grads, for the batch of the last forward.

@@ -12,6 +12,9 @@
 #include "gpu/numerics.h"
 #include "gpu/ops.h"
 
+// The templated host functions that launch the kernels are named launch_<op>: reference_cpu/ops.h
+// (included through gpu/ops.h) declares <op> itself, and for fp32 arguments C++ overload resolution
+// prefers that exact non-template match -- the GPU entry point would silently run the CPU op.
 static_assert(sizeof(real) == sizeof(float), "gpu/ needs the fp32 build of reference_cpu (RopeTable holds real)");
 
 // Grid-stride loop over [0, n): each launch covers any n with at most GPU_MAX_BLOCKS_1D blocks.
@@ -63,36 +66,37 @@ __global__ void embedding_backward_kernel(float *dtable, const T *dout, const in
 }
 
 template <typename T>
-static void embedding_forward(T *out, const int *tokens, const T *table, int N, int C, int row_start, int n_rows) {
+static void launch_embedding_forward(T *out, const int *tokens, const T *table, int N, int C, int row_start,
+                                     int n_rows) {
     if (N == 0 || C == 0) return;
     GPU_LAUNCH(embedding_forward_kernel<T>, N, 128, 0, out, tokens, table, C, row_start, n_rows);
 }
 template <typename T>
-static void embedding_backward(float *dtable, const T *dout, const int *tokens, int N, int C, int row_start,
+static void launch_embedding_backward(float *dtable, const T *dout, const int *tokens, int N, int C, int row_start,
                                int n_rows) {
     if (N == 0 || C == 0) return;
     GPU_LAUNCH(embedding_backward_kernel<T>, (C + 63) / 64, 64, 0, dtable, dout, tokens, N, C, row_start, n_rows);
 }
 
 extern "C" void gpu_embedding_forward(float *out, const int *tokens, const float *table, int N, int C) {
-    embedding_forward(out, tokens, table, N, C, 0, INT_MAX);
+    launch_embedding_forward(out, tokens, table, N, C, 0, INT_MAX);
 }
 extern "C" void gpu_embedding_backward(float *dtable, const float *dout, const int *tokens, int N, int C) {
-    embedding_backward(dtable, dout, tokens, N, C, 0, INT_MAX);
+    launch_embedding_backward(dtable, dout, tokens, N, C, 0, INT_MAX);
 }
 extern "C" void gpu_embedding_forward_rows(float *out, const int *tokens, const float *table, int N, int C,
                                            int row_start, int n_rows) {
-    embedding_forward(out, tokens, table, N, C, row_start, n_rows);
+    launch_embedding_forward(out, tokens, table, N, C, row_start, n_rows);
 }
 extern "C" void gpu_embedding_backward_rows(float *dtable, const float *dout, const int *tokens, int N, int C,
                                             int row_start, int n_rows) {
-    embedding_backward(dtable, dout, tokens, N, C, row_start, n_rows);
+    launch_embedding_backward(dtable, dout, tokens, N, C, row_start, n_rows);
 }
 extern "C" void gpu_embedding_forward_bf16(gpu_bf16 *out, const int *tokens, const gpu_bf16 *table, int N, int C) {
-    embedding_forward(out, tokens, table, N, C, 0, INT_MAX);
+    launch_embedding_forward(out, tokens, table, N, C, 0, INT_MAX);
 }
 extern "C" void gpu_embedding_backward_bf16(float *dtable, const gpu_bf16 *dout, const int *tokens, int N, int C) {
-    embedding_backward(dtable, dout, tokens, N, C, 0, INT_MAX);
+    launch_embedding_backward(dtable, dout, tokens, N, C, 0, INT_MAX);
 }
 
 // ================================ RMSNorm ========================================================
@@ -146,13 +150,13 @@ __global__ void rmsnorm_backward_weight_kernel(float *dweight, const T *dout, co
 }
 
 template <typename T>
-static void rmsnorm_forward(T *out, float *rstd, const T *inp, const T *weight, int N, int C, double eps) {
+static void launch_rmsnorm_forward(T *out, float *rstd, const T *inp, const T *weight, int N, int C, double eps) {
     if (N == 0) return;
     GPU_LAUNCH(rmsnorm_forward_kernel<T>, N, ROW_THREADS, 0, out, rstd, inp, weight, C, eps);
 }
 template <typename T>
-static void rmsnorm_backward(T *dinp, float *dweight, const T *dout, const T *inp, const T *weight, const float *rstd,
-                             int N, int C) {
+static void launch_rmsnorm_backward(T *dinp, float *dweight, const T *dout, const T *inp, const T *weight,
+                                    const float *rstd, int N, int C) {
     if (N == 0 || C == 0) return;
     GPU_LAUNCH(rmsnorm_backward_input_kernel<T>, N, ROW_THREADS, 0, dinp, dout, inp, weight, rstd, C);
     GPU_LAUNCH(rmsnorm_backward_weight_kernel<T>, (C + 63) / 64, 64, 0, dweight, dout, inp, rstd, N, C);
@@ -160,19 +164,19 @@ static void rmsnorm_backward(T *dinp, float *dweight, const T *dout, const T *in
 
 extern "C" void gpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
                                     double eps) {
-    rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+    launch_rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
 }
 extern "C" void gpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                                      const float *weight, const float *rstd, int N, int C) {
-    rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+    launch_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
 }
 extern "C" void gpu_rmsnorm_forward_bf16(gpu_bf16 *out, float *rstd, const gpu_bf16 *inp, const gpu_bf16 *weight,
                                          int N, int C, double eps) {
-    rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+    launch_rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
 }
 extern "C" void gpu_rmsnorm_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
                                           const gpu_bf16 *weight, const float *rstd, int N, int C) {
-    rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+    launch_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
 }
 
 // ================================ RoPE ===========================================================
@@ -197,7 +201,7 @@ __global__ void rope_kernel(T *x, const float *cos_table, const float *sin_table
 }
 
 template <typename T>
-static void rope(T *x, const RopeTable *t, const int *positions, int B, int T_len, int n_heads, float sign) {
+static void launch_rope(T *x, const RopeTable *t, const int *positions, int B, int T_len, int n_heads, float sign) {
     int half = t->head_dim / 2;
     size_t n_pairs = (size_t)B * T_len * n_heads * half;
     LAUNCH_1D(rope_kernel<T>, n_pairs, x, t->cos, t->sin, positions, T_len, n_heads, half, n_pairs, sign);
@@ -218,18 +222,18 @@ extern "C" void gpu_rope_table_free(RopeTable *t) {
     t->cos = t->sin = NULL;
 }
 extern "C" void gpu_rope_forward(float *x, const RopeTable *t, const int *positions, int B, int T, int n_heads) {
-    rope(x, t, positions, B, T, n_heads, 1.0f);
+    launch_rope(x, t, positions, B, T, n_heads, 1.0f);
 }
 extern "C" void gpu_rope_backward(float *dx, const RopeTable *t, const int *positions, int B, int T, int n_heads) {
-    rope(dx, t, positions, B, T, n_heads, -1.0f);
+    launch_rope(dx, t, positions, B, T, n_heads, -1.0f);
 }
 extern "C" void gpu_rope_forward_bf16(gpu_bf16 *x, const RopeTable *t, const int *positions, int B, int T,
                                       int n_heads) {
-    rope(x, t, positions, B, T, n_heads, 1.0f);
+    launch_rope(x, t, positions, B, T, n_heads, 1.0f);
 }
 extern "C" void gpu_rope_backward_bf16(gpu_bf16 *dx, const RopeTable *t, const int *positions, int B, int T,
                                        int n_heads) {
-    rope(dx, t, positions, B, T, n_heads, -1.0f);
+    launch_rope(dx, t, positions, B, T, n_heads, -1.0f);
 }
 
 // ================================ SwiGLU =========================================================
@@ -319,7 +323,7 @@ __global__ void cross_entropy_loss_kernel(LossSum *result, const float *lse, con
 }
 
 template <typename T>
-static double cross_entropy_forward(float *lse, const T *logits, const int *targets, int N, int V) {
+static double launch_cross_entropy_forward(float *lse, const T *logits, const int *targets, int N, int V) {
     if (N == 0) return 0.0;
     GPU_LAUNCH(cross_entropy_lse_kernel<T>, N, ROW_THREADS, 0, lse, logits, V);
     LossSum *d_sum = (LossSum *)gpu_scratch_alloc(sizeof(LossSum));
@@ -357,8 +361,8 @@ __global__ void cross_entropy_backward_kernel(T *dlogits, const T *logits, const
 }
 
 template <typename T>
-static void cross_entropy_backward(T *dlogits, const T *logits, const float *lse, const int *targets, int N, int V,
-                                   double dloss) {
+static void launch_cross_entropy_backward(T *dlogits, const T *logits, const float *lse, const int *targets, int N,
+                                          int V, double dloss) {
     if (N == 0) return;
     int *n_valid = (int *)gpu_scratch_alloc(sizeof(int));
     GPU_LAUNCH(count_valid_targets_kernel, 1, 1024, 0, n_valid, targets, N);
@@ -367,19 +371,19 @@ static void cross_entropy_backward(T *dlogits, const T *logits, const float *lse
 }
 
 extern "C" double gpu_cross_entropy_forward(float *lse, const float *logits, const int *targets, int N, int V) {
-    return cross_entropy_forward(lse, logits, targets, N, V);
+    return launch_cross_entropy_forward(lse, logits, targets, N, V);
 }
 extern "C" void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
                                            int N, int V, double dloss) {
-    cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
+    launch_cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
 }
 extern "C" double gpu_cross_entropy_forward_bf16(float *lse, const gpu_bf16 *logits, const int *targets, int N,
                                                  int V) {
-    return cross_entropy_forward(lse, logits, targets, N, V);
+    return launch_cross_entropy_forward(lse, logits, targets, N, V);
 }
 extern "C" void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
                                                 const int *targets, int N, int V, double dloss) {
-    cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
+    launch_cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
 }
 
 // ================================ element-wise ===================================================

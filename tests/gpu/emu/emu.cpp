@@ -125,7 +125,10 @@ void shuffle(std::vector<unsigned> &order) {  // Fisher-Yates
 }
 
 uint64_t next_random() {
-    if (!order_seeded) order_state = 0x9e3779b97f4a7c15ull ^ (scheduler_seed() * 0xbf58476d1ce4e5b9ull), order_seeded = true;
+    if (!order_seeded) {
+        order_state = 0x9e3779b97f4a7c15ull ^ (scheduler_seed() * 0xbf58476d1ce4e5b9ull);
+        order_seeded = true;
+    }
     order_state = order_state * 6364136223846793005ull + 1442695040888963407ull;
     return order_state >> 33;
 }
