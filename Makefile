@@ -177,8 +177,7 @@ $(BUILD)/%: gpu/main_%.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 all: gpu
 gpu: $(LIBGPU) $(GPU_PROGRAMS)
 test-gpu: gpu
-	@for t in $(GPU_TEST_BIN); do echo "== $$t"; $$t || exit 1; done
-	@echo "== 4 ranks on the GPU: $(BUILD)/tests/gpu/test_gpu_ddp"; $(MPIRUN) -np 4 $(BUILD)/tests/gpu/test_gpu_ddp
+	GPU_TEST_REQUIRE_DEVICE=1 BUILD=$(BUILD) MPIRUN="$(MPIRUN)" scripts/test_gpu.sh
 bench-gpu: gpu
 	BUILD=$(BUILD) scripts/bench_gpu.sh
 print-nvccflags:

@@ -88,17 +88,89 @@ static size_t block_offset(const ParamTable *t, int layer, const char *suffix) {
     return offset_of(t, name);
 }
 
-static void *alloc_acts(const GpuModel *m, size_t n) { return gpu_alloc(MEM_ACTIVATIONS, n * m->act_size); }
-static float *alloc_stats(size_t n) { return gpu_alloc(MEM_ACTIVATIONS, n * sizeof(float)); }
+// Every device buffer of the model, in one place. With plan != NULL nothing is allocated: the bytes
+// are summed into *plan (what gpu_model_init compares with the device's free memory before it
+// allocates anything).
+static void *device_buffer(size_t *plan, MemCategory category, size_t bytes) {
+    if (!plan) return gpu_alloc(category, bytes);
+    *plan += bytes;
+    return NULL;
+}
 
-void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPrecision precision, int B, int T) {
+static void model_buffers(GpuModel *m, size_t *plan) {
+    const ModelConfig *cfg = &m->cfg;
+    size_t n = m->table.total_numel, as = m->act_size;
+    m->params = device_buffer(plan, MEM_PARAMS, sizeof(float) * n);
+    m->grads = device_buffer(plan, MEM_GRADS, sizeof(float) * n);
+    m->adam_m = device_buffer(plan, MEM_OPTIMIZER, sizeof(float) * n);
+    m->adam_v = device_buffer(plan, MEM_OPTIMIZER, sizeof(float) * n);
+    if (BF16(m)) m->params_bf16 = device_buffer(plan, MEM_PARAMS, sizeof(uint16_t) * n);
+    size_t rope_bytes = sizeof(float) * (size_t)cfg->max_seq_len * (model_head_dim(cfg) / 2);
+    if (plan) {  // gpu_rope_table_upload's cos and sin
+        device_buffer(plan, MEM_OTHER, rope_bytes), device_buffer(plan, MEM_OTHER, rope_bytes);
+    } else {
+        RopeTable host_rope = rope_table_build(cfg->max_seq_len, model_head_dim(cfg), cfg->rope_theta,
+                                               cfg->rope_scaling_factor, cfg->rope_low_freq_factor,
+                                               cfg->rope_high_freq_factor, cfg->rope_original_max_seq_len);
+        m->rope = gpu_rope_table_upload(&host_rope);
+        rope_table_free(&host_rope);
+    }
+
+    size_t BT = (size_t)m->B * m->T, D = cfg->dim, F = cfg->ffn_dim, V = cfg->vocab_size, hd = model_head_dim(cfg);
+    size_t hq = cfg->n_heads * hd, hkv = cfg->n_kv_heads * hd;
+#define ACTS(count) device_buffer(plan, MEM_ACTIVATIONS, (count) * as)
+#define STATS(count) (float *)device_buffer(plan, MEM_ACTIVATIONS, (count) * sizeof(float))
+    for (int l = 0; l < cfg->n_layers; l++) {
+        GpuBlockActs *a = &m->blocks[l];
+        a->x = ACTS(BT * D), a->xn1 = ACTS(BT * D), a->h = ACTS(BT * D), a->xn2 = ACTS(BT * D);
+        a->q = ACTS(BT * hq), a->attn = ACTS(BT * hq), a->k = ACTS(BT * hkv), a->v = ACTS(BT * hkv);
+        a->gate = ACTS(BT * F), a->up = ACTS(BT * F), a->act = ACTS(BT * F);
+        a->rstd1 = STATS(BT), a->rstd2 = STATS(BT), a->lse = STATS((size_t)m->B * cfg->n_heads * m->T);
+    }
+    m->x_final = ACTS(BT * D), m->xn_final = ACTS(BT * D);
+    m->logits = ACTS(BT * V), m->dlogits = ACTS(BT * V);
+    m->rstd_final = STATS(BT), m->lse_final = STATS(BT);
+    m->dx = ACTS(BT * D), m->dx_next = ACTS(BT * D), m->dxn = ACTS(BT * D), m->dh = ACTS(BT * D);
+    m->dq = ACTS(BT * hq), m->dattn = ACTS(BT * hq), m->dk = ACTS(BT * hkv), m->dv = ACTS(BT * hkv);
+    m->dgate = ACTS(BT * F), m->dup = ACTS(BT * F), m->dact = ACTS(BT * F);
+#undef ACTS
+#undef STATS
+    m->inputs = device_buffer(plan, MEM_OTHER, sizeof(int) * BT);
+    m->targets = device_buffer(plan, MEM_OTHER, sizeof(int) * BT);
+}
+
+// The model's fields that the buffers' sizes depend on.
+static void model_shape(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T) {
     memset(m, 0, sizeof *m);
-    if (T > cfg->max_seq_len) fatal_input("--seq-len %d: longer than the model's max_seq_len %d", T, cfg->max_seq_len);
     m->cfg = *cfg;
     m->table = param_table_build(cfg);
     m->precision = precision;
     m->act_size = precision == GPU_BF16 ? 2 : 4;
     m->B = B, m->T = T;
+    m->blocks = mem_alloc(MEM_OTHER, sizeof(GpuBlockActs) * cfg->n_layers);
+}
+
+size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T) {
+    GpuModel m;
+    model_shape(&m, cfg, precision, B, T);
+    size_t plan = 0;
+    model_buffers(&m, &plan);
+    mem_free(m.blocks);
+    param_table_free(&m.table);
+    return plan;
+}
+
+void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPrecision precision, int B, int T) {
+    if (T > cfg->max_seq_len) fatal_input("--seq-len %d: longer than the model's max_seq_len %d", T, cfg->max_seq_len);
+    size_t planned = gpu_model_plan_bytes(cfg, precision, B, T), free_bytes = 0, total_bytes = 0;
+    gpu_memory_info(&free_bytes, &total_bytes);
+    if (planned > free_bytes)
+        fatal("out of GPU memory: the model needs %.2f MiB (%s, batch %d x %d tokens), the device has %.2f MiB free "
+              "of %.2f MiB",
+              planned / 1048576.0, precision == GPU_BF16 ? "bf16" : "fp32", B, T, free_bytes / 1048576.0,
+              total_bytes / 1048576.0);
+    model_shape(m, cfg, precision, B, T);
+    model_buffers(m, NULL);
     size_t n = m->table.total_numel;
 
     // The reference's weights: element j of parameter p is a pure function of (seed, p, j), so the
@@ -113,20 +185,9 @@ void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPreci
             param_init_range(p, seed, first, count, host + p->offset + first);
         }
     }
-    m->params = gpu_alloc(MEM_PARAMS, sizeof(float) * n);
     gpu_upload(m->params, host, sizeof(float) * n);
     mem_free(host);
-    m->grads = gpu_alloc(MEM_GRADS, sizeof(float) * n);
-    m->adam_m = gpu_alloc(MEM_OPTIMIZER, sizeof(float) * n);
-    m->adam_v = gpu_alloc(MEM_OPTIMIZER, sizeof(float) * n);
-    if (precision == GPU_BF16) m->params_bf16 = gpu_alloc(MEM_PARAMS, sizeof(uint16_t) * n);
     gpu_model_refresh_compute_copy(m);
-
-    RopeTable host_rope = rope_table_build(cfg->max_seq_len, model_head_dim(cfg), cfg->rope_theta,
-                                           cfg->rope_scaling_factor, cfg->rope_low_freq_factor,
-                                           cfg->rope_high_freq_factor, cfg->rope_original_max_seq_len);
-    m->rope = gpu_rope_table_upload(&host_rope);
-    rope_table_free(&host_rope);
 
     int L = cfg->n_layers;
     m->offsets = mem_alloc(MEM_OTHER, sizeof(GpuBlockOffsets) * L);
@@ -145,30 +206,6 @@ void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPreci
     m->tok_embeddings = offset_of(&m->table, "tok_embeddings.weight");
     m->norm = offset_of(&m->table, "norm.weight");
     m->output = cfg->tied ? m->tok_embeddings : offset_of(&m->table, "output.weight");
-
-    size_t BT = (size_t)B * T, D = cfg->dim, F = cfg->ffn_dim, V = cfg->vocab_size, hd = model_head_dim(cfg);
-    size_t hq = cfg->n_heads * hd, hkv = cfg->n_kv_heads * hd;
-    m->blocks = mem_alloc(MEM_OTHER, sizeof(GpuBlockActs) * L);
-    for (int l = 0; l < L; l++) {
-        GpuBlockActs *a = &m->blocks[l];
-        a->x = alloc_acts(m, BT * D), a->xn1 = alloc_acts(m, BT * D), a->h = alloc_acts(m, BT * D);
-        a->xn2 = alloc_acts(m, BT * D);
-        a->q = alloc_acts(m, BT * hq), a->attn = alloc_acts(m, BT * hq);
-        a->k = alloc_acts(m, BT * hkv), a->v = alloc_acts(m, BT * hkv);
-        a->gate = alloc_acts(m, BT * F), a->up = alloc_acts(m, BT * F), a->act = alloc_acts(m, BT * F);
-        a->rstd1 = alloc_stats(BT), a->rstd2 = alloc_stats(BT);
-        a->lse = alloc_stats((size_t)B * cfg->n_heads * T);
-    }
-    m->x_final = alloc_acts(m, BT * D), m->xn_final = alloc_acts(m, BT * D);
-    m->logits = alloc_acts(m, BT * V), m->dlogits = alloc_acts(m, BT * V);
-    m->rstd_final = alloc_stats(BT), m->lse_final = alloc_stats(BT);
-    m->dx = alloc_acts(m, BT * D), m->dx_next = alloc_acts(m, BT * D), m->dxn = alloc_acts(m, BT * D);
-    m->dh = alloc_acts(m, BT * D);
-    m->dq = alloc_acts(m, BT * hq), m->dattn = alloc_acts(m, BT * hq);
-    m->dk = alloc_acts(m, BT * hkv), m->dv = alloc_acts(m, BT * hkv);
-    m->dgate = alloc_acts(m, BT * F), m->dup = alloc_acts(m, BT * F), m->dact = alloc_acts(m, BT * F);
-    m->inputs = gpu_alloc(MEM_OTHER, sizeof(int) * BT);
-    m->targets = gpu_alloc(MEM_OTHER, sizeof(int) * BT);
 }
 
 void gpu_model_free(GpuModel *m) {

@@ -63,9 +63,13 @@ typedef struct {
 } GpuModel;
 
 // Builds the table, initialises the weights exactly as model_init does (on the host, then copied),
-// allocates the optimizer state and the activations for batches of B sequences of T tokens.
+// allocates the optimizer state and the activations for batches of B sequences of T tokens. Stops
+// (before allocating) if gpu_model_plan_bytes is more than the device's free memory.
 void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPrecision precision, int B, int T);
 void gpu_model_free(GpuModel *m);
+// The device memory gpu_model_init will allocate (bytes, as gpu_alloc counts them):
+// init compares it with the device's free memory and stops with both figures when it does not fit.
+size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T);
 void gpu_model_zero_grads(GpuModel *m);
 // After m->params was written other than by gpu_model_step (a broadcast, a loaded checkpoint): the
 // bf16 compute copy is cast again from the fp32 master weights (nothing to do in GPU_FP32).

@@ -56,6 +56,9 @@ void gpu_copy(void *device_dst, const void *device_src, size_t bytes);  // queue
 void gpu_set_sync_debug(bool on);
 bool gpu_sync_debug(void);
 
+// The device's free and total memory now (cudaMemGetInfo).
+void gpu_memory_info(size_t *free_bytes, size_t *total_bytes);
+
 size_t gpu_mem_current(MemCategory category);
 size_t gpu_mem_peak(MemCategory category);
 size_t gpu_mem_peak_total(void);

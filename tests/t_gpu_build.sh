@@ -60,6 +60,15 @@ for t in "${programs[@]}"; do
     fi
 done
 
+# make test-gpu on a machine without a device must fail, with one clear line from gpu_init.
+if [ "$have_gpu" = no ]; then
+    status=0
+    msg=$(GPU_TEST_REQUIRE_DEVICE=1 "$BUILD/tests/gpu/test_gpu_ops" 2>&1) || status=$?
+    [ "$status" -ne 0 ] && grep -q 'no CUDA device: ' <<<"$msg" ||
+        { echo "FAIL: GPU_TEST_REQUIRE_DEVICE=1 without a device: status $status, output: $msg"; exit 1; }
+    echo "ok: with a device required and none present: $(grep 'no CUDA device' <<<"$msg")"
+fi
+
 # The benchmark program: SKIP without a device; with one, a few steps of tiny must print a timing line.
 status=0
 msg=$("$BUILD/bench_gpu" --model tiny --batch 2 --seq-len 32 --steps 3 --warmup 1 2>&1) || status=$?

@@ -39,6 +39,12 @@ a=$(GPU_EMU_SEED=1 "$EMU/test_emulator" schedule) b=$(GPU_EMU_SEED=1 "$EMU/test_
 c=$(GPU_EMU_SEED=2 "$EMU/test_emulator" schedule)
 [ "$a" = "$b" ] && [ "$a" != "$c" ] || { echo "FAIL: GPU_EMU_SEED: seed 1 gave '$a' then '$b', seed 2 '$c'"; exit 1; }
 echo "ok: GPU_EMU_SEED reproduces an order and changes it ($a, $c)"
+# A model that does not fit: gpu_model_init stops before allocating, with the planned and free figures.
+status=0
+out=$(GPU_EMU_DEVICE_BYTES=1000000 "$EMU/test_gpu_model" 2>&1) || status=$?
+[ "$status" -eq 1 ] && grep -qE 'out of GPU memory: the model needs [0-9.]+ MiB .* the device has 0.95 MiB free' <<<"$out" ||
+    { echo "FAIL: a model larger than the device (status $status): $(tail -2 <<<"$out")"; exit 1; }
+echo "ok: $(grep 'out of GPU memory' <<<"$out")"
 # Everything below runs under GPU_EMU_SEED as given (default 0); a failure names the seed to rerun with.
 echo "scheduler seed: GPU_EMU_SEED=${GPU_EMU_SEED:-0}"
 

@@ -357,9 +357,29 @@ void gpu_synchronize(void) { synchronize("gpu_synchronize"); }
 void gpu_device_description(char *out, size_t out_len) {
     snprintf(out, out_len, "CPU emulation of gpu/*.cu (tests/gpu/emu); matmuls are reference_cpu's");
 }
-void *gpu_alloc(MemCategory category, size_t bytes) { return mem_alloc(category, bytes); }
+}  // extern "C"
+// Device memory is host memory (common/mem.h's, so the host report shows it too), with the device's
+// own per-category count kept apart from the host's, as gpu/runtime.cu keeps it.
+namespace {
+std::map<void *, std::pair<MemCategory, size_t>> device_allocations;
+size_t device_current[MEM_N_CATEGORIES], device_peak[MEM_N_CATEGORIES], device_total, device_peak_total;
+}  // namespace
+extern "C" {
+void *gpu_alloc(MemCategory category, size_t bytes) {
+    void *ptr = mem_alloc(category, bytes);
+    device_allocations[ptr] = {category, bytes};
+    device_current[category] += bytes, device_total += bytes;
+    device_peak[category] = std::max(device_peak[category], device_current[category]);
+    device_peak_total = std::max(device_peak_total, device_total);
+    return ptr;
+}
 void gpu_free(void *ptr) {  // cudaFreeAsync: after the work queued before it (simplest: all of it)
+    if (!ptr) return;
     synchronize("gpu_free");
+    auto a = device_allocations.find(ptr);
+    if (a == device_allocations.end()) fatal("gpu_free: %p was not allocated by gpu_alloc", ptr);
+    device_current[a->second.first] -= a->second.second, device_total -= a->second.second;
+    device_allocations.erase(a);
     mem_free(ptr);
 }
 void gpu_upload(void *device_dst, const void *host_src, size_t bytes) {
@@ -376,9 +396,20 @@ void gpu_fill_bytes(void *device_dst, int byte, size_t bytes) {
 void gpu_copy(void *device_dst, const void *device_src, size_t bytes) {
     emu_enqueue(nullptr, emu_copy_duration(bytes), [=] { memcpy(device_dst, device_src, bytes); });
 }
-size_t gpu_mem_current(MemCategory category) { return mem_current(category); }
-size_t gpu_mem_peak(MemCategory category) { return mem_peak(category); }
-size_t gpu_mem_peak_total(void) { return mem_peak_total(); }
+// The emulated device has GPU_EMU_DEVICE_BYTES of memory (default 80 GiB, an H100's), less what
+// the process has allocated in it.
+void gpu_memory_info(size_t *free_bytes, size_t *total_bytes) {
+    const char *env = getenv("GPU_EMU_DEVICE_BYTES");
+    char *end = NULL;
+    size_t total = env && *env ? strtoull(env, &end, 10) : (size_t)80 << 30;
+    if (end && *end) fatal_input("GPU_EMU_DEVICE_BYTES=%s: expected a number of bytes", env);
+    size_t used = device_total;
+    *total_bytes = total;
+    *free_bytes = used < total ? total - used : 0;
+}
+size_t gpu_mem_current(MemCategory category) { return device_current[category]; }
+size_t gpu_mem_peak(MemCategory category) { return device_peak[category]; }
+size_t gpu_mem_peak_total(void) { return device_peak_total; }
 void gpu_memory_report(void) { mem_print_report(); }
 }
 
