@@ -3,9 +3,9 @@
 // arithmetic in float (or double where the reference sums in double), and a C entry point per type.
 //
 // Determinism: no atomics on data. Reductions inside a row use a fixed tree (block_sum); reductions
-// across rows (dweight of RMSNorm, the embedding's dtable) run serially over rows in one thread per
-// column, in the reference's row order, so they are reproducible and, in fp32, add in the same order
-// as reference_cpu.
+// across rows are split so that the grid fills the device but every sum has a fixed order: RMSNorm's
+// dweight in two stages (partials per chunk of rows, then the chunks in order), the embedding's
+// dtable by tiles of the table (each element summed by one thread in the reference's row order).
 #include <limits.h>
 
 #include "gpu/internal.cuh"
@@ -51,17 +51,52 @@ __global__ void embedding_forward_kernel(T *out, const int *tokens, const T *tab
 }
 
 // dtable (rows, C) += dout (N, C) scattered by token. Two positions with the same token add into the
-// same row, so the additions into one element must be ordered: thread c owns column c and walks
-// n = 0..N-1 in order, exactly the reference's order. Parallel over C only; the loop is N long.
+// same row, so the additions into one element must be ordered. The table is cut into
+// EMBED_BWD_TILES tiles of rows (by the rows the tokens actually use, which a first kernel finds:
+// the whole-table entry points are not told the vocabulary size), and each block owns one tile of
+// rows by blockDim.x columns: it walks all N positions in order, adding the rows of dout whose
+// token falls in its tile. Every element of dtable is then summed by one thread, in the
+// reference's order (bit-identical in fp32), with no atomics, and the grid spans the vocabulary as
+// well as the columns. The tokens are staged through shared memory a chunk at a time.
+#define EMBED_BWD_TILES 64
+#define EMBED_BWD_THREADS 128
+
+// *rows_used = 1 + the largest row (token - row_start) of the shard [0, n_rows) that a token hits;
+// 0 if none. One block.
+__global__ void embedding_rows_used_kernel(int *rows_used, const int *tokens, int N, int row_start, int n_rows) {
+    __shared__ int best[1024];
+    int mine = 0;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) {
+        int row = tokens[n] - row_start;
+        if (row >= 0 && row < n_rows) mine = max(mine, row + 1);
+    }
+    best[threadIdx.x] = mine;
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        __syncthreads();
+        if ((int)threadIdx.x < half) best[threadIdx.x] = max(best[threadIdx.x], best[threadIdx.x + half]);
+    }
+    if (threadIdx.x == 0) *rows_used = best[0];
+}
+
 template <typename T>
-__global__ void embedding_backward_kernel(float *dtable, const T *dout, const int *tokens, int N, int C,
-                                          int row_start, int n_rows) {
+__global__ void __launch_bounds__(EMBED_BWD_THREADS)
+    embedding_backward_kernel(float *dtable, const T *dout, const int *tokens, int N, int C, int row_start,
+                              const int *rows_used) {
+    __shared__ int chunk[EMBED_BWD_THREADS];
     int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    for (int n = 0; n < N; n++) {
-        int token = tokens[n];
-        if (token >= row_start && token - row_start < n_rows)
-            dtable[(size_t)(token - row_start) * C + c] += to_f32(dout[(size_t)n * C + c]);
+    int tile_rows = (*rows_used + gridDim.y - 1) / gridDim.y;
+    int tile_first = blockIdx.y * tile_rows, tile_end = min(tile_first + tile_rows, *rows_used);
+    if (tile_first >= tile_end) return;  // the whole block: no token in this tile
+    for (int base = 0; base < N; base += blockDim.x) {
+        __syncthreads();  // every thread has read the previous chunk
+        chunk[threadIdx.x] = base + (int)threadIdx.x < N ? tokens[base + threadIdx.x] : -1;
+        __syncthreads();
+        int count = min((int)blockDim.x, N - base);
+        for (int i = 0; i < count; i++) {
+            int row = chunk[i] - row_start;  // the same for every thread: no divergence
+            if (c < C && row >= tile_first && row < tile_end)
+                dtable[(size_t)row * C + c] += to_f32(dout[(size_t)(base + i) * C + c]);
+        }
     }
 }
 
@@ -75,7 +110,12 @@ template <typename T>
 static void launch_embedding_backward(float *dtable, const T *dout, const int *tokens, int N, int C, int row_start,
                                int n_rows) {
     if (N == 0 || C == 0) return;
-    GPU_LAUNCH(embedding_backward_kernel<T>, (C + 63) / 64, 64, 0, dtable, dout, tokens, N, C, row_start, n_rows);
+    int *rows_used = (int *)gpu_scratch_alloc(sizeof(int));
+    GPU_LAUNCH(embedding_rows_used_kernel, 1, 1024, 0, rows_used, tokens, N, row_start, n_rows);
+    dim3 grid((C + EMBED_BWD_THREADS - 1) / EMBED_BWD_THREADS, EMBED_BWD_TILES);
+    GPU_LAUNCH(embedding_backward_kernel<T>, grid, EMBED_BWD_THREADS, 0, dtable, dout, tokens, N, C, row_start,
+               rows_used);
+    gpu_scratch_free(rows_used);
 }
 
 extern "C" void gpu_embedding_forward(float *out, const int *tokens, const float *table, int N, int C) {
@@ -138,15 +178,29 @@ __global__ void rmsnorm_backward_input_kernel(T *dinp, const T *dout, const T *i
         dx[c] = from_f32<T>(to_f32(dx[c]) + (r * to_f32(weight[c]) * to_f32(dy[c]) - to_f32(x[c]) * coef));
 }
 
-// dweight_c += sum over rows of dy_c x_c r: thread per column, rows in order (the reference's order).
+// dweight_c += sum over rows of dy_c x_c r, in two deterministic stages. Stage 1: block (x, y) sums
+// rows [y R, (y+1) R) of its blockDim.x columns, each thread one column in row order, into
+// partial[y][c] (R = RMSNORM_DW_ROWS, more only past 65535 chunks: enough blocks to fill the device). Stage 2: thread c
+// adds partial[0..chunks)[c] in order to dweight_c. The grouping depends only on N, so the result
+// is the same on every run; it is not the reference's single running sum, so fp32 agrees with it
+// to rounding (the ops test's 1e-5), not bit for bit.
+#define RMSNORM_DW_ROWS 64
 template <typename T>
-__global__ void rmsnorm_backward_weight_kernel(float *dweight, const T *dout, const T *inp, const float *rstd, int N,
-                                               int C) {
+__global__ void rmsnorm_dweight_partial_kernel(float *partial, const T *dout, const T *inp, const float *rstd, int N,
+                                               int C, int rows_per_chunk) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    float acc = dweight[c];
-    for (int n = 0; n < N; n++) acc += to_f32(dout[(size_t)n * C + c]) * to_f32(inp[(size_t)n * C + c]) * rstd[n];
-    dweight[c] = acc;
+    int first = blockIdx.y * rows_per_chunk, end = min(first + rows_per_chunk, N);
+    float acc = 0;
+    for (int n = first; n < end; n++) acc += to_f32(dout[(size_t)n * C + c]) * to_f32(inp[(size_t)n * C + c]) * rstd[n];
+    partial[(size_t)blockIdx.y * C + c] = acc;
+}
+__global__ void rmsnorm_dweight_sum_kernel(float *dweight, const float *partial, int chunks, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float acc = 0;
+    for (int j = 0; j < chunks; j++) acc += partial[(size_t)j * C + c];
+    dweight[c] += acc;
 }
 
 template <typename T>
@@ -159,7 +213,13 @@ static void launch_rmsnorm_backward(T *dinp, float *dweight, const T *dout, cons
                                     const float *rstd, int N, int C) {
     if (N == 0 || C == 0) return;
     GPU_LAUNCH(rmsnorm_backward_input_kernel<T>, N, ROW_THREADS, 0, dinp, dout, inp, weight, rstd, C);
-    GPU_LAUNCH(rmsnorm_backward_weight_kernel<T>, (C + 63) / 64, 64, 0, dweight, dout, inp, rstd, N, C);
+    int rows_per_chunk = max(RMSNORM_DW_ROWS, (N + 65534) / 65535);  // grid.y <= 65535
+    int chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
+    float *partial = (float *)gpu_scratch_alloc(sizeof(float) * (size_t)chunks * C);
+    dim3 grid((C + 127) / 128, chunks);
+    GPU_LAUNCH(rmsnorm_dweight_partial_kernel<T>, grid, 128, 0, partial, dout, inp, rstd, N, C, rows_per_chunk);
+    GPU_LAUNCH(rmsnorm_dweight_sum_kernel, (C + 127) / 128, 128, 0, dweight, partial, chunks, C);
+    gpu_scratch_free(partial);
 }
 
 extern "C" void gpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,

@@ -8,7 +8,7 @@
 // reference's contract (+=).
 //
 // Tolerances, and why (each check names its rule):
-//   exact      copies, casts, and embedding rows: bit-identical.
+//   exact      copies, casts, embedding rows and their gradients (same adds, same order): bit-identical.
 //   sum bound  matmuls: two fp32 sums of the same K products, in any order, each lie within
 //              gamma_K * sum|terms| of the exact sum (Higham, gamma_K ~ K 2^-24); their difference is
 //              bounded by (K + 2) 2^-23 (|x| . |w|) element-wise, computed alongside. Rigorous, so it
@@ -282,7 +282,7 @@ static void test_embedding(void) {
     embedding_backward(dref, dout, tokens, N, C);
     gpu_embedding_backward(d_dtable, d_dout, d_tokens, N, C);
     got = from_dev_f32(d_dtable, (size_t)V * C);
-    check_fp32("embedding f32 backward", got, dref, (size_t)V * C, 1e-6);  // same order; FMA aside, exact
+    check_exact("embedding f32 backward", got, dref, (size_t)V * C);
     free(got);
 
     gpu_upload(d_dtable, dtable0, sizeof(float) * V * C);
@@ -290,7 +290,7 @@ static void test_embedding(void) {
     embedding_backward_rows(dref, dout, tokens, N, C, 10, 20);
     gpu_embedding_backward_rows(d_dtable, d_dout, d_tokens, N, C, 10, 20);
     got = from_dev_f32(d_dtable, (size_t)V * C);
-    check_fp32("embedding f32 backward (rows 10..29)", got, dref, (size_t)V * C, 1e-6);
+    check_exact("embedding f32 backward (rows 10..29)", got, dref, (size_t)V * C);
     free(got);
 
     // bf16: the table's rows are copied exactly; dout is read as bf16, dtable accumulates in fp32.
@@ -308,7 +308,7 @@ static void test_embedding(void) {
     embedding_backward(dref, dout, tokens, N, C);
     gpu_embedding_backward_bf16(d_dtable, b_dout, d_tokens, N, C);
     got = from_dev_f32(d_dtable, (size_t)V * C);
-    check_fp32("embedding bf16 backward (fp32 dtable)", got, dref, (size_t)V * C, 1e-6);
+    check_exact("embedding bf16 backward (fp32 dtable)", got, dref, (size_t)V * C);
     free(got);
 
     free(tokens), free(table), free(dout), free(dtable0), free(ref), free(dref);
