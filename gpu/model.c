@@ -137,6 +137,7 @@ static void model_buffers(GpuModel *m, size_t *plan) {
 #undef STATS
     m->inputs = device_buffer(plan, MEM_OTHER, sizeof(int) * BT);
     m->targets = device_buffer(plan, MEM_OTHER, sizeof(int) * BT);
+    m->grad_sum_sq = device_buffer(plan, MEM_OTHER, sizeof(double));
 }
 
 // The model's fields that the buffers' sizes depend on.
@@ -217,7 +218,8 @@ void gpu_model_free(GpuModel *m) {
     }
     void *owned[] = {m->params, m->grads, m->adam_m, m->adam_v, m->params_bf16, m->x_final, m->xn_final,
                      m->logits, m->rstd_final, m->lse_final, m->dx, m->dx_next, m->dxn, m->dh, m->dq, m->dk,
-                     m->dv, m->dattn, m->dgate, m->dup, m->dact, m->dlogits, m->inputs, m->targets};
+                     m->dv, m->dattn, m->dgate, m->dup, m->dact, m->dlogits, m->inputs, m->targets,
+                     m->grad_sum_sq};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
     gpu_rope_table_free(&m->rope);
     mem_free(m->blocks);
@@ -354,16 +356,17 @@ void gpu_model_backward(GpuModel *m, double dloss) {
 }
 
 // ---- optimizer step ----------------------------------------------------------------------------------------
-double gpu_model_step(GpuModel *m, long long step, double lr, const AdamWConfig *adam, double max_norm) {
+void gpu_model_step(GpuModel *m, long long step, double lr, const AdamWConfig *adam, double max_norm) {
     size_t n = m->table.total_numel;
     gpu_timeline_begin("optimizer", "optimizer");
-    double norm = sqrt(gpu_sum_of_squares(m->grads, n));
-    if (max_norm > 0) {  // clip_by_global_norm
-        double coef = max_norm / (norm + 1e-6);
-        if (coef < 1) gpu_scale_inplace(m->grads, n, coef);
-    }
-    if (BF16(m)) gpu_adamw_step_bf16_copy(m->params, m->params_bf16, m->grads, m->adam_m, m->adam_v, n, step, lr, adam);
-    else gpu_adamw_step(m->params, m->grads, m->adam_m, m->adam_v, n, step, lr, adam);
+    gpu_sum_of_squares_into(m->grad_sum_sq, m->grads, n);
+    gpu_adamw_step_clipped(m->params, m->params_bf16, m->grads, m->adam_m, m->adam_v, n, step, lr, adam,
+                           m->grad_sum_sq, max_norm);  // clip_by_global_norm, folded in
     gpu_timeline_end();
-    return norm;
+}
+
+double gpu_model_grad_norm(const GpuModel *m) {
+    double sum_sq;
+    gpu_download(&sum_sq, m->grad_sum_sq, sizeof sum_sq);
+    return sqrt(sum_sq);
 }

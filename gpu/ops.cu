@@ -472,12 +472,19 @@ extern "C" void gpu_cast_bf16_to_f32(float *out, const gpu_bf16 *inp, size_t n) 
 
 // One pass: read param, grad, m, v; write param, m, v (and the bf16 copy). The scalars of the step
 // are computed once on the host, in double, and rounded to float as reference_cpu/adamw.c does.
+// With sum_sq (device), the gradient is clipped on the way in: every thread derives the same
+// factor from the global norm, as clip_by_global_norm computes it (in double, used as float).
 template <bool WRITE_BF16>
 __global__ void adamw_kernel(float *params, bf16 *params_bf16, const float *grads, float *m, float *v, size_t n,
-                             AdamWScalars s) {
+                             AdamWScalars s, const double *sum_sq, double max_norm) {
+    float clip = 1.0f;
+    if (sum_sq && max_norm > 0) {
+        double coef = max_norm / (sqrt(*sum_sq) + 1e-6);
+        if (coef < 1) clip = (float)coef;
+    }
     GRID_STRIDE_LOOP(i, n) {
         float p = params[i], mi = m[i], vi = v[i];
-        adamw_update(&p, &mi, &vi, grads[i], s);
+        adamw_update(&p, &mi, &vi, grads[i] * clip, s);  // x * 1.0f == x: no clip is exact
         params[i] = p, m[i] = mi, v[i] = vi;
         if (WRITE_BF16) params_bf16[i] = from_f32<bf16>(p);
     }
@@ -488,11 +495,20 @@ static AdamWScalars scalars_of(long long step, double lr, const AdamWConfig *cfg
 }
 extern "C" void gpu_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, long long step,
                                double lr, const AdamWConfig *cfg) {
-    LAUNCH_1D(adamw_kernel<false>, n, params, NULL, grads, m, v, n, scalars_of(step, lr, cfg));
+    LAUNCH_1D(adamw_kernel<false>, n, params, NULL, grads, m, v, n, scalars_of(step, lr, cfg), NULL, 0.0);
 }
 extern "C" void gpu_adamw_step_bf16_copy(float *params, gpu_bf16 *params_bf16, const float *grads, float *m, float *v,
                                          size_t n, long long step, double lr, const AdamWConfig *cfg) {
-    LAUNCH_1D(adamw_kernel<true>, n, params, params_bf16, grads, m, v, n, scalars_of(step, lr, cfg));
+    LAUNCH_1D(adamw_kernel<true>, n, params, params_bf16, grads, m, v, n, scalars_of(step, lr, cfg), NULL, 0.0);
+}
+extern "C" void gpu_adamw_step_clipped(float *params, gpu_bf16 *params_bf16, const float *grads, float *m, float *v,
+                                       size_t n, long long step, double lr, const AdamWConfig *cfg,
+                                       const double *sum_sq, double max_norm) {
+    if (params_bf16)
+        LAUNCH_1D(adamw_kernel<true>, n, params, params_bf16, grads, m, v, n, scalars_of(step, lr, cfg), sum_sq,
+                  max_norm);
+    else
+        LAUNCH_1D(adamw_kernel<false>, n, params, NULL, grads, m, v, n, scalars_of(step, lr, cfg), sum_sq, max_norm);
 }
 
 // ================================ gradient clipping ==============================================
@@ -519,15 +535,23 @@ __global__ void scale_kernel(float *x, size_t n, float factor) {
     GRID_STRIDE_LOOP(i, n) x[i] *= factor;
 }
 
-extern "C" double gpu_sum_of_squares(const float *x, size_t n) {
-    if (n == 0) return 0.0;
-    double *partial = (double *)gpu_scratch_alloc(sizeof(double) * (SUM_SQ_BLOCKS + 1));
-    double total;
+extern "C" void gpu_sum_of_squares_into(double *sum_sq, const float *x, size_t n) {
+    if (n == 0) {
+        gpu_fill_bytes(sum_sq, 0, sizeof(double));
+        return;
+    }
+    double *partial = (double *)gpu_scratch_alloc(sizeof(double) * SUM_SQ_BLOCKS);
     size_t chunk = (n + SUM_SQ_BLOCKS - 1) / SUM_SQ_BLOCKS;
     GPU_LAUNCH(sum_of_squares_partial_kernel, SUM_SQ_BLOCKS, 256, 0, partial, x, n, chunk);
-    GPU_LAUNCH(sum_partials_kernel, 1, 1024, 0, partial + SUM_SQ_BLOCKS, partial, SUM_SQ_BLOCKS);
-    gpu_download(&total, partial + SUM_SQ_BLOCKS, sizeof total);
+    GPU_LAUNCH(sum_partials_kernel, 1, 1024, 0, sum_sq, partial, SUM_SQ_BLOCKS);
     gpu_scratch_free(partial);
+}
+
+extern "C" double gpu_sum_of_squares(const float *x, size_t n) {
+    double *d_total = (double *)gpu_scratch_alloc(sizeof(double)), total;
+    gpu_sum_of_squares_into(d_total, x, n);
+    gpu_download(&total, d_total, sizeof total);
+    gpu_scratch_free(d_total);
     return total;
 }
 

@@ -538,6 +538,42 @@ static void test_adamw(void) {
     gpu_free(d_p), gpu_free(d_m), gpu_free(d_v), gpu_free(d_pb);
 }
 
+// Clipping folded into AdamW, two steps: max_norm 1 (the gradients' norm is ~300: clipped), then
+// max_norm 0 (none). The reference clips a copy with the norm the device computed, then steps; the
+// GPU's gradients must come back untouched.
+static void test_adamw_clipped(void) {
+    size_t n = 100003;
+    AdamWConfig cfg = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    float *p = host_normal(n, 0.02, 70), *m = calloc(n, sizeof(float)), *v = calloc(n, sizeof(float));
+    float *d_p = dev_f32(p, n), *d_m = dev_f32(m, n), *d_v = dev_f32(v, n);
+    gpu_bf16 *d_pb = dev_bf16_poisoned(n);
+    double *d_sum_sq = gpu_alloc(MEM_OTHER, sizeof(double)), sum_sq = 0;
+    bool untouched = true;
+    for (long long step = 1; step <= 2; step++) {
+        double max_norm = step == 1 ? 1.0 : 0.0;
+        float *g = host_normal(n, 1.0, 70 + step), *d_g = dev_f32(g, n);
+        gpu_sum_of_squares_into(d_sum_sq, d_g, n);
+        gpu_adamw_step_clipped(d_p, d_pb, d_g, d_m, d_v, n, step, 1e-3, &cfg, d_sum_sq, max_norm);
+        gpu_download(&sum_sq, d_sum_sq, sizeof sum_sq);
+        float *g_after = from_dev_f32(d_g, n);
+        untouched = untouched && memcmp(g_after, g, sizeof(float) * n) == 0;
+        clip_by_global_norm(g, n, sqrt(sum_sq), max_norm);
+        adamw_step(p, g, m, v, n, step, 1e-3, &cfg);
+        free(g), free(g_after);
+        gpu_free(d_g);
+    }
+    float *gp = from_dev_f32(d_p, n), *gm = from_dev_f32(d_m, n), *gv = from_dev_f32(d_v, n);
+    float *gpb = from_dev_bf16(d_pb, n);
+    check_fp32("adamw clipped params (clip, then none)", gp, p, n, 1e-6);  // tolerances: test_adamw's
+    check_fp32("adamw clipped m", gm, m, n, 1e-6);
+    check_fp32("adamw clipped v", gv, v, n, 1e-6);
+    for (size_t i = 0; i < n; i++) gp[i] = bf16_round(gp[i]);
+    check_exact("adamw clipped bf16 copy = bf16(params)", gpb, gp, n);
+    report("adamw clipped leaves the gradients", untouched, "%s", untouched ? "bit-identical" : "changed");
+    free(p), free(m), free(v), free(gp), free(gm), free(gv), free(gpb);
+    gpu_free(d_p), gpu_free(d_m), gpu_free(d_v), gpu_free(d_pb), gpu_free(d_sum_sq);
+}
+
 // ================================ clipping =======================================================
 
 static void test_clipping(void) {
@@ -754,6 +790,7 @@ int main(void) {
     }
     test_embedding();
     test_adamw();
+    test_adamw_clipped();
     test_clipping();
     const AttnCase f32_cases[] = {
         {"causal GQA 2x130 H8/KV2 hd64", 2, 130, 130, 8, 2, 64, true, false},
