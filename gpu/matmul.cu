@@ -109,10 +109,12 @@ static PlanEntry *plan_for(const PlanKey *key, const GemmPlan *p) {
     return e;
 }
 
-// C = op(A) op(B) (+ C when backward), with A, B, C the plan's choice of (inp, weight, dout, c).
+// C = op(A) op(B) (+ C when backward, unless overwrite), with A, B, C the plan's choice of (inp,
+// weight, dout, c).
 static void run(GemmKind kind, int M, int K, int N, const void *inp, const void *weight, const void *dout, void *c,
-                cudaDataType ab_type, cudaDataType c_type) {
+                cudaDataType ab_type, cudaDataType c_type, bool overwrite = false) {
     GemmPlan p = gemm_plan(kind, M, K, N);
+    if (overwrite) p.beta = 0;
     if (p.m == 0 || p.n == 0) return;
     if (p.k == 0) {  // an empty sum: forward writes zeros, backward adds nothing
         if (p.beta == 0) gpu_fill_bytes(c, 0, (size_t)p.m * p.n * (c_type == CUDA_R_32F ? 4 : 2));
@@ -140,6 +142,16 @@ extern "C" void gpu_matmul_backward(float *dinp, float *dweight, const float *do
                                     const float *weight, int M, int K, int N) {
     if (dinp) run(GEMM_BACKWARD_INPUT, M, K, N, inp, weight, dout, dinp, CUDA_R_32F, CUDA_R_32F);
     if (dweight) run(GEMM_BACKWARD_WEIGHT, M, K, N, inp, weight, dout, dweight, CUDA_R_32F, CUDA_R_32F);
+}
+extern "C" void gpu_matmul_backward_overwrite(float *dinp, float *dweight, const float *dout, const float *inp,
+                                              const float *weight, int M, int K, int N) {
+    run(GEMM_BACKWARD_INPUT, M, K, N, inp, weight, dout, dinp, CUDA_R_32F, CUDA_R_32F, true);
+    if (dweight) run(GEMM_BACKWARD_WEIGHT, M, K, N, inp, weight, dout, dweight, CUDA_R_32F, CUDA_R_32F);
+}
+extern "C" void gpu_matmul_backward_overwrite_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout,
+                                                   const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K, int N) {
+    run(GEMM_BACKWARD_INPUT, M, K, N, inp, weight, dout, dinp, CUDA_R_16BF, CUDA_R_16BF, true);
+    if (dweight) run(GEMM_BACKWARD_WEIGHT, M, K, N, inp, weight, dout, dweight, CUDA_R_16BF, CUDA_R_32F);
 }
 extern "C" void gpu_matmul_forward_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K,
                                         int N) {

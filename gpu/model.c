@@ -30,6 +30,12 @@ static void matmul_bwd(const GpuModel *m, void *dinp, float *dw, const void *dou
     if (BF16(m)) gpu_matmul_backward_bf16(dinp, dw, dout, inp, w, M, K, N);
     else gpu_matmul_backward(dinp, dw, dout, inp, w, M, K, N);
 }
+// The first writer of dinp: overwrites it (no zero-fill before), dw still accumulates.
+static void matmul_bwd_first(const GpuModel *m, void *dinp, float *dw, const void *dout, const void *inp,
+                             const void *w, int M, int K, int N) {
+    if (BF16(m)) gpu_matmul_backward_overwrite_bf16(dinp, dw, dout, inp, w, M, K, N);
+    else gpu_matmul_backward_overwrite(dinp, dw, dout, inp, w, M, K, N);
+}
 static void rmsnorm_fwd(const GpuModel *m, void *out, float *rstd, const void *inp, const void *w) {
     int N = m->B * m->T, C = m->cfg.dim;
     if (BF16(m)) gpu_rmsnorm_forward_bf16(out, rstd, inp, w, N, C, m->cfg.norm_eps);
@@ -293,29 +299,25 @@ static void gpu_block_backward(const GpuModel *m, int l, const void *dout, void 
     int hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
     // feed-forward half, in reverse; the residual passes dout straight to dh
     copy(m, m->dh, dout, (size_t)BT * D);
-    zero(m, m->dact, (size_t)BT * F);
-    matmul_bwd(m, m->dact, grad(m, o->w2), dout, a->act, weight(m, o->w2), BT, F, D);
+    matmul_bwd_first(m, m->dact, grad(m, o->w2), dout, a->act, weight(m, o->w2), BT, F, D);
     zero(m, m->dgate, (size_t)BT * F);
     zero(m, m->dup, (size_t)BT * F);
     swiglu_bwd(m, m->dgate, m->dup, m->dact, a->gate, a->up, (size_t)BT * F);
-    zero(m, m->dxn, (size_t)BT * D);
-    matmul_bwd(m, m->dxn, NULL, m->dgate, a->xn2, weight(m, o->w1), BT, D, F);
+    matmul_bwd_first(m, m->dxn, NULL, m->dgate, a->xn2, weight(m, o->w1), BT, D, F);
     matmul_bwd(m, m->dxn, NULL, m->dup, a->xn2, weight(m, o->w3), BT, D, F);
     matmul_bwd(m, NULL, grad(m, o->w1), m->dgate, a->xn2, weight(m, o->w1), BT, D, F);
     matmul_bwd(m, NULL, grad(m, o->w3), m->dup, a->xn2, weight(m, o->w3), BT, D, F);
     rmsnorm_bwd(m, m->dh, grad(m, o->ffn_norm), m->dxn, a->h, weight(m, o->ffn_norm), a->rstd2);
     // attention half; dinp starts as the residual's copy of dh
     copy(m, dinp, m->dh, (size_t)BT * D);
-    zero(m, m->dattn, (size_t)BT * hq);
-    matmul_bwd(m, m->dattn, grad(m, o->wo), m->dh, a->attn, weight(m, o->wo), BT, hq, D);
+    matmul_bwd_first(m, m->dattn, grad(m, o->wo), m->dh, a->attn, weight(m, o->wo), BT, hq, D);
     zero(m, m->dq, (size_t)BT * hq);
     zero(m, m->dk, (size_t)BT * hkv);
     zero(m, m->dv, (size_t)BT * hkv);
     attention_bwd(m, a);
     rope(m, m->dq, c->n_heads, true);
     rope(m, m->dk, c->n_kv_heads, true);
-    zero(m, m->dxn, (size_t)BT * D);
-    matmul_bwd(m, m->dxn, NULL, m->dq, a->xn1, weight(m, o->wq), BT, D, hq);
+    matmul_bwd_first(m, m->dxn, NULL, m->dq, a->xn1, weight(m, o->wq), BT, D, hq);
     matmul_bwd(m, m->dxn, NULL, m->dk, a->xn1, weight(m, o->wk), BT, D, hkv);
     matmul_bwd(m, m->dxn, NULL, m->dv, a->xn1, weight(m, o->wv), BT, D, hkv);
     matmul_bwd(m, NULL, grad(m, o->wq), m->dq, a->xn1, weight(m, o->wq), BT, D, hq);
@@ -332,8 +334,7 @@ void gpu_model_backward(GpuModel *m, double dloss) {
     zero(m, m->dlogits, (size_t)BT * V);
     if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
     else gpu_cross_entropy_backward(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
-    zero(m, m->dxn, (size_t)BT * D);
-    matmul_bwd(m, m->dxn, NULL, m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
+    matmul_bwd_first(m, m->dxn, NULL, m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
     matmul_bwd(m, NULL, grad(m, m->output), m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
     zero(m, m->dx, (size_t)BT * D);
     rmsnorm_bwd(m, m->dx, grad(m, m->norm), m->dxn, m->x_final, weight(m, m->norm), m->rstd_final);

@@ -41,6 +41,12 @@ void gpu_matmul_backward(float *dinp, float *dweight, const float *dout, const f
                          int M, int K, int N);
 // bf16 operands on the tensor cores, fp32 accumulation; dweight accumulates in fp32.
 void gpu_matmul_forward_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K, int N);
+// The first writer of dinp: dinp = dout W, overwriting (cuBLASLt's beta = 0), so no zero-fill has to
+// come before it; dweight (if not NULL) still accumulates.
+void gpu_matmul_backward_overwrite(float *dinp, float *dweight, const float *dout, const float *inp,
+                                   const float *weight, int M, int K, int N);
+void gpu_matmul_backward_overwrite_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
+                                        const gpu_bf16 *weight, int M, int K, int N);
 void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
                               const gpu_bf16 *weight, int M, int K, int N);
 

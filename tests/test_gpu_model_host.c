@@ -52,6 +52,11 @@ void gpu_matmul_backward(float *dinp, float *dw, const float *dout, const float 
                          int N) {
     matmul_backward(dinp, dw, dout, inp, w, M, K, N);
 }
+void gpu_matmul_backward_overwrite(float *dinp, float *dw, const float *dout, const float *inp, const float *w, int M,
+                                   int K, int N) {
+    memset(dinp, 0, sizeof(float) * M * K);
+    matmul_backward(dinp, dw, dout, inp, w, M, K, N);
+}
 void gpu_embedding_forward(float *out, const int *tokens, const float *table, int N, int C) {
     embedding_forward(out, tokens, table, N, C);
 }
@@ -126,6 +131,11 @@ void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dw, const gpu_bf16 *dout, c
     matmul_backward(dx, dw, dy, x, fw, M, K, N);
     if (dinp) narrow(dinp, dx, (size_t)M * K);
     free(dy), free(x), free(fw);
+}
+void gpu_matmul_backward_overwrite_bf16(gpu_bf16 *dinp, float *dw, const gpu_bf16 *dout, const gpu_bf16 *inp,
+                                        const gpu_bf16 *w, int M, int K, int N) {
+    memset(dinp, 0, sizeof(gpu_bf16) * M * K);
+    gpu_matmul_backward_bf16(dinp, dw, dout, inp, w, M, K, N);
 }
 void gpu_embedding_forward_bf16(gpu_bf16 *out, const int *tokens, const gpu_bf16 *table, int N, int C) {
     int V = 0;  // rows the table needs: the largest token + 1

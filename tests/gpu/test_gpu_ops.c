@@ -222,24 +222,35 @@ static void test_matmul(bool bf16) {
     float *ady = host_abs(dy, ny), *ax = host_abs(x, nx), *aw = host_abs(w_host, nw);
     float *dx_bound = host_abs(dx0, nx), *dw_bound = host_abs(dw0, nw);
     matmul_backward(dx_bound, dw_bound, ady, ax, aw, M, K, N);
-    float *y, *dx, *dw;
+    // The overwriting backward (beta = 0) into a poisoned dinp: dout W alone, bounded by |dy| . |W|.
+    float *dx_set_ref = calloc(nx, sizeof(float)), *dx_set_bound = calloc(nx, sizeof(float));
+    matmul_backward(dx_set_ref, NULL, dy, x, w_host, M, K, N);
+    matmul_backward(dx_set_bound, NULL, ady, ax, aw, M, K, N);
+    float *y, *dx, *dw, *dx_set;
     char name[64];
     const char *tag = bf16 ? "bf16" : "f32";
     if (!bf16) {
         float *d_x = dev_f32(x, nx), *d_w = dev_f32(w, nw + W_OFFSET), *d_dy = dev_f32(dy, ny);
         float *d_y = dev_f32_poisoned(ny), *d_dx = dev_f32(dx0, nx), *d_dw = dev_f32(dw0, nw);
+        float *d_dx_set = dev_f32_poisoned(nx);
         gpu_matmul_forward(d_y, d_x, d_w + W_OFFSET, M, K, N);
         gpu_matmul_backward(d_dx, d_dw, d_dy, d_x, d_w + W_OFFSET, M, K, N);
+        gpu_matmul_backward_overwrite(d_dx_set, NULL, d_dy, d_x, d_w + W_OFFSET, M, K, N);
         y = from_dev_f32(d_y, ny), dx = from_dev_f32(d_dx, nx), dw = from_dev_f32(d_dw, nw);
+        dx_set = from_dev_f32(d_dx_set, nx);
         gpu_free(d_x), gpu_free(d_w), gpu_free(d_dy), gpu_free(d_y), gpu_free(d_dx), gpu_free(d_dw);
+        gpu_free(d_dx_set);
     } else {
         gpu_bf16 *d_x = dev_bf16(x, nx), *d_w = dev_bf16(w, nw + W_OFFSET), *d_dy = dev_bf16(dy, ny);
-        gpu_bf16 *d_y = dev_bf16_poisoned(ny), *d_dx = dev_bf16(dx0, nx);
+        gpu_bf16 *d_y = dev_bf16_poisoned(ny), *d_dx = dev_bf16(dx0, nx), *d_dx_set = dev_bf16_poisoned(nx);
         float *d_dw = dev_f32(dw0, nw);
         gpu_matmul_forward_bf16(d_y, d_x, d_w + W_OFFSET, M, K, N);
         gpu_matmul_backward_bf16(d_dx, d_dw, d_dy, d_x, d_w + W_OFFSET, M, K, N);
+        gpu_matmul_backward_overwrite_bf16(d_dx_set, NULL, d_dy, d_x, d_w + W_OFFSET, M, K, N);
         y = from_dev_bf16(d_y, ny), dx = from_dev_bf16(d_dx, nx), dw = from_dev_f32(d_dw, nw);
+        dx_set = from_dev_bf16(d_dx_set, nx);
         gpu_free(d_x), gpu_free(d_w), gpu_free(d_dy), gpu_free(d_y), gpu_free(d_dx), gpu_free(d_dw);
+        gpu_free(d_dx_set);
     }
     double out_rtol = bf16 ? 0x1p-8 : 0x1p-23;  // the stored output's rounding
     snprintf(name, sizeof name, "matmul %s forward (sum bound)", tag);
@@ -248,6 +259,9 @@ static void test_matmul(bool bf16) {
     check_elementwise(name, dx, dx_ref, nx, out_rtol, 0, dx_bound, (N + 2) * 0x1p-23);
     snprintf(name, sizeof name, "matmul %s dweight (sum bound)", tag);
     check_elementwise(name, dw, dw_ref, nw, 0x1p-23, 0, dw_bound, (M + 2) * 0x1p-23);
+    snprintf(name, sizeof name, "matmul %s dinp overwritten (sum bound)", tag);
+    check_elementwise(name, dx_set, dx_set_ref, nx, out_rtol, 0, dx_set_bound, (N + 2) * 0x1p-23);
+    free(dx_set), free(dx_set_ref), free(dx_set_bound);
     free(x), free(w), free(dy), free(dx0), free(dw0), free(y_ref), free(dx_ref), free(dw_ref), free(fwd_bound);
     free(ady), free(ax), free(aw), free(dx_bound), free(dw_bound), free(y), free(dx), free(dw);
 }

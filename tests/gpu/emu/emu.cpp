@@ -454,6 +454,17 @@ void gpu_matmul_forward_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 
         narrow(out, y);
     });
 }
+// Overwriting dinp: zero it on the queue, then accumulate as above.
+void gpu_matmul_backward_overwrite(float *dinp, float *dweight, const float *dout, const float *inp,
+                                   const float *weight, int M, int K, int N) {
+    gpu_fill_bytes(dinp, 0, sizeof(float) * M * K);
+    gpu_matmul_backward(dinp, dweight, dout, inp, weight, M, K, N);
+}
+void gpu_matmul_backward_overwrite_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
+                                        const gpu_bf16 *weight, int M, int K, int N) {
+    gpu_fill_bytes(dinp, 0, sizeof(gpu_bf16) * M * K);
+    gpu_matmul_backward_bf16(dinp, dweight, dout, inp, weight, M, K, N);
+}
 void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
                               const gpu_bf16 *weight, int M, int K, int N) {
     emu_enqueue(nullptr, 2 * matmul_duration(M, K, N), [=] {
