@@ -32,6 +32,26 @@ static_assert(sizeof(real) == sizeof(float), "gpu/ needs the fp32 build of refer
 
 #define ROW_THREADS 256  // one block per row for the row-wise ops (RMSNorm, cross-entropy)
 
+// ---- 16-byte vectors for the element-wise kernels ------------------------------------------------
+// An element-wise kernel<..., W> handles packs of W consecutive elements, each loaded and stored as
+// one access of W * sizeof(T) bytes (16: one 128-bit load or store per thread and tensor instead of
+// W scalar ones). Its launcher runs kernel<W> over the largest multiple of W elements when every
+// pointer is aligned to its pack, then kernel<1> over the rest (and over everything otherwise):
+// the same per-element arithmetic either way.
+template <typename T, int W> struct alignas(sizeof(T) * W) Pack {
+    T v[W];
+};
+template <int W, typename T> __device__ __forceinline__ Pack<T, W> load_pack(const T *p, size_t i) {
+    return reinterpret_cast<const Pack<T, W> *>(p)[i];
+}
+template <int W, typename T> __device__ __forceinline__ void store_pack(T *p, size_t i, const Pack<T, W> &x) {
+    reinterpret_cast<Pack<T, W> *>(p)[i] = x;
+}
+static bool aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
+// How many of n elements the vector kernel takes: n rounded down to W, or none if some pointer is
+// not aligned to its pack.
+static size_t vector_part(size_t n, int W, bool all_aligned) { return all_aligned ? n / W * W : 0; }
+
 // ================================ embedding ======================================================
 
 // out (N,C): block n copies row tokens[n] - row_start of the table, or writes zeros if the token is
@@ -298,33 +318,59 @@ extern "C" void gpu_rope_backward_bf16(gpu_bf16 *dx, const RopeTable *t, const i
 
 // ================================ SwiGLU =========================================================
 
-template <typename T>
-__global__ void swiglu_forward_kernel(T *out, const T *gate, const T *up, size_t n) {
-    GRID_STRIDE_LOOP(i, n) out[i] = from_f32<T>(swiglu_value(to_f32(gate[i]), to_f32(up[i])));
+// Over n_packs packs of W elements (16-byte vectors above).
+template <typename T, int W>
+__global__ void swiglu_forward_kernel(T *out, const T *gate, const T *up, size_t n_packs) {
+    GRID_STRIDE_LOOP(i, n_packs) {
+        Pack<T, W> g = load_pack<W>(gate, i), u = load_pack<W>(up, i), y;
+        for (int j = 0; j < W; j++) y.v[j] = from_f32<T>(swiglu_value(to_f32(g.v[j]), to_f32(u.v[j])));
+        store_pack<W>(out, i, y);
+    }
 }
-template <typename T>
-__global__ void swiglu_backward_kernel(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n) {
-    GRID_STRIDE_LOOP(i, n) {
-        float dg, du;
-        swiglu_grads(to_f32(dout[i]), to_f32(gate[i]), to_f32(up[i]), &dg, &du);
-        dgate[i] = from_f32<T>(to_f32(dgate[i]) + dg);
-        dup[i] = from_f32<T>(to_f32(dup[i]) + du);
+template <typename T, int W>
+__global__ void swiglu_backward_kernel(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n_packs) {
+    GRID_STRIDE_LOOP(i, n_packs) {
+        Pack<T, W> dy = load_pack<W>(dout, i), g = load_pack<W>(gate, i), u = load_pack<W>(up, i);
+        Pack<T, W> dg_acc = load_pack<W>(dgate, i), du_acc = load_pack<W>(dup, i);
+        for (int j = 0; j < W; j++) {
+            float dg, du;
+            swiglu_grads(to_f32(dy.v[j]), to_f32(g.v[j]), to_f32(u.v[j]), &dg, &du);
+            dg_acc.v[j] = from_f32<T>(to_f32(dg_acc.v[j]) + dg);
+            du_acc.v[j] = from_f32<T>(to_f32(du_acc.v[j]) + du);
+        }
+        store_pack<W>(dgate, i, dg_acc);
+        store_pack<W>(dup, i, du_acc);
     }
 }
 
+template <typename T> static void launch_swiglu_forward(T *out, const T *gate, const T *up, size_t n) {
+    constexpr int W = 16 / sizeof(T);
+    size_t v = vector_part(n, W, aligned(out, 16) && aligned(gate, 16) && aligned(up, 16));
+    LAUNCH_1D((swiglu_forward_kernel<T, W>), v / W, out, gate, up, v / W);
+    LAUNCH_1D((swiglu_forward_kernel<T, 1>), n - v, out + v, gate + v, up + v, n - v);
+}
+template <typename T>
+static void launch_swiglu_backward(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n) {
+    constexpr int W = 16 / sizeof(T);
+    size_t v = vector_part(n, W, aligned(dgate, 16) && aligned(dup, 16) && aligned(dout, 16) && aligned(gate, 16) &&
+                                     aligned(up, 16));
+    LAUNCH_1D((swiglu_backward_kernel<T, W>), v / W, dgate, dup, dout, gate, up, v / W);
+    LAUNCH_1D((swiglu_backward_kernel<T, 1>), n - v, dgate + v, dup + v, dout + v, gate + v, up + v, n - v);
+}
+
 extern "C" void gpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-    LAUNCH_1D(swiglu_forward_kernel<float>, n, out, gate, up, n);
+    launch_swiglu_forward(out, gate, up, n);
 }
 extern "C" void gpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                                     size_t n) {
-    LAUNCH_1D(swiglu_backward_kernel<float>, n, dgate, dup, dout, gate, up, n);
+    launch_swiglu_backward(dgate, dup, dout, gate, up, n);
 }
 extern "C" void gpu_swiglu_forward_bf16(gpu_bf16 *out, const gpu_bf16 *gate, const gpu_bf16 *up, size_t n) {
-    LAUNCH_1D(swiglu_forward_kernel<bf16>, n, out, gate, up, n);
+    launch_swiglu_forward(out, gate, up, n);
 }
 extern "C" void gpu_swiglu_backward_bf16(gpu_bf16 *dgate, gpu_bf16 *dup, const gpu_bf16 *dout, const gpu_bf16 *gate,
                                          const gpu_bf16 *up, size_t n) {
-    LAUNCH_1D(swiglu_backward_kernel<bf16>, n, dgate, dup, dout, gate, up, n);
+    launch_swiglu_backward(dgate, dup, dout, gate, up, n);
 }
 
 // ================================ cross-entropy ==================================================
@@ -448,25 +494,43 @@ extern "C" void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf1
 
 // ================================ element-wise ===================================================
 
-template <typename T>
-__global__ void add_inplace_kernel(T *x, const T *y, size_t n) {
-    GRID_STRIDE_LOOP(i, n) x[i] = from_f32<T>(to_f32(x[i]) + to_f32(y[i]));
+// Over n_packs packs of W elements (16-byte vectors above).
+template <typename T, int W>
+__global__ void add_inplace_kernel(T *x, const T *y, size_t n_packs) {
+    GRID_STRIDE_LOOP(i, n_packs) {
+        Pack<T, W> a = load_pack<W>(x, i), b = load_pack<W>(y, i);
+        for (int j = 0; j < W; j++) a.v[j] = from_f32<T>(to_f32(a.v[j]) + to_f32(b.v[j]));
+        store_pack<W>(x, i, a);
+    }
 }
-template <typename Out, typename In>
-__global__ void cast_kernel(Out *out, const In *inp, size_t n) {
-    GRID_STRIDE_LOOP(i, n) out[i] = from_f32<Out>(to_f32(inp[i]));
+// Packs of W elements of both types: 16 bytes of the wider one.
+template <typename Out, typename In, int W>
+__global__ void cast_kernel(Out *out, const In *inp, size_t n_packs) {
+    GRID_STRIDE_LOOP(i, n_packs) {
+        Pack<In, W> a = load_pack<W>(inp, i);
+        Pack<Out, W> b;
+        for (int j = 0; j < W; j++) b.v[j] = from_f32<Out>(to_f32(a.v[j]));
+        store_pack<W>(out, i, b);
+    }
 }
 
-extern "C" void gpu_add_inplace(float *x, const float *y, size_t n) { LAUNCH_1D(add_inplace_kernel<float>, n, x, y, n); }
-extern "C" void gpu_add_inplace_bf16(gpu_bf16 *x, const gpu_bf16 *y, size_t n) {
-    LAUNCH_1D(add_inplace_kernel<bf16>, n, x, y, n);
+template <typename T> static void launch_add_inplace(T *x, const T *y, size_t n) {
+    constexpr int W = 16 / sizeof(T);
+    size_t v = vector_part(n, W, aligned(x, 16) && aligned(y, 16));
+    LAUNCH_1D((add_inplace_kernel<T, W>), v / W, x, y, v / W);
+    LAUNCH_1D((add_inplace_kernel<T, 1>), n - v, x + v, y + v, n - v);
 }
-extern "C" void gpu_cast_f32_to_bf16(gpu_bf16 *out, const float *inp, size_t n) {
-    LAUNCH_1D((cast_kernel<bf16, float>), n, out, inp, n);
+template <typename Out, typename In> static void launch_cast(Out *out, const In *inp, size_t n) {
+    constexpr int W = 16 / (sizeof(Out) > sizeof(In) ? sizeof(Out) : sizeof(In));
+    size_t v = vector_part(n, W, aligned(out, sizeof(Out) * W) && aligned(inp, sizeof(In) * W));
+    LAUNCH_1D((cast_kernel<Out, In, W>), v / W, out, inp, v / W);
+    LAUNCH_1D((cast_kernel<Out, In, 1>), n - v, out + v, inp + v, n - v);
 }
-extern "C" void gpu_cast_bf16_to_f32(float *out, const gpu_bf16 *inp, size_t n) {
-    LAUNCH_1D((cast_kernel<float, bf16>), n, out, inp, n);
-}
+
+extern "C" void gpu_add_inplace(float *x, const float *y, size_t n) { launch_add_inplace(x, y, n); }
+extern "C" void gpu_add_inplace_bf16(gpu_bf16 *x, const gpu_bf16 *y, size_t n) { launch_add_inplace(x, y, n); }
+extern "C" void gpu_cast_f32_to_bf16(gpu_bf16 *out, const float *inp, size_t n) { launch_cast(out, inp, n); }
+extern "C" void gpu_cast_bf16_to_f32(float *out, const gpu_bf16 *inp, size_t n) { launch_cast(out, inp, n); }
 
 // ================================ AdamW ==========================================================
 

@@ -443,6 +443,14 @@ static void test_elementwise(bool bf16) {
         check_fp32("swiglu f32 dgate", dg, dg_ref, n, 1e-5);
         check_fp32("swiglu f32 dup", du, du_ref, n, 1e-5);
         check_exact("add_inplace f32", sum, sum_ref, n);
+        // One element in: no pointer is 16-byte aligned, so only the scalar kernel runs.
+        float *d_x1 = dev_f32(dg0, n), *d_u1 = dev_f32(up, n);
+        gpu_add_inplace(d_x1 + 1, d_u1 + 1, n - 1);
+        float *sum1 = from_dev_f32(d_x1, n);
+        sum_ref[0] = dg0[0];
+        check_exact("add_inplace f32 unaligned", sum1, sum_ref, n);
+        free(sum1);
+        gpu_free(d_x1), gpu_free(d_u1);
     } else {
         gpu_bf16 *d_g = dev_bf16(gate, n), *d_u = dev_bf16(up, n), *d_dy = dev_bf16(dy, n), *d_y = dev_bf16_poisoned(n);
         gpu_bf16 *d_dg = dev_bf16(dg0, n), *d_du = dev_bf16(du0, n), *d_sum = dev_bf16(dg0, n);
@@ -458,6 +466,13 @@ static void test_elementwise(bool bf16) {
         // x + y of two bf16 values, rounded once: exactly what the host's rounding gives.
         for (size_t i = 0; i < n; i++) sum_ref[i] = bf16_round(sum_ref[i]);
         check_exact("add_inplace bf16", sum, sum_ref, n);
+        gpu_bf16 *d_x1 = dev_bf16(dg0, n), *d_u1 = dev_bf16(up, n);  // unaligned: the scalar kernel
+        gpu_add_inplace_bf16(d_x1 + 1, d_u1 + 1, n - 1);
+        float *sum1 = from_dev_bf16(d_x1, n);
+        sum_ref[0] = dg0[0];
+        check_exact("add_inplace bf16 unaligned", sum1, sum_ref, n);
+        free(sum1);
+        gpu_free(d_x1), gpu_free(d_u1);
     }
     free(gate), free(up), free(dy), free(dg0), free(du0), free(y_ref), free(dg_ref), free(du_ref), free(sum_ref);
     free(y), free(dg), free(du), free(sum);
