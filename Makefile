@@ -71,9 +71,9 @@ CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 # ---- sources ----------------------------------------------------------------------------------
 COMMON_SRC := $(wildcard common/*.c)
 # Chapter modules (ddp.c, ...) are built with the reference, in fp32 and float64; a chapter's
-# chapters/NN_x/main_NAME.c is a program, build/NAME; chapters/00_reference/train.c is the trainer.
+# chapters/NN_x/main_NAME.c is a program, build/NAME; chapters/10_trainer/train.c is the trainer.
 CHAPTER_PROGRAM_SRC := $(wildcard chapters/*/main_*.c)
-CHAPTER_SRC := $(filter-out $(CHAPTER_PROGRAM_SRC) chapters/00_reference/train.c,$(wildcard chapters/*/*.c))
+CHAPTER_SRC := $(filter-out $(CHAPTER_PROGRAM_SRC) chapters/10_trainer/train.c,$(wildcard chapters/*/*.c))
 REF_SRC := $(wildcard reference_cpu/*.c) $(CHAPTER_SRC)
 COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/obj/%.o)
 REF32_OBJ := $(REF_SRC:%.c=$(BUILD)/obj/f32/%.o)
@@ -122,9 +122,11 @@ $(LIBREF32): $(REF32_OBJ)
 $(LIBREF64): $(REF64_OBJ)
 	$(AR) rcs $@ $^
 
-$(BUILD)/train: chapters/00_reference/train.c $(LIBREF32) $(LIBCOMMON)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
-$(BUILD)/train64: chapters/00_reference/train.c $(LIBREF64) $(LIBCOMMON)
+# build/train: where nvcc is found it also links the GPU library (--device cuda, gpu/strategy.c),
+# listed before the reference's so that its cuda_strategy_create is the one linked.
+$(BUILD)/train: chapters/10_trainer/train.c $(if $(NVCC),$(BUILD)/libgpu.a) $(LIBREF32) $(LIBCOMMON)
+	$(CC) $(CFLAGS) $(if $(NVCC),$(GPU_CFLAGS)) $^ -o $@ $(if $(NVCC),$(GPU_LDLIBS)) $(LDLIBS)
+$(BUILD)/train64: chapters/10_trainer/train.c $(LIBREF64) $(LIBCOMMON)
 	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(LDLIBS)
 
 # build/NAME from chapters/*/main_NAME.c
@@ -196,7 +198,7 @@ EMU_CXXFLAGS := -std=c++17 -O2 -I tests/gpu/emu/include -I. -DGPU_EMULATOR $(WAR
 EMU_OBJ := $(patsubst gpu/%.cu,$(BUILD)/obj/emu/%.o,$(filter-out gpu/matmul.cu gpu/runtime.cu,$(wildcard gpu/*.cu))) \
   $(BUILD)/obj/emu/emu.o $(patsubst gpu/%.c,$(BUILD)/obj/emu/%.o,$(filter-out gpu/main_%.c,$(wildcard gpu/*.c)))
 EMU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/emu/%,$(wildcard tests/gpu/test_*.c)) \
-  $(BUILD)/tests/emu/test_emulator
+  $(BUILD)/tests/emu/test_emulator $(BUILD)/tests/emu/train
 ifneq ($(shell command -v $(CXX) 2>/dev/null),)
 all: $(EMU_TEST_BIN)
 endif
@@ -212,6 +214,10 @@ $(BUILD)/obj/emu/%.o: gpu/%.c
 $(BUILD)/tests/emu/test_emulator: tests/gpu/emu/test_emulator.cpp $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(LDLIBS)
+# The trainer with --device cuda on the emulator (tests/t_gpu_trainer.sh).
+$(BUILD)/tests/emu/train: chapters/10_trainer/train.c $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Werror $^ -o $@ -lstdc++ $(LDLIBS)
 $(BUILD)/tests/emu/%: tests/gpu/%.c $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Werror $^ -o $@ -lstdc++ $(LDLIBS)

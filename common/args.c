@@ -23,6 +23,20 @@ int args_choice_index(const char *choices, const char *value) {
     return -1;
 }
 
+const char *args_choice_name(const char *choices, int index, char *buf, size_t len) {
+    snprintf(buf, len, "?");
+    for (const char *p = choices; p && *p; index--) {
+        const char *bar = strchr(p, '|');
+        int n = bar ? (int)(bar - p) : (int)strlen(p);
+        if (index == 0) {
+            snprintf(buf, len, "%.*s", n, p);
+            break;
+        }
+        p = bar ? bar + 1 : NULL;
+    }
+    return buf;
+}
+
 static bool choice_allowed(const char *choices, const char *value) { return args_choice_index(choices, value) >= 0; }
 
 static void check_range(const ArgSpec *s, const char *text, double v) {

@@ -10,6 +10,7 @@
 // value exits with status 2 and one line naming the flag, its value and the rule it breaks.
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 
 typedef enum {
     ARG_INT,     // dest: int*
@@ -40,3 +41,5 @@ bool args_given(const ArgSpec *specs, int n_specs, const char *name);
 
 // Position of value in "a|b|c" (0 for a), or -1: maps an ARG_CHOICE to an enum listed in that order.
 int args_choice_index(const char *choices, const char *value);
+// The reverse: the choice at position index of "a|b|c", copied into buf (len bytes); "?" if none.
+const char *args_choice_name(const char *choices, int index, char *buf, size_t len);

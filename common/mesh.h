@@ -1,5 +1,5 @@
 // mesh.h: the device mesh. world = pp x dp_replicate x dp_shard x cp x tp, outermost first
-// (DESIGN.md), so tensor-parallel ranks are adjacent: world rank
+// (docs/ARCHITECTURE.md), so tensor-parallel ranks are adjacent: world rank
 //   r = (((pp_i * DR + dr_i) * DS + ds_i) * CP + cp_i) * TP + tp_i.
 // Every dimension has a communicator over the ranks that differ only in that coordinate, plus the
 // combined groups later chapters reduce over.

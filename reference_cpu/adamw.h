@@ -2,6 +2,7 @@
 #pragma once
 #include <stddef.h>
 
+#include "reference_cpu/params.h"
 #include "reference_cpu/real.h"
 
 typedef struct {
@@ -16,12 +17,17 @@ void adamw_step(real *params, const real *grads, real *m, real *v, size_t n, lon
                 const AdamWConfig *cfg);
 
 double sum_of_squares(const real *x, size_t n);  // accumulated in double, in index order
+// The same over buf, which holds elements [first, first + count) of the table's flat layout, split
+// parameter by parameter (table order): sums[0] += the tensor-parallel-split parameters' parts,
+// sums[1] += the replicated ones'. With tensor parallelism only sums[0] is then summed over tp.
+void sum_of_squares_by_tp_split(const ParamTable *t, const real *buf, size_t first, size_t count, double sums[2]);
 void scale_inplace(real *x, size_t n, double factor);
 // As torch.nn.utils.clip_grad_norm_: scales by max_norm / (norm + 1e-6) when that is < 1.
 // Returns the norm before clipping. max_norm <= 0 disables clipping.
 double clip_by_global_norm(real *grads, size_t n, double grad_norm, double max_norm);
 
 typedef enum { DECAY_COSINE, DECAY_LINEAR, DECAY_CONSTANT } LrDecay;
+#define LR_DECAY_NAMES "cosine|linear|constant"  // in enum order (the trainer's --lr-decay choices)
 typedef struct {
     double peak_lr;
     double min_lr_ratio;  // the decay ends at peak_lr * min_lr_ratio

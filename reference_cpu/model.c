@@ -309,17 +309,17 @@ static AttnShape attn_shape(const Model *m, int B, int T) {
 
 void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, ModelActs *scratch, real *out, int B, int T) {
     const ModelConfig *c = &m->cfg;
-    const LocalShape *l = &m->local;
-    int BT = B * T, R = model_rows_here(m, B, T), D = c->dim, F = l->ffn_dim, hd = model_head_dim(c);
-    int hq = l->n_heads * hd, hkv = l->n_kv_heads * hd;
+    const LocalShape *local = &m->local;
+    int BT = B * T, R = model_rows_here(m, B, T), D = c->dim, F = local->ffn_dim, hd = model_head_dim(c);
+    int hq = local->n_heads * hd, hkv = local->n_kv_heads * hd;
     AttnShape s = attn_shape(m, B, T);
     // attention half: h = x + wo(attention(rope(q), rope(k), v))
     norm_then_gather(m, scratch, a->xn1, a->rstd1, a->x, w->attention_norm, R, D);
     matmul_forward(a->q, a->xn1, w->wq, BT, D, hq);
     matmul_forward(a->k, a->xn1, w->wk, BT, D, hkv);
     matmul_forward(a->v, a->xn1, w->wv, BT, D, hkv);
-    rope_forward(a->q, &m->rope, NULL, B, T, l->n_heads);
-    rope_forward(a->k, &m->rope, NULL, B, T, l->n_kv_heads);
+    rope_forward(a->q, &m->rope, NULL, B, T, local->n_heads);
+    rope_forward(a->k, &m->rope, NULL, B, T, local->n_kv_heads);
     if (m->attention == ATTN_NAIVE) attention_naive_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     else attention_flash_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     real *partial = partial_target(m, a->h, scratch->sp_full);
@@ -344,9 +344,9 @@ void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, ModelAct
 void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g, BlockActs *a, ModelActs *scratch,
                     const real *dout, real *dinp, int B, int T) {
     const ModelConfig *c = &m->cfg;
-    const LocalShape *l = &m->local;
-    int BT = B * T, R = model_rows_here(m, B, T), D = c->dim, F = l->ffn_dim, hd = model_head_dim(c);
-    int hq = l->n_heads * hd, hkv = l->n_kv_heads * hd;
+    const LocalShape *local = &m->local;
+    int BT = B * T, R = model_rows_here(m, B, T), D = c->dim, F = local->ffn_dim, hd = model_head_dim(c);
+    int hq = local->n_heads * hd, hkv = local->n_kv_heads * hd;
     AttnShape s = attn_shape(m, B, T);
     // feed-forward half, in reverse. The residual passes dout straight to dh.
     memcpy(scratch->dh, dout, sizeof(real) * R * D);
@@ -377,8 +377,8 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
         attention_naive_backward(scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v, a->attn_stats, &s);
     else
         attention_flash_backward(scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v, a->attn, a->attn_stats, &s);
-    rope_backward(scratch->dq, &m->rope, NULL, B, T, l->n_heads);
-    rope_backward(scratch->dk, &m->rope, NULL, B, T, l->n_kv_heads);
+    rope_backward(scratch->dq, &m->rope, NULL, B, T, local->n_heads);
+    rope_backward(scratch->dk, &m->rope, NULL, B, T, local->n_kv_heads);
     zero(scratch->dxn, (size_t)BT * D);
     matmul_backward(scratch->dxn, NULL, scratch->dq, a->xn1, w->wq, BT, D, hq);
     matmul_backward(scratch->dxn, NULL, scratch->dk, a->xn1, w->wk, BT, D, hkv);

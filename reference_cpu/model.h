@@ -27,6 +27,7 @@
 #include "reference_cpu/params.h"
 
 typedef enum { ATTN_FLASH, ATTN_NAIVE } AttentionImpl;
+#define ATTENTION_IMPL_NAMES "flash|naive"  // in enum order (the trainer's --attention choices)
 
 // Called by model_backward as soon as the gradients of every parameter owned by `layer` are final
 // for this backward (order: n_layers (final norm, output), n_layers-1, ..., 0, LAYER_EMBEDDING).

@@ -18,6 +18,7 @@ void matmul_forward(real *out, const real *inp, const real *weight, int M, int K
 void matmul_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight,
                      int M, int K, int N);
 typedef enum { MATMUL_BLAS, MATMUL_LOOP } MatmulBackend;
+#define MATMUL_BACKEND_NAMES "blas|loop"  // in enum order (the trainer's --matmul choices)
 // BLAS (OpenBLAS sgemm/dgemm) is the default when the build found it; LOOP is the plain triple loop.
 void matmul_set_backend(MatmulBackend backend);
 MatmulBackend matmul_get_backend(void);
@@ -88,6 +89,10 @@ double cross_entropy_forward(real *lse, const real *logits, const int *targets, 
 // dlogits (N,V) += dloss * (softmax(logits) - onehot(target)) / n_valid
 void cross_entropy_backward(real *dlogits, const real *logits, const real *lse, const int *targets,
                             int N, int V, double dloss);
+// The same for the vocabulary columns [v_start, v_start + v_count) alone (a tensor-parallel shard:
+// logits and dlogits are (N, v_count)), with the full rows' lse; targets are full-vocabulary ids.
+void cross_entropy_backward_columns(real *dlogits, const real *logits, const real *lse, const int *targets, int N,
+                                    int v_start, int v_count, double dloss);
 
 // ---- element-wise helpers --------------------------------------------------------------------
 void add_inplace(real *x, const real *y, size_t n);  // x += y

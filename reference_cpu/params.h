@@ -29,6 +29,11 @@
 // features of a row-parallel linear (wo w2); none = replicated (norm weights).
 typedef enum { TP_NONE = -1, TP_ROWS = 0, TP_COLS = 1 } TpSplit;
 
+// The kinds of per-parameter state a layout holds in the table's flat layout: what checkpoints save
+// (weights and AdamW's two moments) and what --grad-dump writes (gradients).
+typedef enum { STATE_WEIGHTS, STATE_ADAM_M, STATE_ADAM_V, STATE_GRADS } StateKind;
+#define N_CHECKPOINT_STATES 3  // STATE_WEIGHTS, STATE_ADAM_M, STATE_ADAM_V
+
 typedef enum { INIT_ONES, INIT_NORMAL } ParamInit;
 
 typedef struct {

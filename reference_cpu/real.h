@@ -6,18 +6,22 @@
 #ifdef REF_FLOAT64
 typedef double real;
 #define REAL_NAME "F64"
+#define COMM_REAL COMM_FLOAT64  // the communicator's datatype for real (common/comm.h)
 #define rsqrt_r(x) (1.0 / sqrt(x))
 #define exp_r exp
 #define log_r log
+#define log1p_r log1p
 #define sqrt_r sqrt
 #define cos_r cos
 #define sin_r sin
 #else
 typedef float real;
 #define REAL_NAME "F32"
+#define COMM_REAL COMM_FLOAT32
 #define rsqrt_r(x) (1.0f / sqrtf(x))
 #define exp_r expf
 #define log_r logf
+#define log1p_r log1pf
 #define sqrt_r sqrtf
 #define cos_r cosf
 #define sin_r sinf

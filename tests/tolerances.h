@@ -16,3 +16,13 @@
 // cancel to near zero) bounds them.
 #define FP32_ORDER_RTOL 2e-5
 #define FP32_ORDER_ATOL 1e-6
+
+// Context-parallel attention (chapter 8) against single-process attention, relative to each
+// tensor's largest |value|. The blocks are the same tile computations; what changes is that a
+// query's softmax is assembled from up to N partial results through the log-sum-exp merge (an exp,
+// a log1p and two multiplies per merge, each <= 1 ulp = 6e-8), and dK/dV are sums of N partial
+// sums instead of one running sum. With N <= 4 that is a few 1e-7; 1e-5 leaves room for larger
+// rings and still fails a wrong merge, a missed block or a dK/dV sent to the wrong owner by orders
+// of magnitude. With one rank the computation is the plain call: bit-identical.
+#define CP_ATTENTION_RTOL 1e-5
+#define CP_ATTENTION_RTOL_TEXT "1e-5"

@@ -6,12 +6,6 @@
 #include "common/log.h"
 #include "common/trace.h"
 
-#ifdef REF_FLOAT64
-#define COMM_REAL COMM_FLOAT64
-#else
-#define COMM_REAL COMM_FLOAT32
-#endif
-
 static void launch_bucket(Ddp *d, DdpBucket *b) {
     b->inflight = comm_all_reduce_start(d->dp, b->grads, b->count, COMM_REAL, COMM_AVG);
 }

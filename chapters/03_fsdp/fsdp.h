@@ -71,6 +71,15 @@ typedef struct {
     real *staging;             // (max S) stages 1-2: this rank's shard, sent by the all-gather
 } Fsdp;
 
+// ZeRO's slices, shared with the pipeline's ZeRO-1 (chapter 7). A buffer of numel elements padded to
+// shard x N; the rank whose slice starts at element `mine` owns the real elements of
+// [mine, mine + shard): fewer (or none) at the end, where the padding is.
+size_t zero_slice_len(size_t numel, size_t shard, size_t mine);
+// After the optimizer updated this rank's slice inside `full` (shard x N, rank r's slice at r x shard):
+// all-gathers every rank's slice into everyone's full copy. The slice lives inside the receive
+// buffer, so it is sent from `staging` (shard elements). Returns the handle of the all-gather.
+CommHandle *zero_gather_slices_start(Comm *group, real *full, size_t shard, real *staging);
+
 // Collective over shard_group (and replicate_group). The model must come from
 // model_init_unallocated; every rank builds only its shards, from the seed (sharding-independent
 // init, so the weights equal the single process's). Installs the model's UnitStorage and hook.
@@ -93,10 +102,10 @@ void fsdp_clip(Fsdp *f, double grad_norm, double max_norm);
 void fsdp_adamw_step(Fsdp *f, long long step, double lr, const AdamWConfig *cfg);
 
 // This rank's full tensors (its table layout, total_numel: the tp slice with tensor parallelism) for checkpoints: gathered on every rank of the shard
-// group. which: 0 weights, 1 AdamW m, 2 AdamW v, 3 gradients (gather only).
-void fsdp_gather_full(Fsdp *f, int which, real *flat);
+// group. Gradients: gather only.
+void fsdp_gather_full(Fsdp *f, StateKind kind, real *flat);
 // The reverse, for --resume: takes this rank's shard of a full tensor.
-void fsdp_load_full(Fsdp *f, int which, const real *flat);
+void fsdp_load_full(Fsdp *f, StateKind kind, const real *flat);
 
 // Prints the memory model of this stage next to the measured peaks (bytes by category):
 //   stage 1: params 4P, grads 4P, optimizer 8P/N

@@ -1,6 +1,6 @@
 // tp.h: tensor parallelism (Megatron-LM), over the mesh's tp group.
 //
-// Each of the T ranks of a tp group holds a slice of every large matrix (the table from
+// Each of the n ranks of a tp group holds a slice of every large matrix (the table from
 // param_table_build_tp) and computes with it; the model (reference_cpu/model.c) calls back here
 // at the few points where the slices' results must be combined:
 //
@@ -23,7 +23,7 @@
 #include "common/comm.h"
 #include "reference_cpu/model.h"
 
-// Sequence parallel (Megatron-SP, model.h): the norms and residuals run on this rank's B*T/T rows;
+// Sequence parallel (Megatron-SP, model.h): the norms and residuals run on this rank's B*T/n rows;
 // each all-reduce becomes an all-gather before a column-parallel linear plus a reduce-scatter
 // after a row-parallel one (the same bytes: an all-reduce is a reduce-scatter then an
 // all-gather), and the norm weights' gradients are summed over tp.

@@ -8,12 +8,6 @@
 #include "common/mem.h"
 #include "common/trace.h"
 
-#ifdef REF_FLOAT64
-#define COMM_REAL COMM_FLOAT64
-#else
-#define COMM_REAL COMM_FLOAT32
-#endif
-
 enum { TAG_ACT = 0, TAG_GRAD = 1 };
 
 // ---- layout ---------------------------------------------------------------------------------------
@@ -34,14 +28,14 @@ const char *pipeline_check(const ModelConfig *cfg, int p, int v) {
 }
 
 // The stage's units and their range of the flat layout.
-static void stage_range(const Model *m, int n_stages, int stage, PipelineChunk *c) {
-    int L = m->cfg.n_layers;
+static void stage_range(const Model *model, int n_stages, int stage, PipelineChunk *c) {
+    int L = model->cfg.n_layers;
     c->stage = stage;
     pipeline_stage_layers(L, n_stages, stage, &c->first_layer, &c->end_layer);
     c->first_unit = stage == 0 ? LAYER_EMBEDDING : c->first_layer;
     c->last_unit = stage == n_stages - 1 ? L : c->end_layer - 1;
-    c->offset = model_unit_offset(m, c->first_unit);
-    c->numel = model_unit_offset(m, c->last_unit) + model_unit_numel(m, c->last_unit) - c->offset;
+    c->offset = model_unit_offset(model, c->first_unit);
+    c->numel = model_unit_offset(model, c->last_unit) + model_unit_numel(model, c->last_unit) - c->offset;
 }
 
 static PipelineChunk *chunk_of_stage(Pipeline *pl, int stage) { return &pl->chunks[pp_chunk_of_stage(stage, pl->p)]; }
@@ -72,11 +66,11 @@ static int shard_ranks(const Pipeline *pl) { return pl->options.shard_group ? co
 
 static void init_chunk(Pipeline *pl, PipelineChunk *c, uint64_t seed) {
     const ParamTable *t = &pl->model->table;
-    int S = shard_ranks(pl);
-    c->shard = (c->numel + (size_t)S - 1) / (size_t)S;
+    int N = shard_ranks(pl);
+    c->shard = (c->numel + (size_t)N - 1) / (size_t)N;
     c->mine = pl->options.shard_group ? (size_t)comm_rank(pl->options.shard_group) * c->shard : 0;
-    c->params = mem_alloc(MEM_PARAMS, sizeof(real) * c->shard * S);
-    c->grads = mem_alloc(MEM_GRADS, sizeof(real) * c->shard * S);
+    c->params = mem_alloc(MEM_PARAMS, sizeof(real) * c->shard * N);
+    c->grads = mem_alloc(MEM_GRADS, sizeof(real) * c->shard * N);
     c->adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * c->shard);
     c->adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * c->shard);
     for (int i = 0; i < t->count; i++) {  // the same values the single process gives these elements
@@ -336,12 +330,7 @@ double pipeline_forward_backward(Pipeline *pl, const int *inputs, const int *tar
 static double chunk_sum_of_squares(const Pipeline *pl, const PipelineChunk *c) {
     if (!pl->options.tp_group) return sum_of_squares(c->grads, c->numel);
     double sums[2] = {0, 0};  // tp-sliced, replicated
-    const ParamTable *t = &pl->model->table;
-    for (int i = 0; i < t->count; i++) {
-        const ParamInfo *p = &t->items[i];
-        if (p->layer < c->first_unit || p->layer > c->last_unit) continue;
-        sums[p->tp_split == TP_NONE] += sum_of_squares(c->grads + (p->offset - c->offset), p->numel);
-    }
+    sum_of_squares_by_tp_split(&pl->model->table, c->grads, c->offset, c->numel, sums);
     comm_all_reduce(pl->options.tp_group, sums, 1, COMM_FLOAT64, COMM_SUM);
     return sums[0] + sums[1];
 }
@@ -359,17 +348,13 @@ void pipeline_clip(Pipeline *pl, double grad_norm, double max_norm) {
 
 // Elements of the chunk in this rank's optimizer slice (the last ranks' slices may be short or
 // empty: the padding is never updated and stays zero).
-static size_t slice_len(const PipelineChunk *c) {
-    return c->mine >= c->numel ? 0 : (c->numel - c->mine < c->shard ? c->numel - c->mine : c->shard);
-}
+static size_t slice_len(const PipelineChunk *c) { return zero_slice_len(c->numel, c->shard, c->mine); }
 
-// ZeRO-1: every rank's updated slice into everyone's weights (the slice lives inside the receive
-// buffer, so it is sent from a copy).
+// ZeRO-1: every rank's updated slice into everyone's weights.
 static void gather_weights(Pipeline *pl, PipelineChunk *c) {
-    real *slice = mem_alloc(MEM_COMM, sizeof(real) * c->shard);
-    memcpy(slice, c->params + c->mine, sizeof(real) * c->shard);
-    comm_all_gather(pl->options.shard_group, slice, c->params, c->shard, COMM_REAL);
-    mem_free(slice);
+    real *staging = mem_alloc(MEM_COMM, sizeof(real) * c->shard);
+    comm_wait(zero_gather_slices_start(pl->options.shard_group, c->params, c->shard, staging));
+    mem_free(staging);
 }
 
 void pipeline_adamw_step(Pipeline *pl, long long step, double lr, const AdamWConfig *cfg) {
@@ -382,28 +367,29 @@ void pipeline_adamw_step(Pipeline *pl, long long step, double lr, const AdamWCon
 
 // ---- checkpoints --------------------------------------------------------------------------------
 
-static real *state_of(PipelineChunk *c, int which) {
-    real *const states[4] = {c->params, c->adam_m, c->adam_v, c->grads};
-    if (which < 0 || which > 3) fatal("pipeline: no state %d", which);
-    return states[which];
+static real *state_of(PipelineChunk *c, StateKind kind) {
+    real *const states[] = {[STATE_WEIGHTS] = c->params, [STATE_ADAM_M] = c->adam_m, [STATE_ADAM_V] = c->adam_v,
+                            [STATE_GRADS] = c->grads};
+    return states[kind];
 }
 
+static bool is_moment(StateKind kind) { return kind == STATE_ADAM_M || kind == STATE_ADAM_V; }
+
 // A chunk's AdamW moment in full (numel), gathered over the shard group under ZeRO-1 into `all`
-// (shard * S); the chunk's own buffer otherwise.
-static real *full_moment(Pipeline *pl, PipelineChunk *c, int which, real **all) {
+// (shard * N); the chunk's own buffer otherwise.
+static real *full_moment(Pipeline *pl, PipelineChunk *c, StateKind kind, real **all) {
     *all = NULL;
-    if (!pl->options.shard_group) return state_of(c, which);
+    if (!pl->options.shard_group) return state_of(c, kind);
     *all = mem_alloc(MEM_COMM, sizeof(real) * c->shard * shard_ranks(pl));
-    comm_all_gather(pl->options.shard_group, state_of(c, which), *all, c->shard, COMM_REAL);
+    comm_all_gather(pl->options.shard_group, state_of(c, kind), *all, c->shard, COMM_REAL);
     return *all;
 }
 
-void pipeline_gather_full(Pipeline *pl, int which, real *flat) {
+void pipeline_gather_full(Pipeline *pl, StateKind kind, real *flat) {
     int n = 0;
     real **full = calloc((size_t)pl->v, sizeof(real *)), **owned = calloc((size_t)pl->v, sizeof(real *));
     for (int c = 0; c < pl->v; c++)  // per chunk: the full tensor to send
-        full[c] = which == 1 || which == 2 ? full_moment(pl, &pl->chunks[c], which, &owned[c])
-                                           : state_of(&pl->chunks[c], which);
+        full[c] = is_moment(kind) ? full_moment(pl, &pl->chunks[c], kind, &owned[c]) : state_of(&pl->chunks[c], kind);
     CommP2P *transfers = calloc((size_t)(pl->p * pl->v), sizeof(CommP2P));
     if (pl->rank == 0) {
         for (int st = 0; st < pl->n_stages; st++) {
@@ -425,14 +411,14 @@ void pipeline_gather_full(Pipeline *pl, int which, real *flat) {
     free(full), free(owned);
 }
 
-void pipeline_load_full(Pipeline *pl, int which, const real *flat) {
+void pipeline_load_full(Pipeline *pl, StateKind kind, const real *flat) {
     for (int c = 0; c < pl->v; c++) {
         PipelineChunk *ch = &pl->chunks[c];
-        if (which == 1 || which == 2) {  // the moments: this rank's slice (all of it without ZeRO-1)
-            memset(state_of(ch, which), 0, sizeof(real) * ch->shard);
-            memcpy(state_of(ch, which), flat + ch->offset + ch->mine, sizeof(real) * slice_len(ch));
+        if (is_moment(kind)) {  // the moments: this rank's slice (all of it without ZeRO-1)
+            memset(state_of(ch, kind), 0, sizeof(real) * ch->shard);
+            memcpy(state_of(ch, kind), flat + ch->offset + ch->mine, sizeof(real) * slice_len(ch));
         } else {
-            memcpy(state_of(ch, which), flat + ch->offset, sizeof(real) * ch->numel);
+            memcpy(state_of(ch, kind), flat + ch->offset, sizeof(real) * ch->numel);
         }
     }
 }

@@ -19,7 +19,7 @@
 //             receiving its input
 // With data parallelism each stage's chunks are DDP ranges over the data-parallel replicas of the
 // stage; a chunk's all-reduces start during its last backward of the step. With --dp-shard (ZeRO-1,
-// Megatron's distributed optimizer) each rank of the shard group keeps AdamW's state for 1/S of
+// Megatron's distributed optimizer) each rank of the N-rank shard group keeps AdamW's state for 1/N of
 // every chunk, updates that slice of the weights, and all-gathers the weights over the group.
 //
 //   Pipeline *pl = pipeline_create(&model, mesh->dim[MESH_PP], dp_or_NULL, &options, seed);
@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "chapters/02_data_parallel/ddp.h"
+#include "chapters/03_fsdp/fsdp.h"
 #include "chapters/07_pipeline_parallel/schedule.h"
 #include "common/comm.h"
 #include "reference_cpu/adamw.h"
@@ -54,9 +55,9 @@ typedef struct {
     int first_layer, end_layer;  // blocks [first_layer, end_layer)
     int first_unit, last_unit; // table layers, with LAYER_EMBEDDING on stage 0 and n_layers (head) last
     size_t offset, numel;      // the units' range of the flat layout
-    real *params, *grads;      // (numel, padded to shard * S with zeros)
+    real *params, *grads;      // (numel, padded to shard * N with zeros)
     real *adam_m, *adam_v;     // (shard): this rank's slice [mine, mine + shard) (the whole chunk without ZeRO-1)
-    size_t shard, mine;        // ZeRO-1 over S ranks: shard = ceil(numel / S); unsharded: numel, 0
+    size_t shard, mine;        // ZeRO-1 over N ranks: shard = ceil(numel / N); unsharded: numel, 0
     int last_backward;         // index of this chunk's last BACKWARD in the action list (DDP syncs then)
 } PipelineChunk;
 
@@ -115,8 +116,7 @@ void pipeline_clip(Pipeline *pl, double grad_norm, double max_norm);
 void pipeline_adamw_step(Pipeline *pl, long long step, double lr, const AdamWConfig *cfg);
 
 // Full tensors (table layout, total_numel) for checkpoints: every stage's range sent to pp rank 0,
-// which alone gets the result (the other ranks' flat is left as is). which: 0 weights, 1 AdamW m,
-// 2 AdamW v, 3 gradients. Collective over pp.
-void pipeline_gather_full(Pipeline *pl, int which, real *flat);
-// The reverse, for --resume: every rank takes its ranges of a full tensor (which 0-2).
-void pipeline_load_full(Pipeline *pl, int which, const real *flat);
+// which alone gets the result (the other ranks' flat is left as is). Collective over pp.
+void pipeline_gather_full(Pipeline *pl, StateKind kind, real *flat);
+// The reverse, for --resume: every rank takes its ranges of a full tensor (not the gradients).
+void pipeline_load_full(Pipeline *pl, StateKind kind, const real *flat);

@@ -8,12 +8,6 @@
 #include "common/mem.h"
 #include "common/trace.h"
 
-#ifdef REF_FLOAT64
-#define COMM_REAL COMM_FLOAT64
-#else
-#define COMM_REAL COMM_FLOAT32
-#endif
-
 
 static FsdpUnit *unit_of(Fsdp *f, int unit) { return &f->units[unit + 1]; }  // embedding (-1) is first
 static int n_ranks(const Fsdp *f) { return comm_size(f->shard_group); }
@@ -172,7 +166,7 @@ Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *
         u->adam_m = alloc_real(MEM_OPTIMIZER, u->shard);
         u->adam_v = alloc_real(MEM_OPTIMIZER, u->shard);
         size_t mine = (size_t)r * u->shard;  // first element of this rank's shard
-        size_t owned = mine < u->numel ? (u->numel - mine < u->shard ? u->numel - mine : u->shard) : 0;
+        size_t owned = zero_slice_len(u->numel, u->shard, mine);
         if (options->stage < 3) {  // the full copy lives all step; the shard is a slice of it
             u->full = alloc_real(MEM_PARAMS, padded(u, f));
             init_unit_range(model, u, seed, 0, u->numel, u->full);
@@ -242,26 +236,15 @@ void fsdp_end_backward(Fsdp *f) {
     f->frontier = -1;  // the next forward starts at the embedding
 }
 
-// Sum of squares of the part of unit u's shard that belongs to tensor-parallel-sharded parameters
-// (sharded) and to replicated ones (replicated). The padding is zero and adds nothing.
-static void shard_sums(const Fsdp *f, const FsdpUnit *u, double *sharded, double *replicated) {
-    const ParamTable *t = &f->model->table;
-    size_t mine = (size_t)comm_rank(f->shard_group) * u->shard;
-    for (int i = 0; i < t->count; i++) {
-        const ParamInfo *p = &t->items[i];
-        if (p->layer != u->unit) continue;
-        size_t first = p->offset - u->offset, end = first + p->numel;  // unit-relative
-        size_t lo = first > mine ? first : mine, hi = end < mine + u->shard ? end : mine + u->shard;
-        if (lo >= hi) continue;
-        double s = sum_of_squares(u->grads_shard + (lo - mine), hi - lo);
-        if (p->tp_split == TP_NONE) *replicated += s;
-        else *sharded += s;
-    }
-}
-
 double fsdp_grad_norm(Fsdp *f) {
-    double sums[2] = {0, 0};  // tp-sharded parameters, tp-replicated ones
-    for (int i = 0; i < f->n_units; i++) shard_sums(f, &f->units[i], &sums[0], &sums[1]);
+    double sums[2] = {0, 0};  // tp-sharded parameters, tp-replicated ones (the padding is zero: not counted)
+    int r = comm_rank(f->shard_group);
+    for (int i = 0; i < f->n_units; i++) {
+        const FsdpUnit *u = &f->units[i];
+        size_t mine = (size_t)r * u->shard;
+        sum_of_squares_by_tp_split(&f->model->table, u->grads_shard, u->offset + mine,
+                                   zero_slice_len(u->numel, u->shard, mine), sums);
+    }
     comm_all_reduce(f->shard_group, sums, 2, COMM_FLOAT64, COMM_SUM);  // replicas hold equal shards
     if (f->tp_group) comm_all_reduce(f->tp_group, sums, 1, COMM_FLOAT64, COMM_SUM);  // replicated: same everywhere
     return sqrt(sums[0] + sums[1]);
@@ -271,14 +254,21 @@ void fsdp_clip(Fsdp *f, double grad_norm, double max_norm) {
     for (int i = 0; i < f->n_units; i++) clip_by_global_norm(f->units[i].grads_shard, f->units[i].shard, grad_norm, max_norm);
 }
 
-// Stages 1-2: every rank's updated shard goes back into everyone's full copy. The shard lives
-// inside the receive buffer, so it is sent from a staging copy.
+size_t zero_slice_len(size_t numel, size_t shard, size_t mine) {
+    return mine >= numel ? 0 : (numel - mine < shard ? numel - mine : shard);
+}
+
+CommHandle *zero_gather_slices_start(Comm *group, real *full, size_t shard, real *staging) {
+    memcpy(staging, full + (size_t)comm_rank(group) * shard, sizeof(real) * shard);
+    return comm_all_gather_start(group, staging, full, shard, COMM_REAL);
+}
+
+// Stages 1-2: every rank's updated shard goes back into everyone's full copy.
 static void gather_updated_weights(Fsdp *f) {
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        memcpy(f->staging, u->params_shard, sizeof(real) * u->shard);
-        wait_exposed(comm_all_gather_start(f->shard_group, f->staging, u->full, u->shard, COMM_REAL),
-                     "fsdp weight all-gather", u->unit);
+        wait_exposed(zero_gather_slices_start(f->shard_group, u->full, u->shard, f->staging), "fsdp weight all-gather",
+                     u->unit);
     }
 }
 
@@ -290,32 +280,32 @@ void fsdp_adamw_step(Fsdp *f, long long step, double lr, const AdamWConfig *cfg)
     if (f->options.stage < 3) gather_updated_weights(f);
 }
 
-static real *shard_of(FsdpUnit *u, int which) {
-    real *shards[4] = {u->params_shard, u->adam_m, u->adam_v, u->grads_shard};
-    return shards[which];
+static real *shard_of(FsdpUnit *u, StateKind kind) {
+    real *shards[] = {[STATE_WEIGHTS] = u->params_shard, [STATE_ADAM_M] = u->adam_m, [STATE_ADAM_V] = u->adam_v,
+                      [STATE_GRADS] = u->grads_shard};
+    return shards[kind];
 }
 
-void fsdp_gather_full(Fsdp *f, int which, real *flat) {
+void fsdp_gather_full(Fsdp *f, StateKind kind, real *flat) {
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
         real *all = alloc_real(MEM_COMM, padded(u, f));
-        comm_all_gather(f->shard_group, shard_of(u, which), all, u->shard, COMM_REAL);
+        comm_all_gather(f->shard_group, shard_of(u, kind), all, u->shard, COMM_REAL);
         memcpy(flat + u->offset, all, sizeof(real) * u->numel);
         mem_free(all);
     }
 }
 
-void fsdp_load_full(Fsdp *f, int which, const real *flat) {
+void fsdp_load_full(Fsdp *f, StateKind kind, const real *flat) {
     int r = comm_rank(f->shard_group);
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        real *dst = shard_of(u, which);
+        real *dst = shard_of(u, kind);
         size_t mine = (size_t)r * u->shard;
         memset(dst, 0, sizeof(real) * u->shard);
-        if (mine < u->numel)
-            memcpy(dst, flat + u->offset + mine, sizeof(real) * (u->numel - mine < u->shard ? u->numel - mine : u->shard));
+        memcpy(dst, flat + u->offset + mine, sizeof(real) * zero_slice_len(u->numel, u->shard, mine));
     }
-    if (which == 0 && f->options.stage < 3) gather_updated_weights(f);
+    if (kind == STATE_WEIGHTS && f->options.stage < 3) gather_updated_weights(f);
 }
 
 // ---- memory model ----------------------------------------------------------------------------------

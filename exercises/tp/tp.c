@@ -9,12 +9,6 @@
 #include "common/trace.h"
 #include "reference_cpu/adamw.h"
 
-#ifdef REF_FLOAT64
-#define COMM_REAL COMM_FLOAT64
-#else
-#define COMM_REAL COMM_FLOAT32
-#endif
-
 // ---- the model's callbacks -------------------------------------------------------------------------
 static void *sum_start(void *ctx, real *buf, size_t n) { return comm_all_reduce_start(ctx, buf, n, COMM_REAL, COMM_SUM); }
 static void *gather_start(void *ctx, const real *shard, real *full, size_t n) {
@@ -54,17 +48,7 @@ static double loss_forward(void *ctx, real *lse, const real *logits, const int *
 static void loss_backward(void *ctx, real *dlogits, const real *logits, const real *lse, const int *targets, int BT,
                           int v_start, int v_count, double dloss) {
     (void)ctx;
-    int n_valid = 0;
-    for (int n = 0; n < BT; n++) n_valid += targets[n] != IGNORE_INDEX;
-    if (n_valid == 0) return;
-    real coef = (real)(dloss / n_valid);
-    for (int n = 0; n < BT; n++) {
-        if (targets[n] == IGNORE_INDEX) continue;
-        const real *x = logits + (size_t)n * v_count;
-        real *dx = dlogits + (size_t)n * v_count;
-        for (int j = 0; j < v_count; j++) dx[j] += coef * (real)exp((double)(x[j] - lse[n]));
-        if (target_here(targets[n], v_start, v_count)) dx[targets[n] - v_start] -= coef;
-    }
+    cross_entropy_backward_columns(dlogits, logits, lse, targets, BT, v_start, v_count, dloss);
 }
 
 void tp_install(Model *m, Comm *tp_group, bool sequence_parallel) {
@@ -80,15 +64,10 @@ void tp_install(Model *m, Comm *tp_group, bool sequence_parallel) {
 
 // ---- gradient norm and checkpoints -------------------------------------------------------------------
 double tp_sum_of_squares(const Model *m, Comm *tp_group, const real *local_flat) {
-    double sharded = 0, replicated = 0;
-    for (int i = 0; i < m->table.count; i++) {
-        const ParamInfo *p = &m->table.items[i];
-        double s = sum_of_squares(local_flat + p->offset, p->numel);
-        if (p->tp_split == TP_NONE) replicated += s;
-        else sharded += s;
-    }
-    if (m->tp.size > 1) comm_all_reduce(tp_group, &sharded, 1, COMM_FLOAT64, COMM_SUM);
-    return sharded + replicated;
+    double sums[2] = {0, 0};  // tp-sharded, replicated
+    sum_of_squares_by_tp_split(&m->table, local_flat, 0, m->table.total_numel, sums);
+    if (m->tp.size > 1) comm_all_reduce(tp_group, sums, 1, COMM_FLOAT64, COMM_SUM);
+    return sums[0] + sums[1];
 }
 
 // Where local element (row, col) of rank r's shard of p lives in the full tensor.
@@ -121,12 +100,12 @@ static void copy_shard(const Model *m, int r, real *local_flat, real *full_flat,
 }
 
 void tp_gather_full(const Model *m, Comm *tp_group, const real *local_flat, real *full_flat) {
-    int T = m->tp.size;
+    int n_ranks = m->tp.size;
     size_t n = m->table.total_numel;
-    real *all = mem_alloc(MEM_COMM, sizeof(real) * n * T);  // (T, local layout)
-    if (T > 1) comm_all_gather(tp_group, local_flat, all, n, COMM_REAL);
+    real *all = mem_alloc(MEM_COMM, sizeof(real) * n * n_ranks);  // (n_ranks, local layout)
+    if (n_ranks > 1) comm_all_gather(tp_group, local_flat, all, n, COMM_REAL);
     else memcpy(all, local_flat, sizeof(real) * n);
-    for (int r = 0; r < T; r++) copy_shard(m, r, all + (size_t)r * n, full_flat, true);
+    for (int r = 0; r < n_ranks; r++) copy_shard(m, r, all + (size_t)r * n, full_flat, true);
     mem_free(all);
 }
 

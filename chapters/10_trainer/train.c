@@ -1,6 +1,7 @@
 // train.c: the training program. Alone it runs the single-process reference; under mpirun the
-// chapters' parallel modules split the work behind the same flags (DESIGN.md). --batch is always
-// the GLOBAL batch, so every config can be compared with the single process at equal tokens/step.
+// chapters' parallel modules split the work behind the same flags, each reached through one
+// contract (trainer.h; docs/ARCHITECTURE.md). --batch is always the GLOBAL batch, so every config
+// can be compared with the single process at equal tokens/step.
 //
 //   ./build/train --model small --steps 150 --trace build/small.pftrace
 //   ./build/train --model tiny --steps 10 --dump ref.safetensors     (what other code checks against)
@@ -17,10 +18,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "chapters/02_data_parallel/ddp.h"
 #include "chapters/03_fsdp/fsdp.h"
-#include "chapters/06_tensor_parallel/tp.h"
 #include "chapters/07_pipeline_parallel/pipeline.h"
+#include "chapters/10_trainer/trainer.h"
 #include "common/args.h"
 #include "common/comm.h"
 #include "common/data.h"
@@ -37,7 +37,7 @@
 typedef struct {
     const char *model, *data, *lr_decay, *attention, *matmul, *ac, *reshard;
     const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta, *grad_dump;
-    const char *pp_schedule, *pp_schedule_dot;
+    const char *pp_schedule, *pp_schedule_dot, *device;
     int steps, batch, seq_len, n_layers, warmup_steps, checkpoint_every, log_every;
     int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages;
     long long seed;
@@ -59,7 +59,7 @@ static const ArgSpec FLAGS[] = {
     {"lr", ARG_DOUBLE, &opt.lr, "3e-4", "peak learning rate", .min = 0, .max = 10},
     {"warmup-steps", ARG_INT, &opt.warmup_steps, NULL, "linear warmup steps (default: steps/10)", .min = 0,
      .max = UNBOUNDED},
-    {"lr-decay", ARG_CHOICE, &opt.lr_decay, "cosine", "decay after warmup", .choices = "cosine|linear|constant"},
+    {"lr-decay", ARG_CHOICE, &opt.lr_decay, "cosine", "decay after warmup", .choices = LR_DECAY_NAMES},
     {"min-lr-ratio", ARG_DOUBLE, &opt.min_lr_ratio, "0.1", "final lr as a fraction of the peak", .min = 0, .max = 1},
     {"weight-decay", ARG_DOUBLE, &opt.weight_decay, "0.1", "AdamW decoupled weight decay", .min = 0, .max = 1},
     {"beta1", ARG_DOUBLE, &opt.beta1, "0.9", "AdamW beta1", .min = 0, .max = 0.999999},
@@ -72,8 +72,11 @@ static const ArgSpec FLAGS[] = {
      "markov | markov:order=K,branches=N | text:FILE | tokens:FILE (common/DATA.md)", .value_name = "SPEC"},
     {"rope-theta", ARG_DOUBLE, &opt.rope_theta, NULL, "RoPE base (default: the model's, 500000)", .min = 1,
      .max = UNBOUNDED},
-    {"attention", ARG_CHOICE, &opt.attention, "flash", "attention kernel", .choices = "flash|naive"},
-    {"matmul", ARG_CHOICE, &opt.matmul, "blas", "matmul backend", .choices = "blas|loop"},
+    {"device", ARG_CHOICE, &opt.device, "cpu",
+     "where the model runs: cpu (the reference and every chapter), cuda (the GPU model: single process and "
+     "--dp-replicate so far)", .choices = DEVICE_NAMES},
+    {"attention", ARG_CHOICE, &opt.attention, "flash", "attention kernel", .choices = ATTENTION_IMPL_NAMES},
+    {"matmul", ARG_CHOICE, &opt.matmul, "blas", "matmul backend", .choices = MATMUL_BACKEND_NAMES},
     {"ac", ARG_CHOICE, &opt.ac, "none",
      "activation checkpointing: full recomputes each block in backward, selective only its element-wise ops "
      "(chapter 5)", .choices = AC_MODE_NAMES},
@@ -202,94 +205,113 @@ static void log_checkpointing(const Model *m, int B, int T, ActCheckpoint ac) {
              mm, 100 * mm / (3 * fwd), ew);
 }
 
-typedef struct {
-    double loss, grad_norm, lr;
-} StepResult;
-
-// Everything one rank trains with.
-typedef struct {
-    Model model;
-    ModelActs acts;                // for one micro-batch
-    real *adam_m, *adam_v;
-    int *inputs, *targets;         // one micro-batch: (micro, T); with PP the rank's slice (n_micro * micro, T)
-    DataSource *data;
-    Mesh *mesh;
-    Ddp *ddp;                      // DDP: dp_replicate > 1 and dp_shard == 1
-    Fsdp *fsdp;                    // FSDP / HSDP: dp_shard > 1 (then adam_m, adam_v and model.params are NULL)
-    Pipeline *pp;                  // PP: pp > 1 (likewise NULL: each stage holds its own layers' state)
-    int B, T;                      // global batch, sequence length
-    int micro, n_micro;            // sequences per micro-batch, micro-batches per step on this rank
-    int dp_index, dp_size;
-    LrSchedule schedule;
-    AdamWConfig adam;
-    DumpRecorder *dump;            // single process only
-} Trainer;
-
-// Forward and backward of every micro-batch of this rank's slice of the global batch. The
-// gradients accumulate; each backward is scaled by 1/n_micro and DDP averages over the dp ranks,
-// so the result is the gradient of the mean loss over the global batch (each micro-batch has the
-// same number of targets). Returns this rank's mean loss.
-static double forward_backward(Trainer *t, long long step) {
-    int track = trace_track("compute");
-    double loss_sum = 0;
+// This rank's slice of the step's global batch: every micro-batch it runs.
+static StepBatch load_step_batch(Trainer *t, const DataSource *data, long long step) {
     int local = t->micro * t->n_micro;
-    if (t->pp) {  // the schedule runs every micro-batch of the slice
-        data_batch(t->data, step, t->B, t->dp_index * local, local, t->T, t->inputs, t->targets);
-        return pipeline_forward_backward(t->pp, t->inputs, t->targets);
-    }
-    for (int mb = 0; mb < t->n_micro; mb++) {
-        int first_seq = t->dp_index * local + mb * t->micro;
-        data_batch(t->data, step, t->B, first_seq, t->micro, t->T, t->inputs, t->targets);
-        trace_begin(track, "forward", "phase");
-        trace_arg_int(track, "microbatch", mb);
-        double loss = model_forward(&t->model, &t->acts, t->inputs, t->targets);
-        trace_end(track);
-        if (!isfinite(loss)) fatal("step %lld: loss is %g; stopping (try a lower --lr)", step, loss);
-        if (t->ddp) ddp_begin_backward(t->ddp, mb == t->n_micro - 1);
-        if (t->fsdp) fsdp_begin_backward(t->fsdp, mb == t->n_micro - 1);
-        trace_begin(track, "backward", "phase");
-        trace_arg_int(track, "microbatch", mb);
-        model_backward(&t->model, &t->acts, t->inputs, 1.0 / t->n_micro);
-        trace_end(track);
-        if (t->fsdp) fsdp_end_backward(t->fsdp);
-        loss_sum += loss;
-    }
-    if (t->ddp) ddp_finish_backward(t->ddp);
-    return loss_sum / t->n_micro;
+    data_batch(data, step, t->B, t->dp_index * local, local, t->T, t->inputs, t->targets);
+    return (StepBatch){t->inputs, t->targets, t->n_micro, t->micro, t->T, step};
 }
 
-static void write_grad_dump(Trainer *t, const char *path);  // (with the checkpoint code below)
-
-// One optimizer step: forward/backward (with gradient sync), clip, AdamW. Returns the loss over the
-// global batch before the update.
-static StepResult train_step(Trainer *t, long long step) {
-    int track = trace_track("compute");
-    StepResult r;
-    model_zero_grads(&t->model);
-    if (t->fsdp) fsdp_zero_grads(t->fsdp);
-    r.loss = forward_backward(t, step);
+// One optimizer step through the contract: forward/backward (with gradient sync), the extensions,
+// clip, AdamW. Returns the loss over the global batch before the update.
+static StepResult train_step(Trainer *t, const DataSource *data, long long step, const LrSchedule *schedule,
+                             const AdamWConfig *adam, TrainerExtension *ext, int n_ext) {
+    Strategy *s = t->strategy;
+    StepBatch batch = load_step_batch(t, data, step);
+    StepResult r = {.lr = lr_at(schedule, step)};
+    s->zero_grads(s);
+    r.loss = s->forward_backward(s, &batch);
     if (t->dp_size > 1) comm_all_reduce(t->mesh->dp, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
+    int track = trace_track("compute");
     trace_begin(track, "optimizer", "phase");
-    r.lr = lr_at(&t->schedule, step);
-    if (opt.grad_dump && step == 1) write_grad_dump(t, opt.grad_dump);
-    if (t->fsdp || t->pp) {  // each rank clips (by the global norm) and updates only what it holds
-        r.grad_norm = t->fsdp ? fsdp_grad_norm(t->fsdp) : pipeline_grad_norm(t->pp);
-        if (!isfinite(r.grad_norm)) fatal("step %lld: gradient norm is %g; stopping", step, r.grad_norm);
-        if (t->fsdp) fsdp_clip(t->fsdp, r.grad_norm, opt.grad_clip), fsdp_adamw_step(t->fsdp, step, r.lr, &t->adam);
-        else pipeline_clip(t->pp, r.grad_norm, opt.grad_clip), pipeline_adamw_step(t->pp, step, r.lr, &t->adam);
-        trace_end(track);
-        return r;
-    }
-    size_t n = t->model.table.total_numel;
-    // grads are identical on every dp rank; tp ranks hold slices (replicated norms counted once)
-    r.grad_norm = sqrt(t->model.tp.size > 1 ? tp_sum_of_squares(&t->model, t->mesh->dim[MESH_TP], t->model.grads)
-                                            : sum_of_squares(t->model.grads, n));
+    r.grad_norm = s->grad_norm(s);  // every rank clips by the global norm and updates what it holds
     if (!isfinite(r.grad_norm)) fatal("step %lld: gradient norm is %g; stopping", step, r.grad_norm);
-    if (t->dump) dump_record_step(t->dump, &t->model, &t->acts, step, t->inputs, t->targets, r.loss, r.grad_norm, r.lr);
-    clip_by_global_norm(t->model.grads, n, r.grad_norm, opt.grad_clip);
-    adamw_step(t->model.params, t->model.grads, t->adam_m, t->adam_v, n, step, r.lr, &t->adam);
+    for (int i = 0; i < n_ext; i++)
+        if (ext[i].after_gradients) ext[i].after_gradients(ext[i].ctx, t, &batch, &r);
+    s->clip(s, r.grad_norm, opt.grad_clip);
+    s->optimizer_step(s, step, r.lr, adam);
+    for (int i = 0; i < n_ext; i++)
+        if (ext[i].after_step) ext[i].after_step(ext[i].ctx, t, &batch, &r);
     trace_end(track);
     return r;
+}
+
+// ---- extensions: the reference dump (--dump) and the step-1 gradients of any layout (--grad-dump) --
+
+typedef struct {
+    DumpRecorder recorder;
+    const char *path;
+} ReferenceDump;
+
+static void dump_after_gradients(void *ctx, Trainer *t, const StepBatch *b, const StepResult *r) {
+    ReferenceDump *d = ctx;
+    dump_record_step(&d->recorder, &t->model, &t->strategy->acts, b->step, b->inputs, b->targets, r->loss,
+                     r->grad_norm, r->lr);
+}
+
+static void dump_finish(void *ctx, Trainer *t) {
+    ReferenceDump *d = ctx;
+    dump_write(&d->recorder, &t->model, d->path);
+    log_info("dump written to %s", d->path);
+    free(d);
+}
+
+static TrainerExtension reference_dump(Trainer *t, const AdamWConfig *adam) {
+    ReferenceDump *d = calloc(1, sizeof *d);
+    d->path = opt.dump;
+    dump_begin(&d->recorder, &t->model, opt.steps, t->B, t->T, adam, opt.grad_clip);
+    return (TrainerExtension){"dump", d, dump_after_gradients, NULL, dump_finish};
+}
+
+static void grad_dump_after_gradients(void *ctx, Trainer *t, const StepBatch *b, const StepResult *r) {
+    const char *path = ctx;
+    if (b->step != 1) return;
+    Model whole = t->model;
+    whole.table = param_table_build(&t->model.cfg);
+    real *full = mem_alloc(MEM_OTHER, sizeof(real) * whole.table.total_numel);
+    trainer_full_state(t, STATE_GRADS, full);
+    if (t->mesh->rank == 0) {
+        dump_write_flat(&whole, "grad.", full, path);
+        log_info("step-1 gradients written to %s", path);
+    }
+    mem_free(full);
+    param_table_free(&whole.table);
+}
+
+static TrainerExtension grad_dump(void) {
+    return (TrainerExtension){"grad-dump", (void *)opt.grad_dump, grad_dump_after_gradients, NULL, NULL};
+}
+
+// ---- checkpoints: the full tensors whatever the layout (every rank takes part, rank 0 writes) ------
+
+static void save_state(Trainer *t, const char *path, long long step, const RunIdentity *run) {
+    Model whole = t->model;
+    whole.table = param_table_build(&t->model.cfg);
+    real *full[N_CHECKPOINT_STATES];
+    for (int kind = 0; kind < N_CHECKPOINT_STATES; kind++) {
+        full[kind] = mem_alloc(MEM_OTHER, sizeof(real) * whole.table.total_numel);
+        trainer_full_state(t, (StateKind)kind, full[kind]);
+    }
+    whole.params = full[STATE_WEIGHTS];
+    if (t->mesh->rank == 0) checkpoint_save(path, &whole, full[STATE_ADAM_M], full[STATE_ADAM_V], step, run);
+    for (int kind = 0; kind < N_CHECKPOINT_STATES; kind++) mem_free(full[kind]);
+    param_table_free(&whole.table);
+}
+
+static long long load_state(Trainer *t, const char *path, const RunIdentity *run) {
+    Model whole = t->model;
+    whole.table = param_table_build(&t->model.cfg);
+    real *full[N_CHECKPOINT_STATES];
+    for (int kind = 0; kind < N_CHECKPOINT_STATES; kind++)
+        full[kind] = mem_alloc(MEM_OTHER, sizeof(real) * whole.table.total_numel);
+    whole.params = full[STATE_WEIGHTS];
+    long long step = checkpoint_load(path, &whole, full[STATE_ADAM_M], full[STATE_ADAM_V], run);
+    for (int kind = 0; kind < N_CHECKPOINT_STATES; kind++) {
+        trainer_load_full_state(t, (StateKind)kind, full[kind]);
+        mem_free(full[kind]);
+    }
+    param_table_free(&whole.table);
+    return step;
 }
 
 static ActCheckpoint checkpointing_mode(void) {
@@ -302,134 +324,16 @@ static PpScheduleKind pipeline_schedule(void) {
     return kind;
 }
 
-// The weights, gradients and optimizer state: whole on every rank (single process, DDP), sharded
-// over dp_shard (ZeRO / FSDP, replicated over dp_replicate for HSDP), or a pipeline stage's layers
-// (PP, replicated over dp_replicate).
-static void setup_training_state(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, uint64_t seed) {
-    Mesh *mesh = t->mesh;
-    int tp = mesh->degree[MESH_TP], tp_rank = mesh->coord[MESH_TP];
-    bool sharded = mesh->degree[MESH_DP_SHARD] > 1, pipelined = mesh->degree[MESH_PP] > 1;
-    model_init_tp(&t->model, cfg, seed, attention, tp, tp_rank, !sharded && !pipelined);
-    if (tp > 1) {
-        if (opt.sequence_parallel && (t->micro * t->T) % tp != 0)
-            fatal_input("--sequence-parallel: the %d tokens of a micro-batch must divide by --tp %d", t->micro * t->T, tp);
-        tp_install(&t->model, mesh->dim[MESH_TP], opt.sequence_parallel);
-        log_info("tp: %d ranks%s; this one holds %d of %d heads, %d of %d kv heads, %d of %d ffn columns, vocab rows "
-                 "[%d, %d)", tp, opt.sequence_parallel ? " with sequence parallel" : "", t->model.local.n_heads, cfg->n_heads, t->model.local.n_kv_heads, cfg->n_kv_heads,
-                 t->model.local.ffn_dim, cfg->ffn_dim, t->model.local.vocab_start,
-                 t->model.local.vocab_start + t->model.local.vocab_size);
-    }
-    if (pipelined) {
-        PipelineOptions options = {pipeline_schedule(), t->n_micro, opt.pp_virtual_stages, t->micro, t->T,
-                                   checkpointing_mode(), (size_t)(opt.bucket_mb * 1048576.0), !opt.no_overlap,
-                                   opt.pp_schedule_dot, tp > 1 ? mesh->dim[MESH_TP] : NULL,
-                                   sharded ? mesh->dp_shard_cp : NULL};
-        t->pp = pipeline_create(&t->model, mesh->dim[MESH_PP], t->dp_size > 1 ? mesh->dp : NULL, &options, seed);
-        if (t->dp_size > 1)
-            log_info("pp x %s: %d data-parallel ranks per stage%s", sharded ? "zero-1" : "ddp", t->dp_size,
-                     sharded ? ", AdamW state sharded over dp_shard" : "");
-        return;
-    }
-    if (!sharded) {
-        size_t n = t->model.table.total_numel;
-        t->adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
-        t->adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
-        return;
-    }
-    FsdpOptions options = {opt.zero_stage, (ReshardPolicy)args_choice_index(RESHARD_POLICY_NAMES, opt.reshard),
-                           !opt.no_overlap};
-    Comm *replicate = mesh->degree[MESH_DP_REPLICATE] > 1 ? mesh->dim[MESH_DP_REPLICATE] : NULL;
-    t->fsdp = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, tp > 1 ? mesh->dim[MESH_TP] : NULL, &options, seed);
-    log_info("%s: zero stage %d over %d shards%s, %d micro-batch(es) of %d sequences per rank, reshard after "
-             "forward: %s, prefetch %s",
-             replicate ? "hsdp" : "fsdp", opt.zero_stage, comm_size(mesh->dp_shard_cp),
-             replicate ? " x replicated" : "", t->n_micro, t->micro, opt.reshard, opt.no_overlap ? "off" : "on");
-    if (replicate) log_info("hsdp: %d replicas of the shard group", comm_size(replicate));
-}
-
-// This rank's weights (which 0), AdamW m (1), v (2) or gradients (3) in its local layout (tp
-// shard, table order). Pipeline stages: all of them, on pp rank 0 only.
-static void local_state(Trainer *t, int which, real *out) {
-    if (t->fsdp) {
-        fsdp_gather_full(t->fsdp, which, out);
-        return;
-    }
-    if (t->pp) {
-        pipeline_gather_full(t->pp, which, out);
-        return;
-    }
-    const real *sources[4] = {t->model.params, t->adam_m, t->adam_v, t->model.grads};
-    memcpy(out, sources[which], sizeof(real) * t->model.table.total_numel);
-}
-
-static void set_local_state(Trainer *t, int which, const real *in) {
-    if (t->fsdp) {
-        fsdp_load_full(t->fsdp, which, in);
-        return;
-    }
-    if (t->pp) {
-        pipeline_load_full(t->pp, which, in);
-        return;
-    }
-    real *dst = which == 0 ? t->model.params : which == 1 ? t->adam_m : t->adam_v;
-    memcpy(dst, in, sizeof(real) * t->model.table.total_numel);
-}
-
-// The full tensors of one kind (see local_state) on every rank, in the full table's layout.
-static void full_state(Trainer *t, int which, real *local, real *full) {
-    local_state(t, which, local);
-    tp_gather_full(&t->model, t->mesh->dim[MESH_TP], local, full);
-}
-
-static void write_grad_dump(Trainer *t, const char *path) {
-    Model whole = t->model;
-    whole.table = param_table_build(&t->model.cfg);
-    real *local = mem_alloc(MEM_OTHER, sizeof(real) * t->model.table.total_numel);
-    real *full = mem_alloc(MEM_OTHER, sizeof(real) * whole.table.total_numel);
-    full_state(t, 3, local, full);
-    if (t->mesh->rank == 0) {
-        dump_write_flat(&whole, "grad.", full, path);
-        log_info("step-1 gradients written to %s", path);
-    }
-    mem_free(local);
-    mem_free(full);
-    param_table_free(&whole.table);
-}
-
-// Checkpoints hold the full tensors whatever the layout: FSDP shards are gathered over dp_shard,
-// then tensor-parallel slices over tp; every rank takes part, rank 0 writes.
-static void save_state(Trainer *t, const char *path, long long step, const RunIdentity *run) {
-    Model whole = t->model;
-    whole.table = param_table_build(&t->model.cfg);
-    size_t n_local = t->model.table.total_numel, n = whole.table.total_numel;
-    real *local = mem_alloc(MEM_OTHER, sizeof(real) * n_local), *full[3];
-    for (int which = 0; which < 3; which++) {
-        full[which] = mem_alloc(MEM_OTHER, sizeof(real) * n);
-        full_state(t, which, local, full[which]);
-    }
-    whole.params = full[0];
-    if (t->mesh->rank == 0) checkpoint_save(path, &whole, full[1], full[2], step, run);
-    for (int which = 0; which < 3; which++) mem_free(full[which]);
-    mem_free(local);
-    param_table_free(&whole.table);
-}
-
-static long long load_state(Trainer *t, const char *path, const RunIdentity *run) {
-    Model whole = t->model;
-    whole.table = param_table_build(&t->model.cfg);
-    size_t n_local = t->model.table.total_numel, n = whole.table.total_numel;
-    real *local = mem_alloc(MEM_OTHER, sizeof(real) * n_local), *full[3];
-    for (int which = 0; which < 3; which++) full[which] = mem_alloc(MEM_OTHER, sizeof(real) * n);
-    whole.params = full[0];
-    long long step = checkpoint_load(path, &whole, full[1], full[2], run);
-    for (int which = 0; which < 3; which++) {
-        tp_scatter_full(&t->model, full[which], local);
-        set_local_state(t, which, local);
-        mem_free(full[which]);
-    }
-    mem_free(local);
-    param_table_free(&whole.table);
-    return step;
+static LayoutOptions layout_options(void) {
+    return (LayoutOptions){.zero_stage = opt.zero_stage,
+                           .reshard = args_choice_index(RESHARD_POLICY_NAMES, opt.reshard),
+                           .overlap = !opt.no_overlap,
+                           .bucket_mb = opt.bucket_mb,
+                           .ac = checkpointing_mode(),
+                           .sequence_parallel = opt.sequence_parallel,
+                           .pp_schedule = pipeline_schedule(),
+                           .pp_virtual_stages = opt.pp_virtual_stages,
+                           .pp_schedule_dot = opt.pp_schedule_dot};
 }
 
 // Chapter 7's flags, before any rank starts: the schedule must exist for (p, m, v), the model must
@@ -480,8 +384,8 @@ int main(int argc, char **argv) {
     flags[0].choices = MODEL_CONFIG_NAMES;
     args_parse(flags, N_FLAGS, argc, argv, "train",
                "Trains Llama 3: the single-process CPU reference alone, the parallel modules under mpirun.");
-    matmul_set_backend(strcmp(opt.matmul, "loop") == 0 ? MATMUL_LOOP : MATMUL_BLAS);
-    AttentionImpl attention = strcmp(opt.attention, "naive") == 0 ? ATTN_NAIVE : ATTN_FLASH;
+    matmul_set_backend((MatmulBackend)args_choice_index(MATMUL_BACKEND_NAMES, opt.matmul));
+    AttentionImpl attention = (AttentionImpl)args_choice_index(ATTENTION_IMPL_NAMES, opt.attention);
     if (opt.compare) return dump_compare(opt.compare, attention, opt.compare_rtol);
 
     ModelConfig cfg = resolve_config();
@@ -494,6 +398,8 @@ int main(int argc, char **argv) {
     check_writable("grad-dump", opt.grad_dump);
     check_writable("mesh-dot", opt.mesh_dot);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
+    if (opt.dump && args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA)
+        fatal_input("--dump: records the CPU reference; run it with --device cpu and compare with --grad-dump");
 
     bool tracing = opt.trace || opt.trace_json || opt.trace_hta;
     comm_init(&argc, &argv, &(CommOptions){.timeout_seconds = opt.comm_timeout, .trace = tracing});
@@ -511,16 +417,15 @@ int main(int argc, char **argv) {
         mem_set_observer(trace_memory_observer);
     }
 
-    t.data = data_open(opt.data, cfg.vocab_size, t.T, (uint64_t)opt.seed);
+    DataSource *data = data_open(opt.data, cfg.vocab_size, t.T, (uint64_t)opt.seed);
     // --desync-init: replicas differ (what DDP's broadcast must fix), the ranks of one replica agree
     uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.dp_index : 0);
-    setup_training_state(&t, &cfg, attention, init_seed);
-    ActCheckpoint ac = checkpointing_mode();
-    if (!t.pp) t.acts = model_acts_alloc(&t.model, t.micro, t.T, ac);  // (the pipeline's: per micro-batch in flight)
-    log_checkpointing(&t.model, t.micro, t.T, ac);
-    int rows = t.pp ? t.micro * t.n_micro : t.micro;
-    t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * rows * t.T);
-    t.targets = mem_alloc(MEM_OTHER, sizeof(int) * rows * t.T);
+    LayoutOptions layout = layout_options();
+    if (args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA) t.strategy = cuda_strategy_create(&t, &cfg, init_seed, &layout);
+    else trainer_setup_layout(&t, &cfg, attention, init_seed, &layout);
+    log_checkpointing(&t.model, t.micro, t.T, (ActCheckpoint)layout.ac);
+    t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
+    t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
 
     RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.T, opt.steps};
     long long start_step = 0;
@@ -530,25 +435,15 @@ int main(int argc, char **argv) {
         start_step = load_state(&t, path, &run);
         log_info("resumed from %s after step %lld", path, start_step);
     }
-    if (t.dp_size > 1 && !t.fsdp && !t.pp) {
-        t.ddp = ddp_create(&t.model, t.mesh->dp, (size_t)(opt.bucket_mb * 1048576.0), !opt.no_overlap);
-        ddp_broadcast_params(t.ddp);  // replicas start equal, whatever each rank initialised
-        log_info("ddp: %d replicas, %d micro-batch(es) of %d sequences each per rank, %d buckets of <= %g MiB, %s",
-                 t.dp_size, t.n_micro, t.micro, t.ddp->n_buckets, opt.bucket_mb,
-                 opt.no_overlap ? "all-reduce after backward" : "all-reduce overlapping backward");
-    }
-    t.schedule = (LrSchedule){opt.lr, opt.min_lr_ratio, opt.warmup_steps, opt.steps,
-                              strcmp(opt.lr_decay, "linear") == 0     ? DECAY_LINEAR
-                              : strcmp(opt.lr_decay, "constant") == 0 ? DECAY_CONSTANT
-                                                                      : DECAY_COSINE};
-    t.adam = (AdamWConfig){opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
-    DumpRecorder dump_recorder;
-    if (opt.dump) {
-        dump_begin(&dump_recorder, &t.model, opt.steps, t.B, t.T, &t.adam, opt.grad_clip);
-        t.dump = &dump_recorder;
-    }
-    double floor = data_entropy_floor(t.data);
-    log_info("data: %s", data_describe(t.data));
+    LrSchedule schedule = {opt.lr, opt.min_lr_ratio, opt.warmup_steps, opt.steps,
+                           (LrDecay)args_choice_index(LR_DECAY_NAMES, opt.lr_decay)};
+    AdamWConfig adam = {opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
+    TrainerExtension extensions[2];
+    int n_ext = 0;
+    if (opt.dump) extensions[n_ext++] = reference_dump(&t, &adam);
+    if (opt.grad_dump) extensions[n_ext++] = grad_dump();
+    double floor = data_entropy_floor(data);
+    log_info("data: %s", data_describe(data));
     if (!isnan(floor)) log_info("loss floor (entropy rate of the source): %.4f nats/token", floor);
     log_info("batch %d x seq %d = %d tokens/step, %d steps, lr %g (warmup %d, %s decay), seed %lld", t.B, t.T,
              t.B * t.T, opt.steps, opt.lr, opt.warmup_steps, opt.lr_decay, opt.seed);
@@ -563,7 +458,7 @@ int main(int argc, char **argv) {
         long long t0 = now_ns();
         trace_begin(track, "step", "step");
         trace_arg_int(track, "step", step);
-        StepResult r = train_step(&t, step);
+        StepResult r = train_step(&t, data, step, &schedule, &adam, extensions, n_ext);
         trace_end(track);
         double seconds = (now_ns() - t0) * 1e-9;
         if (step - start_step > 2) measured_seconds += seconds, measured_steps++;  // skip warm-up steps
@@ -584,11 +479,9 @@ int main(int argc, char **argv) {
         log_info("timing: steps=%d measured=%d mean_step_ms=%.2f tokens_per_s=%.1f", opt.steps, measured_steps,
                  1e3 * measured_seconds / measured_steps, (double)t.B * t.T * measured_steps / measured_seconds);
     mem_print_report();
-    if (t.fsdp) fsdp_print_memory_estimate(t.fsdp);
-    if (t.dump) {
-        dump_write(t.dump, &t.model, opt.dump);
-        log_info("dump written to %s", opt.dump);
-    }
+    t.strategy->report_memory(t.strategy);
+    for (int i = 0; i < n_ext; i++)
+        if (extensions[i].finish) extensions[i].finish(extensions[i].ctx, &t);
     if (tracing) {
         TraceOutputs outputs = {opt.trace, opt.trace_json, opt.trace_hta};
         if (!trace_gather_and_write_outputs(comm_world(), &outputs)) fatal("could not write the trace");
@@ -597,16 +490,11 @@ int main(int argc, char **argv) {
         if (opt.trace_hta) log_info("per-rank traces for Holistic Trace Analysis written to %s/", opt.trace_hta);
     }
 
-    ddp_free(t.ddp);
-    fsdp_free(t.fsdp);
-    pipeline_free(t.pp);
+    trainer_free_strategy(&t);
     mem_free(t.inputs);
     mem_free(t.targets);
-    model_acts_free(&t.acts);
-    mem_free(t.adam_m);
-    mem_free(t.adam_v);
     model_free(&t.model);
-    data_close(t.data);
+    data_close(data);
     mesh_free(t.mesh);
     trace_shutdown();
     comm_finalize();

@@ -1,0 +1,122 @@
+// strategy.c: `--device cuda`, the trainer's contract (chapters/10_trainer/trainer.h) filled in by
+// the one-GPU model (gpu/model.h): bf16 compute, fp32 master weights, gradients and AdamW moments
+// on the device. With --dp-replicate > 1 it is DDP: each rank runs its slice of the batch and the
+// gradients are averaged over the data-parallel ranks after the last micro-batch (gpu/dist.h,
+// staged through host memory, so ranks may share one GPU). The other layouts are refused until
+// the GPU model has the CPU model's hooks (UnitStorage, TensorParallel).
+//
+// Each rank uses device (local rank mod device count): one rank per GPU under mpirun, or all on
+// one GPU when there is only one.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chapters/10_trainer/trainer.h"
+#include "common/log.h"
+#include "gpu/dist.h"
+#include "gpu/model.h"
+#include "gpu/runtime.h"
+
+typedef struct {
+    GpuModel m;
+    Comm *dp;  // NULL: one replica
+} GpuTraining;
+
+static double cuda_forward_backward(Strategy *s, const StepBatch *b) {
+    GpuTraining *g = s->impl;
+    size_t rows = (size_t)b->micro * b->T;
+    double loss_sum = 0;
+    for (int mb = 0; mb < b->n_micro; mb++) {
+        double loss = gpu_model_forward(&g->m, b->inputs + mb * rows, b->targets + mb * rows);
+        if (!isfinite(loss)) fatal("step %lld: loss is %g; stopping (try a lower --lr)", b->step, loss);
+        gpu_model_backward(&g->m, 1.0 / b->n_micro);
+        loss_sum += loss;
+    }
+    if (g->dp) gpu_all_reduce(g->dp, g->m.grads, g->m.table.total_numel, COMM_AVG);
+    return loss_sum / b->n_micro;
+}
+
+static void cuda_zero_grads(Strategy *s) { gpu_model_zero_grads(&((GpuTraining *)s->impl)->m); }
+
+static double cuda_grad_norm(Strategy *s) {
+    GpuModel *m = &((GpuTraining *)s->impl)->m;
+    return sqrt(gpu_sum_of_squares(m->grads, m->table.total_numel));
+}
+
+static void cuda_clip(Strategy *s, double grad_norm, double max_norm) {  // as clip_by_global_norm
+    GpuModel *m = &((GpuTraining *)s->impl)->m;
+    if (max_norm <= 0) return;
+    double coef = max_norm / (grad_norm + 1e-6);
+    if (coef < 1) gpu_scale_inplace(m->grads, m->table.total_numel, coef);
+}
+
+static void cuda_optimizer_step(Strategy *s, long long step, double lr, const AdamWConfig *cfg) {
+    GpuModel *m = &((GpuTraining *)s->impl)->m;
+    size_t n = m->table.total_numel;
+    if (m->params_bf16) gpu_adamw_step_bf16_copy(m->params, m->params_bf16, m->grads, m->adam_m, m->adam_v, n, step, lr, cfg);
+    else gpu_adamw_step(m->params, m->grads, m->adam_m, m->adam_v, n, step, lr, cfg);
+}
+
+static float *cuda_state(GpuModel *m, StateKind kind) {
+    float *states[] = {[STATE_WEIGHTS] = m->params, [STATE_ADAM_M] = m->adam_m, [STATE_ADAM_V] = m->adam_v,
+                       [STATE_GRADS] = m->grads};
+    return states[kind];
+}
+
+// Checkpoints and dumps are fp32 on the host (real is float in the build that links the GPU).
+static void cuda_gather_full(Strategy *s, StateKind kind, real *local_flat) {
+    GpuModel *m = &((GpuTraining *)s->impl)->m;
+    gpu_download(local_flat, cuda_state(m, kind), sizeof(float) * m->table.total_numel);
+}
+
+static void cuda_load_full(Strategy *s, StateKind kind, const real *local_flat) {
+    GpuModel *m = &((GpuTraining *)s->impl)->m;
+    size_t n = m->table.total_numel;
+    gpu_upload(cuda_state(m, kind), local_flat, sizeof(float) * n);
+    if (kind == STATE_WEIGHTS) gpu_model_refresh_compute_copy(m);
+}
+
+static void cuda_report_memory(const Strategy *s) { gpu_memory_report(); }
+
+static void cuda_free(Strategy *s) {
+    GpuTraining *g = s->impl;
+    gpu_model_free(&g->m);
+    gpu_shutdown();
+    free(g);
+}
+
+static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
+    const Mesh *mesh = t->mesh;
+    const char *dims[] = {"--pp", "--dp-replicate", "--dp-shard", "--cp", "--tp"};
+    for (int d = 0; d < MESH_N_DIMS; d++)
+        if (d != MESH_DP_REPLICATE && mesh->degree[d] > 1)
+            fatal_input("--device cuda with %s %d: the GPU trainer runs the single process and --dp-replicate (DDP) "
+                        "so far", dims[d], mesh->degree[d]);
+    if (o->ac != AC_NONE) fatal_input("--device cuda: no activation checkpointing on the GPU yet (use --ac none)");
+}
+
+Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, uint64_t seed, const LayoutOptions *o) {
+    refuse_layout(t, o);
+    char why[256];
+    int devices = gpu_device_count(why, sizeof why);
+    if (devices == 0) fatal_input("--device cuda: no usable CUDA device (%s)", why);
+    gpu_init(comm_rank(t->mesh->world) % devices);
+    char description[256];
+    gpu_device_description(description, sizeof description);
+    log_info("device: %s; bf16 compute, fp32 master weights and AdamW state", description);
+    model_init_unallocated(&t->model, cfg, ATTN_FLASH);  // the table and shapes, for checkpoints
+    GpuTraining *g = calloc(1, sizeof *g);
+    gpu_model_init(&g->m, cfg, seed, GPU_BF16, t->micro, t->T);
+    if (t->dp_size > 1) {
+        g->dp = t->mesh->dp;
+        gpu_model_broadcast(g->dp, &g->m, 0);  // replicas start equal, bf16 copies included
+        log_info("ddp on the GPU: %d replicas, gradients averaged after the last micro-batch (staged through host "
+                 "memory)", t->dp_size);
+    }
+    Strategy *s = calloc(1, sizeof *s);
+    *s = (Strategy){.name = "cuda", .model = &t->model, .impl = g, .forward_backward = cuda_forward_backward,
+                    .zero_grads = cuda_zero_grads, .grad_norm = cuda_grad_norm, .clip = cuda_clip,
+                    .optimizer_step = cuda_optimizer_step, .gather_full = cuda_gather_full,
+                    .load_full = cuda_load_full, .report_memory = cuda_report_memory, .free = cuda_free};
+    return s;
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The trainer's --device cuda (gpu/strategy.c) on the CPU emulator of CUDA's execution model
+# (build/tests/emu/train: chapters/10_trainer/train.c linked with gpu/*.cu compiled for the
+# emulator): the single process and DDP on 2 ranks sharing the emulated GPU, against the CPU
+# reference on the same seed and data. Also: the layouts the GPU trainer does not run yet are
+# refused with one line, and build/train says so cleanly when there is no device.
+# Tolerances (bf16 compute, fp32 master weights):
+#   losses rtol 1e-3: the logits come from bf16 activations (8 significant bits, relative
+#     rounding <= 2^-9 = 2e-3 per stored value), but the mean over 32 tokens averages the
+#     roundings out; measured 5.6e-5.
+#   step-1 gradients rtol 5e-2 of each tensor's largest value: a 4-block backward stores every
+#     activation and activation gradient in bf16 (~20 roundings of <= 2e-3 on the way to the
+#     first block's weights); measured 2.2e-2.
+#   GPU DDP against the single GPU: rtol 1e-5, as fp32 DDP against the single process
+#     (tests/t_ddp.sh): the same bf16 arithmetic per sequence, the gradient sum in another order;
+#     measured 2.6e-7.
+set -eu
+source tests/lib.sh
+EMU_TRAIN="$BUILD/tests/emu/train"
+if [ ! -x "$EMU_TRAIN" ]; then
+    if command -v "${CXX:-g++}" >/dev/null 2>&1; then echo "FAIL: $EMU_TRAIN missing (make)"; exit 1; fi
+    echo "SKIP: no C++ compiler, so no emulated GPU trainer"; exit 0
+fi
+common=(--model tiny --steps 2 --batch 2 --seq-len 16 --seed 5 --lr 1e-3)
+"$BUILD/train" "${common[@]}" --dump "$T/ref_dump.safetensors" > "$T/ref.log" 2>&1
+run() {  # name, ranks, extra flags...
+    local name=$1 np=$2; shift 2
+    $MPIRUN -np "$np" "$EMU_TRAIN" "${common[@]}" --device cuda "$@" --grad-dump "$T/$name.grads.safetensors" \
+        > "$T/$name.log" 2>&1 || { cat "$T/$name.log"; echo "FAIL: run $name"; exit 1; }
+}
+run gpu1 1
+run gpu_ddp2 2 --dp-replicate 2
+for name in gpu1 gpu_ddp2; do
+    echo "== $name vs the CPU reference"
+    $P --log "$T/$name.log" --log-ref "$T/ref.log" --loss-rtol 1e-3
+    $P --ckpt "$T/$name.grads.safetensors" --ckpt-ref "$T/ref_dump.safetensors" --prefix grad. --param-rtol 5e-2
+done
+echo "== GPU DDP vs the single GPU"
+$P --ckpt "$T/gpu_ddp2.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 1e-5
+grep -q "ddp on the GPU: 2 replicas" "$T/gpu_ddp2.log" || { echo "FAIL: gpu_ddp2 did not run DDP"; exit 1; }
+
+# Refused before any work, exit 2 and one line.
+for layout in "--tp 2" "--dp-shard 2" "--pp 2"; do
+    out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --device cuda $layout 2>&1 >/dev/null) && rc=0 || rc=$?
+    ours=$(grep '^train' <<<"$out" || true)
+    [ "$rc" -ne 0 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"--device cuda with ${layout% *}"* ]] ||
+        { echo "FAIL: --device cuda $layout -> rc $rc: $out"; exit 1; }
+    echo "ok: --device cuda $layout -> $ours"
+done
+# build/train without a usable device (this machine has none, or the build has no CUDA).
+if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then
+    out=$("$BUILD/train" --model tiny --steps 1 --device cuda 2>&1 >/dev/null) && rc=0 || rc=$?
+    [ "$rc" -eq 2 ] && [[ "$out" == *"--device cuda: "* ]] || { echo "FAIL: no device -> rc $rc: $out"; exit 1; }
+    echo "ok: no device -> $(grep '^train' <<<"$out")"
+fi
