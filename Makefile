@@ -3,8 +3,10 @@
 #   make run        train the `small` model on the built-in synthetic data, write a trace
 #   make test       every CPU test (no GPU needed)
 #   make bench      forward+backward+step timing against PyTorch on this CPU
-#   make test-gpu   GPU kernels and training steps against the reference (SKIP without a GPU)
-#   make bench-gpu  GPU training steps against PyTorch on the same GPU: tokens/s, TFLOP/s, MFU
+#   make test-gpu   GPU kernels (also under compute-sanitizer) and training steps against the reference
+#                   (needs a GPU: fails without one)
+#   make bench-gpu  GPU training steps against PyTorch on the same GPU, seq 2048 and 8192: tokens/s,
+#                   TFLOP/s, MFU (two conventions); attention alone against SDPA
 #   make deps       install what the project needs on a fresh Debian machine (root)
 BUILD ?= build
 CC ?= cc
@@ -151,8 +153,8 @@ $(BUILD)/tests/hf_driver64: tests/hf_driver.c $(LIBREF64) $(LIBCOMMON)
 # ---- GPU (gpu/): built only where nvcc is found; needs no GPU to build -----------------------
 # Kernels (gpu/*.cu) for Hopper (sm_90a, the H100/H200) with warnings as errors; gpu/*.c is C on top
 # of them (the GPU model), gpu/main_NAME.c a program, build/NAME. GPU programs link $(LIBGPU) and the
-# CUDA runtime; tests/gpu/ holds the tests that need a device (make test-gpu), which print SKIP and
-# exit 0 without one. tests/test_gpu_host.c (the host-side parts) is an ordinary test.
+# CUDA runtime; tests/gpu/ holds the tests that need a device. Run alone, they print SKIP and exit 0
+# without one; make test-gpu (scripts/test_gpu.sh) sets GPU_TEST_REQUIRE_DEVICE=1, so that they fail. tests/test_gpu_host.c (the host-side parts) is an ordinary test.
 .PHONY: gpu test-gpu bench-gpu print-nvccflags
 ifneq ($(NVCC),)
 NVCCFLAGS := -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -lineinfo -I. -MMD -MP \
@@ -198,8 +200,7 @@ $(FP8_ORACLE): tests/fp8_oracle.cpp $(BUILD)/obj/f32/chapters/09_fp8/fp8_cast.o
 all: gpu $(FP8_ORACLE)
 gpu: $(LIBGPU) $(GPU_PROGRAMS)
 test-gpu: gpu
-	@for t in $(GPU_TEST_BIN); do echo "== $$t"; $$t || exit 1; done
-	@echo "== 4 ranks on the GPU: $(BUILD)/tests/gpu/test_gpu_ddp"; $(MPIRUN) -np 4 $(BUILD)/tests/gpu/test_gpu_ddp
+	GPU_TEST_REQUIRE_DEVICE=1 BUILD=$(BUILD) MPIRUN="$(MPIRUN)" scripts/test_gpu.sh
 bench-gpu: gpu
 	BUILD=$(BUILD) scripts/bench_gpu.sh
 print-nvccflags:

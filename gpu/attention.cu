@@ -389,50 +389,46 @@ static size_t prepare(Kernel kernel, AttnKernel which, int head_dim) {
 }
 
 template <typename T>
-static void attention_forward(T *out, float *lse, const T *q, const T *k, const T *v, const AttnShape *s) {
+static void launch_attention_forward(T *out, float *lse, const T *q, const T *k, const T *v, const AttnShape *s) {
     AttnParams p = params_of(s);
     if (p.B == 0 || p.Tq == 0) return;
     size_t smem = prepare(flash_forward_kernel<T>, ATTN_KERNEL_FORWARD, p.hd);
     dim3 grid((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
     GPU_LAUNCH(flash_forward_kernel<T>, grid, ATTN_THREADS, smem, out, lse, q, k, v, p);
-    LAUNCH_CHECK();
 }
 
 template <typename T>
-static void attention_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const T *out,
-                               const float *lse, const AttnShape *s) {
+static void launch_attention_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
+                                      const T *out, const float *lse, const AttnShape *s) {
     AttnParams p = params_of(s);
     if (p.B == 0 || p.Tq == 0 || p.Tk == 0) return;
     size_t n_rows = (size_t)p.B * p.H * p.Tq;
     float *dvec = (float *)gpu_scratch_alloc(n_rows * sizeof(float));
     GPU_LAUNCH(attention_dvec_kernel<T>, (unsigned)((n_rows * 32 + 255) / 256), 256, 0, dvec, dout, out, p);
-    LAUNCH_CHECK();
     size_t smem = prepare(flash_backward_dq_kernel<T>, ATTN_KERNEL_BACKWARD_DQ, p.hd);
     dim3 grid_q((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
     GPU_LAUNCH(flash_backward_dq_kernel<T>, grid_q, ATTN_THREADS, smem, dq, dout, q, k, v, lse, dvec, p);
-    LAUNCH_CHECK();
     smem = prepare(flash_backward_dkdv_kernel<T>, ATTN_KERNEL_BACKWARD_DKDV, p.hd);
     dim3 grid_kv((p.Tk + ATTN_BC - 1) / ATTN_BC, p.KV, p.B);
     GPU_LAUNCH(flash_backward_dkdv_kernel<T>, grid_kv, ATTN_THREADS, smem, dk, dv, dout, q, k, v, lse, dvec, p);
-    LAUNCH_CHECK();
     gpu_scratch_free(dvec);
 }
 
 extern "C" void gpu_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v,
                                       const AttnShape *s) {
-    attention_forward(out, lse, q, k, v, s);
+    launch_attention_forward(out, lse, q, k, v, s);
 }
 extern "C" void gpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q,
                                        const float *k, const float *v, const float *out, const float *lse,
                                        const AttnShape *s) {
-    attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+    launch_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
 }
 extern "C" void gpu_attention_forward_bf16(gpu_bf16 *out, float *lse, const gpu_bf16 *q, const gpu_bf16 *k,
                                            const gpu_bf16 *v, const AttnShape *s) {
-    attention_forward(out, lse, q, k, v, s);
+    launch_attention_forward(out, lse, q, k, v, s);
 }
 extern "C" void gpu_attention_backward_bf16(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, const gpu_bf16 *dout,
                                             const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
                                             const gpu_bf16 *out, const float *lse, const AttnShape *s) {
-    attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
+    launch_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
 }

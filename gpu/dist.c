@@ -35,3 +35,8 @@ void gpu_broadcast(Comm *c, float *device_buf, size_t count, int root) {
     comm_broadcast(c, host, count, COMM_FLOAT32, root);
     if (comm_rank(c) != root) gpu_upload(device_buf, host, sizeof(float) * count);
 }
+
+void gpu_model_broadcast(Comm *c, GpuModel *m, int root) {
+    gpu_broadcast(c, m->params, m->table.total_numel, root);
+    gpu_model_refresh_compute_copy(m);
+}

@@ -25,23 +25,42 @@ extern "C" {
         if (err_ != cudaSuccess) fatal("CUDA error: %s at %s:%d: %s", #call, __FILE__, __LINE__,   \
                                        cudaGetErrorString(err_));                                     \
     } while (0)
-// After every launch: a bad configuration (too much shared memory, too many threads) shows up here.
-#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+cudaStream_t gpu_stream(void);  // the compute stream every op is queued on (runtime.cu)
 
 // kernel<<<grid, block, dynamic shared bytes, compute stream>>>(args), and the kernel's dynamic
 // shared memory as `type *name`.
 #ifdef GPU_EMULATOR
-#define GPU_LAUNCH(kernel, grid, block, smem_bytes, ...)                                          \
-    emu_launch(reinterpret_cast<const void *>(&kernel), dim3(grid), dim3(block), (smem_bytes), \
+#define GPU_LAUNCH_RAW(kernel, grid, block, smem_bytes, ...)                                                 \
+    emu_launch(reinterpret_cast<const void *>(&kernel), dim3(grid), dim3(block), (smem_bytes), gpu_stream(), \
                [=] { kernel(__VA_ARGS__); })
 #define GPU_DYNAMIC_SMEM(type, name) type *name = static_cast<type *>(emu_dynamic_smem())
 #else
-#define GPU_LAUNCH(kernel, grid, block, smem_bytes, ...) \
+#define GPU_LAUNCH_RAW(kernel, grid, block, smem_bytes, ...) \
     kernel<<<(grid), (block), (smem_bytes), gpu_stream()>>>(__VA_ARGS__)
 #define GPU_DYNAMIC_SMEM(type, name) extern __shared__ type name[]
 #endif
+// Every launch is checked where it is made, naming the kernel and the launch's file:line. A bad
+// configuration (too much shared memory, too many threads) shows up at once; a fault inside the
+// kernel (an illegal address, a trap) only at the next synchronisation, which may be far away --
+// unless sync-debug mode is on (LLAMA_CUDA_SYNC_DEBUG=1, or gpu_set_sync_debug), which
+// synchronises after every launch so that the failing kernel is the one named.
+#define GPU_LAUNCH(kernel, grid, block, smem_bytes, ...)                \
+    do {                                                                \
+        GPU_LAUNCH_RAW(kernel, grid, block, smem_bytes, __VA_ARGS__);   \
+        gpu_launch_check(#kernel, __FILE__, __LINE__);                  \
+    } while (0)
 
-cudaStream_t gpu_stream(void);  // the compute stream every op is queued on (runtime.cu)
+static inline void gpu_launch_check(const char *kernel, const char *file, int line) {
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) fatal("CUDA error launching %s at %s:%d: %s", kernel, file, line, cudaGetErrorString(err));
+    if (!gpu_sync_debug()) return;
+    err = cudaStreamSynchronize(gpu_stream());
+    if (err != cudaSuccess)
+        fatal("CUDA error in kernel %s launched at %s:%d: %s (sync-debug mode: synchronised after the launch)", kernel,
+              file, line, cudaGetErrorString(err));
+}
+
 
 // Stream-ordered scratch on the compute stream (from the same pool as gpu_alloc, not counted in a
 // category): for small per-call buffers such as attention's D or the loss's partial sums.

@@ -1,11 +1,17 @@
 // matmul.cu: the linear layer's three matmuls through cuBLASLt. gpu/matmul_plan.h maps each onto a
 // column-major GEMM (tested on the host); this file turns a plan into cuBLASLt descriptors, asks the
-// heuristic for an algorithm once per shape, and runs it on the compute stream.
+// heuristic for an algorithm once per shape (a shape with none stops the run, naming it), and runs
+// it on the compute stream. With LLAMA_CUBLASLT_AUTOTUNE=1 the heuristic's first AUTOTUNE_CANDIDATES
+// algorithms are each timed once per shape, on the real operands and a scratch output, and the
+// fastest is cached. Off by default: timing noise can pick another algorithm in another run, and
+// algorithms sum in different orders, so two runs are bit-identical only without it.
 //
 //   fp32:  A, B, C in fp32, CUBLAS_COMPUTE_32F: true fp32 arithmetic (no TF32), the reference path.
 //   bf16:  A, B in bf16 on the tensor cores, CUBLAS_COMPUTE_32F accumulation; out and dinp stored
 //          bf16, dweight stored and accumulated (beta = 1) in fp32.
 #include <cublasLt.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu/internal.cuh"
@@ -21,6 +27,8 @@
 
 #define WORKSPACE_BYTES ((size_t)32 << 20)  // what cuBLAS recommends for Hopper
 #define PLAN_CACHE_SIZE 64
+#define AUTOTUNE_CANDIDATES 8
+#define AUTOTUNE_RUNS 3
 
 static cublasLtHandle_t handle;
 static void *workspace;
@@ -68,7 +76,50 @@ void gpu_matmul_shutdown(void) {
     workspace = NULL;
 }
 
-static PlanEntry *plan_for(const PlanKey *key, const GemmPlan *p) {
+static bool autotune(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *env = getenv("LLAMA_CUBLASLT_AUTOTUNE");
+        on = env && *env && strcmp(env, "0") != 0;
+    }
+    return on;
+}
+
+static size_t dtype_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
+
+// The fastest of the n candidates, each run once to warm up and then AUTOTUNE_RUNS times between two
+// events, with beta = 0 into a scratch output (the real one may be accumulating). Candidates that
+// need more workspace than we have, or that fail to launch, are skipped.
+static int fastest(const PlanEntry *e, const cublasLtMatmulHeuristicResult_t *r, int n, const void *A, const void *B,
+                   size_t c_bytes) {
+    void *c = gpu_scratch_alloc(c_bytes);
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    float alpha = 1.0f, beta = 0.0f, best_ms = INFINITY;
+    int best = 0;
+    for (int i = 0; i < n; i++) {
+        if (r[i].workspaceSize > WORKSPACE_BYTES) continue;
+        if (cublasLtMatmul(handle, e->desc, &alpha, A, e->a, B, e->b, &beta, c, e->c, c, e->c, &r[i].algo, workspace,
+                           WORKSPACE_BYTES, gpu_stream()) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        CUDA_CHECK(cudaEventRecord(start, gpu_stream()));
+        for (int k = 0; k < AUTOTUNE_RUNS; k++)
+            CUBLAS_CHECK(cublasLtMatmul(handle, e->desc, &alpha, A, e->a, B, e->b, &beta, c, e->c, c, e->c,
+                                        &r[i].algo, workspace, WORKSPACE_BYTES, gpu_stream()));
+        CUDA_CHECK(cudaEventRecord(stop, gpu_stream()));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        if (ms < best_ms) best_ms = ms, best = i;
+    }
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    gpu_scratch_free(c);
+    return best;
+}
+
+static PlanEntry *plan_for(const PlanKey *key, const GemmPlan *p, const void *A, const void *B) {
     for (int i = 0; i < PLAN_CACHE_SIZE; i++)
         if (cache[i].used && memcmp(&cache[i].key, key, sizeof *key) == 0) return &cache[i];
     PlanEntry *e = NULL;
@@ -97,22 +148,27 @@ static PlanEntry *plan_for(const PlanKey *key, const GemmPlan *p) {
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1], 4));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], 4));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], 4));
-    cublasLtMatmulHeuristicResult_t result;
+    cublasLtMatmulHeuristicResult_t results[AUTOTUNE_CANDIDATES];
     int n_results = 0;
-    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, e->desc, e->a, e->b, e->c, e->c, pref, 1, &result, &n_results));
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, e->desc, e->a, e->b, e->c, e->c, pref,
+                                                autotune() ? AUTOTUNE_CANDIDATES : 1, results, &n_results));
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     if (n_results == 0)
         fatal("cuBLASLt has no algorithm for the %s matmul M=%d K=%d N=%d", key->kind == GEMM_FORWARD ? "forward"
               : key->kind == GEMM_BACKWARD_INPUT ? "input-gradient" : "weight-gradient", key->M, key->K, key->N);
-    e->algo = result.algo;
+    int chosen = n_results > 1 ? fastest(e, results, n_results, A, B, (size_t)p->ldc * p->n * dtype_bytes(key->c_type))
+                               : 0;
+    e->algo = results[chosen].algo;
     e->used = true;
     return e;
 }
 
-// C = op(A) op(B) (+ C when backward), with A, B, C the plan's choice of (inp, weight, dout, c).
+// C = op(A) op(B) (+ C when backward, unless overwrite), with A, B, C the plan's choice of (inp,
+// weight, dout, c).
 static void run(GemmKind kind, int M, int K, int N, const void *inp, const void *weight, const void *dout, void *c,
-                cudaDataType ab_type, cudaDataType c_type) {
+                cudaDataType ab_type, cudaDataType c_type, bool overwrite = false) {
     GemmPlan p = gemm_plan(kind, M, K, N);
+    if (overwrite) p.beta = 0;
     if (p.m == 0 || p.n == 0) return;
     if (p.k == 0) {  // an empty sum: forward writes zeros, backward adds nothing
         if (p.beta == 0) gpu_fill_bytes(c, 0, (size_t)p.m * p.n * (c_type == CUDA_R_32F ? 4 : 2));
@@ -127,7 +183,7 @@ static void run(GemmKind kind, int M, int K, int N, const void *inp, const void 
     key.kind = kind, key.M = M, key.K = K, key.N = N, key.ab_type = ab_type, key.c_type = c_type;
     key.align_a = ptr_alignment((uintptr_t)A), key.align_b = ptr_alignment((uintptr_t)B);
     key.align_c = ptr_alignment((uintptr_t)c);
-    PlanEntry *e = plan_for(&key, &p);
+    PlanEntry *e = plan_for(&key, &p, A, B);
     float alpha = 1.0f, beta = p.beta;
     CUBLAS_CHECK(cublasLtMatmul(handle, e->desc, &alpha, A, e->a, B, e->b, &beta, c, e->c, c, e->c, &e->algo,
                                 workspace, WORKSPACE_BYTES, gpu_stream()));
@@ -140,6 +196,16 @@ extern "C" void gpu_matmul_backward(float *dinp, float *dweight, const float *do
                                     const float *weight, int M, int K, int N) {
     if (dinp) run(GEMM_BACKWARD_INPUT, M, K, N, inp, weight, dout, dinp, CUDA_R_32F, CUDA_R_32F);
     if (dweight) run(GEMM_BACKWARD_WEIGHT, M, K, N, inp, weight, dout, dweight, CUDA_R_32F, CUDA_R_32F);
+}
+extern "C" void gpu_matmul_backward_overwrite(float *dinp, float *dweight, const float *dout, const float *inp,
+                                              const float *weight, int M, int K, int N) {
+    run(GEMM_BACKWARD_INPUT, M, K, N, inp, weight, dout, dinp, CUDA_R_32F, CUDA_R_32F, true);
+    if (dweight) run(GEMM_BACKWARD_WEIGHT, M, K, N, inp, weight, dout, dweight, CUDA_R_32F, CUDA_R_32F);
+}
+extern "C" void gpu_matmul_backward_overwrite_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout,
+                                                   const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K, int N) {
+    run(GEMM_BACKWARD_INPUT, M, K, N, inp, weight, dout, dinp, CUDA_R_16BF, CUDA_R_16BF, true);
+    if (dweight) run(GEMM_BACKWARD_WEIGHT, M, K, N, inp, weight, dout, dweight, CUDA_R_16BF, CUDA_R_32F);
 }
 extern "C" void gpu_matmul_forward_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K,
                                         int N) {

@@ -30,6 +30,12 @@ static void matmul_bwd(const GpuModel *m, void *dinp, float *dw, const void *dou
     if (BF16(m)) gpu_matmul_backward_bf16(dinp, dw, dout, inp, w, M, K, N);
     else gpu_matmul_backward(dinp, dw, dout, inp, w, M, K, N);
 }
+// The first writer of dinp: overwrites it (no zero-fill before), dw still accumulates.
+static void matmul_bwd_first(const GpuModel *m, void *dinp, float *dw, const void *dout, const void *inp,
+                             const void *w, int M, int K, int N) {
+    if (BF16(m)) gpu_matmul_backward_overwrite_bf16(dinp, dw, dout, inp, w, M, K, N);
+    else gpu_matmul_backward_overwrite(dinp, dw, dout, inp, w, M, K, N);
+}
 static void rmsnorm_fwd(const GpuModel *m, void *out, float *rstd, const void *inp, const void *w) {
     int N = m->B * m->T, C = m->cfg.dim;
     if (BF16(m)) gpu_rmsnorm_forward_bf16(out, rstd, inp, w, N, C, m->cfg.norm_eps);
@@ -88,8 +94,78 @@ static size_t block_offset(const ParamTable *t, int layer, const char *suffix) {
     return offset_of(t, name);
 }
 
-static void *alloc_acts(const GpuModel *m, size_t n) { return gpu_alloc(MEM_ACTIVATIONS, n * m->act_size); }
-static float *alloc_stats(size_t n) { return gpu_alloc(MEM_ACTIVATIONS, n * sizeof(float)); }
+// Every device buffer of the model, in one place. With plan != NULL nothing is allocated: the bytes
+// are summed into *plan (what gpu_model_init compares with the device's free memory before it
+// allocates anything).
+static void *device_buffer(size_t *plan, MemCategory category, size_t bytes) {
+    if (!plan) return gpu_alloc(category, bytes);
+    *plan += bytes;
+    return NULL;
+}
+
+static void model_buffers(GpuModel *m, size_t *plan) {
+    const ModelConfig *cfg = &m->cfg;
+    size_t n = m->table.total_numel, as = m->act_size;
+    m->params = device_buffer(plan, MEM_PARAMS, sizeof(float) * n);
+    m->grads = device_buffer(plan, MEM_GRADS, sizeof(float) * n);
+    m->adam_m = device_buffer(plan, MEM_OPTIMIZER, sizeof(float) * n);
+    m->adam_v = device_buffer(plan, MEM_OPTIMIZER, sizeof(float) * n);
+    if (BF16(m)) m->params_bf16 = device_buffer(plan, MEM_PARAMS, sizeof(uint16_t) * n);
+    size_t rope_bytes = sizeof(float) * (size_t)cfg->max_seq_len * (model_head_dim(cfg) / 2);
+    if (plan) {  // gpu_rope_table_upload's cos and sin
+        device_buffer(plan, MEM_OTHER, rope_bytes), device_buffer(plan, MEM_OTHER, rope_bytes);
+    } else {
+        RopeTable host_rope = rope_table_build(cfg->max_seq_len, model_head_dim(cfg), cfg->rope_theta,
+                                               cfg->rope_scaling_factor, cfg->rope_low_freq_factor,
+                                               cfg->rope_high_freq_factor, cfg->rope_original_max_seq_len);
+        m->rope = gpu_rope_table_upload(&host_rope);
+        rope_table_free(&host_rope);
+    }
+
+    size_t BT = (size_t)m->B * m->T, D = cfg->dim, F = cfg->ffn_dim, V = cfg->vocab_size, hd = model_head_dim(cfg);
+    size_t hq = cfg->n_heads * hd, hkv = cfg->n_kv_heads * hd;
+#define ACTS(count) device_buffer(plan, MEM_ACTIVATIONS, (count) * as)
+#define STATS(count) (float *)device_buffer(plan, MEM_ACTIVATIONS, (count) * sizeof(float))
+    for (int l = 0; l < cfg->n_layers; l++) {
+        GpuBlockActs *a = &m->blocks[l];
+        a->x = ACTS(BT * D), a->xn1 = ACTS(BT * D), a->h = ACTS(BT * D), a->xn2 = ACTS(BT * D);
+        a->q = ACTS(BT * hq), a->attn = ACTS(BT * hq), a->k = ACTS(BT * hkv), a->v = ACTS(BT * hkv);
+        a->gate = ACTS(BT * F), a->up = ACTS(BT * F), a->act = ACTS(BT * F);
+        a->rstd1 = STATS(BT), a->rstd2 = STATS(BT), a->lse = STATS((size_t)m->B * cfg->n_heads * m->T);
+    }
+    m->x_final = ACTS(BT * D), m->xn_final = ACTS(BT * D);
+    m->logits = ACTS(BT * V), m->dlogits = ACTS(BT * V);
+    m->rstd_final = STATS(BT), m->lse_final = STATS(BT);
+    m->dx = ACTS(BT * D), m->dx_next = ACTS(BT * D), m->dxn = ACTS(BT * D), m->dh = ACTS(BT * D);
+    m->dq = ACTS(BT * hq), m->dattn = ACTS(BT * hq), m->dk = ACTS(BT * hkv), m->dv = ACTS(BT * hkv);
+    m->dgate = ACTS(BT * F), m->dup = ACTS(BT * F), m->dact = ACTS(BT * F);
+#undef ACTS
+#undef STATS
+    m->inputs = device_buffer(plan, MEM_OTHER, sizeof(int) * BT);
+    m->targets = device_buffer(plan, MEM_OTHER, sizeof(int) * BT);
+    m->grad_sum_sq = device_buffer(plan, MEM_OTHER, sizeof(double));
+}
+
+// The model's fields that the buffers' sizes depend on.
+static void model_shape(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T) {
+    memset(m, 0, sizeof *m);
+    m->cfg = *cfg;
+    m->table = param_table_build(cfg);
+    m->precision = precision;
+    m->act_size = precision == GPU_BF16 ? 2 : 4;
+    m->B = B, m->T = T;
+    m->blocks = mem_alloc(MEM_OTHER, sizeof(GpuBlockActs) * cfg->n_layers);
+}
+
+size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T) {
+    GpuModel m;
+    model_shape(&m, cfg, precision, B, T);
+    size_t plan = 0;
+    model_buffers(&m, &plan);
+    mem_free(m.blocks);
+    param_table_free(&m.table);
+    return plan;
+}
 
 void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPrecision precision, int B, int T) {
     ParamSource init = param_source_seed(seed);
@@ -98,13 +174,16 @@ void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPreci
 
 void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
                          int T) {
-    memset(m, 0, sizeof *m);
     if (T > cfg->max_seq_len) fatal_input("--seq-len %d: longer than the model's max_seq_len %d", T, cfg->max_seq_len);
-    m->cfg = *cfg;
-    m->table = param_table_build(cfg);
-    m->precision = precision;
-    m->act_size = precision == GPU_BF16 ? 2 : 4;
-    m->B = B, m->T = T;
+    size_t planned = gpu_model_plan_bytes(cfg, precision, B, T), free_bytes = 0, total_bytes = 0;
+    gpu_memory_info(&free_bytes, &total_bytes);
+    if (planned > free_bytes)
+        fatal("out of GPU memory: the model needs %.2f MiB (%s, batch %d x %d tokens), the device has %.2f MiB free "
+              "of %.2f MiB",
+              planned / 1048576.0, precision == GPU_BF16 ? "bf16" : "fp32", B, T, free_bytes / 1048576.0,
+              total_bytes / 1048576.0);
+    model_shape(m, cfg, precision, B, T);
+    model_buffers(m, NULL);
     size_t n = m->table.total_numel;
 
     // The reference's weights: element j of parameter p is a pure function of (init, p, j), so the
@@ -119,22 +198,9 @@ void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource 
             param_source_fill(init, p, 0, 1, first, count, host + p->offset + first);
         }
     }
-    m->params = gpu_alloc(MEM_PARAMS, sizeof(float) * n);
     gpu_upload(m->params, host, sizeof(float) * n);
     mem_free(host);
-    m->grads = gpu_alloc(MEM_GRADS, sizeof(float) * n);
-    m->adam_m = gpu_alloc(MEM_OPTIMIZER, sizeof(float) * n);
-    m->adam_v = gpu_alloc(MEM_OPTIMIZER, sizeof(float) * n);
-    if (precision == GPU_BF16) {
-        m->params_bf16 = gpu_alloc(MEM_PARAMS, sizeof(uint16_t) * n);
-        gpu_cast_f32_to_bf16(m->params_bf16, m->params, n);
-    }
-
-    RopeTable host_rope = rope_table_build(cfg->max_seq_len, model_head_dim(cfg), cfg->rope_theta,
-                                           cfg->rope_scaling_factor, cfg->rope_low_freq_factor,
-                                           cfg->rope_high_freq_factor, cfg->rope_original_max_seq_len);
-    m->rope = gpu_rope_table_upload(&host_rope);
-    rope_table_free(&host_rope);
+    gpu_model_refresh_compute_copy(m);
 
     int L = cfg->n_layers;
     m->offsets = mem_alloc(MEM_OTHER, sizeof(GpuBlockOffsets) * L);
@@ -153,30 +219,6 @@ void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource 
     m->tok_embeddings = offset_of(&m->table, "tok_embeddings.weight");
     m->norm = offset_of(&m->table, "norm.weight");
     m->output = cfg->tied ? m->tok_embeddings : offset_of(&m->table, "output.weight");
-
-    size_t BT = (size_t)B * T, D = cfg->dim, F = cfg->ffn_dim, V = cfg->vocab_size, hd = model_head_dim(cfg);
-    size_t hq = cfg->n_heads * hd, hkv = cfg->n_kv_heads * hd;
-    m->blocks = mem_alloc(MEM_OTHER, sizeof(GpuBlockActs) * L);
-    for (int l = 0; l < L; l++) {
-        GpuBlockActs *a = &m->blocks[l];
-        a->x = alloc_acts(m, BT * D), a->xn1 = alloc_acts(m, BT * D), a->h = alloc_acts(m, BT * D);
-        a->xn2 = alloc_acts(m, BT * D);
-        a->q = alloc_acts(m, BT * hq), a->attn = alloc_acts(m, BT * hq);
-        a->k = alloc_acts(m, BT * hkv), a->v = alloc_acts(m, BT * hkv);
-        a->gate = alloc_acts(m, BT * F), a->up = alloc_acts(m, BT * F), a->act = alloc_acts(m, BT * F);
-        a->rstd1 = alloc_stats(BT), a->rstd2 = alloc_stats(BT);
-        a->lse = alloc_stats((size_t)B * cfg->n_heads * T);
-    }
-    m->x_final = alloc_acts(m, BT * D), m->xn_final = alloc_acts(m, BT * D);
-    m->logits = alloc_acts(m, BT * V), m->dlogits = alloc_acts(m, BT * V);
-    m->rstd_final = alloc_stats(BT), m->lse_final = alloc_stats(BT);
-    m->dx = alloc_acts(m, BT * D), m->dx_next = alloc_acts(m, BT * D), m->dxn = alloc_acts(m, BT * D);
-    m->dh = alloc_acts(m, BT * D);
-    m->dq = alloc_acts(m, BT * hq), m->dattn = alloc_acts(m, BT * hq);
-    m->dk = alloc_acts(m, BT * hkv), m->dv = alloc_acts(m, BT * hkv);
-    m->dgate = alloc_acts(m, BT * F), m->dup = alloc_acts(m, BT * F), m->dact = alloc_acts(m, BT * F);
-    m->inputs = gpu_alloc(MEM_OTHER, sizeof(int) * BT);
-    m->targets = gpu_alloc(MEM_OTHER, sizeof(int) * BT);
 }
 
 void gpu_model_free(GpuModel *m) {
@@ -188,13 +230,18 @@ void gpu_model_free(GpuModel *m) {
     }
     void *owned[] = {m->params, m->grads, m->adam_m, m->adam_v, m->params_bf16, m->x_final, m->xn_final,
                      m->logits, m->rstd_final, m->lse_final, m->dx, m->dx_next, m->dxn, m->dh, m->dq, m->dk,
-                     m->dv, m->dattn, m->dgate, m->dup, m->dact, m->dlogits, m->inputs, m->targets};
+                     m->dv, m->dattn, m->dgate, m->dup, m->dact, m->dlogits, m->inputs, m->targets,
+                     m->grad_sum_sq};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
     gpu_rope_table_free(&m->rope);
     mem_free(m->blocks);
     mem_free(m->offsets);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
+}
+
+void gpu_model_refresh_compute_copy(GpuModel *m) {
+    if (BF16(m)) gpu_cast_f32_to_bf16(m->params_bf16, m->params, m->table.total_numel);
 }
 
 void gpu_model_zero_grads(GpuModel *m) { gpu_fill_bytes(m->grads, 0, sizeof(float) * m->table.total_numel); }
@@ -258,29 +305,25 @@ static void gpu_block_backward(const GpuModel *m, int l, const void *dout, void 
     int hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
     // feed-forward half, in reverse; the residual passes dout straight to dh
     copy(m, m->dh, dout, (size_t)BT * D);
-    zero(m, m->dact, (size_t)BT * F);
-    matmul_bwd(m, m->dact, grad(m, o->w2), dout, a->act, weight(m, o->w2), BT, F, D);
+    matmul_bwd_first(m, m->dact, grad(m, o->w2), dout, a->act, weight(m, o->w2), BT, F, D);
     zero(m, m->dgate, (size_t)BT * F);
     zero(m, m->dup, (size_t)BT * F);
     swiglu_bwd(m, m->dgate, m->dup, m->dact, a->gate, a->up, (size_t)BT * F);
-    zero(m, m->dxn, (size_t)BT * D);
-    matmul_bwd(m, m->dxn, NULL, m->dgate, a->xn2, weight(m, o->w1), BT, D, F);
+    matmul_bwd_first(m, m->dxn, NULL, m->dgate, a->xn2, weight(m, o->w1), BT, D, F);
     matmul_bwd(m, m->dxn, NULL, m->dup, a->xn2, weight(m, o->w3), BT, D, F);
     matmul_bwd(m, NULL, grad(m, o->w1), m->dgate, a->xn2, weight(m, o->w1), BT, D, F);
     matmul_bwd(m, NULL, grad(m, o->w3), m->dup, a->xn2, weight(m, o->w3), BT, D, F);
     rmsnorm_bwd(m, m->dh, grad(m, o->ffn_norm), m->dxn, a->h, weight(m, o->ffn_norm), a->rstd2);
     // attention half; dinp starts as the residual's copy of dh
     copy(m, dinp, m->dh, (size_t)BT * D);
-    zero(m, m->dattn, (size_t)BT * hq);
-    matmul_bwd(m, m->dattn, grad(m, o->wo), m->dh, a->attn, weight(m, o->wo), BT, hq, D);
+    matmul_bwd_first(m, m->dattn, grad(m, o->wo), m->dh, a->attn, weight(m, o->wo), BT, hq, D);
     zero(m, m->dq, (size_t)BT * hq);
     zero(m, m->dk, (size_t)BT * hkv);
     zero(m, m->dv, (size_t)BT * hkv);
     attention_bwd(m, a);
     rope(m, m->dq, c->n_heads, true);
     rope(m, m->dk, c->n_kv_heads, true);
-    zero(m, m->dxn, (size_t)BT * D);
-    matmul_bwd(m, m->dxn, NULL, m->dq, a->xn1, weight(m, o->wq), BT, D, hq);
+    matmul_bwd_first(m, m->dxn, NULL, m->dq, a->xn1, weight(m, o->wq), BT, D, hq);
     matmul_bwd(m, m->dxn, NULL, m->dk, a->xn1, weight(m, o->wk), BT, D, hkv);
     matmul_bwd(m, m->dxn, NULL, m->dv, a->xn1, weight(m, o->wv), BT, D, hkv);
     matmul_bwd(m, NULL, grad(m, o->wq), m->dq, a->xn1, weight(m, o->wq), BT, D, hq);
@@ -297,8 +340,7 @@ void gpu_model_backward(GpuModel *m, double dloss) {
     zero(m, m->dlogits, (size_t)BT * V);
     if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
     else gpu_cross_entropy_backward(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
-    zero(m, m->dxn, (size_t)BT * D);
-    matmul_bwd(m, m->dxn, NULL, m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
+    matmul_bwd_first(m, m->dxn, NULL, m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
     matmul_bwd(m, NULL, grad(m, m->output), m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
     zero(m, m->dx, (size_t)BT * D);
     rmsnorm_bwd(m, m->dx, grad(m, m->norm), m->dxn, m->x_final, weight(m, m->norm), m->rstd_final);
@@ -321,16 +363,17 @@ void gpu_model_backward(GpuModel *m, double dloss) {
 }
 
 // ---- optimizer step ----------------------------------------------------------------------------------------
-double gpu_model_step(GpuModel *m, long long step, double lr, const AdamWConfig *adam, double max_norm) {
+void gpu_model_step(GpuModel *m, long long step, double lr, const AdamWConfig *adam, double max_norm) {
     size_t n = m->table.total_numel;
     gpu_timeline_begin("optimizer", "optimizer");
-    double norm = sqrt(gpu_sum_of_squares(m->grads, n));
-    if (max_norm > 0) {  // clip_by_global_norm
-        double coef = max_norm / (norm + 1e-6);
-        if (coef < 1) gpu_scale_inplace(m->grads, n, coef);
-    }
-    if (BF16(m)) gpu_adamw_step_bf16_copy(m->params, m->params_bf16, m->grads, m->adam_m, m->adam_v, n, step, lr, adam);
-    else gpu_adamw_step(m->params, m->grads, m->adam_m, m->adam_v, n, step, lr, adam);
+    gpu_sum_of_squares_into(m->grad_sum_sq, m->grads, n);
+    gpu_adamw_step_clipped(m->params, m->params_bf16, m->grads, m->adam_m, m->adam_v, n, step, lr, adam,
+                           m->grad_sum_sq, max_norm);  // clip_by_global_norm, folded in
     gpu_timeline_end();
-    return norm;
+}
+
+double gpu_model_grad_norm(const GpuModel *m) {
+    double sum_sq;
+    gpu_download(&sum_sq, m->grad_sum_sq, sizeof sum_sq);
+    return sqrt(sum_sq);
 }

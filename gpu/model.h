@@ -8,7 +8,8 @@
 //   gpu_model_zero_grads(&m);
 //   double loss = gpu_model_forward(&m, inputs, targets);   // host token arrays (B*T)
 //   gpu_model_backward(&m, 1.0);
-//   double norm = gpu_model_step(&m, step, lr, &adam, 1.0);  // clip to 1.0, then AdamW
+//   gpu_model_step(&m, step, lr, &adam, 1.0);              // clip to 1.0, then AdamW, on the device
+//   double norm = gpu_model_grad_norm(&m);                 // only when it is logged: a wait
 //
 // With tracing on (common/trace.h), each piece -- embedding, every block, the head, forward and
 // backward, and the optimizer step -- is a slice on the GPU timeline (gpu/timeline.h), named as
@@ -60,23 +61,34 @@ typedef struct {
     // backward scratch, shared by the blocks
     void *dx, *dx_next, *dxn, *dh, *dq, *dk, *dv, *dattn, *dgate, *dup, *dact, *dlogits;
     int *inputs, *targets;            // device copies of the last batch (B*T)
+    double *grad_sum_sq;              // device: the last step's gradient sum of squares
 } GpuModel;
 
 // Builds the table, initialises the weights exactly as model_init does (on the host, then copied),
-// allocates the optimizer state and the activations for batches of B sequences of T tokens.
+// allocates the optimizer state and the activations for batches of B sequences of T tokens. Stops
+// (before allocating) if gpu_model_plan_bytes is more than the device's free memory.
 void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPrecision precision, int B, int T);
 // The same with the weights from init (params.h: the seed, or a Hugging Face checkpoint).
 void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
                          int T);
 void gpu_model_free(GpuModel *m);
+// The device memory gpu_model_init will allocate (bytes, as gpu_alloc counts them):
+// init compares it with the device's free memory and stops with both figures when it does not fit.
+size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T);
 void gpu_model_zero_grads(GpuModel *m);
+// After m->params was written other than by gpu_model_step (a broadcast, a loaded checkpoint): the
+// bf16 compute copy is cast again from the fp32 master weights (nothing to do in GPU_FP32).
+void gpu_model_refresh_compute_copy(GpuModel *m);
 // inputs, targets: host arrays of B*T tokens. Returns the mean loss (waits for the stream).
 double gpu_model_forward(GpuModel *m, const int *inputs, const int *targets);
 // Accumulates d(dloss * loss)/d(params) into m->grads, for the batch of the last forward.
 void gpu_model_backward(GpuModel *m, double dloss);
-// As the trainer's step: the global gradient norm, clipping to max_norm (<= 0: none), AdamW.
-// Returns the norm before clipping.
-double gpu_model_step(GpuModel *m, long long step, double lr, const AdamWConfig *adam, double max_norm);
+// As the trainer's step: the global gradient norm, clipping to max_norm (<= 0: none), AdamW -- two
+// passes on the device (the sum of squares, then AdamW with the clip folded in) and no wait for the
+// host. m->grads are left unscaled.
+void gpu_model_step(GpuModel *m, long long step, double lr, const AdamWConfig *adam, double max_norm);
+// The last step's gradient norm before clipping (waits for the stream: call it when logging).
+double gpu_model_grad_norm(const GpuModel *m);
 
 #ifdef __cplusplus
 }

@@ -3,15 +3,18 @@
 // arithmetic in float (or double where the reference sums in double), and a C entry point per type.
 //
 // Determinism: no atomics on data. Reductions inside a row use a fixed tree (block_sum); reductions
-// across rows (dweight of RMSNorm, the embedding's dtable) run serially over rows in one thread per
-// column, in the reference's row order, so they are reproducible and, in fp32, add in the same order
-// as reference_cpu.
+// across rows are split so that the grid fills the device but every sum has a fixed order: RMSNorm's
+// dweight in two stages (partials per chunk of rows, then the chunks in order), the embedding's
+// dtable by tiles of the table (each element summed by one thread in the reference's row order).
 #include <limits.h>
 
 #include "gpu/internal.cuh"
 #include "gpu/numerics.h"
 #include "gpu/ops.h"
 
+// The templated host functions that launch the kernels are named launch_<op>: reference_cpu/ops.h
+// (included through gpu/ops.h) declares <op> itself, and for fp32 arguments C++ overload resolution
+// prefers that exact non-template match -- the GPU entry point would silently run the CPU op.
 static_assert(sizeof(real) == sizeof(float), "gpu/ needs the fp32 build of reference_cpu (RopeTable holds real)");
 
 // Grid-stride loop over [0, n): each launch covers any n with at most GPU_MAX_BLOCKS_1D blocks.
@@ -24,11 +27,30 @@ static_assert(sizeof(real) == sizeof(float), "gpu/ needs the fp32 build of refer
         unsigned blocks_ = grid_1d((n), GPU_THREADS_1D, GPU_MAX_BLOCKS_1D);                          \
         if (blocks_) {                                                                               \
             GPU_LAUNCH(kernel, blocks_, GPU_THREADS_1D, 0, __VA_ARGS__);                             \
-            LAUNCH_CHECK();                                                                          \
         }                                                                                            \
     } while (0)
 
 #define ROW_THREADS 256  // one block per row for the row-wise ops (RMSNorm, cross-entropy)
+
+// ---- 16-byte vectors for the element-wise kernels ------------------------------------------------
+// An element-wise kernel<..., W> handles packs of W consecutive elements, each loaded and stored as
+// one access of W * sizeof(T) bytes (16: one 128-bit load or store per thread and tensor instead of
+// W scalar ones). Its launcher runs kernel<W> over the largest multiple of W elements when every
+// pointer is aligned to its pack, then kernel<1> over the rest (and over everything otherwise):
+// the same per-element arithmetic either way.
+template <typename T, int W> struct alignas(sizeof(T) * W) Pack {
+    T v[W];
+};
+template <int W, typename T> __device__ __forceinline__ Pack<T, W> load_pack(const T *p, size_t i) {
+    return reinterpret_cast<const Pack<T, W> *>(p)[i];
+}
+template <int W, typename T> __device__ __forceinline__ void store_pack(T *p, size_t i, const Pack<T, W> &x) {
+    reinterpret_cast<Pack<T, W> *>(p)[i] = x;
+}
+static bool aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
+// How many of n elements the vector kernel takes: n rounded down to W, or none if some pointer is
+// not aligned to its pack.
+static size_t vector_part(size_t n, int W, bool all_aligned) { return all_aligned ? n / W * W : 0; }
 
 // ================================ embedding ======================================================
 
@@ -49,53 +71,92 @@ __global__ void embedding_forward_kernel(T *out, const int *tokens, const T *tab
 }
 
 // dtable (rows, C) += dout (N, C) scattered by token. Two positions with the same token add into the
-// same row, so the additions into one element must be ordered: thread c owns column c and walks
-// n = 0..N-1 in order, exactly the reference's order. Parallel over C only; the loop is N long.
+// same row, so the additions into one element must be ordered. The table is cut into
+// EMBED_BWD_TILES tiles of rows (by the rows the tokens actually use, which a first kernel finds:
+// the whole-table entry points are not told the vocabulary size), and each block owns one tile of
+// rows by blockDim.x columns: it walks all N positions in order, adding the rows of dout whose
+// token falls in its tile. Every element of dtable is then summed by one thread, in the
+// reference's order (bit-identical in fp32), with no atomics, and the grid spans the vocabulary as
+// well as the columns. The tokens are staged through shared memory a chunk at a time.
+#define EMBED_BWD_TILES 64
+#define EMBED_BWD_THREADS 128
+
+// *rows_used = 1 + the largest row (token - row_start) of the shard [0, n_rows) that a token hits;
+// 0 if none. One block.
+__global__ void embedding_rows_used_kernel(int *rows_used, const int *tokens, int N, int row_start, int n_rows) {
+    __shared__ int best[1024];
+    int mine = 0;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) {
+        int row = tokens[n] - row_start;
+        if (row >= 0 && row < n_rows) mine = max(mine, row + 1);
+    }
+    best[threadIdx.x] = mine;
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        __syncthreads();
+        if ((int)threadIdx.x < half) best[threadIdx.x] = max(best[threadIdx.x], best[threadIdx.x + half]);
+    }
+    if (threadIdx.x == 0) *rows_used = best[0];
+}
+
 template <typename T>
-__global__ void embedding_backward_kernel(float *dtable, const T *dout, const int *tokens, int N, int C,
-                                          int row_start, int n_rows) {
+__global__ void __launch_bounds__(EMBED_BWD_THREADS)
+    embedding_backward_kernel(float *dtable, const T *dout, const int *tokens, int N, int C, int row_start,
+                              const int *rows_used) {
+    __shared__ int chunk[EMBED_BWD_THREADS];
     int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    for (int n = 0; n < N; n++) {
-        int token = tokens[n];
-        if (token >= row_start && token - row_start < n_rows)
-            dtable[(size_t)(token - row_start) * C + c] += to_f32(dout[(size_t)n * C + c]);
+    int tile_rows = (*rows_used + gridDim.y - 1) / gridDim.y;
+    int tile_first = blockIdx.y * tile_rows, tile_end = min(tile_first + tile_rows, *rows_used);
+    if (tile_first >= tile_end) return;  // the whole block: no token in this tile
+    for (int base = 0; base < N; base += blockDim.x) {
+        __syncthreads();  // every thread has read the previous chunk
+        chunk[threadIdx.x] = base + (int)threadIdx.x < N ? tokens[base + threadIdx.x] : -1;
+        __syncthreads();
+        int count = min((int)blockDim.x, N - base);
+        for (int i = 0; i < count; i++) {
+            int row = chunk[i] - row_start;  // the same for every thread: no divergence
+            if (c < C && row >= tile_first && row < tile_end)
+                dtable[(size_t)row * C + c] += to_f32(dout[(size_t)(base + i) * C + c]);
+        }
     }
 }
 
 template <typename T>
-static void embedding_forward(T *out, const int *tokens, const T *table, int N, int C, int row_start, int n_rows) {
+static void launch_embedding_forward(T *out, const int *tokens, const T *table, int N, int C, int row_start,
+                                     int n_rows) {
     if (N == 0 || C == 0) return;
     GPU_LAUNCH(embedding_forward_kernel<T>, N, 128, 0, out, tokens, table, C, row_start, n_rows);
-    LAUNCH_CHECK();
 }
 template <typename T>
-static void embedding_backward(float *dtable, const T *dout, const int *tokens, int N, int C, int row_start,
+static void launch_embedding_backward(float *dtable, const T *dout, const int *tokens, int N, int C, int row_start,
                                int n_rows) {
     if (N == 0 || C == 0) return;
-    GPU_LAUNCH(embedding_backward_kernel<T>, (C + 63) / 64, 64, 0, dtable, dout, tokens, N, C, row_start, n_rows);
-    LAUNCH_CHECK();
+    int *rows_used = (int *)gpu_scratch_alloc(sizeof(int));
+    GPU_LAUNCH(embedding_rows_used_kernel, 1, 1024, 0, rows_used, tokens, N, row_start, n_rows);
+    dim3 grid((C + EMBED_BWD_THREADS - 1) / EMBED_BWD_THREADS, EMBED_BWD_TILES);
+    GPU_LAUNCH(embedding_backward_kernel<T>, grid, EMBED_BWD_THREADS, 0, dtable, dout, tokens, N, C, row_start,
+               rows_used);
+    gpu_scratch_free(rows_used);
 }
 
 extern "C" void gpu_embedding_forward(float *out, const int *tokens, const float *table, int N, int C) {
-    embedding_forward(out, tokens, table, N, C, 0, INT_MAX);
+    launch_embedding_forward(out, tokens, table, N, C, 0, INT_MAX);
 }
 extern "C" void gpu_embedding_backward(float *dtable, const float *dout, const int *tokens, int N, int C) {
-    embedding_backward(dtable, dout, tokens, N, C, 0, INT_MAX);
+    launch_embedding_backward(dtable, dout, tokens, N, C, 0, INT_MAX);
 }
 extern "C" void gpu_embedding_forward_rows(float *out, const int *tokens, const float *table, int N, int C,
                                            int row_start, int n_rows) {
-    embedding_forward(out, tokens, table, N, C, row_start, n_rows);
+    launch_embedding_forward(out, tokens, table, N, C, row_start, n_rows);
 }
 extern "C" void gpu_embedding_backward_rows(float *dtable, const float *dout, const int *tokens, int N, int C,
                                             int row_start, int n_rows) {
-    embedding_backward(dtable, dout, tokens, N, C, row_start, n_rows);
+    launch_embedding_backward(dtable, dout, tokens, N, C, row_start, n_rows);
 }
 extern "C" void gpu_embedding_forward_bf16(gpu_bf16 *out, const int *tokens, const gpu_bf16 *table, int N, int C) {
-    embedding_forward(out, tokens, table, N, C, 0, INT_MAX);
+    launch_embedding_forward(out, tokens, table, N, C, 0, INT_MAX);
 }
 extern "C" void gpu_embedding_backward_bf16(float *dtable, const gpu_bf16 *dout, const int *tokens, int N, int C) {
-    embedding_backward(dtable, dout, tokens, N, C, 0, INT_MAX);
+    launch_embedding_backward(dtable, dout, tokens, N, C, 0, INT_MAX);
 }
 
 // ================================ RMSNorm ========================================================
@@ -137,48 +198,65 @@ __global__ void rmsnorm_backward_input_kernel(T *dinp, const T *dout, const T *i
         dx[c] = from_f32<T>(to_f32(dx[c]) + (r * to_f32(weight[c]) * to_f32(dy[c]) - to_f32(x[c]) * coef));
 }
 
-// dweight_c += sum over rows of dy_c x_c r: thread per column, rows in order (the reference's order).
+// dweight_c += sum over rows of dy_c x_c r, in two deterministic stages. Stage 1: block (x, y) sums
+// rows [y R, (y+1) R) of its blockDim.x columns, each thread one column in row order, into
+// partial[y][c] (R = RMSNORM_DW_ROWS, more only past 65535 chunks: enough blocks to fill the device). Stage 2: thread c
+// adds partial[0..chunks)[c] in order to dweight_c. The grouping depends only on N, so the result
+// is the same on every run; it is not the reference's single running sum, so fp32 agrees with it
+// to rounding (the ops test's 1e-5), not bit for bit.
+#define RMSNORM_DW_ROWS 64
 template <typename T>
-__global__ void rmsnorm_backward_weight_kernel(float *dweight, const T *dout, const T *inp, const float *rstd, int N,
-                                               int C) {
+__global__ void rmsnorm_dweight_partial_kernel(float *partial, const T *dout, const T *inp, const float *rstd, int N,
+                                               int C, int rows_per_chunk) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    float acc = dweight[c];
-    for (int n = 0; n < N; n++) acc += to_f32(dout[(size_t)n * C + c]) * to_f32(inp[(size_t)n * C + c]) * rstd[n];
-    dweight[c] = acc;
+    int first = blockIdx.y * rows_per_chunk, end = min(first + rows_per_chunk, N);
+    float acc = 0;
+    for (int n = first; n < end; n++) acc += to_f32(dout[(size_t)n * C + c]) * to_f32(inp[(size_t)n * C + c]) * rstd[n];
+    partial[(size_t)blockIdx.y * C + c] = acc;
+}
+__global__ void rmsnorm_dweight_sum_kernel(float *dweight, const float *partial, int chunks, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float acc = 0;
+    for (int j = 0; j < chunks; j++) acc += partial[(size_t)j * C + c];
+    dweight[c] += acc;
 }
 
 template <typename T>
-static void rmsnorm_forward(T *out, float *rstd, const T *inp, const T *weight, int N, int C, double eps) {
+static void launch_rmsnorm_forward(T *out, float *rstd, const T *inp, const T *weight, int N, int C, double eps) {
     if (N == 0) return;
     GPU_LAUNCH(rmsnorm_forward_kernel<T>, N, ROW_THREADS, 0, out, rstd, inp, weight, C, eps);
-    LAUNCH_CHECK();
 }
 template <typename T>
-static void rmsnorm_backward(T *dinp, float *dweight, const T *dout, const T *inp, const T *weight, const float *rstd,
-                             int N, int C) {
+static void launch_rmsnorm_backward(T *dinp, float *dweight, const T *dout, const T *inp, const T *weight,
+                                    const float *rstd, int N, int C) {
     if (N == 0 || C == 0) return;
     GPU_LAUNCH(rmsnorm_backward_input_kernel<T>, N, ROW_THREADS, 0, dinp, dout, inp, weight, rstd, C);
-    LAUNCH_CHECK();
-    GPU_LAUNCH(rmsnorm_backward_weight_kernel<T>, (C + 63) / 64, 64, 0, dweight, dout, inp, rstd, N, C);
-    LAUNCH_CHECK();
+    int rows_per_chunk = max(RMSNORM_DW_ROWS, (N + 65534) / 65535);  // grid.y <= 65535
+    int chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
+    float *partial = (float *)gpu_scratch_alloc(sizeof(float) * (size_t)chunks * C);
+    dim3 grid((C + 127) / 128, chunks);
+    GPU_LAUNCH(rmsnorm_dweight_partial_kernel<T>, grid, 128, 0, partial, dout, inp, rstd, N, C, rows_per_chunk);
+    GPU_LAUNCH(rmsnorm_dweight_sum_kernel, (C + 127) / 128, 128, 0, dweight, partial, chunks, C);
+    gpu_scratch_free(partial);
 }
 
 extern "C" void gpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
                                     double eps) {
-    rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+    launch_rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
 }
 extern "C" void gpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                                      const float *weight, const float *rstd, int N, int C) {
-    rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+    launch_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
 }
 extern "C" void gpu_rmsnorm_forward_bf16(gpu_bf16 *out, float *rstd, const gpu_bf16 *inp, const gpu_bf16 *weight,
                                          int N, int C, double eps) {
-    rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
+    launch_rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
 }
 extern "C" void gpu_rmsnorm_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
                                           const gpu_bf16 *weight, const float *rstd, int N, int C) {
-    rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
+    launch_rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
 }
 
 // ================================ RoPE ===========================================================
@@ -203,7 +281,7 @@ __global__ void rope_kernel(T *x, const float *cos_table, const float *sin_table
 }
 
 template <typename T>
-static void rope(T *x, const RopeTable *t, const int *positions, int B, int T_len, int n_heads, float sign) {
+static void launch_rope(T *x, const RopeTable *t, const int *positions, int B, int T_len, int n_heads, float sign) {
     int half = t->head_dim / 2;
     size_t n_pairs = (size_t)B * T_len * n_heads * half;
     LAUNCH_1D(rope_kernel<T>, n_pairs, x, t->cos, t->sin, positions, T_len, n_heads, half, n_pairs, sign);
@@ -224,49 +302,75 @@ extern "C" void gpu_rope_table_free(RopeTable *t) {
     t->cos = t->sin = NULL;
 }
 extern "C" void gpu_rope_forward(float *x, const RopeTable *t, const int *positions, int B, int T, int n_heads) {
-    rope(x, t, positions, B, T, n_heads, 1.0f);
+    launch_rope(x, t, positions, B, T, n_heads, 1.0f);
 }
 extern "C" void gpu_rope_backward(float *dx, const RopeTable *t, const int *positions, int B, int T, int n_heads) {
-    rope(dx, t, positions, B, T, n_heads, -1.0f);
+    launch_rope(dx, t, positions, B, T, n_heads, -1.0f);
 }
 extern "C" void gpu_rope_forward_bf16(gpu_bf16 *x, const RopeTable *t, const int *positions, int B, int T,
                                       int n_heads) {
-    rope(x, t, positions, B, T, n_heads, 1.0f);
+    launch_rope(x, t, positions, B, T, n_heads, 1.0f);
 }
 extern "C" void gpu_rope_backward_bf16(gpu_bf16 *dx, const RopeTable *t, const int *positions, int B, int T,
                                        int n_heads) {
-    rope(dx, t, positions, B, T, n_heads, -1.0f);
+    launch_rope(dx, t, positions, B, T, n_heads, -1.0f);
 }
 
 // ================================ SwiGLU =========================================================
 
-template <typename T>
-__global__ void swiglu_forward_kernel(T *out, const T *gate, const T *up, size_t n) {
-    GRID_STRIDE_LOOP(i, n) out[i] = from_f32<T>(swiglu_value(to_f32(gate[i]), to_f32(up[i])));
+// Over n_packs packs of W elements (16-byte vectors above).
+template <typename T, int W>
+__global__ void swiglu_forward_kernel(T *out, const T *gate, const T *up, size_t n_packs) {
+    GRID_STRIDE_LOOP(i, n_packs) {
+        Pack<T, W> g = load_pack<W>(gate, i), u = load_pack<W>(up, i), y;
+        for (int j = 0; j < W; j++) y.v[j] = from_f32<T>(swiglu_value(to_f32(g.v[j]), to_f32(u.v[j])));
+        store_pack<W>(out, i, y);
+    }
 }
-template <typename T>
-__global__ void swiglu_backward_kernel(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n) {
-    GRID_STRIDE_LOOP(i, n) {
-        float dg, du;
-        swiglu_grads(to_f32(dout[i]), to_f32(gate[i]), to_f32(up[i]), &dg, &du);
-        dgate[i] = from_f32<T>(to_f32(dgate[i]) + dg);
-        dup[i] = from_f32<T>(to_f32(dup[i]) + du);
+template <typename T, int W>
+__global__ void swiglu_backward_kernel(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n_packs) {
+    GRID_STRIDE_LOOP(i, n_packs) {
+        Pack<T, W> dy = load_pack<W>(dout, i), g = load_pack<W>(gate, i), u = load_pack<W>(up, i);
+        Pack<T, W> dg_acc = load_pack<W>(dgate, i), du_acc = load_pack<W>(dup, i);
+        for (int j = 0; j < W; j++) {
+            float dg, du;
+            swiglu_grads(to_f32(dy.v[j]), to_f32(g.v[j]), to_f32(u.v[j]), &dg, &du);
+            dg_acc.v[j] = from_f32<T>(to_f32(dg_acc.v[j]) + dg);
+            du_acc.v[j] = from_f32<T>(to_f32(du_acc.v[j]) + du);
+        }
+        store_pack<W>(dgate, i, dg_acc);
+        store_pack<W>(dup, i, du_acc);
     }
 }
 
+template <typename T> static void launch_swiglu_forward(T *out, const T *gate, const T *up, size_t n) {
+    constexpr int W = 16 / sizeof(T);
+    size_t v = vector_part(n, W, aligned(out, 16) && aligned(gate, 16) && aligned(up, 16));
+    LAUNCH_1D((swiglu_forward_kernel<T, W>), v / W, out, gate, up, v / W);
+    LAUNCH_1D((swiglu_forward_kernel<T, 1>), n - v, out + v, gate + v, up + v, n - v);
+}
+template <typename T>
+static void launch_swiglu_backward(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n) {
+    constexpr int W = 16 / sizeof(T);
+    size_t v = vector_part(n, W, aligned(dgate, 16) && aligned(dup, 16) && aligned(dout, 16) && aligned(gate, 16) &&
+                                     aligned(up, 16));
+    LAUNCH_1D((swiglu_backward_kernel<T, W>), v / W, dgate, dup, dout, gate, up, v / W);
+    LAUNCH_1D((swiglu_backward_kernel<T, 1>), n - v, dgate + v, dup + v, dout + v, gate + v, up + v, n - v);
+}
+
 extern "C" void gpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-    LAUNCH_1D(swiglu_forward_kernel<float>, n, out, gate, up, n);
+    launch_swiglu_forward(out, gate, up, n);
 }
 extern "C" void gpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
                                     size_t n) {
-    LAUNCH_1D(swiglu_backward_kernel<float>, n, dgate, dup, dout, gate, up, n);
+    launch_swiglu_backward(dgate, dup, dout, gate, up, n);
 }
 extern "C" void gpu_swiglu_forward_bf16(gpu_bf16 *out, const gpu_bf16 *gate, const gpu_bf16 *up, size_t n) {
-    LAUNCH_1D(swiglu_forward_kernel<bf16>, n, out, gate, up, n);
+    launch_swiglu_forward(out, gate, up, n);
 }
 extern "C" void gpu_swiglu_backward_bf16(gpu_bf16 *dgate, gpu_bf16 *dup, const gpu_bf16 *dout, const gpu_bf16 *gate,
                                          const gpu_bf16 *up, size_t n) {
-    LAUNCH_1D(swiglu_backward_kernel<bf16>, n, dgate, dup, dout, gate, up, n);
+    launch_swiglu_backward(dgate, dup, dout, gate, up, n);
 }
 
 // ================================ cross-entropy ==================================================
@@ -325,14 +429,12 @@ __global__ void cross_entropy_loss_kernel(LossSum *result, const float *lse, con
 }
 
 template <typename T>
-static double cross_entropy_forward(float *lse, const T *logits, const int *targets, int N, int V) {
+static double launch_cross_entropy_forward(float *lse, const T *logits, const int *targets, int N, int V) {
     if (N == 0) return 0.0;
     GPU_LAUNCH(cross_entropy_lse_kernel<T>, N, ROW_THREADS, 0, lse, logits, V);
-    LAUNCH_CHECK();
     LossSum *d_sum = (LossSum *)gpu_scratch_alloc(sizeof(LossSum));
     LossSum sum;
     GPU_LAUNCH(cross_entropy_loss_kernel<T>, 1, 1024, 0, d_sum, lse, logits, targets, N, V);
-    LAUNCH_CHECK();
     gpu_download(&sum, d_sum, sizeof sum);
     gpu_scratch_free(d_sum);
     if (sum.bad_row != INT_MAX) fatal("cross-entropy: the target of row %d is outside [0, %d)", sum.bad_row, V);
@@ -365,65 +467,88 @@ __global__ void cross_entropy_backward_kernel(T *dlogits, const T *logits, const
 }
 
 template <typename T>
-static void cross_entropy_backward(T *dlogits, const T *logits, const float *lse, const int *targets, int N, int V,
-                                   double dloss) {
+static void launch_cross_entropy_backward(T *dlogits, const T *logits, const float *lse, const int *targets, int N,
+                                          int V, double dloss) {
     if (N == 0) return;
     int *n_valid = (int *)gpu_scratch_alloc(sizeof(int));
     GPU_LAUNCH(count_valid_targets_kernel, 1, 1024, 0, n_valid, targets, N);
-    LAUNCH_CHECK();
     GPU_LAUNCH(cross_entropy_backward_kernel<T>, N, ROW_THREADS, 0, dlogits, logits, lse, targets, n_valid, V, dloss);
-    LAUNCH_CHECK();
     gpu_scratch_free(n_valid);
 }
 
 extern "C" double gpu_cross_entropy_forward(float *lse, const float *logits, const int *targets, int N, int V) {
-    return cross_entropy_forward(lse, logits, targets, N, V);
+    return launch_cross_entropy_forward(lse, logits, targets, N, V);
 }
 extern "C" void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
                                            int N, int V, double dloss) {
-    cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
+    launch_cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
 }
 extern "C" double gpu_cross_entropy_forward_bf16(float *lse, const gpu_bf16 *logits, const int *targets, int N,
                                                  int V) {
-    return cross_entropy_forward(lse, logits, targets, N, V);
+    return launch_cross_entropy_forward(lse, logits, targets, N, V);
 }
 extern "C" void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
                                                 const int *targets, int N, int V, double dloss) {
-    cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
+    launch_cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
 }
 
 // ================================ element-wise ===================================================
 
-template <typename T>
-__global__ void add_inplace_kernel(T *x, const T *y, size_t n) {
-    GRID_STRIDE_LOOP(i, n) x[i] = from_f32<T>(to_f32(x[i]) + to_f32(y[i]));
+// Over n_packs packs of W elements (16-byte vectors above).
+template <typename T, int W>
+__global__ void add_inplace_kernel(T *x, const T *y, size_t n_packs) {
+    GRID_STRIDE_LOOP(i, n_packs) {
+        Pack<T, W> a = load_pack<W>(x, i), b = load_pack<W>(y, i);
+        for (int j = 0; j < W; j++) a.v[j] = from_f32<T>(to_f32(a.v[j]) + to_f32(b.v[j]));
+        store_pack<W>(x, i, a);
+    }
 }
-template <typename Out, typename In>
-__global__ void cast_kernel(Out *out, const In *inp, size_t n) {
-    GRID_STRIDE_LOOP(i, n) out[i] = from_f32<Out>(to_f32(inp[i]));
+// Packs of W elements of both types: 16 bytes of the wider one.
+template <typename Out, typename In, int W>
+__global__ void cast_kernel(Out *out, const In *inp, size_t n_packs) {
+    GRID_STRIDE_LOOP(i, n_packs) {
+        Pack<In, W> a = load_pack<W>(inp, i);
+        Pack<Out, W> b;
+        for (int j = 0; j < W; j++) b.v[j] = from_f32<Out>(to_f32(a.v[j]));
+        store_pack<W>(out, i, b);
+    }
 }
 
-extern "C" void gpu_add_inplace(float *x, const float *y, size_t n) { LAUNCH_1D(add_inplace_kernel<float>, n, x, y, n); }
-extern "C" void gpu_add_inplace_bf16(gpu_bf16 *x, const gpu_bf16 *y, size_t n) {
-    LAUNCH_1D(add_inplace_kernel<bf16>, n, x, y, n);
+template <typename T> static void launch_add_inplace(T *x, const T *y, size_t n) {
+    constexpr int W = 16 / sizeof(T);
+    size_t v = vector_part(n, W, aligned(x, 16) && aligned(y, 16));
+    LAUNCH_1D((add_inplace_kernel<T, W>), v / W, x, y, v / W);
+    LAUNCH_1D((add_inplace_kernel<T, 1>), n - v, x + v, y + v, n - v);
 }
-extern "C" void gpu_cast_f32_to_bf16(gpu_bf16 *out, const float *inp, size_t n) {
-    LAUNCH_1D((cast_kernel<bf16, float>), n, out, inp, n);
+template <typename Out, typename In> static void launch_cast(Out *out, const In *inp, size_t n) {
+    constexpr int W = 16 / (sizeof(Out) > sizeof(In) ? sizeof(Out) : sizeof(In));
+    size_t v = vector_part(n, W, aligned(out, sizeof(Out) * W) && aligned(inp, sizeof(In) * W));
+    LAUNCH_1D((cast_kernel<Out, In, W>), v / W, out, inp, v / W);
+    LAUNCH_1D((cast_kernel<Out, In, 1>), n - v, out + v, inp + v, n - v);
 }
-extern "C" void gpu_cast_bf16_to_f32(float *out, const gpu_bf16 *inp, size_t n) {
-    LAUNCH_1D((cast_kernel<float, bf16>), n, out, inp, n);
-}
+
+extern "C" void gpu_add_inplace(float *x, const float *y, size_t n) { launch_add_inplace(x, y, n); }
+extern "C" void gpu_add_inplace_bf16(gpu_bf16 *x, const gpu_bf16 *y, size_t n) { launch_add_inplace(x, y, n); }
+extern "C" void gpu_cast_f32_to_bf16(gpu_bf16 *out, const float *inp, size_t n) { launch_cast(out, inp, n); }
+extern "C" void gpu_cast_bf16_to_f32(float *out, const gpu_bf16 *inp, size_t n) { launch_cast(out, inp, n); }
 
 // ================================ AdamW ==========================================================
 
 // One pass: read param, grad, m, v; write param, m, v (and the bf16 copy). The scalars of the step
 // are computed once on the host, in double, and rounded to float as reference_cpu/adamw.c does.
+// With sum_sq (device), the gradient is clipped on the way in: every thread derives the same
+// factor from the global norm, as clip_by_global_norm computes it (in double, used as float).
 template <bool WRITE_BF16>
 __global__ void adamw_kernel(float *params, bf16 *params_bf16, const float *grads, float *m, float *v, size_t n,
-                             AdamWScalars s) {
+                             AdamWScalars s, const double *sum_sq, double max_norm) {
+    float clip = 1.0f;
+    if (sum_sq && max_norm > 0) {
+        double coef = max_norm / (sqrt(*sum_sq) + 1e-6);
+        if (coef < 1) clip = (float)coef;
+    }
     GRID_STRIDE_LOOP(i, n) {
         float p = params[i], mi = m[i], vi = v[i];
-        adamw_update(&p, &mi, &vi, grads[i], s);
+        adamw_update(&p, &mi, &vi, grads[i] * clip, s);  // x * 1.0f == x: no clip is exact
         params[i] = p, m[i] = mi, v[i] = vi;
         if (WRITE_BF16) params_bf16[i] = from_f32<bf16>(p);
     }
@@ -434,11 +559,20 @@ static AdamWScalars scalars_of(long long step, double lr, const AdamWConfig *cfg
 }
 extern "C" void gpu_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, long long step,
                                double lr, const AdamWConfig *cfg) {
-    LAUNCH_1D(adamw_kernel<false>, n, params, NULL, grads, m, v, n, scalars_of(step, lr, cfg));
+    LAUNCH_1D(adamw_kernel<false>, n, params, NULL, grads, m, v, n, scalars_of(step, lr, cfg), NULL, 0.0);
 }
 extern "C" void gpu_adamw_step_bf16_copy(float *params, gpu_bf16 *params_bf16, const float *grads, float *m, float *v,
                                          size_t n, long long step, double lr, const AdamWConfig *cfg) {
-    LAUNCH_1D(adamw_kernel<true>, n, params, params_bf16, grads, m, v, n, scalars_of(step, lr, cfg));
+    LAUNCH_1D(adamw_kernel<true>, n, params, params_bf16, grads, m, v, n, scalars_of(step, lr, cfg), NULL, 0.0);
+}
+extern "C" void gpu_adamw_step_clipped(float *params, gpu_bf16 *params_bf16, const float *grads, float *m, float *v,
+                                       size_t n, long long step, double lr, const AdamWConfig *cfg,
+                                       const double *sum_sq, double max_norm) {
+    if (params_bf16)
+        LAUNCH_1D(adamw_kernel<true>, n, params, params_bf16, grads, m, v, n, scalars_of(step, lr, cfg), sum_sq,
+                  max_norm);
+    else
+        LAUNCH_1D(adamw_kernel<false>, n, params, NULL, grads, m, v, n, scalars_of(step, lr, cfg), sum_sq, max_norm);
 }
 
 // ================================ gradient clipping ==============================================
@@ -465,17 +599,23 @@ __global__ void scale_kernel(float *x, size_t n, float factor) {
     GRID_STRIDE_LOOP(i, n) x[i] *= factor;
 }
 
-extern "C" double gpu_sum_of_squares(const float *x, size_t n) {
-    if (n == 0) return 0.0;
-    double *partial = (double *)gpu_scratch_alloc(sizeof(double) * (SUM_SQ_BLOCKS + 1));
-    double total;
+extern "C" void gpu_sum_of_squares_into(double *sum_sq, const float *x, size_t n) {
+    if (n == 0) {
+        gpu_fill_bytes(sum_sq, 0, sizeof(double));
+        return;
+    }
+    double *partial = (double *)gpu_scratch_alloc(sizeof(double) * SUM_SQ_BLOCKS);
     size_t chunk = (n + SUM_SQ_BLOCKS - 1) / SUM_SQ_BLOCKS;
     GPU_LAUNCH(sum_of_squares_partial_kernel, SUM_SQ_BLOCKS, 256, 0, partial, x, n, chunk);
-    LAUNCH_CHECK();
-    GPU_LAUNCH(sum_partials_kernel, 1, 1024, 0, partial + SUM_SQ_BLOCKS, partial, SUM_SQ_BLOCKS);
-    LAUNCH_CHECK();
-    gpu_download(&total, partial + SUM_SQ_BLOCKS, sizeof total);
+    GPU_LAUNCH(sum_partials_kernel, 1, 1024, 0, sum_sq, partial, SUM_SQ_BLOCKS);
     gpu_scratch_free(partial);
+}
+
+extern "C" double gpu_sum_of_squares(const float *x, size_t n) {
+    double *d_total = (double *)gpu_scratch_alloc(sizeof(double)), total;
+    gpu_sum_of_squares_into(d_total, x, n);
+    gpu_download(&total, d_total, sizeof total);
+    gpu_scratch_free(d_total);
     return total;
 }
 

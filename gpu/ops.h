@@ -41,6 +41,12 @@ void gpu_matmul_backward(float *dinp, float *dweight, const float *dout, const f
                          int M, int K, int N);
 // bf16 operands on the tensor cores, fp32 accumulation; dweight accumulates in fp32.
 void gpu_matmul_forward_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K, int N);
+// The first writer of dinp: dinp = dout W, overwriting (cuBLASLt's beta = 0), so no zero-fill has to
+// come before it; dweight (if not NULL) still accumulates.
+void gpu_matmul_backward_overwrite(float *dinp, float *dweight, const float *dout, const float *inp,
+                                   const float *weight, int M, int K, int N);
+void gpu_matmul_backward_overwrite_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
+                                        const gpu_bf16 *weight, int M, int K, int N);
 void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
                               const gpu_bf16 *weight, int M, int K, int N);
 
@@ -120,7 +126,18 @@ void gpu_adamw_step_bf16_copy(float *params, gpu_bf16 *params_bf16, const float 
 // Sum of x^2 in double, in a fixed order (a deterministic two-level tree, not the reference's index
 // order); waits for the stream to return it.
 double gpu_sum_of_squares(const float *x, size_t n);
+// The same sum left on the device, in *sum_sq (device memory): queued, no wait.
+void gpu_sum_of_squares_into(double *sum_sq, const float *x, size_t n);
 void gpu_scale_inplace(float *x, size_t n, double factor);  // x *= (float)factor
+
+// Clipping folded into AdamW: one pass that reads the gradient's global sum of squares from the
+// device (*sum_sq, from gpu_sum_of_squares_into) and steps with each gradient as
+// clip_by_global_norm would have left it -- times (float)(max_norm / (norm + 1e-6)) when that is
+// below 1 (max_norm <= 0: no clipping) -- then AdamW; params_bf16 (or NULL) gets the bf16 copy.
+// Nothing waits for the host, and the gradients themselves are left unscaled.
+void gpu_adamw_step_clipped(float *params, gpu_bf16 *params_bf16, const float *grads, float *m, float *v, size_t n,
+                            long long step, double lr, const AdamWConfig *cfg, const double *sum_sq,
+                            double max_norm);
 
 #ifdef __cplusplus
 }

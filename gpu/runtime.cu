@@ -35,8 +35,10 @@ int gpu_device_count(char *why, size_t why_len) {
 
 void gpu_init(int device) {
     if (initialized) fatal("gpu_init called twice");
-    int n = gpu_device_count(NULL, 0);
-    if (device < 0 || device >= n) fatal("gpu_init: device %d requested, %d present", device, n);
+    char why[256] = "";
+    int n = gpu_device_count(why, sizeof why);
+    if (n == 0) fatal("no CUDA device: %s", why);
+    if (device < 0 || device >= n) fatal("gpu_init: CUDA device %d requested, %d present", device, n);
     CUDA_CHECK(cudaSetDevice(device));
     device_id = device;
     CUDA_CHECK(cudaStreamCreateWithFlags(&compute_stream, cudaStreamNonBlocking));
@@ -85,9 +87,15 @@ static void account(MemCategory category, size_t bytes, int sign) {
 void *gpu_alloc(MemCategory category, size_t bytes) {
     void *ptr = NULL;
     cudaError_t err = cudaMallocAsync(&ptr, bytes ? bytes : 1, gpu_stream());
-    if (err != cudaSuccess)
-        fatal("out of GPU memory allocating %zu bytes for %s (%s); %.2f MiB in use by this process", bytes,
-              mem_category_name(category), cudaGetErrorString(err), current_total / 1048576.0);
+    if (err != cudaSuccess) {
+        size_t free_bytes = 0, total_bytes = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&free_bytes, &total_bytes);  // best effort: the figures, if the device still answers
+        fatal("out of GPU memory allocating %.2f MiB for %s (%s): %.2f MiB in use by this process, the device has "
+              "%.2f MiB free of %.2f MiB",
+              bytes / 1048576.0, mem_category_name(category), cudaGetErrorString(err), current_total / 1048576.0,
+              free_bytes / 1048576.0, total_bytes / 1048576.0);
+    }
     CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, compute_stream));
     if (n_allocations == cap_allocations) {
         cap_allocations = cap_allocations ? 2 * cap_allocations : 64;
@@ -134,6 +142,8 @@ void gpu_fill_bytes(void *device_dst, int byte, size_t bytes) {
 void gpu_copy(void *device_dst, const void *device_src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, gpu_stream()));
 }
+
+void gpu_memory_info(size_t *free_bytes, size_t *total_bytes) { CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes)); }
 
 size_t gpu_mem_current(MemCategory category) { return current_bytes[category]; }
 size_t gpu_mem_peak(MemCategory category) { return peak_bytes[category]; }

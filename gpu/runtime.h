@@ -48,6 +48,17 @@ void gpu_download(void *host_dst, const void *device_src, size_t bytes);
 void gpu_fill_bytes(void *device_dst, int byte, size_t bytes);  // queued memset
 void gpu_copy(void *device_dst, const void *device_src, size_t bytes);  // queued device-to-device copy
 
+// Sync-debug mode: the compute stream is synchronised after every kernel launch, so that a fault
+// inside a kernel ends the run naming that kernel and the file:line of its launch (otherwise it
+// surfaces at the next synchronisation, wherever that is). Slow; for finding a failing kernel.
+// Off unless the environment has LLAMA_CUDA_SYNC_DEBUG set (to anything but 0) or a program
+// calls gpu_set_sync_debug(true) (the trainer's --cuda-sync-debug).
+void gpu_set_sync_debug(bool on);
+bool gpu_sync_debug(void);
+
+// The device's free and total memory now (cudaMemGetInfo).
+void gpu_memory_info(size_t *free_bytes, size_t *total_bytes);
+
 size_t gpu_mem_current(MemCategory category);
 size_t gpu_mem_peak(MemCategory category);
 size_t gpu_mem_peak_total(void);

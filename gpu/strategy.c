@@ -73,7 +73,7 @@ static void cuda_load_full(Strategy *s, StateKind kind, const real *local_flat) 
     GpuModel *m = &((GpuTraining *)s->impl)->m;
     size_t n = m->table.total_numel;
     gpu_upload(cuda_state(m, kind), local_flat, sizeof(float) * n);
-    if (kind == STATE_WEIGHTS && m->params_bf16) gpu_cast_f32_to_bf16(m->params_bf16, m->params, n);
+    if (kind == STATE_WEIGHTS) gpu_model_refresh_compute_copy(m);
 }
 
 static void cuda_report_memory(const Strategy *s) { gpu_memory_report(); }
@@ -112,8 +112,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     gpu_model_init_from(&g->m, cfg, init, GPU_BF16, t->micro, t->T);
     if (t->dp_size > 1) {
         g->dp = t->mesh->dp;
-        gpu_broadcast(g->dp, g->m.params, g->m.table.total_numel, 0);  // replicas start equal
-        gpu_cast_f32_to_bf16(g->m.params_bf16, g->m.params, g->m.table.total_numel);
+        gpu_model_broadcast(g->dp, &g->m, 0);  // replicas start equal, bf16 copies included
         log_info("ddp on the GPU: %d replicas, gradients averaged after the last micro-batch (staged through host "
                  "memory)", t->dp_size);
     }

@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # GPU benchmark (make bench-gpu): training steps (forward, backward, clip, AdamW) of a Llama-shaped
 # model on one GPU: ours ($BUILD/bench_gpu, gpu/model.h in bf16 with fp32 master weights) next to
-# PyTorch on the same device, eager with SDPA and torch.compile (scripts/bench_torch_gpu.py), with
-# the same shapes and the same FLOPs per token. Prints tokens/s, TFLOP/s and MFU (gpu/mfu.h:
-# MFU = tokens/s * model_flops_per_token / peak, peak 989 TFLOP/s dense bf16 for an H100 SXM).
+# PyTorch on the same device in the same run, eager with SDPA and torch.compile
+# (scripts/bench_torch_gpu.py), with the same shapes and the same FLOPs per token. For each
+# sequence length: tokens/s, TFLOP/s and MFU against the peak (989 TFLOP/s dense bf16, H100 SXM) by
+# the project's FLOP count and by torchtitan's 12*L*h*q*T attention convention (gpu/mfu.h); then
+# one layer's attention alone, ours against SDPA (scripts/bench_attention_torch_gpu.py).
 # Without a CUDA device it prints SKIP and exits 0.
-# Settings: BENCH_GPU_MODEL (llama3_1b), BENCH_GPU_LAYERS (0: the model's), BENCH_GPU_BATCH (4),
-# BENCH_GPU_SEQ (2048), BENCH_GPU_STEPS (12), BENCH_GPU_PEAK_TFLOPS (989), BENCH_GPU_TORCH (eager
-# compile; empty: ours alone), BENCH_GPU_PYTHON (python3: the one with a CUDA PyTorch),
-# BENCH_GPU_TRACE (a file: our run's Perfetto trace, host steps and the GPU timeline).
+# Settings: BENCH_GPU_MODEL (llama3_1b), BENCH_GPU_LAYERS (0: the model's), BENCH_GPU_BATCH (0:
+# the largest batch that fits ours, given to PyTorch too), BENCH_GPU_SEQS ("2048 8192"),
+# BENCH_GPU_STEPS (12), BENCH_GPU_PEAK_TFLOPS (989), BENCH_GPU_TORCH (eager compile; empty: ours
+# alone), BENCH_GPU_PYTHON (python3: the one with a CUDA PyTorch), BENCH_GPU_TRACE (a file: our
+# run's Perfetto trace, host steps and the GPU timeline, for the first sequence length).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 MODEL=${BENCH_GPU_MODEL:-llama3_1b}
 LAYERS=${BENCH_GPU_LAYERS:-0}
-BATCH=${BENCH_GPU_BATCH:-4}
-SEQ=${BENCH_GPU_SEQ:-2048}
+BATCH=${BENCH_GPU_BATCH:-0}
+SEQS=${BENCH_GPU_SEQS:-${BENCH_GPU_SEQ:-2048 8192}}
 STEPS=${BENCH_GPU_STEPS:-12}
 PEAK=${BENCH_GPU_PEAK_TFLOPS:-989}
 TORCH_MODES=${BENCH_GPU_TORCH-eager compile}
@@ -23,40 +26,66 @@ PY=${BENCH_GPU_PYTHON:-python3}
 
 LOG=$(mktemp -d "${TMPDIR:-/tmp}/llama-bench-gpu.XXXXXX")
 trap 'rm -rf "$LOG"' EXIT
-field() {  # file, key -> value from the file's last `timing:` line
-    grep '^timing:' "$1" | tail -1 | tr ' ' '\n' | sed -n "s/^$2=//p"
+field() {  # file, line prefix, key -> value from the file's last line with that prefix
+    grep "^$2" "$1" | tail -1 | tr ' ' '\n' | sed -n "s/^$3=//p"
 }
-
-shapes="--batch $BATCH --seq-len $SEQ --steps $STEPS --layers $LAYERS"
-trace=${BENCH_GPU_TRACE:+--trace $BENCH_GPU_TRACE}
-echo "bench-gpu: $BUILD/bench_gpu --model $MODEL $shapes $trace"
-"$BUILD/bench_gpu" --model "$MODEL" $shapes --peak-tflops "$PEAK" $trace >"$LOG/ours.txt" 2>&1 \
-    || { cat "$LOG/ours.txt"; echo "bench-gpu: $BUILD/bench_gpu failed" >&2; exit 1; }
-if grep -q '^SKIP' "$LOG/ours.txt"; then cat "$LOG/ours.txt"; exit 0; fi
-cat "$LOG/ours.txt"
-flops_per_token=$(sed -n 's/.*flops_per_token=\([0-9.e+]*\).*/\1/p' "$LOG/ours.txt")
 config_json=$("$BUILD/train" --model "$MODEL" --model-info | sed -n 's/^config: //p')
-[ -n "$flops_per_token" ] && [ -n "$config_json" ] || { echo "bench-gpu: could not read the shapes" >&2; exit 1; }
+[ -n "$config_json" ] || { echo "bench-gpu: could not read the model's config" >&2; exit 1; }
+summary=()
 
-rows=("ours (gpu/, bf16)|$LOG/ours.txt")
-for mode in $TORCH_MODES; do
-    echo "bench-gpu: $PY scripts/bench_torch_gpu.py --mode $mode <model $MODEL> $shapes"
-    if "$PY" scripts/bench_torch_gpu.py --config-json "$config_json" --mode "$mode" $shapes \
-        --flops-per-token "$flops_per_token" --peak-tflops "$PEAK" >"$LOG/torch_$mode.txt" 2>&1; then
-        grep -E '^(bench_torch_gpu|timing|memory|SKIP)' "$LOG/torch_$mode.txt" || true
-        rows+=("PyTorch $mode (SDPA)|$LOG/torch_$mode.txt")
-    else
-        tail -20 "$LOG/torch_$mode.txt"; echo "bench-gpu: PyTorch $mode failed (left out of the table)"
-    fi
+for SEQ in $SEQS; do
+    shapes="--seq-len $SEQ --steps $STEPS --layers $LAYERS"
+    trace=""
+    [ -n "${BENCH_GPU_TRACE:-}" ] && [ ${#summary[@]} -eq 0 ] && trace="--trace $BENCH_GPU_TRACE"
+    echo "bench-gpu: $BUILD/bench_gpu --model $MODEL --batch $BATCH $shapes $trace"
+    "$BUILD/bench_gpu" --model "$MODEL" --batch "$BATCH" $shapes --peak-tflops "$PEAK" $trace >"$LOG/ours.txt" 2>&1 \
+        || { cat "$LOG/ours.txt"; echo "bench-gpu: $BUILD/bench_gpu failed" >&2; exit 1; }
+    if grep -q '^SKIP' "$LOG/ours.txt"; then cat "$LOG/ours.txt"; exit 0; fi
+    cat "$LOG/ours.txt"
+    flops=$(sed -n 's/.* flops_per_token=\([0-9.e+]*\).*/\1/p' "$LOG/ours.txt")
+    flops_titan=$(sed -n 's/.*flops_per_token_titan=\([0-9.e+]*\).*/\1/p' "$LOG/ours.txt")
+    batch=$(sed -n 's/.* batch=\([0-9]*\) x.*/\1/p' "$LOG/ours.txt")
+    [ -n "$flops" ] && [ -n "$flops_titan" ] && [ -n "$batch" ] || { echo "bench-gpu: could not read the shapes" >&2; exit 1; }
+
+    rows=("ours (gpu/, bf16)|$LOG/ours.txt")
+    for mode in $TORCH_MODES; do
+        echo "bench-gpu: $PY scripts/bench_torch_gpu.py --mode $mode <model $MODEL> --batch $batch $shapes"
+        if "$PY" scripts/bench_torch_gpu.py --config-json "$config_json" --mode "$mode" --batch "$batch" $shapes \
+            --flops-per-token "$flops" --peak-tflops "$PEAK" >"$LOG/torch_$mode.txt" 2>&1; then
+            grep -E '^(bench_torch_gpu|timing|memory|SKIP)' "$LOG/torch_$mode.txt" || true
+            rows+=("PyTorch $mode (SDPA)|$LOG/torch_$mode.txt")
+        else
+            tail -20 "$LOG/torch_$mode.txt"; echo "bench-gpu: PyTorch $mode failed (left out of the table)"
+        fi
+    done
+
+    layers=$([ "$LAYERS" = 0 ] && echo "all layers" || echo "$LAYERS layers")
+    table="model $MODEL ($layers), batch $batch x $SEQ tokens, $STEPS steps (mean over the last $((STEPS - 2))), peak $PEAK TFLOP/s"
+    table+=$'\n'$(printf "%-26s %10s %12s %10s %8s %11s" "" "ms/step" "tokens/s" "TFLOP/s" "MFU" "MFU(titan)")
+    for row in "${rows[@]}"; do
+        name=${row%%|*} file=${row#*|}
+        tps=$(field "$file" timing: tokens_per_s)
+        [ -n "$tps" ] || continue
+        table+=$'\n'$(awk -v n="$name" -v ms="$(field "$file" timing: mean_step_ms)" -v tps="$tps" -v f="$flops" \
+            -v ft="$flops_titan" -v peak="$PEAK" 'BEGIN {
+            printf "%-26s %10.1f %12.0f %10.1f %7.1f%% %10.1f%%", n, ms, tps, tps * f / 1e12,
+                   100 * tps * f / (peak * 1e12), 100 * tps * ft / (peak * 1e12) }')
+    done
+
+    # Attention alone: one layer's, the same batch and sequence, ours against SDPA.
+    "$BUILD/bench_gpu" --model "$MODEL" --batch "$batch" --seq-len "$SEQ" --steps "$STEPS" --attention-only \
+        >"$LOG/attn_ours.txt" 2>&1 || { cat "$LOG/attn_ours.txt"; echo "bench-gpu: attention-only failed" >&2; exit 1; }
+    read -r H KV HD < <(sed -n 's/.* heads=\([0-9]*\) kv_heads=\([0-9]*\) head_dim=\([0-9]*\).*/\1 \2 \3/p' "$LOG/attn_ours.txt")
+    "$PY" scripts/bench_attention_torch_gpu.py --batch "$batch" --seq-len "$SEQ" --heads "$H" --kv-heads "$KV" \
+        --head-dim "$HD" --steps "$STEPS" >"$LOG/attn_torch.txt" 2>&1 || tail -5 "$LOG/attn_torch.txt"
+    table+=$'\n'$(printf "attention alone (one layer) %10s %10s %12s %12s" "fwd ms" "bwd ms" "fwd TFLOP/s" "bwd TFLOP/s")
+    for row in "ours|$LOG/attn_ours.txt" "PyTorch SDPA|$LOG/attn_torch.txt"; do
+        name=${row%%|*} file=${row#*|}
+        [ -n "$(field "$file" attention: fwd_ms)" ] || continue
+        table+=$'\n'$(printf "  %-25s %10s %10s %12s %12s" "$name" "$(field "$file" attention: fwd_ms)" \
+            "$(field "$file" attention: bwd_ms)" "$(field "$file" attention: fwd_tflops)" "$(field "$file" attention: bwd_tflops)")
+    done
+    summary+=("$table")
 done
 
-echo
-layers=$([ "$LAYERS" = 0 ] && echo "all layers" || echo "$LAYERS layers")
-echo "model $MODEL ($layers), batch $BATCH x $SEQ tokens, $STEPS steps (mean over the last $((STEPS - 2))), peak $PEAK TFLOP/s"
-printf "%-26s %12s %12s %10s %8s\n" "" "ms/step" "tokens/s" "TFLOP/s" "MFU"
-for row in "${rows[@]}"; do
-    name=${row%%|*} file=${row#*|}
-    [ -n "$(field "$file" mean_step_ms)" ] || continue
-    printf "%-26s %12s %12s %10s %7.1f%%\n" "$name" "$(field "$file" mean_step_ms)" "$(field "$file" tokens_per_s)" \
-        "$(field "$file" tflops)" "$(awk -v m="$(field "$file" mfu)" 'BEGIN { print 100 * m }')"
-done
+for table in "${summary[@]}"; do echo; echo "$table"; done

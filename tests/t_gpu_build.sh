@@ -29,6 +29,18 @@ for src in gpu/*.cu; do
     echo "ok: $src compiles for sm_90a without a diagnostic"
 done
 
+# A .cu entry point must launch kernels, never fall through to the CPU op of the same name: none of
+# the objects may call a function that reference_cpu defines (C++ overload resolution picks an
+# exact non-template match over the templated launcher; that sent gpu_rmsnorm_forward's fp32 path to
+# the CPU rmsnorm_forward on device pointers once).
+ref_defined=$(nm --defined-only -g "$BUILD/libref32.a" 2>/dev/null | awk 'NF == 3 {print $3}' | sort -u)
+[ -n "$ref_defined" ] || { echo "FAIL: no symbols read from $BUILD/libref32.a (make)"; exit 1; }
+for obj in "$TEST_TMP"/*.o; do
+    calls=$(nm -u "$obj" | awk '{print $2}' | sort -u | comm -12 - <(echo "$ref_defined") | tr '\n' ' ')
+    [ -z "$calls" ] || { echo "FAIL: $(basename "$obj" .o).cu calls reference_cpu's $calls"; exit 1; }
+done
+echo "ok: no GPU object calls a reference_cpu function"
+
 have_gpu=no
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then have_gpu=yes; fi
 shopt -s nullglob
@@ -47,6 +59,15 @@ for t in "${programs[@]}"; do
         echo "ok: $t on the GPU: $(echo "$msg" | tail -1)"
     fi
 done
+
+# make test-gpu on a machine without a device must fail, with one clear line from gpu_init.
+if [ "$have_gpu" = no ]; then
+    status=0
+    msg=$(GPU_TEST_REQUIRE_DEVICE=1 "$BUILD/tests/gpu/test_gpu_ops" 2>&1) || status=$?
+    [ "$status" -ne 0 ] && grep -q 'no CUDA device: ' <<<"$msg" ||
+        { echo "FAIL: GPU_TEST_REQUIRE_DEVICE=1 without a device: status $status, output: $msg"; exit 1; }
+    echo "ok: with a device required and none present: $(grep 'no CUDA device' <<<"$msg")"
+fi
 
 # The benchmark program: SKIP without a device; with one, a few steps of tiny must print a timing line.
 status=0

@@ -2,8 +2,10 @@
 # The GPU kernels on the CPU: tests/gpu/test_gpu_ops.c and test_gpu_model.c -- the checks `make
 # test-gpu` runs on a GPU -- built against gpu/*.cu compiled as C++ with the emulator of
 # tests/gpu/emu (threads as fibers, real barriers, a scheduler that lets warps run ahead of each
-# other to expose missing barriers). Every check must pass. First the emulator's own test: known
-# answers, a missing barrier caught, a divergent barrier ending as a deadlock. Needs a C++ compiler
+# other to expose missing barriers; GPU_EMU_SEED picks its orders) and streams that run queued work
+# in simulated-time order (so a missing event wait between streams shows). Every check must pass. First the emulator's own test: known
+# answers, a missing barrier caught, a divergent barrier ending as a deadlock, a faulting kernel
+# named in sync-debug mode (LLAMA_CUDA_SYNC_DEBUG=1), the seed changing the order. Needs a C++ compiler
 # (else SKIP). Then test_gpu_ddp on 4 ranks (DDP through the MPI backend, one emulated GPU), and
 # last the GPU timeline of a traced step against the Perfetto schema.
 set -euo pipefail
@@ -21,6 +23,31 @@ out=$("$EMU/test_emulator" deadlock 2>&1) || status=$?
     { echo "FAIL: a divergent barrier did not end as a deadlock (status $status): $out"; exit 1; }
 echo "ok: a divergent barrier ends the run: $out"
 
+# A kernel that faults: reported at the next wait, and by its name and launch line in sync-debug mode.
+status=0
+out=$("$EMU/test_emulator" fault 2>&1) || status=$?
+[ "$status" -eq 1 ] && grep -q 'CUDA error at gpu_synchronize' <<<"$out" ||
+    { echo "FAIL: a trapping kernel was not reported at the next wait (status $status): $out"; exit 1; }
+status=0
+out=$(LLAMA_CUDA_SYNC_DEBUG=1 "$EMU/test_emulator" fault 2>&1) || status=$?
+[ "$status" -eq 1 ] && grep -q 'in kernel trapping_kernel launched at tests/gpu/emu/test_emulator.cpp:[0-9]' <<<"$out" ||
+    { echo "FAIL: LLAMA_CUDA_SYNC_DEBUG=1 did not name the trapping kernel (status $status): $out"; exit 1; }
+echo "ok: sync-debug mode names the failing kernel: $out"
+
+# The scheduler's seed: the same seed gives the same thread order, another seed another order.
+a=$(GPU_EMU_SEED=1 "$EMU/test_emulator" schedule) b=$(GPU_EMU_SEED=1 "$EMU/test_emulator" schedule)
+c=$(GPU_EMU_SEED=2 "$EMU/test_emulator" schedule)
+[ "$a" = "$b" ] && [ "$a" != "$c" ] || { echo "FAIL: GPU_EMU_SEED: seed 1 gave '$a' then '$b', seed 2 '$c'"; exit 1; }
+echo "ok: GPU_EMU_SEED reproduces an order and changes it ($a, $c)"
+# A model that does not fit: gpu_model_init stops before allocating, with the planned and free figures.
+status=0
+out=$(GPU_EMU_DEVICE_BYTES=1000000 "$EMU/test_gpu_model" 2>&1) || status=$?
+[ "$status" -eq 1 ] && grep -qE 'out of GPU memory: the model needs [0-9.]+ MiB .* the device has 0.95 MiB free' <<<"$out" ||
+    { echo "FAIL: a model larger than the device (status $status): $(tail -2 <<<"$out")"; exit 1; }
+echo "ok: $(grep 'out of GPU memory' <<<"$out")"
+# Everything below runs under GPU_EMU_SEED as given (default 0); a failure names the seed to rerun with.
+echo "scheduler seed: GPU_EMU_SEED=${GPU_EMU_SEED:-0}"
+
 shopt -s nullglob
 programs=()
 for p in "$EMU"/test_gpu_*; do [[ "$p" == *.d ]] || programs+=("$p"); done
@@ -34,7 +61,7 @@ for p in "${programs[@]}"; do
     out=$("$p" "${args[@]}" 2>&1) || status=$?
     summary=$(grep -E '^test_gpu_[a-z]+: [0-9]+ checks, [0-9]+ failed$' <<<"$out" || true)
     if [ "$status" -ne 0 ] || [[ "$summary" != *", 0 failed" ]] || grep -q '^SKIP' <<<"$out"; then
-        echo "FAIL: $p (status $status)"; grep -E '^(FAIL|SKIP)|emulator|error' <<<"$out" | head -20; tail -3 <<<"$out"; exit 1
+        echo "FAIL: $p (status $status, GPU_EMU_SEED=${GPU_EMU_SEED:-0})"; grep -E '^(FAIL|SKIP)|emulator|error' <<<"$out" | head -20; tail -3 <<<"$out"; exit 1
     fi
     echo "ok: $p on the CPU emulator: $summary"
 done

@@ -7,6 +7,7 @@
 //           (every target is valid, so the mean of the ranks' mean losses is the global mean).
 //   3 steps: DDP training -- average the gradients, clip, AdamW on every rank -- against the
 //           reference's loss curve on the global batch; the ranks' weights end bit-identical.
+//   broadcast: a bf16 model's new fp32 weights on rank 0 reach every rank's bf16 compute copy.
 // Tolerances as test_gpu_model's fp32 ones (1e-5 loss, 1e-4 gradients and curve): splitting the
 // batch changes only the order of the sums over tokens.
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include "common/rng.h"
 #include "gpu/dist.h"
 #include "gpu/model.h"
+#include "gpu/numerics.h"
 #include "reference_cpu/model.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -27,6 +29,36 @@ static uint64_t fnv1a(const void *data, size_t bytes) {
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
     return h;
+}
+
+// gpu_model_broadcast on a bf16 model: rank 0's fp32 weights change (as after loading a
+// checkpoint), the broadcast must bring every rank's fp32 weights *and* bf16 compute copy to them,
+// bit for bit (the copy is the fp32 weights rounded to nearest even). Also on one rank.
+static void check_bf16_broadcast(Comm *world, const ModelConfig *cfg) {
+    GpuModel m;
+    gpu_model_init(&m, cfg, 42, GPU_BF16, 1, 8);
+    size_t n = m.table.total_numel;
+    float *params = malloc(sizeof(float) * n);
+    uint16_t *copy = malloc(sizeof(uint16_t) * n);
+    gpu_download(params, m.params, sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) params[i] = params[i] * 1.5f + 0.01f;  // what every rank expects
+    if (comm_rank(world) == 0) gpu_upload(m.params, params, sizeof(float) * n);
+    gpu_model_broadcast(world, &m, 0);
+    float *got = malloc(sizeof(float) * n);
+    gpu_download(got, m.params, sizeof(float) * n);
+    gpu_download(copy, m.params_bf16, sizeof(uint16_t) * n);
+    int bad = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < n && !bad; i++)
+        if (got[i] != params[i] || copy[i] != bf16_bits_from_f32(params[i])) bad = 1, worst = i;
+    if (bad) log_info("rank %d: [%zu] fp32 %g (want %g), bf16 bits %04x (want %04x)", comm_rank(world), worst,
+                      got[worst], params[worst], copy[worst], bf16_bits_from_f32(params[worst]));
+    comm_all_reduce(world, &bad, 1, COMM_INT32, COMM_SUM);
+    if (comm_rank(world) == 0)
+        report("broadcast refreshes the bf16 copy", bad == 0, "%d of %d ranks differ from rank 0's new weights", bad,
+               comm_size(world));
+    free(params), free(copy), free(got);
+    gpu_model_free(&m);
 }
 
 int main(int argc, char **argv) {
@@ -72,7 +104,7 @@ int main(int argc, char **argv) {
     GpuModel m;
     gpu_model_init(&m, &cfg, 42, GPU_FP32, B_local, T);
     size_t n = m.table.total_numel;
-    gpu_broadcast(world, m.params, n, 0);  // every replica starts from rank 0's weights
+    gpu_model_broadcast(world, &m, 0);  // every replica starts from rank 0's weights
     const int *my_inputs = inputs + (size_t)rank * B_local * T, *my_targets = targets + (size_t)rank * B_local * T;
     float *grads = malloc(sizeof(float) * n);
     double worst_curve = 0;
@@ -116,6 +148,8 @@ int main(int argc, char **argv) {
         for (int r = 0; r < size; r++) differ += all[r] != all[0];
         report("DDP replicas identical", differ == 0, "%d of %d ranks differ from rank 0", differ, size);
     }
+
+    check_bf16_broadcast(world, &cfg);
 
     int failed = n_failed;
     comm_broadcast(world, &failed, 1, COMM_INT32, 0);

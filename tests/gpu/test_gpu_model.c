@@ -55,6 +55,13 @@ static void compare_grads(const char *label, const ParamTable *t, const float *g
     report(name, worst <= tol, "worst tensor %s: ||d||/||ref|| = %.3g (bound %.3g)", worst_name, worst, tol);
 }
 
+// What gpu_alloc has handed out and not taken back, over all categories.
+static size_t device_bytes_in_use(void) {
+    size_t total = 0;
+    for (int c = 0; c < MEM_N_CATEGORIES; c++) total += gpu_mem_current((MemCategory)c);
+    return total;
+}
+
 static void test_first_step(const char *config, int B, int T) {
     ModelConfig cfg;
     if (!model_config_lookup(config, &cfg)) fatal("no config %s", config);
@@ -73,14 +80,19 @@ static void test_first_step(const char *config, int B, int T) {
     float *grads = malloc(sizeof(float) * n);
     for (int precision = GPU_FP32; precision <= GPU_BF16; precision++) {
         bool bf16 = precision == GPU_BF16;
+        char name[96];
         GpuModel m;
+        size_t before = device_bytes_in_use(), planned = gpu_model_plan_bytes(&cfg, (GpuPrecision)precision, B, T);
         gpu_model_init(&m, &cfg, 42, (GpuPrecision)precision, B, T);
         if (m.table.total_numel != n) fatal("the GPU model's table differs from the reference's");
+        snprintf(name, sizeof name, "%s %s memory plan", config, bf16 ? "bf16" : "fp32");
+        size_t used = device_bytes_in_use() - before;
+        report(name, planned == used, "planned %zu bytes, gpu_model_init allocated %zu", planned, used);
         gpu_model_zero_grads(&m);
         double loss = gpu_model_forward(&m, inputs, targets);
         gpu_model_backward(&m, 1.0);
         gpu_download(grads, m.grads, sizeof(float) * n);
-        char label[64], name[96];
+        char label[64];
         snprintf(label, sizeof label, "%s %s step 1", config, bf16 ? "bf16" : "fp32");
         snprintf(name, sizeof name, "%s loss", label);
         double tol = bf16 ? 2e-2 : 1e-5;

@@ -2,9 +2,11 @@
 // one rank; under mpirun with one GPU per rank it checks N ranks). Values are small integers, so
 // every sum is exact in any order and the results are compared bit for bit.
 //
-// The ordering test: a kernel scales the buffer on the compute stream right before the all-reduce is
-// started, and another scales the result right after the wait. The expected value holds only if
-// the NCCL stream waited for the first kernel and the compute stream for the collective.
+// The ordering test: a slow kernel scales the buffer on the compute stream right before an
+// out-of-place all-gather is started, and a quick one scales the head of the result right after the
+// wait. The expected values hold only if the NCCL stream waited for the first kernel and the
+// compute stream for the collective; the emulator's streams (simulated durations) run the work in
+// the wrong order when either wait is missing.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,16 +45,31 @@ int main(int argc, char **argv) {
     snprintf(name, sizeof name, "all-reduce sum (%d ranks)", size);
     check_values(name, got, want, n);
 
-    // Ordering: x3 on the compute stream, all-reduce, wait, x0.5 on the compute stream.
-    for (size_t i = 0; i < n; i++) host[i] = (float)(2 * (i % 31));
-    for (size_t i = 0; i < n; i++) want[i] = (float)(3 * size * (i % 31));
-    gpu_upload(buf, host, sizeof(float) * n);
-    gpu_scale_inplace(buf, n, 3.0);
-    GpuCommOp *op = gpu_comm_all_reduce_start(g, buf, n, COMM_FLOAT32, COMM_SUM);
+    // Ordering, two ways an out-of-place all-gather can go wrong (an in-place collective on one rank
+    // moves nothing, so it could not show either). The buffer is large enough that scaling it takes
+    // longer than gathering it: (1) without the NCCL stream waiting for the compute stream, the
+    // all-gather would copy the buffer before the slow kernel has scaled it; (2) without the compute
+    // stream waiting for the all-gather, a quick kernel on the first elements of the result would run
+    // before the gather lands and be overwritten. On the emulator, streams run with simulated
+    // durations (tests/gpu/emu), and deleting either event wait in gpu/nccl.cu fails this check.
+    size_t big = (size_t)1 << 16, head = 256;
+    float *bsend = gpu_alloc(MEM_COMM, sizeof(float) * big), *brecv = gpu_alloc(MEM_COMM, sizeof(float) * big * size);
+    float *bhost = malloc(sizeof(float) * big * size), *bwant = malloc(sizeof(float) * big * size);
+    for (size_t i = 0; i < big; i++) bhost[i] = (float)(rank + 2 * (int)(i % 61));
+    for (int r = 0; r < size; r++)
+        for (size_t i = 0; i < big; i++) {
+            float v = 3.0f * (float)(r + 2 * (int)(i % 61));
+            bwant[r * big + i] = r == 0 && i < head ? 0.5f * v : v;
+        }
+    gpu_upload(bsend, bhost, sizeof(float) * big);
+    gpu_scale_inplace(bsend, big, 3.0);  // slow: every element
+    GpuCommOp *op = gpu_comm_all_gather_start(g, bsend, brecv, big, COMM_FLOAT32);
     gpu_comm_wait(op);
-    gpu_scale_inplace(buf, n, 0.5);
-    gpu_download(got, buf, sizeof(float) * n);
-    check_values("streams ordered by events", got, want, n);
+    gpu_scale_inplace(brecv, head, 0.5);  // quick: the first elements only
+    gpu_download(bhost, brecv, sizeof(float) * big * size);
+    check_values("streams ordered by events (all-gather)", bhost, bwant, big * size);
+    gpu_free(bsend), gpu_free(brecv);
+    free(bhost), free(bwant);
 
     // all-reduce AVG of (i % 97) * size + r * size: the average is (i % 97) * size + size (size - 1) / 2.
     for (size_t i = 0; i < n; i++) host[i] = (float)((i % 97) * size + rank * size);

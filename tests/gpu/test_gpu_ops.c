@@ -8,7 +8,7 @@
 // reference's contract (+=).
 //
 // Tolerances, and why (each check names its rule):
-//   exact      copies, casts, and embedding rows: bit-identical.
+//   exact      copies, casts, embedding rows and their gradients (same adds, same order): bit-identical.
 //   sum bound  matmuls: two fp32 sums of the same K products, in any order, each lie within
 //              gamma_K * sum|terms| of the exact sum (Higham, gamma_K ~ K 2^-24); their difference is
 //              bounded by (K + 2) 2^-23 (|x| . |w|) element-wise, computed alongside. Rigorous, so it
@@ -222,24 +222,35 @@ static void test_matmul(bool bf16) {
     float *ady = host_abs(dy, ny), *ax = host_abs(x, nx), *aw = host_abs(w_host, nw);
     float *dx_bound = host_abs(dx0, nx), *dw_bound = host_abs(dw0, nw);
     matmul_backward(dx_bound, dw_bound, ady, ax, aw, M, K, N);
-    float *y, *dx, *dw;
+    // The overwriting backward (beta = 0) into a poisoned dinp: dout W alone, bounded by |dy| . |W|.
+    float *dx_set_ref = calloc(nx, sizeof(float)), *dx_set_bound = calloc(nx, sizeof(float));
+    matmul_backward(dx_set_ref, NULL, dy, x, w_host, M, K, N);
+    matmul_backward(dx_set_bound, NULL, ady, ax, aw, M, K, N);
+    float *y, *dx, *dw, *dx_set;
     char name[64];
     const char *tag = bf16 ? "bf16" : "f32";
     if (!bf16) {
         float *d_x = dev_f32(x, nx), *d_w = dev_f32(w, nw + W_OFFSET), *d_dy = dev_f32(dy, ny);
         float *d_y = dev_f32_poisoned(ny), *d_dx = dev_f32(dx0, nx), *d_dw = dev_f32(dw0, nw);
+        float *d_dx_set = dev_f32_poisoned(nx);
         gpu_matmul_forward(d_y, d_x, d_w + W_OFFSET, M, K, N);
         gpu_matmul_backward(d_dx, d_dw, d_dy, d_x, d_w + W_OFFSET, M, K, N);
+        gpu_matmul_backward_overwrite(d_dx_set, NULL, d_dy, d_x, d_w + W_OFFSET, M, K, N);
         y = from_dev_f32(d_y, ny), dx = from_dev_f32(d_dx, nx), dw = from_dev_f32(d_dw, nw);
+        dx_set = from_dev_f32(d_dx_set, nx);
         gpu_free(d_x), gpu_free(d_w), gpu_free(d_dy), gpu_free(d_y), gpu_free(d_dx), gpu_free(d_dw);
+        gpu_free(d_dx_set);
     } else {
         gpu_bf16 *d_x = dev_bf16(x, nx), *d_w = dev_bf16(w, nw + W_OFFSET), *d_dy = dev_bf16(dy, ny);
-        gpu_bf16 *d_y = dev_bf16_poisoned(ny), *d_dx = dev_bf16(dx0, nx);
+        gpu_bf16 *d_y = dev_bf16_poisoned(ny), *d_dx = dev_bf16(dx0, nx), *d_dx_set = dev_bf16_poisoned(nx);
         float *d_dw = dev_f32(dw0, nw);
         gpu_matmul_forward_bf16(d_y, d_x, d_w + W_OFFSET, M, K, N);
         gpu_matmul_backward_bf16(d_dx, d_dw, d_dy, d_x, d_w + W_OFFSET, M, K, N);
+        gpu_matmul_backward_overwrite_bf16(d_dx_set, NULL, d_dy, d_x, d_w + W_OFFSET, M, K, N);
         y = from_dev_bf16(d_y, ny), dx = from_dev_bf16(d_dx, nx), dw = from_dev_f32(d_dw, nw);
+        dx_set = from_dev_bf16(d_dx_set, nx);
         gpu_free(d_x), gpu_free(d_w), gpu_free(d_dy), gpu_free(d_y), gpu_free(d_dx), gpu_free(d_dw);
+        gpu_free(d_dx_set);
     }
     double out_rtol = bf16 ? 0x1p-8 : 0x1p-23;  // the stored output's rounding
     snprintf(name, sizeof name, "matmul %s forward (sum bound)", tag);
@@ -248,6 +259,9 @@ static void test_matmul(bool bf16) {
     check_elementwise(name, dx, dx_ref, nx, out_rtol, 0, dx_bound, (N + 2) * 0x1p-23);
     snprintf(name, sizeof name, "matmul %s dweight (sum bound)", tag);
     check_elementwise(name, dw, dw_ref, nw, 0x1p-23, 0, dw_bound, (M + 2) * 0x1p-23);
+    snprintf(name, sizeof name, "matmul %s dinp overwritten (sum bound)", tag);
+    check_elementwise(name, dx_set, dx_set_ref, nx, out_rtol, 0, dx_set_bound, (N + 2) * 0x1p-23);
+    free(dx_set), free(dx_set_ref), free(dx_set_bound);
     free(x), free(w), free(dy), free(dx0), free(dw0), free(y_ref), free(dx_ref), free(dw_ref), free(fwd_bound);
     free(ady), free(ax), free(aw), free(dx_bound), free(dw_bound), free(y), free(dx), free(dw);
 }
@@ -282,7 +296,7 @@ static void test_embedding(void) {
     embedding_backward(dref, dout, tokens, N, C);
     gpu_embedding_backward(d_dtable, d_dout, d_tokens, N, C);
     got = from_dev_f32(d_dtable, (size_t)V * C);
-    check_fp32("embedding f32 backward", got, dref, (size_t)V * C, 1e-6);  // same order; FMA aside, exact
+    check_exact("embedding f32 backward", got, dref, (size_t)V * C);
     free(got);
 
     gpu_upload(d_dtable, dtable0, sizeof(float) * V * C);
@@ -290,7 +304,7 @@ static void test_embedding(void) {
     embedding_backward_rows(dref, dout, tokens, N, C, 10, 20);
     gpu_embedding_backward_rows(d_dtable, d_dout, d_tokens, N, C, 10, 20);
     got = from_dev_f32(d_dtable, (size_t)V * C);
-    check_fp32("embedding f32 backward (rows 10..29)", got, dref, (size_t)V * C, 1e-6);
+    check_exact("embedding f32 backward (rows 10..29)", got, dref, (size_t)V * C);
     free(got);
 
     // bf16: the table's rows are copied exactly; dout is read as bf16, dtable accumulates in fp32.
@@ -308,7 +322,7 @@ static void test_embedding(void) {
     embedding_backward(dref, dout, tokens, N, C);
     gpu_embedding_backward_bf16(d_dtable, b_dout, d_tokens, N, C);
     got = from_dev_f32(d_dtable, (size_t)V * C);
-    check_fp32("embedding bf16 backward (fp32 dtable)", got, dref, (size_t)V * C, 1e-6);
+    check_exact("embedding bf16 backward (fp32 dtable)", got, dref, (size_t)V * C);
     free(got);
 
     free(tokens), free(table), free(dout), free(dtable0), free(ref), free(dref);
@@ -429,6 +443,14 @@ static void test_elementwise(bool bf16) {
         check_fp32("swiglu f32 dgate", dg, dg_ref, n, 1e-5);
         check_fp32("swiglu f32 dup", du, du_ref, n, 1e-5);
         check_exact("add_inplace f32", sum, sum_ref, n);
+        // One element in: no pointer is 16-byte aligned, so only the scalar kernel runs.
+        float *d_x1 = dev_f32(dg0, n), *d_u1 = dev_f32(up, n);
+        gpu_add_inplace(d_x1 + 1, d_u1 + 1, n - 1);
+        float *sum1 = from_dev_f32(d_x1, n);
+        sum_ref[0] = dg0[0];
+        check_exact("add_inplace f32 unaligned", sum1, sum_ref, n);
+        free(sum1);
+        gpu_free(d_x1), gpu_free(d_u1);
     } else {
         gpu_bf16 *d_g = dev_bf16(gate, n), *d_u = dev_bf16(up, n), *d_dy = dev_bf16(dy, n), *d_y = dev_bf16_poisoned(n);
         gpu_bf16 *d_dg = dev_bf16(dg0, n), *d_du = dev_bf16(du0, n), *d_sum = dev_bf16(dg0, n);
@@ -444,6 +466,13 @@ static void test_elementwise(bool bf16) {
         // x + y of two bf16 values, rounded once: exactly what the host's rounding gives.
         for (size_t i = 0; i < n; i++) sum_ref[i] = bf16_round(sum_ref[i]);
         check_exact("add_inplace bf16", sum, sum_ref, n);
+        gpu_bf16 *d_x1 = dev_bf16(dg0, n), *d_u1 = dev_bf16(up, n);  // unaligned: the scalar kernel
+        gpu_add_inplace_bf16(d_x1 + 1, d_u1 + 1, n - 1);
+        float *sum1 = from_dev_bf16(d_x1, n);
+        sum_ref[0] = dg0[0];
+        check_exact("add_inplace bf16 unaligned", sum1, sum_ref, n);
+        free(sum1);
+        gpu_free(d_x1), gpu_free(d_u1);
     }
     free(gate), free(up), free(dy), free(dg0), free(du0), free(y_ref), free(dg_ref), free(du_ref), free(sum_ref);
     free(y), free(dg), free(du), free(sum);
@@ -536,6 +565,42 @@ static void test_adamw(void) {
     check_exact("adamw bf16 copy = bf16(params)", gpb, gp, n);
     free(p), free(m), free(v), free(gp), free(gm), free(gv), free(gpb);
     gpu_free(d_p), gpu_free(d_m), gpu_free(d_v), gpu_free(d_pb);
+}
+
+// Clipping folded into AdamW, two steps: max_norm 1 (the gradients' norm is ~300: clipped), then
+// max_norm 0 (none). The reference clips a copy with the norm the device computed, then steps; the
+// GPU's gradients must come back untouched.
+static void test_adamw_clipped(void) {
+    size_t n = 100003;
+    AdamWConfig cfg = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    float *p = host_normal(n, 0.02, 70), *m = calloc(n, sizeof(float)), *v = calloc(n, sizeof(float));
+    float *d_p = dev_f32(p, n), *d_m = dev_f32(m, n), *d_v = dev_f32(v, n);
+    gpu_bf16 *d_pb = dev_bf16_poisoned(n);
+    double *d_sum_sq = gpu_alloc(MEM_OTHER, sizeof(double)), sum_sq = 0;
+    bool untouched = true;
+    for (long long step = 1; step <= 2; step++) {
+        double max_norm = step == 1 ? 1.0 : 0.0;
+        float *g = host_normal(n, 1.0, 70 + step), *d_g = dev_f32(g, n);
+        gpu_sum_of_squares_into(d_sum_sq, d_g, n);
+        gpu_adamw_step_clipped(d_p, d_pb, d_g, d_m, d_v, n, step, 1e-3, &cfg, d_sum_sq, max_norm);
+        gpu_download(&sum_sq, d_sum_sq, sizeof sum_sq);
+        float *g_after = from_dev_f32(d_g, n);
+        untouched = untouched && memcmp(g_after, g, sizeof(float) * n) == 0;
+        clip_by_global_norm(g, n, sqrt(sum_sq), max_norm);
+        adamw_step(p, g, m, v, n, step, 1e-3, &cfg);
+        free(g), free(g_after);
+        gpu_free(d_g);
+    }
+    float *gp = from_dev_f32(d_p, n), *gm = from_dev_f32(d_m, n), *gv = from_dev_f32(d_v, n);
+    float *gpb = from_dev_bf16(d_pb, n);
+    check_fp32("adamw clipped params (clip, then none)", gp, p, n, 1e-6);  // tolerances: test_adamw's
+    check_fp32("adamw clipped m", gm, m, n, 1e-6);
+    check_fp32("adamw clipped v", gv, v, n, 1e-6);
+    for (size_t i = 0; i < n; i++) gp[i] = bf16_round(gp[i]);
+    check_exact("adamw clipped bf16 copy = bf16(params)", gpb, gp, n);
+    report("adamw clipped leaves the gradients", untouched, "%s", untouched ? "bit-identical" : "changed");
+    free(p), free(m), free(v), free(gp), free(gm), free(gv), free(gpb);
+    gpu_free(d_p), gpu_free(d_m), gpu_free(d_v), gpu_free(d_pb), gpu_free(d_sum_sq);
 }
 
 // ================================ clipping =======================================================
@@ -754,6 +819,7 @@ int main(void) {
     }
     test_embedding();
     test_adamw();
+    test_adamw_clipped();
     test_clipping();
     const AttnCase f32_cases[] = {
         {"causal GQA 2x130 H8/KV2 hd64", 2, 130, 130, 8, 2, 64, true, false},

@@ -54,7 +54,18 @@ int or_accumulator, or_result;  // __syncthreads_or: OR of this barrier's predic
 std::vector<unsigned char> dynamic_smem;
 unsigned char warp_slots[32][32][8];  // [warp][lane]: the shuffles' exchange
 std::map<const void *, int> smem_opt_in;
-uint64_t order_state = 0x9e3779b97f4a7c15ull;
+// The scheduler's pseudo-random state. GPU_EMU_SEED (an unsigned integer) picks another sequence of
+// orders, so that runs with different seeds explore different interleavings of the threads.
+uint64_t order_state;
+bool order_seeded;
+uint64_t scheduler_seed() {
+    const char *env = getenv("GPU_EMU_SEED");
+    if (!env || !*env) return 0;
+    char *end;
+    unsigned long long seed = strtoull(env, &end, 10);
+    if (*end) fatal_input("GPU_EMU_SEED=%s: expected an unsigned integer", env);
+    return seed;
+}
 
 void set_thread_index(unsigned t) {
     threadIdx.x = t % blockDim.x;
@@ -114,6 +125,10 @@ void shuffle(std::vector<unsigned> &order) {  // Fisher-Yates
 }
 
 uint64_t next_random() {
+    if (!order_seeded) {
+        order_state = 0x9e3779b97f4a7c15ull ^ (scheduler_seed() * 0xbf58476d1ce4e5b9ull);
+        order_seeded = true;
+    }
     order_state = order_state * 6364136223846793005ull + 1442695040888963407ull;
     return order_state >> 33;
 }
@@ -195,7 +210,7 @@ void *emu_warp_exchange_slot(unsigned lane) {
 void *emu_dynamic_smem() { return dynamic_smem.data(); }
 void emu_set_max_dynamic_smem(const void *kernel, int bytes) { smem_opt_in[kernel] = bytes; }
 
-void emu_launch(const void *kernel, dim3 grid, dim3 block, size_t dynamic_smem_bytes,
+void emu_launch(const void *kernel, dim3 grid, dim3 block, size_t dynamic_smem_bytes, EmuStream *stream,
                 const std::function<void()> &body) {
     unsigned n_threads = block.x * block.y * block.z;
     if (n_threads == 0 || n_threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 ||
@@ -207,46 +222,203 @@ void emu_launch(const void *kernel, dim3 grid, dim3 block, size_t dynamic_smem_b
     if (dynamic_smem_bytes > limit || dynamic_smem_bytes > OPT_IN_SMEM_LIMIT)
         fatal("emulator: launch asks for %zu bytes of dynamic shared memory; the kernel may use %zu",
               dynamic_smem_bytes, std::min(limit, OPT_IN_SMEM_LIMIT));
-    fibers.reserve(1024);  // the fibers' jmp_bufs must not move: a vector that never reallocates
-    add_fibers(n_threads);
-    dynamic_smem.assign(dynamic_smem_bytes, 0xff);
-    kernel_body = &body;
-    gridDim = grid, blockDim = block;
-    for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) {
-                blockIdx.x = x, blockIdx.y = y, blockIdx.z = z;
-                run_block(n_threads);
-            }
+    long long threads = (long long)grid.x * grid.y * grid.z * n_threads;
+    emu_enqueue(stream, threads, [=] {
+        fibers.reserve(1024);  // the fibers' jmp_bufs must not move: a vector that never reallocates
+        add_fibers(n_threads);
+        dynamic_smem.assign(dynamic_smem_bytes, 0xff);
+        kernel_body = &body;
+        gridDim = grid, blockDim = block;
+        for (unsigned z = 0; z < grid.z; z++)
+            for (unsigned y = 0; y < grid.y; y++)
+                for (unsigned x = 0; x < grid.x; x++) {
+                    blockIdx.x = x, blockIdx.y = y, blockIdx.z = z;
+                    run_block(n_threads);
+                }
+    });
+}
+
+// ================================ streams, events, errors ========================================
+// The queue of gpu_stream() and of every stream cudaStreamCreateWithFlags made: see cuda_runtime.h.
+// Simulated time is in "thread steps": a kernel lasts as many as it has threads, a copy its
+// bytes / 16 (memory moves far more bytes per step than a thread computes). The host clock
+// advances one step per call that queues something, and jumps to the end of the queued work when
+// the host synchronises.
+
+struct EmuStream {
+    long long free_at;  // simulated time the stream's last queued operation completes
+};
+
+namespace {
+struct QueuedOp {
+    long long done;       // simulated completion time
+    unsigned long long seq;  // issue order: breaks ties
+    std::function<void()> run;
+};
+EmuStream compute_stream;
+std::vector<QueuedOp> queued;
+unsigned long long issued;
+long long host_clock;
+cudaError_t sticky_error = cudaSuccess;
+bool draining;
+std::vector<cudaEvent_t> destroyed;  // freed once the queue has run their records
+
+EmuStream *stream_or_compute(cudaStream_t s) { return s ? s : &compute_stream; }
+}  // namespace
+
+long long emu_copy_duration(size_t bytes) { return (long long)(bytes / 16) + 1; }
+
+void emu_enqueue(cudaStream_t s, long long duration, std::function<void()> fn) {
+    if (draining) fatal("emulator: work queued from inside queued work");
+    EmuStream *stream = stream_or_compute(s);
+    long long start = std::max(host_clock, stream->free_at);
+    stream->free_at = start + duration;
+    queued.push_back(QueuedOp{stream->free_at, issued++, std::move(fn)});
+    host_clock++;
+}
+
+cudaError_t emu_drain() {
+    std::stable_sort(queued.begin(), queued.end(), [](const QueuedOp &a, const QueuedOp &b) {
+        return a.done != b.done ? a.done < b.done : a.seq < b.seq;
+    });
+    std::vector<QueuedOp> now;
+    now.swap(queued);
+    draining = true;
+    for (QueuedOp &op : now) {
+        op.run();
+        host_clock = std::max(host_clock, op.done);
+    }
+    draining = false;
+    for (cudaEvent_t e : destroyed) delete e;
+    destroyed.clear();
+    return sticky_error;
+}
+
+void __trap() { sticky_error = cudaErrorLaunchFailure; }
+cudaError_t cudaGetLastError() { return cudaSuccess; }  // launches are checked in emu_launch
+const char *cudaGetErrorString(cudaError_t err) {
+    return err == cudaSuccess ? "no error" : err == cudaErrorLaunchFailure ? "unspecified launch failure" : "error";
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    *e = new EmuEvent{0, 0};
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    destroyed.push_back(e);  // its record may still be queued: CUDA allows that
+
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    e->sim_done = stream_or_compute(s)->free_at;
+    emu_enqueue(s, 0, [e] { e->ns = now_ns(); });
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return emu_drain(); }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    *ms = (float)((end->ns - start->ns) * 1e-6);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
+    *s = new EmuStream{host_clock};
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    cudaError_t err = emu_drain();
+    delete s;
+    return err;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return emu_drain(); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+    EmuStream *stream = stream_or_compute(s);
+    stream->free_at = std::max(stream->free_at, e->sim_done);
+    return cudaSuccess;
 }
 
 // ================================ gpu/runtime.h on host memory ===================================
+
+// Host-side calls that wait for the device: a fault of the queued work surfaces here, named by the
+// call that waited, as on a device without sync-debug mode.
+static void synchronize(const char *where) {
+    cudaError_t err = emu_drain();
+    if (err != cudaSuccess) fatal("CUDA error at %s (emulated): %s", where, cudaGetErrorString(err));
+}
 
 extern "C" {
 int gpu_device_count(char *why, size_t why_len) { return 1; }
 static bool initialized;
 void gpu_init(int device) { initialized = true; }
-void gpu_shutdown(void) { initialized = false; }
+void gpu_shutdown(void) {
+    synchronize("gpu_shutdown");
+    initialized = false;
+}
 bool gpu_initialized(void) { return initialized; }
-void gpu_synchronize(void) {}
+void gpu_synchronize(void) { synchronize("gpu_synchronize"); }
 void gpu_device_description(char *out, size_t out_len) {
     snprintf(out, out_len, "CPU emulation of gpu/*.cu (tests/gpu/emu); matmuls are reference_cpu's");
 }
-void *gpu_alloc(MemCategory category, size_t bytes) { return mem_alloc(category, bytes); }
-void gpu_free(void *ptr) { mem_free(ptr); }
-void gpu_upload(void *device_dst, const void *host_src, size_t bytes) { memcpy(device_dst, host_src, bytes); }
-void gpu_download(void *host_dst, const void *device_src, size_t bytes) { memcpy(host_dst, device_src, bytes); }
-void gpu_fill_bytes(void *device_dst, int byte, size_t bytes) { memset(device_dst, byte, bytes); }
-void gpu_copy(void *device_dst, const void *device_src, size_t bytes) { memcpy(device_dst, device_src, bytes); }
-size_t gpu_mem_current(MemCategory category) { return mem_current(category); }
-size_t gpu_mem_peak(MemCategory category) { return mem_peak(category); }
-size_t gpu_mem_peak_total(void) { return mem_peak_total(); }
+}  // extern "C"
+// Device memory is host memory (common/mem.h's, so the host report shows it too), with the device's
+// own per-category count kept apart from the host's, as gpu/runtime.cu keeps it.
+namespace {
+std::map<void *, std::pair<MemCategory, size_t>> device_allocations;
+size_t device_current[MEM_N_CATEGORIES], device_peak[MEM_N_CATEGORIES], device_total, device_peak_total;
+}  // namespace
+extern "C" {
+void *gpu_alloc(MemCategory category, size_t bytes) {
+    void *ptr = mem_alloc(category, bytes);
+    device_allocations[ptr] = {category, bytes};
+    device_current[category] += bytes, device_total += bytes;
+    device_peak[category] = std::max(device_peak[category], device_current[category]);
+    device_peak_total = std::max(device_peak_total, device_total);
+    return ptr;
+}
+void gpu_free(void *ptr) {  // cudaFreeAsync: after the work queued before it (simplest: all of it)
+    if (!ptr) return;
+    synchronize("gpu_free");
+    auto a = device_allocations.find(ptr);
+    if (a == device_allocations.end()) fatal("gpu_free: %p was not allocated by gpu_alloc", ptr);
+    device_current[a->second.first] -= a->second.second, device_total -= a->second.second;
+    device_allocations.erase(a);
+    mem_free(ptr);
+}
+void gpu_upload(void *device_dst, const void *host_src, size_t bytes) {
+    synchronize("gpu_upload");
+    memcpy(device_dst, host_src, bytes);
+}
+void gpu_download(void *host_dst, const void *device_src, size_t bytes) {
+    synchronize("gpu_download");
+    memcpy(host_dst, device_src, bytes);
+}
+void gpu_fill_bytes(void *device_dst, int byte, size_t bytes) {
+    emu_enqueue(nullptr, emu_copy_duration(bytes), [=] { memset(device_dst, byte, bytes); });
+}
+void gpu_copy(void *device_dst, const void *device_src, size_t bytes) {
+    emu_enqueue(nullptr, emu_copy_duration(bytes), [=] { memcpy(device_dst, device_src, bytes); });
+}
+// The emulated device has GPU_EMU_DEVICE_BYTES of memory (default 80 GiB, an H100's), less what
+// the process has allocated in it.
+void gpu_memory_info(size_t *free_bytes, size_t *total_bytes) {
+    const char *env = getenv("GPU_EMU_DEVICE_BYTES");
+    char *end = NULL;
+    size_t total = env && *env ? strtoull(env, &end, 10) : (size_t)80 << 30;
+    if (end && *end) fatal_input("GPU_EMU_DEVICE_BYTES=%s: expected a number of bytes", env);
+    size_t used = device_total;
+    *total_bytes = total;
+    *free_bytes = used < total ? total - used : 0;
+}
+size_t gpu_mem_current(MemCategory category) { return device_current[category]; }
+size_t gpu_mem_peak(MemCategory category) { return device_peak[category]; }
+size_t gpu_mem_peak_total(void) { return device_peak_total; }
 void gpu_memory_report(void) { mem_print_report(); }
 }
 
-cudaStream_t gpu_stream(void) { return nullptr; }
+cudaStream_t gpu_stream(void) { return &compute_stream; }
 void *gpu_scratch_alloc(size_t bytes) { return mem_alloc(MEM_OTHER, bytes); }
-void gpu_scratch_free(void *ptr) { mem_free(ptr); }
+void gpu_scratch_free(void *ptr) {
+    synchronize("gpu_scratch_free");
+    mem_free(ptr);
+}
 void gpu_matmul_shutdown(void) {}
 
 // ================================ matmuls: reference_cpu's ========================================
@@ -260,26 +432,47 @@ std::vector<float> widen(const gpu_bf16 *x, size_t n) {
 void narrow(gpu_bf16 *out, const std::vector<float> &x) {
     for (size_t i = 0; i < x.size(); i++) out[i] = __float2bfloat16_rn(x[i]);
 }
+
+// Queued on the compute stream like the kernels (a matmul reads what the kernels before it wrote),
+// lasting M N K / 64 steps.
+long long matmul_duration(int M, int K, int N) { return (long long)M * N * K / 64 + 1; }
 }  // namespace
 
 extern "C" {
 void gpu_matmul_forward(float *out, const float *inp, const float *weight, int M, int K, int N) {
-    matmul_forward(out, inp, weight, M, K, N);
+    emu_enqueue(nullptr, matmul_duration(M, K, N), [=] { matmul_forward(out, inp, weight, M, K, N); });
 }
 void gpu_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                          int M, int K, int N) {
-    matmul_backward(dinp, dweight, dout, inp, weight, M, K, N);
+    emu_enqueue(nullptr, 2 * matmul_duration(M, K, N),
+                [=] { matmul_backward(dinp, dweight, dout, inp, weight, M, K, N); });
 }
 void gpu_matmul_forward_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K, int N) {
-    std::vector<float> x = widen(inp, (size_t)M * K), w = widen(weight, (size_t)N * K), y((size_t)M * N);
-    matmul_forward(y.data(), x.data(), w.data(), M, K, N);
-    narrow(out, y);
+    emu_enqueue(nullptr, matmul_duration(M, K, N), [=] {
+        std::vector<float> x = widen(inp, (size_t)M * K), w = widen(weight, (size_t)N * K), y((size_t)M * N);
+        matmul_forward(y.data(), x.data(), w.data(), M, K, N);
+        narrow(out, y);
+    });
+}
+// Overwriting dinp: zero it on the queue, then accumulate as above.
+void gpu_matmul_backward_overwrite(float *dinp, float *dweight, const float *dout, const float *inp,
+                                   const float *weight, int M, int K, int N) {
+    gpu_fill_bytes(dinp, 0, sizeof(float) * M * K);
+    gpu_matmul_backward(dinp, dweight, dout, inp, weight, M, K, N);
+}
+void gpu_matmul_backward_overwrite_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
+                                        const gpu_bf16 *weight, int M, int K, int N) {
+    gpu_fill_bytes(dinp, 0, sizeof(gpu_bf16) * M * K);
+    gpu_matmul_backward_bf16(dinp, dweight, dout, inp, weight, M, K, N);
 }
 void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
                               const gpu_bf16 *weight, int M, int K, int N) {
-    std::vector<float> dy = widen(dout, (size_t)M * N), x = widen(inp, (size_t)M * K), w = widen(weight, (size_t)N * K);
-    std::vector<float> dx = dinp ? widen(dinp, (size_t)M * K) : std::vector<float>();
-    matmul_backward(dinp ? dx.data() : NULL, dweight, dy.data(), x.data(), w.data(), M, K, N);
-    if (dinp) narrow(dinp, dx);
+    emu_enqueue(nullptr, 2 * matmul_duration(M, K, N), [=] {
+        std::vector<float> dy = widen(dout, (size_t)M * N), x = widen(inp, (size_t)M * K),
+                           w = widen(weight, (size_t)N * K);
+        std::vector<float> dx = dinp ? widen(dinp, (size_t)M * K) : std::vector<float>();
+        matmul_backward(dinp ? dx.data() : NULL, dweight, dy.data(), x.data(), w.data(), M, K, N);
+        if (dinp) narrow(dinp, dx);
+    });
 }
 }

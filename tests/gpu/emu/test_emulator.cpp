@@ -2,7 +2,9 @@
 // shared memory across warps, dynamic shared memory) must get it; a kernel whose cross-warp read is
 // ordered only by a warp barrier must be caught reading stale data; with the argument `deadlock`, a
 // barrier that half the block skips must end the run with the emulator's deadlock message
-// (tests/t_gpu_emulated.sh checks that exit).
+// (tests/t_gpu_emulated.sh checks that exit); with `fault`, a kernel that traps must be reported, by
+// its name and launch line in sync-debug mode; `schedule` prints a fingerprint of the scheduler's
+// thread order, which GPU_EMU_SEED must change.
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -52,16 +54,58 @@ __global__ void divergent_barrier_kernel() {
     if (threadIdx.x < 64) __syncthreads();
 }
 
+// A fault in a kernel (as an out-of-bounds address would be on a device).
+__global__ void trapping_kernel() {
+    if (threadIdx.x == 5) __trap();
+}
+__global__ void idle_kernel() {}
+
+// Each thread takes a ticket in the order the scheduler runs it (one fiber runs at a time, so the
+// plain increment is atomic here); two barriers give the scheduler two more orders to choose.
+__global__ void ticket_kernel(int *tickets) {
+    __shared__ int next;
+    if (threadIdx.x == 0) next = 0;
+    for (int round = 0; round < 3; round++) {
+        __syncthreads();
+        tickets[round * blockDim.x + threadIdx.x] = next++;
+        __syncthreads();
+        if (threadIdx.x == 0) next = 0;
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && std::strcmp(argv[1], "deadlock") == 0) {
         GPU_LAUNCH(divergent_barrier_kernel, 1, 128, 0);
+        gpu_synchronize();
         std::printf("FAIL: a barrier half the block skips did not deadlock\n");
+        return 0;
+    }
+    // `fault`: a kernel traps, more kernels follow, then the host waits. Without sync-debug mode the
+    // error surfaces at the wait (gpu_synchronize); with LLAMA_CUDA_SYNC_DEBUG=1 the launch of
+    // trapping_kernel is named, with this file and line (tests/t_gpu_emulated.sh checks both).
+    if (argc > 1 && std::strcmp(argv[1], "fault") == 0) {
+        GPU_LAUNCH(trapping_kernel, 2, 64, 0);
+        GPU_LAUNCH(idle_kernel, 1, 32, 0);
+        gpu_synchronize();
+        std::printf("FAIL: a trapping kernel was not reported\n");
+        return 0;
+    }
+    // `schedule`: a fingerprint of the order the scheduler ran the threads in (GPU_EMU_SEED changes it).
+    if (argc > 1 && std::strcmp(argv[1], "schedule") == 0) {
+        std::vector<int> tickets(3 * 128);
+        int *tickets_ptr = tickets.data();
+        GPU_LAUNCH(ticket_kernel, 1, 128, 0, tickets_ptr);
+        gpu_synchronize();
+        unsigned long long h = 1469598103934665603ull;
+        for (int t : tickets) h = (h ^ (unsigned)t) * 1099511628211ull;
+        std::printf("schedule %016llx\n", h);
         return 0;
     }
     // (The lambda GPU_LAUNCH makes copies its captures const: pass plain pointers.)
     std::vector<int> sums(4 * 64);
     int *sums_ptr = sums.data();
     GPU_LAUNCH(warp_sum_kernel, 4, 64, 0, sums_ptr);
+    gpu_synchronize();
     bool ok = true;
     for (int s : sums) ok = ok && s == 496;
     expect(ok, "warp shuffles: every lane has its warp's sum");
@@ -69,6 +113,7 @@ int main(int argc, char **argv) {
     std::vector<int> votes(6 * 128);
     int *votes_ptr = votes.data();
     GPU_LAUNCH(vote_kernel, 6, 128, 0, votes_ptr);
+    gpu_synchronize();
     ok = true;
     for (int b = 0; b < 6; b++)
         for (int t = 0; t < 128; t++) ok = ok && votes[b * 128 + t] == b % 2;
@@ -78,12 +123,14 @@ int main(int argc, char **argv) {
     std::vector<int> seen(blocks * 32);
     int *seen_ptr = seen.data();
     GPU_LAUNCH(cross_warp_kernel, blocks, 64, 0, seen_ptr, false);
+    gpu_synchronize();
     ok = true;
     for (int b = 0; b < blocks; b++)
         for (int l = 0; l < 32; l++) ok = ok && seen[b * 32 + l] == b + 1;
     expect(ok, "cross-warp read after __syncthreads sees the write");
     std::fill(seen.begin(), seen.end(), 0);
     GPU_LAUNCH(cross_warp_kernel, blocks, 64, 0, seen_ptr, true);
+    gpu_synchronize();
     int stale = 0;
     for (int b = 0; b < blocks; b++)
         for (int l = 0; l < 32; l++) stale += seen[b * 32 + l] != b + 1;
@@ -92,6 +139,7 @@ int main(int argc, char **argv) {
     std::vector<float> smem_out(2 * 96);
     float *smem_out_ptr = smem_out.data();
     GPU_LAUNCH(dynamic_smem_kernel, 1, 96, 96 * sizeof(float), smem_out_ptr);
+    gpu_synchronize();
     ok = true;
     for (int t = 0; t < 96; t++) ok = ok && std::isnan(smem_out[t]) && smem_out[96 + t] == (float)(95 - t);
     expect(ok, "dynamic shared memory: poisoned with NaN, then shared by the block");

@@ -55,19 +55,33 @@ inline int atomicMin(int *address, int value) {  // one fiber at a time: a plain
     return old;
 }
 
-// Runs kernel_body once per thread of every block of the grid, with dynamic_smem_bytes of dynamic
-// shared memory per block (filled with NaN bytes before each block: reading it before writing it
-// shows up). `kernel` identifies the kernel for its shared-memory opt-in.
-void emu_launch(const void *kernel, dim3 grid, dim3 block, size_t dynamic_smem_bytes,
+// Checks the launch at once, then queues it on stream: kernel_body runs once per thread of every
+// block of the grid, with dynamic_smem_bytes of dynamic shared memory per block (filled with NaN
+// bytes before each block: reading it before writing it shows up). `kernel` identifies the kernel
+// for its shared-memory opt-in.
+struct EmuStream;
+void emu_launch(const void *kernel, dim3 grid, dim3 block, size_t dynamic_smem_bytes, EmuStream *stream,
                 const std::function<void()> &kernel_body);
 void *emu_dynamic_smem();
 
 // ---- the runtime API the .cu files call --------------------------------------------------------------
 typedef int cudaError_t;
 #define cudaSuccess 0
-typedef struct EmuStream *cudaStream_t;
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-inline const char *cudaGetErrorString(cudaError_t) { return "no error (emulated)"; }
+#define cudaErrorLaunchFailure 719
+// Streams: each launch, copy, event record and NCCL call is queued on its stream with a simulated
+// duration, and nothing runs until the host synchronises (a stream, an event, a blocking copy, a
+// free). Then the queued work runs one operation at a time in the order of its simulated
+// completion time: an operation starts when its stream is free, no earlier than the host issued
+// it and no earlier than the events its stream was told to wait for; a kernel takes as long as it
+// has threads, a copy its bytes / 16 (emu.cpp). So a slow kernel on one stream finishes after fast
+// work issued later on another, and a missing cudaStreamWaitEvent shows up as stale data.
+struct EmuStream;
+typedef EmuStream *cudaStream_t;  // nullptr: the compute stream (gpu_stream())
+// A kernel that calls __trap() fails: like a fault on the device, the error is sticky and is
+// reported by the next synchronisation, not by the launch.
+void __trap();
+cudaError_t cudaGetLastError();
+const char *cudaGetErrorString(cudaError_t err);
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 // Records the opt-in limit; emu_launch refuses more dynamic shared memory than the kernel opted into
 // (or 48 KiB without), as the hardware does.
@@ -77,40 +91,28 @@ template <typename Kernel> cudaError_t cudaFuncSetAttribute(Kernel kernel, cudaF
     return cudaSuccess;
 }
 
-// Events: a launch runs to completion before emu_launch returns, so an event's time is the host
-// clock when it is recorded.
+// Events: recorded on a stream as an operation of no duration; its time (host clock, ns) is taken
+// when the queue reaches it, so elapsed times are those of the emulated work in between.
 struct EmuEvent {
-    long long ns;
+    long long ns;         // host clock when the queue ran the record
+    long long sim_done;   // simulated completion time of the work before the record
 };
 typedef EmuEvent *cudaEvent_t;
-extern "C" long long now_ns(void);
-inline cudaError_t cudaEventCreate(cudaEvent_t *e) {
-    *e = new EmuEvent{0};
-    return cudaSuccess;
-}
-inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
-    delete e;
-    return cudaSuccess;
-}
-inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-    e->ns = now_ns();
-    return cudaSuccess;
-}
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
-inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
-    *ms = (float)((end->ns - start->ns) * 1e-6);
-    return cudaSuccess;
-}
-
-// Streams: every launch and copy completes when it is issued, so streams and the waits between
-// them have nothing to order.
 #define cudaStreamNonBlocking 0x01
 #define cudaEventDisableTiming 0x02
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
-    *s = nullptr;
-    return cudaSuccess;
-}
-inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaEventCreate(cudaEvent_t *e);
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
+
+// Queues fn on stream s with a simulated duration (gpu/runtime.h's copies and fills, the emulated
+// NCCL and matmuls use it); emu_drain runs everything queued and returns the sticky error, if any.
+void emu_enqueue(cudaStream_t s, long long duration, std::function<void()> fn);
+cudaError_t emu_drain();
+long long emu_copy_duration(size_t bytes);

@@ -35,23 +35,27 @@ inline ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     return ncclSuccess;
 }
 inline size_t emu_nccl_size(ncclDataType_t t) { return t == ncclUint8 ? 1 : t == ncclFloat64 ? 8 : 4; }
-inline ncclResult_t emu_nccl_copy(const void *send, void *recv, size_t count, ncclDataType_t t) {
-    if (send != recv) std::memmove(recv, send, count * emu_nccl_size(t));
+// Queued on the NCCL stream like a real collective: it reads send when the stream gets to it.
+inline ncclResult_t emu_nccl_copy(const void *send, void *recv, size_t count, ncclDataType_t t, cudaStream_t s) {
+    size_t bytes = count * emu_nccl_size(t);
+    emu_enqueue(s, emu_copy_duration(bytes), [=] {
+        if (send != recv) std::memmove(recv, send, bytes);
+    });
     return ncclSuccess;
 }
 inline ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t,
-                                  ncclComm_t, cudaStream_t) {
-    return emu_nccl_copy(send, recv, count, t);
+                                  ncclComm_t, cudaStream_t s) {
+    return emu_nccl_copy(send, recv, count, t, s);
 }
 inline ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t count, ncclDataType_t t, ncclRedOp_t,
-                                      ncclComm_t, cudaStream_t) {
-    return emu_nccl_copy(send, recv, count, t);
+                                      ncclComm_t, cudaStream_t s) {
+    return emu_nccl_copy(send, recv, count, t, s);
 }
 inline ncclResult_t ncclAllGather(const void *send, void *recv, size_t count, ncclDataType_t t, ncclComm_t,
-                                  cudaStream_t) {
-    return emu_nccl_copy(send, recv, count, t);
+                                  cudaStream_t s) {
+    return emu_nccl_copy(send, recv, count, t, s);
 }
 inline ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t t, int, ncclComm_t,
-                                  cudaStream_t) {
-    return emu_nccl_copy(send, recv, count, t);
+                                  cudaStream_t s) {
+    return emu_nccl_copy(send, recv, count, t, s);
 }

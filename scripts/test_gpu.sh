@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# make test-gpu: everything that needs a CUDA device, in one command. Stops at the first failure.
+#   1. every kernel against its CPU op (tests/gpu/test_gpu_ops), fp32 and bf16;
+#   2. compute-sanitizer's memcheck, racecheck and synccheck on the same kernel tests: clean;
+#   3. the model: tiny and small, one step and a loss curve, against the reference
+#      (test_gpu_model), with a traced step whose GPU timeline passes the Perfetto schema check;
+#   4. NCCL with a world of one rank (test_gpu_nccl, where NCCL was found), the stream-ordering
+#      check included;
+#   5. data parallelism on 4 ranks sharing the GPU (test_gpu_ddp under mpirun).
+# GPU_TEST_REQUIRE_DEVICE=1 (set by make test-gpu): without a device the programs stop with
+# "no CUDA device: <why>" instead of printing SKIP, so this can never pass on a machine without one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+MPIRUN=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
+PYTHON=${PYTHON:-$BUILD/venv/bin/python}
+SANITIZER=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+export GPU_TEST_REQUIRE_DEVICE=${GPU_TEST_REQUIRE_DEVICE:-1}
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/llama-test-gpu.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+
+step() { echo; echo "== $*"; }
+run() {  # name, command...: the command's output, then ok/FAIL from its status and its closing line
+    local name=$1; shift
+    local status=0
+    "$@" 2>&1 | tee "$TMP/out.txt" || status=${PIPESTATUS[0]}
+    if [ "$status" -ne 0 ] || grep -q '^SKIP' "$TMP/out.txt"; then echo "FAIL: $name (status $status)"; exit 1; fi
+    echo "ok: $name"
+}
+
+step "1. kernels against their CPU ops"
+run test_gpu_ops "$BUILD/tests/gpu/test_gpu_ops"
+
+step "2. compute-sanitizer on the kernel tests"
+[ -x "$SANITIZER" ] || { echo "FAIL: compute-sanitizer not found (COMPUTE_SANITIZER=path)"; exit 1; }
+for tool in memcheck racecheck synccheck; do
+    extra=()
+    [ "$tool" = memcheck ] && extra=(--leak-check full)
+    run "compute-sanitizer --tool $tool" "$SANITIZER" --tool "$tool" "${extra[@]}" --error-exitcode 99 \
+        "$BUILD/tests/gpu/test_gpu_ops"
+done
+
+step "3. the model against the reference, and its GPU timeline"
+run test_gpu_model "$BUILD/tests/gpu/test_gpu_model" --trace "$TMP/gpu_timeline.pftrace"
+run "GPU timeline schema" "$PYTHON" tests/py/trace_check.py "$TMP/gpu_timeline.pftrace" --expect-tracks 3 \
+    --expect-slice "step 1" --expect-slice "embedding fwd" --expect-slice "block fwd" \
+    --expect-slice "head fwd + loss" --expect-slice "head bwd" --expect-slice "block bwd" \
+    --expect-slice "embedding bwd" --expect-slice optimizer
+
+step "4. NCCL, one rank"
+if [ -x "$BUILD/tests/gpu/test_gpu_nccl" ]; then
+    run test_gpu_nccl "$BUILD/tests/gpu/test_gpu_nccl"
+else
+    echo "FAIL: $BUILD/tests/gpu/test_gpu_nccl was not built (NCCL not found: make probe)"; exit 1
+fi
+
+step "5. data parallelism, 4 ranks on the one GPU"
+run "test_gpu_ddp on 4 ranks" $MPIRUN -np 4 "$BUILD/tests/gpu/test_gpu_ddp"
+
+echo; echo "test-gpu: all passed"
