@@ -59,7 +59,7 @@ def comm_sequence_by_step(path):
         if e.get("ph") != "X":
             continue
         track = thread_names.get((e["pid"], e["tid"]), "")
-        if track == "steps":
+        if track == "steps" and e["name"] == "step":  # not the checkpoint's gathers
             steps[e["pid"]].append((e["ts"], e["ts"] + e["dur"]))
         elif track.startswith("comm:"):
             comms[e["pid"]].append((e["ts"], e["name"], e["args"].get("group", ""), e["args"].get("bytes", 0)))
