@@ -77,7 +77,9 @@ while read -r name dest _; do
         variant) src=$VARIANT/$dest ;;
     esac
     member=$(basename "$dest" .c).o
-    if ! (cd "$ROOT" && $LAB_CC $LAB_CFLAGS $LAB_WARNINGS -c "$src" -o "$WORK/obj/$member") >> "$WORK/build.log" 2>&1; then
+    # -iquote: the file's own #include "x.h" finds the chapter's headers wherever the file is.
+    if ! (cd "$ROOT" && $LAB_CC $LAB_CFLAGS $LAB_WARNINGS -iquote "$(dirname "$ROOT/$dest")" -c "$src" \
+            -o "$WORK/obj/$member") >> "$WORK/build.log" 2>&1; then
         grep -E "error" "$WORK/build.log" | head -20
         echo "grade $LAB: $src does not compile: 0 points"
         exit 1
