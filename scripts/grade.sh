@@ -40,29 +40,41 @@ LAB_DIR=$ROOT/exercises/$LAB
 LAB_WARNINGS="-Wno-unused-parameter -Wno-unused-variable -Wno-unused-but-set-variable -Wno-unused-function"
 
 # ---- the prebuilt part, shared by every grade of every lab (built once, under a lock) -----------
-# flags.sh: the Makefile's compiler flags; obj/: the programs' main files; bin/train: the unmodified
-# trainer, the single-process reference of the checks (exercises/vs_reference.sh).
+# flags.sh: the Makefile's compiler flags; obj/NAME.o: the main file of each program a lab's checks
+# run (chapters/*/main_NAME.c, the trainer, or a test suite tests/NAME.c), compiled when first
+# needed; bin/train: the unmodified trainer, the single-process reference of the checks.
 for lib in libref32.a libcommon.a; do
     [ -f "$LIBDIR/$lib" ] || make -s -C "$ROOT" BUILD="$LIBDIR" "$LIBDIR/$lib" >&2 || { echo "grade: cannot build $lib" >&2; exit 2; }
 done
 mkdir -p "$CACHE"
-prepare_cache() {
-    if [ -f "$CACHE/stamp" ] && [ "$CACHE/stamp" -nt "$LIBDIR/libref32.a" ] && [ "$CACHE/stamp" -nt "$LIBDIR/libcommon.a" ]; then
-        return 0
-    fi
-    rm -rf "$CACHE/obj" "$CACHE/bin" "$CACHE/ref" && mkdir -p "$CACHE/obj" "$CACHE/bin" "$CACHE/ref"
-    make -s -C "$ROOT" BUILD="$LIBDIR" print-lab-build > "$CACHE/flags.sh" || return 1
-    source "$CACHE/flags.sh"
-    local main
-    for main in "$ROOT"/chapters/*/main_*.c "$ROOT/chapters/10_trainer/train.c"; do
-        local name; name=$(basename "$main" .c); name=${name#main_}
-        (cd "$ROOT" && $LAB_CC $LAB_CFLAGS -c "$main" -o "$CACHE/obj/$name.o") || return 1
-    done
-    $LAB_CC "$CACHE/obj/train.o" "$LIBDIR/libref32.a" "$LIBDIR/libcommon.a" $LAB_LDLIBS -o "$CACHE/bin/train" || return 1
-    touch "$CACHE/stamp"
+programs=$(sed -n 's/^# programs: *//p' "$LAB_DIR/checks")
+main_of() {  # program name -> its main source
+    case $1 in
+        train) echo "$ROOT/chapters/10_trainer/train.c" ;;
+        test_*) echo "$ROOT/tests/$1.c" ;;
+        *) ls "$ROOT"/chapters/*/main_"$1".c 2>/dev/null | head -1 ;;
+    esac
 }
-(flock 9 && prepare_cache) 9> "$CACHE/lock" > "$CACHE/prepare.log" 2>&1 \
-    || { cat "$CACHE/prepare.log" >&2; echo "grade: cannot prepare $CACHE" >&2; exit 2; }
+prepare_cache() {
+    if ! { [ -f "$CACHE/stamp" ] && [ "$CACHE/stamp" -nt "$LIBDIR/libref32.a" ] && [ "$CACHE/stamp" -nt "$LIBDIR/libcommon.a" ]; }; then
+        rm -rf "$CACHE/obj" "$CACHE/bin" "$CACHE/ref" && mkdir -p "$CACHE/obj" "$CACHE/bin" "$CACHE/ref"
+        make -s -C "$ROOT" BUILD="$LIBDIR" print-lab-build > "$CACHE/flags.sh" || return 1
+        touch "$CACHE/stamp"
+    fi
+    source "$CACHE/flags.sh"
+    local program main
+    for program in train $programs; do
+        [ -f "$CACHE/obj/$program.o" ] && continue
+        main=$(main_of "$program")
+        [ -f "$main" ] || { echo "grade: $LAB_DIR/checks: no program '$program'"; return 1; }
+        (cd "$ROOT" && $LAB_CC $LAB_CFLAGS -c "$main" -o "$CACHE/obj/$program.o") || return 1
+    done
+    [ -f "$CACHE/bin/train" ] ||
+        $LAB_CC "$CACHE/obj/train.o" "$LIBDIR/libref32.a" "$LIBDIR/libcommon.a" $LAB_LDLIBS -o "$CACHE/bin/train"
+}
+mkdir -p "$(dirname "$WORK")"
+(flock 9 && prepare_cache) 9> "$CACHE/lock" > "$WORK.prepare.log" 2>&1 \
+    || { cat "$WORK.prepare.log" >&2; echo "grade: cannot prepare $CACHE" >&2; exit 2; }
 source "$CACHE/flags.sh"
 
 # ---- your file(s), compiled and linked into the programs the checks run ---------------------------
@@ -86,10 +98,10 @@ while read -r name dest _; do
     fi
     ar d "$WORK/build/libref32.a" "$member"  # the chapter's version of it; yours is linked instead
 done < "$LAB_DIR/FILES"
-programs=$(sed -n 's/^# programs: *//p' "$LAB_DIR/checks")
 for program in $programs; do
-    [ -f "$CACHE/obj/$program.o" ] || { echo "grade: $LAB_DIR/checks: no program '$program'" >&2; exit 2; }
-    if ! $LAB_CC "$CACHE/obj/$program.o" "$WORK"/obj/*.o "$WORK/build/libref32.a" "$LIBDIR/libcommon.a" $LAB_LDLIBS \
+    extra=""
+    case $program in test_*) extra=$LAB_CHECK_LIBS ;; esac
+    if ! $LAB_CC "$CACHE/obj/$program.o" "$WORK"/obj/*.o "$WORK/build/libref32.a" "$LIBDIR/libcommon.a" $extra $LAB_LDLIBS \
             -o "$WORK/build/$program" >> "$WORK/build.log" 2>&1; then
         grep -E "error|undefined" "$WORK/build.log" | head -10
         echo "grade $LAB: does not link: 0 points"
@@ -109,7 +121,7 @@ export MPIRUN_LAB=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
 explain() {  # log
     grep -m1 "is yours to write" "$1" | sed 's/^/        /'
     grep -m3 "MPI_ERR" "$1" | sed 's/^/        /'
-    grep -vE '^[[:space:]]*$|^-{10,}|^\[[^]]*\] \*\*\*|Primary job|prterun|mpirun (noticed|detected|has exited)|Process name:|Exit code:|exited on signal|This may have caused|Local host:|Node:|^ *PID|normally terminate|non-zero status|job aborted|MPI_ABORT was invoked|You may or may not|NOTE: invoking|the job to be terminated|MPI_ERR' "$1" \
+    grep -vE '^[[:space:]]*$|^-{10,}|^\[[^]]*\] \*\*\*|Primary job|prterun|mpirun (noticed|detected|has exited)|Process name:|Exit code:|exited on signal|This may have caused|Local host:|Node:|^ *PID|normally terminate|\] \[ *[0-9]+\] |Per user-direction|non-zero status|job aborted|MPI_ABORT was invoked|You may or may not|NOTE: invoking|the job to be terminated|MPI_ERR' "$1" \
         | tail -4 | sed 's/^/        /'
 }
 
