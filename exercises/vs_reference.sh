@@ -8,7 +8,8 @@
 #   the weights after step 2, rtol 5e-4 (tests/t_fsdp.sh).
 # TRACE_CHECK="KIND ARGS" also records the run's trace and checks its structure with
 # tests/py/check_KIND_trace.py TRACE ARGS (the chapters' own checks); {ckpt} in ARGS is the run's
-# last checkpoint. REF_FLAGS: flags of the reference run too (e.g. --grad-accum-steps 2).
+# last checkpoint. REF_FLAGS: flags of the reference run too (e.g. --grad-accum-steps 2). EXACT=1:
+# gradients and weights must be bit-identical (activation checkpointing recomputes the same bits).
 set -eu -o pipefail
 np=$1; shift
 common=(--model tiny --steps 2 --batch 8 --seed 5 --lr 1e-3)
@@ -28,13 +29,15 @@ $MPIRUN_LAB -np "$np" "$BUILD/train" "${common[@]}" "${ref_flags[@]}" "$@" --che
     --grad-dump "$TEST_TMP/grads.safetensors" "${trace[@]}" > "$TEST_TMP/train.log" 2>&1 \
     || { cat "$TEST_TMP/train.log"; echo "FAIL: the run stopped (log above)"; exit 1; }
 compare="$PYTHON tests/py/compare_runs.py"
+exact=()
+[ -z "${EXACT:-}" ] || exact=(--exact)
 if [ -z "${REF_FLAGS:-}" ]; then
     echo "== step-1 gradients vs the single process"
-    $compare --ckpt "$TEST_TMP/grads.safetensors" --ckpt-ref "$ref/dump.safetensors" --prefix grad. --param-rtol 1e-5
+    $compare --ckpt "$TEST_TMP/grads.safetensors" --ckpt-ref "$ref/dump.safetensors" --prefix grad. --param-rtol 1e-5 "${exact[@]}"
 fi
 echo "== losses and weights vs the single process"
 $compare --log "$TEST_TMP/train.log" --log-ref "$ref/train.log" --loss-rtol 1e-5 \
-    --ckpt "$TEST_TMP/run/step_000002.safetensors" --ckpt-ref "$ref/step_000002.safetensors" --param-rtol 5e-4
+    --ckpt "$TEST_TMP/run/step_000002.safetensors" --ckpt-ref "$ref/step_000002.safetensors" --param-rtol 5e-4 "${exact[@]}"
 if [ -n "${TRACE_CHECK:-}" ]; then
     read -r kind args <<< "${TRACE_CHECK//\{ckpt\}/$TEST_TMP/run/step_000002.safetensors}"
     echo "== the trace: check_${kind}_trace.py $args"
