@@ -10,6 +10,7 @@ typedef double real;
 #define rsqrt_r(x) (1.0 / sqrt(x))
 #define exp_r exp
 #define log_r log
+#define log1p_r log1p
 #define sqrt_r sqrt
 #define cos_r cos
 #define sin_r sin
@@ -20,6 +21,7 @@ typedef float real;
 #define rsqrt_r(x) (1.0f / sqrtf(x))
 #define exp_r expf
 #define log_r logf
+#define log1p_r log1pf
 #define sqrt_r sqrtf
 #define cos_r cosf
 #define sin_r sinf

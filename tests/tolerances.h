@@ -23,3 +23,12 @@
 // to max(|value|, 1), 1e-6 is ~8 fp32 ulps; the mistakes it guards against (a max summed over
 // ranks, no max subtraction, a mean over ignored tokens) are off by 1e-1 or give inf/NaN.
 #define TP_LOSS_RTOL 1e-6
+// Context-parallel attention (chapter 8) against single-process attention, relative to each
+// tensor's largest |value|. The blocks are the same tile computations; what changes is that a
+// query's softmax is assembled from up to N partial results through the log-sum-exp merge (an exp,
+// a log1p and two multiplies per merge, each <= 1 ulp = 6e-8), and dK/dV are sums of N partial
+// sums instead of one running sum. With N <= 4 that is a few 1e-7; 1e-5 leaves room for larger
+// rings and still fails a wrong merge, a missed block or a dK/dV sent to the wrong owner by orders
+// of magnitude. With one rank the computation is the plain call: bit-identical.
+#define CP_ATTENTION_RTOL 1e-5
+#define CP_ATTENTION_RTOL_TEXT "1e-5"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Chapter 8: context-parallel attention (build/cp_attention --check) against single-process
+# attention on the whole sequence: out, lse, dQ, dK, dV within CP_ATTENTION_RTOL (tests/tolerances.h)
+# and the transfer counts against the formula, at 1 (bit-identical), 2, 3 and 4 ranks; ring and
+# all-to-all, zigzag and contiguous splits, GQA and MHA. Then bad layouts: exit 2 with one line.
+set -eu
+source tests/lib.sh
+check() {  # ranks, flags...
+    local np=$1; shift
+    out=$($MPIRUN -np "$np" "$BUILD/cp_attention" --check "$@" 2>&1) || { echo "$out"; echo "FAIL: -np $np $*"; exit 1; }
+    grep '^PASS' <<<"$out"
+}
+for np in 1 2 3 4; do
+    check "$np" --seq-len 48 --heads 4 --kv-heads 2                        # ring, zigzag, GQA
+    check "$np" --seq-len 48 --heads 4 --kv-heads 4 --cp-load-balance off   # ring, contiguous, MHA
+done
+check 2 --seq-len 48 --heads 8 --kv-heads 4 --cp-mode alltoall
+check 3 --seq-len 48 --heads 6 --kv-heads 3 --cp-mode alltoall --cp-load-balance off
+check 4 --seq-len 48 --heads 8 --kv-heads 4 --cp-mode alltoall
+check 4 --seq-len 48 --heads 4 --kv-heads 4 --cp-mode alltoall --batch 3
+expect_cp_error() {  # ranks, wanted, flags...
+    local np=$1 want=$2; shift 2
+    out=$($MPIRUN -np "$np" "$BUILD/cp_attention" "$@" 2>&1 >/dev/null) && rc=0 || rc=$?
+    ours=$(grep '^cp_attention' <<<"$out" || true)
+    [ "$rc" -ne 0 ] && [ "$(grep -c . <<<"$ours")" -ge 1 ] && [[ "$ours" == *"$want"* ]] ||
+        { echo "FAIL: -np $np $* -> rc $rc: $out"; exit 1; }
+    echo "ok: -np $np $* -> $(head -1 <<<"$ours")"
+}
+expect_cp_error 4 "must divide by 2 x cp" --seq-len 44
+expect_cp_error 4 "must divide by cp" --seq-len 42 --cp-load-balance off
+expect_cp_error 4 "must divide by cp" --cp-mode alltoall --heads 4 --kv-heads 2
