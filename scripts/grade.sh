@@ -122,7 +122,7 @@ explain() {  # log
     grep -m1 "is yours to write" "$1" | sed 's/^/        /'
     grep -m3 "MPI_ERR" "$1" | sed 's/^/        /'
     grep -vE '^[[:space:]]*$|^-{10,}|^\[[^]]*\] \*\*\*|Primary job|prterun|mpirun (noticed|detected|has exited)|Process name:|Exit code:|exited on signal|This may have caused|Local host:|Node:|^ *PID|normally terminate|\] \[ *[0-9]+\] |Per user-direction|non-zero status|job aborted|MPI_ABORT was invoked|You may or may not|NOTE: invoking|the job to be terminated|MPI_ERR' "$1" \
-        | tail -4 | sed 's/^/        /'
+        | grep -v "is yours to write" | awk '!seen[$0]++' | tail -4 | sed 's/^/        /'
 }
 
 passed=0 total=$(grep -cvE '^[[:space:]]*(#|$)' "$LAB_DIR/checks") number=0 stopped=0
