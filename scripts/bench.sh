@@ -3,7 +3,7 @@
 # reference ($BUILD/train) against eager PyTorch (scripts/bench_torch.py), same shapes, same
 # thread count. Prints both timing lines and a table; ratio = PyTorch time / our time (> 1: we
 # are faster). Settings: BENCH_THREADS (2), BENCH_STEPS (12), BENCH_BATCH (8), BENCH_SEQ (256),
-# BENCH_MODEL (small).
+# BENCH_MODEL (small). Then scripts/bench_plan.sh: chapter 11's simulator against 2-rank runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -50,3 +50,8 @@ awk -v cm="$c_ms" -v ct="$c_tps" -v tm="$t_ms" -v tt="$t_tps" 'BEGIN {
     printf "%-22s %14.1f %14.1f\n", "PyTorch eager", tm, tt
     printf "ratio PyTorch/C time: %.2f  (> 1: the C reference is faster)\n", tm / cm
 }'
+
+# Chapter 11: the simulator calibrated here, predicting the trainer's 2-rank step times.
+echo
+echo "== build/plan against the trainer on 2 ranks (scripts/bench_plan.sh) =="
+BUILD="$BUILD" scripts/bench_plan.sh
