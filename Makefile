@@ -90,7 +90,7 @@ TEST_BIN := $(TEST32_SRC:tests/%.c=$(BUILD)/tests/%) $(TEST64_SRC:tests/%.c=$(BU
 CHAPTER_PROGRAMS := $(foreach f,$(CHAPTER_PROGRAM_SRC),$(BUILD)/$(patsubst main_%.c,%,$(notdir $(f))))
 PROGRAMS := $(BUILD)/train $(BUILD)/train64 $(CHAPTER_PROGRAMS)
 
-.PHONY: all run test bench deps clean probe exercises grade
+.PHONY: all run test bench deps clean probe exercises grade print-lab-build
 # Drivers that end-to-end test scripts run (tests/t_hf.sh), in fp32 and float64.
 TEST_DRIVERS := $(BUILD)/tests/hf_driver $(BUILD)/tests/hf_driver64
 all: probe $(PROGRAMS) $(TEST_DRIVERS) $(if $(HAVE_CHECK),$(TEST_BIN))
@@ -253,10 +253,14 @@ bench: all
 	BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/bench.sh
 
 # Labs: skeletons generated from the chapters' LAB markers; `make grade LAB=ring` scores yours.
+# make exercises never overwrites a skeleton you edited; FORCE=1 keeps yours as FILE.edited instead.
 exercises:
-	$(PYTHON) scripts/make_exercises.py
-grade:
-	@scripts/grade.sh "$(LAB)"
+	$(PYTHON) scripts/make_exercises.py $(if $(FORCE),--force)
+grade: $(LIBREF32) $(LIBCOMMON)
+	@BUILD=$(BUILD) scripts/grade.sh "$(LAB)"
+# What scripts/grade.sh needs to compile one lab file and link it against the libraries above.
+print-lab-build:
+	@printf "LAB_CC='%s'\nLAB_CFLAGS='%s'\nLAB_LDLIBS='%s'\nLAB_CHECK_LIBS='%s'\n" "$(CC)" "$(CFLAGS)" "$(LDLIBS)" "$(CHECK_LIBS)"
 
 deps:
 	BUILD=$(BUILD) scripts/deps.sh

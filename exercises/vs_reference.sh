@@ -1,12 +1,45 @@
 #!/usr/bin/env bash
-# One grader check: RANKS FLAGS... trains tiny for 20 steps under mpirun and compares the loss at
-# every step and the weights after the last one with the single process (tolerances of
-# tests/t_fsdp.sh: loss rtol 1e-5, weights rtol 5e-4).
-set -eu
+# One grader check: RANKS FLAGS... trains tiny for 2 steps under mpirun and compares it with the
+# single process (the unmodified trainer, $REF_TRAIN, run once and shared by every check):
+#   the step-1 gradients (train --grad-dump vs the reference's --dump), rtol 1e-5 of each tensor's
+#     largest value as in tests/t_tp.sh: a gradient N times too large is caught here even though
+#     clipping and AdamW's scale invariance would hide it in the losses;
+#   the loss at both steps, rtol 1e-5 (a loss-only mismatch fails too);
+#   the weights after step 2, rtol 5e-4 (tests/t_fsdp.sh).
+# TRACE_CHECK="KIND ARGS" also records the run's trace and checks its structure with
+# tests/py/check_KIND_trace.py TRACE ARGS (the chapters' own checks); {ckpt} in ARGS is the run's
+# last checkpoint. REF_FLAGS: flags of the reference run too (e.g. --grad-accum-steps 2). EXACT=1:
+# gradients and weights must be bit-identical (activation checkpointing recomputes the same bits).
+set -eu -o pipefail
 np=$1; shift
-common=(--model tiny --steps 20 --batch 8 --seed 5 --lr 1e-3)
-[ -f "$TEST_TMP/ref/step_000020.safetensors" ] || "$BUILD/train" "${common[@]}" --checkpoint-dir "$TEST_TMP/ref" > "$TEST_TMP/ref.log"
-$MPIRUN_LAB -np "$np" "$BUILD/train" "${common[@]}" "$@" --checkpoint-dir "$TEST_TMP/run" > "$TEST_TMP/run.log" 2>&1 \
-    || { grep -m1 "is yours to write" "$TEST_TMP/run.log" || tail -5 "$TEST_TMP/run.log"; exit 1; }
-"$PYTHON" tests/py/compare_runs.py --log "$TEST_TMP/run.log" --log-ref "$TEST_TMP/ref.log" --loss-rtol 1e-5 \
-    --ckpt "$TEST_TMP/run/step_000020.safetensors" --ckpt-ref "$TEST_TMP/ref/step_000020.safetensors" --param-rtol 5e-4
+common=(--model tiny --steps 2 --batch 8 --seed 5 --lr 1e-3)
+ref_flags=(${REF_FLAGS:-})
+ref=$REF_CACHE/vs_reference$(echo "${REF_FLAGS:-}" | tr -c 'a-z0-9\n' _)
+dump=(--dump "$ref/dump.safetensors")  # the step-1 gradients (--dump records a plain single-process step)
+[ -z "${REF_FLAGS:-}" ] || dump=()
+(
+    flock 9
+    [ -f "$ref/done" ] || { mkdir -p "$ref" && "$REF_TRAIN" "${common[@]}" "${ref_flags[@]}" --checkpoint-dir "$ref" \
+        "${dump[@]}" > "$ref/train.log" && touch "$ref/done"; }
+) 9> "$REF_CACHE/vs_reference.lock"
+trace=()
+[ -n "${TRACE_CHECK:-}" ] && trace=(--trace-json "$TEST_TMP/trace.json")
+echo "mpirun -np $np train ${common[*]} $*"
+$MPIRUN_LAB -np "$np" "$BUILD/train" "${common[@]}" "${ref_flags[@]}" "$@" --checkpoint-dir "$TEST_TMP/run" \
+    --grad-dump "$TEST_TMP/grads.safetensors" "${trace[@]}" > "$TEST_TMP/train.log" 2>&1 \
+    || { cat "$TEST_TMP/train.log"; echo "FAIL: the run stopped (log above)"; exit 1; }
+compare="$PYTHON tests/py/compare_runs.py"
+exact=()
+[ -z "${EXACT:-}" ] || exact=(--exact)
+if [ -z "${REF_FLAGS:-}" ]; then
+    echo "== step-1 gradients vs the single process"
+    $compare --ckpt "$TEST_TMP/grads.safetensors" --ckpt-ref "$ref/dump.safetensors" --prefix grad. --param-rtol 1e-5 "${exact[@]}"
+fi
+echo "== losses and weights vs the single process"
+$compare --log "$TEST_TMP/train.log" --log-ref "$ref/train.log" --loss-rtol 1e-5 \
+    --ckpt "$TEST_TMP/run/step_000002.safetensors" --ckpt-ref "$ref/step_000002.safetensors" --param-rtol 5e-4 "${exact[@]}"
+if [ -n "${TRACE_CHECK:-}" ]; then
+    read -r kind args <<< "${TRACE_CHECK//\{ckpt\}/$TEST_TMP/run/step_000002.safetensors}"
+    echo "== the trace: check_${kind}_trace.py $args"
+    $PYTHON "tests/py/check_${kind}_trace.py" "$TEST_TMP/trace.json" $args
+fi

@@ -178,6 +178,7 @@ static void act_fields(const Model *m, int B, int T, ActField f[N_ACT_FIELDS]) {
     bool naive = m->attention == ATTN_NAIVE;
     size_t stats = naive ? (size_t)B * s->n_heads * T * T : (size_t)B * s->n_heads * T;
 #define FIELD(i, name, n, full, sel) f[i] = (ActField){offsetof(BlockActs, name), (n), (full), (sel)}
+    // LAB ac: the 14 fields of BlockActs in order (x xn1 rstd1 q k v attn attn_stats h xn2 rstd2 gate up act) with their sizes; full keeps only the block input x; selective keeps x, the matmul outputs q k v gate up, attn, h, and the attention statistics unless attention is naive (its (T, T) probabilities are recomputed)
     FIELD(0, x, R * D, true, true);
     FIELD(1, xn1, BT * D, false, false);
     FIELD(2, rstd1, R, false, false);
@@ -192,6 +193,7 @@ static void act_fields(const Model *m, int B, int T, ActField f[N_ACT_FIELDS]) {
     FIELD(11, gate, BT * F, false, true);
     FIELD(12, up, BT * F, false, true);
     FIELD(13, act, BT * F, false, false);
+    // END LAB
 #undef FIELD
 }
 
@@ -414,6 +416,7 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
 static void block_recompute_selective(const Model *m, const BlockWeights *w, BlockActs *a, ModelActs *scratch, int B,
                                       int T) {
     int BT = B * T, R = model_rows_here(m, B, T), D = m->cfg.dim, F = m->local.ffn_dim;
+    // LAB ac: rebuild what selective dropped, with the same calls as block_forward: the attention norm (xn1, rstd1 from x), with naive attention the probabilities (attention_naive_forward), the ffn norm (xn2, rstd2 from h), and SwiGLU (act from gate and up)
     norm_then_gather(m, scratch, a->xn1, a->rstd1, a->x, w->attention_norm, R, D);
     if (m->attention == ATTN_NAIVE) {  // the probabilities (and attn again, the same values)
         AttnShape s = attn_shape(m, B, T);
@@ -421,6 +424,7 @@ static void block_recompute_selective(const Model *m, const BlockWeights *w, Blo
     }
     norm_then_gather(m, scratch, a->xn2, a->rstd2, a->h, w->ffn_norm, R, D);
     swiglu_forward(a->act, a->gate, a->up, (size_t)BT * F);
+    // END LAB
 }
 
 // Rebuilds what checkpointing dropped from block l's kept activations, before its backward.
@@ -430,8 +434,10 @@ static void block_recompute(const Model *m, const BlockWeights *w, ModelActs *ac
     trace_begin(track, "block recompute", "recompute");
     trace_arg_int(track, "layer", l);
     trace_arg_str(track, "ac", acts->ac == AC_FULL ? "full" : "selective");
+    // LAB ac: full: run the block forward again from the kept input (into recompute_out); selective: block_recompute_selective
     if (acts->ac == AC_FULL) block_forward(m, w, view, acts, acts->recompute_out, acts->B, acts->T);
     else block_recompute_selective(m, w, view, acts, acts->B, acts->T);
+    // END LAB
     trace_end(track);
 }
 

@@ -1,62 +1,154 @@
 #!/usr/bin/env bash
-# Grades a lab: builds the project with your files from exercises/<lab>/ in place of the chapter's,
-# in a private copy of the tree, then runs the lab's checks (exercises/<lab>/checks, one shell
-# command per line) and prints a score. Your working tree and build/ are not touched.
+# Grades a lab: compiles your file(s) from exercises/<lab>/ in place of the chapter's, links the
+# programs the lab's checks run against the project's prebuilt libraries (so only your file is
+# compiled), then runs the checks (exercises/<lab>/checks, one shell command per line) and prints a
+# score. Your working tree and build/'s programs are not touched: everything goes to build/grade-<lab>.
 #
-#   scripts/grade.sh LAB              (make grade LAB=ring)
-#   scripts/grade.sh LAB --solution   grade the chapter's own code instead (what full marks look like)
+#   scripts/grade.sh LAB                   (make grade LAB=ring)
+#   scripts/grade.sh LAB --solution        the chapter's own code: what full marks look like
+#   scripts/grade.sh LAB --variant DIR     the files at DIR/<their path in the tree> (tests/t_exercises.sh:
+#                                          generated skeletons, planted mistakes)
+#   ... --first-failure                    stop at the first failing check (the rest count as failed)
 #
-# Exit status: 0 when every check passes, 1 otherwise, 2 for a bad lab name.
+# Each check runs under a time limit (GRADE_CHECK_TIMEOUT, 120 s): a check that hits it is reported
+# as a possible deadlock. Exit status: 0 when every check passes, 1 otherwise, 2 for bad arguments.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-LAB=${1:-}
-MODE=${2:-}
+usage() { echo "grade: $1 (usage: grade.sh LAB [--solution | --variant DIR] [--first-failure]; labs: $LABS)" >&2; exit 2; }
 LABS=$(cd "$ROOT/exercises" && ls -d */ 2>/dev/null | tr -d / | tr '\n' ' ')
-if [ -z "$LAB" ] || [ ! -f "$ROOT/exercises/$LAB/FILES" ]; then
-    echo "grade: unknown lab '${LAB}' (labs: $LABS)" >&2
-    exit 2
-fi
-if [ -n "$MODE" ] && [ "$MODE" != "--solution" ]; then
-    echo "grade: unknown option '$MODE' (only --solution)" >&2
-    exit 2
-fi
+LAB=${1:-}
+[ -n "$LAB" ] && [ -f "$ROOT/exercises/$LAB/FILES" ] || usage "unknown lab '${LAB}'"
+shift
+MODE=student VARIANT= FIRST_FAILURE=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --solution) MODE=solution ;;
+        --variant) [ $# -ge 2 ] && [ -d "$2" ] || usage "--variant needs a directory"; MODE=variant; VARIANT=$(cd "$2" && pwd); shift ;;
+        --first-failure) FIRST_FAILURE=1 ;;
+        *) usage "unknown option '$1'" ;;
+    esac
+    shift
+done
 
-WORK=${GRADE_DIR:-$ROOT/build/grade-$LAB}
-rm -rf "$WORK"
-mkdir -p "$WORK/tree"
-# The tree without build outputs and git data; the Python venv of the main build is reused.
-tar -C "$ROOT" --exclude=./build --exclude=./.git -cf - . | tar -C "$WORK/tree" -xf -
-if [ "$MODE" != "--solution" ]; then
-    while read -r name dest; do
-        cp "$ROOT/exercises/$LAB/$name" "$WORK/tree/$dest"
-    done < "$ROOT/exercises/$LAB/FILES"
-fi
-
-echo "grade $LAB: building your code (log: $WORK/build.log)"
+BUILD=${BUILD:-build}
+case "$BUILD" in /*) LIBDIR=$BUILD ;; *) LIBDIR=$ROOT/$BUILD ;; esac
+WORK=${GRADE_DIR:-$LIBDIR/grade-$LAB}
+CACHE=${GRADE_CACHE:-$LIBDIR/grade-cache}
+CHECK_TIMEOUT=${GRADE_CHECK_TIMEOUT:-120}
+LAB_DIR=$ROOT/exercises/$LAB
+# Skeletons leave parameters and variables unused until they are written.
 LAB_WARNINGS="-Wno-unused-parameter -Wno-unused-variable -Wno-unused-but-set-variable -Wno-unused-function"
-if ! make -C "$WORK/tree" -j2 BUILD="$WORK/build" EXTRA_CFLAGS="$LAB_WARNINGS" "$WORK/build/train" \
-        "$WORK/build/collectives" > "$WORK/build.log" 2>&1; then
-    grep -E "error" "$WORK/build.log" | head -20
-    echo "grade $LAB: does not compile: 0 points"
-    exit 1
-fi
 
+# ---- the prebuilt part, shared by every grade of every lab (built once, under a lock) -----------
+# flags.sh: the Makefile's compiler flags; obj/NAME.o: the main file of each program a lab's checks
+# run (chapters/*/main_NAME.c, the trainer, or a test suite tests/NAME.c), compiled when first
+# needed; bin/train: the unmodified trainer, the single-process reference of the checks.
+for lib in libref32.a libcommon.a; do
+    [ -f "$LIBDIR/$lib" ] || make -s -C "$ROOT" BUILD="$LIBDIR" "$LIBDIR/$lib" >&2 || { echo "grade: cannot build $lib" >&2; exit 2; }
+done
+mkdir -p "$CACHE"
+programs=$(sed -n 's/^# programs: *//p' "$LAB_DIR/checks")
+main_of() {  # program name -> its main source
+    case $1 in
+        train) echo "$ROOT/chapters/10_trainer/train.c" ;;
+        test_*) echo "$ROOT/tests/$1.c" ;;
+        *) ls "$ROOT"/chapters/*/main_"$1".c 2>/dev/null | head -1 ;;
+    esac
+}
+prepare_cache() {
+    if ! { [ -f "$CACHE/stamp" ] && [ "$CACHE/stamp" -nt "$LIBDIR/libref32.a" ] && [ "$CACHE/stamp" -nt "$LIBDIR/libcommon.a" ]; }; then
+        rm -rf "$CACHE/obj" "$CACHE/bin" "$CACHE/ref" && mkdir -p "$CACHE/obj" "$CACHE/bin" "$CACHE/ref"
+        make -s -C "$ROOT" BUILD="$LIBDIR" print-lab-build > "$CACHE/flags.sh" || return 1
+        touch "$CACHE/stamp"
+    fi
+    source "$CACHE/flags.sh"
+    local program main
+    for program in train $programs; do
+        [ -f "$CACHE/obj/$program.o" ] && continue
+        main=$(main_of "$program")
+        [ -f "$main" ] || { echo "grade: $LAB_DIR/checks: no program '$program'"; return 1; }
+        (cd "$ROOT" && $LAB_CC $LAB_CFLAGS -c "$main" -o "$CACHE/obj/$program.o") || return 1
+    done
+    [ -f "$CACHE/bin/train" ] ||
+        $LAB_CC "$CACHE/obj/train.o" "$LIBDIR/libref32.a" "$LIBDIR/libcommon.a" $LAB_LDLIBS -o "$CACHE/bin/train"
+}
+mkdir -p "$(dirname "$WORK")"
+(flock 9 && prepare_cache) 9> "$CACHE/lock" > "$WORK.prepare.log" 2>&1 \
+    || { cat "$WORK.prepare.log" >&2; echo "grade: cannot prepare $CACHE" >&2; exit 2; }
+source "$CACHE/flags.sh"
+
+# ---- your file(s), compiled and linked into the programs the checks run ---------------------------
+rm -rf "$WORK" && mkdir -p "$WORK/build" "$WORK/obj"
+cp "$LIBDIR/libref32.a" "$WORK/build/libref32.a"
+yours=""
+echo "grade $LAB: building $([ $MODE = solution ] && echo "the chapter's code" || echo "your code") (log: $WORK/build.log)"
+while read -r name dest _; do
+    case $MODE in
+        student) src=$LAB_DIR/$name; yours="$yours exercises/$LAB/$name" ;;
+        solution) src=$ROOT/$dest ;;
+        variant) src=$VARIANT/$dest ;;
+    esac
+    member=$(basename "$dest" .c).o
+    # -iquote: the file's own #include "x.h" finds the chapter's headers wherever the file is.
+    if ! (cd "$ROOT" && $LAB_CC $LAB_CFLAGS $LAB_WARNINGS -iquote "$(dirname "$ROOT/$dest")" -c "$src" \
+            -o "$WORK/obj/$member") >> "$WORK/build.log" 2>&1; then
+        grep -E "error" "$WORK/build.log" | head -20
+        echo "grade $LAB: $src does not compile: 0 points"
+        exit 1
+    fi
+    ar d "$WORK/build/libref32.a" "$member"  # the chapter's version of it; yours is linked instead
+done < "$LAB_DIR/FILES"
+for program in $programs; do
+    extra=""
+    case $program in test_*) extra=$LAB_CHECK_LIBS ;; esac
+    if ! $LAB_CC "$CACHE/obj/$program.o" "$WORK"/obj/*.o "$WORK/build/libref32.a" "$LIBDIR/libcommon.a" $extra $LAB_LDLIBS \
+            -o "$WORK/build/$program" >> "$WORK/build.log" 2>&1; then
+        grep -E "error|undefined" "$WORK/build.log" | head -10
+        echo "grade $LAB: does not link: 0 points"
+        exit 1
+    fi
+done
+
+# ---- the checks ----------------------------------------------------------------------------------
 PYTHON=${PYTHON:-$ROOT/build/venv/bin/python}
-case "$PYTHON" in /*) ;; */*) PYTHON="$ROOT/$PYTHON" ;; esac  # the checks run inside the copy
-export BUILD="$WORK/build" PYTHON OMP_NUM_THREADS=1
+case "$PYTHON" in /*) ;; */*) PYTHON="$ROOT/$PYTHON" ;; esac
+export BUILD="$WORK/build" PYTHON OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export REF_TRAIN="$CACHE/bin/train" REF_CACHE="$CACHE/ref"
 export MPIRUN_LAB=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
-passed=0 total=0
+
+# The lines of a failed check's log worth reading: MPI errors first, then the last lines that are
+# not mpirun's boilerplate about which process exited.
+explain() {  # log
+    grep -m1 "is yours to write" "$1" | sed 's/^/        /'
+    grep -m3 "MPI_ERR" "$1" | sed 's/^/        /'
+    grep -vE '^[[:space:]]*$|^-{10,}|^\[[^]]*\] \*\*\*|Primary job|prterun|mpirun (noticed|detected|has exited)|Process name:|Exit code:|exited on signal|This may have caused|Local host:|Node:|^ *PID|normally terminate|\] \[ *[0-9]+\] |Per user-direction|non-zero status|job aborted|MPI_ABORT was invoked|You may or may not|NOTE: invoking|the job to be terminated|MPI_ERR' "$1" \
+        | grep -v "is yours to write" | awk '!seen[$0]++' | tail -4 | sed 's/^/        /'
+}
+
+passed=0 total=$(grep -cvE '^[[:space:]]*(#|$)' "$LAB_DIR/checks") number=0 stopped=0
 while IFS= read -r check; do
     case "$check" in ''|'#'*) continue ;; esac
-    total=$((total + 1))
-    export TEST_TMP="$WORK/check$total"
+    number=$((number + 1))
+    if [ "$stopped" -eq 1 ]; then echo "  --    $check"; continue; fi
+    export TEST_TMP="$WORK/check$number"
+    log=$WORK/check$number.log
     mkdir -p "$TEST_TMP"
-    if (cd "$WORK/tree" && timeout 600 bash -c "$check") < /dev/null > "$WORK/check$total.log" 2>&1; then
+    (cd "$ROOT" && timeout -k 5 "$CHECK_TIMEOUT" bash -c "$check") < /dev/null > "$log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
         passed=$((passed + 1)); echo "  pass  $check"
-    else
-        echo "  FAIL  $check"
-        grep -E "lab .* is yours to write|FAIL|MISMATCH|error" "$WORK/check$total.log" | head -3 | sed 's/^/        /'
+        continue
     fi
-done < "$ROOT/exercises/$LAB/checks"
-echo "grade $LAB: $passed/$total checks passed"
+    echo "  FAIL  $check"
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] &&
+        echo "        stopped after ${CHECK_TIMEOUT} s: a possible deadlock (a send no rank receives, a collective that some ranks skip)"
+    echo "        log: $log"
+    explain "$log"
+    [ "$FIRST_FAILURE" -eq 1 ] && stopped=1
+done < "$LAB_DIR/checks"
+[ "$stopped" -eq 1 ] && note=" (stopped at the first failure)" || note=""
+echo "grade $LAB: $passed/$total checks passed$note"
+if [ "$passed" -ne "$total" ] && [ -n "$yours" ]; then
+    echo "hint: your code is in$yours; exercises/$LAB/README.md says what each check expects"
+fi
 [ "$passed" -eq "$total" ]

@@ -13,14 +13,21 @@ with the solution replaced by a call that stops the program with the hint:
         LAB_HOLE("fsdp", "all-gather the unit (unless prefetched), wait, prefetch the next one");
         // END LAB
 
-and exercises/<lab>/FILES lists where each file goes back in the tree (scripts/grade.sh puts it
-there in a private copy, builds and runs the lab's checks). The labs' handouts (README.md) and
-checks (checks) are written by hand; this script only rewrites the skeleton sources.
+and exercises/<lab>/FILES lists where each file goes back in the tree, with the SHA-256 of the
+skeleton as generated (scripts/grade.sh compiles the file in its place). The labs' handouts
+(README.md), checks (checks) and planted mistakes (mutants/) are written by hand; this script only
+rewrites the skeleton sources.
 
-    make_exercises.py            regenerate exercises/*/ skeletons
-    make_exercises.py --check    exit 1 if a skeleton is out of date with the chapter code
+A skeleton whose hash no longer matches FILES has been edited: it is the student's work, and is
+never overwritten. `--force` regenerates it anyway, keeping the edited one as FILE.edited.
+
+    make_exercises.py                 regenerate exercises/*/ skeletons (not the edited ones)
+    make_exercises.py --force         regenerate every skeleton (an edited one is kept as FILE.edited)
+    make_exercises.py --check         exit 1 if an unedited skeleton is out of date with the chapter code
+    make_exercises.py --out DIR --lab LAB   write LAB's skeleton files to DIR/<their path in the tree>
 """
 import argparse
+import hashlib
 import pathlib
 import re
 import sys
@@ -77,28 +84,73 @@ def labs_in_tree():
     return found
 
 
+def sha256(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def recorded_hashes(folder):
+    """{file name: hash of the skeleton as generated} from exercises/<lab>/FILES."""
+    files = folder / "FILES"
+    if not files.exists():
+        return {}
+    return {f[0]: f[2] for f in (line.split() for line in files.read_text().splitlines()) if len(f) == 3}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--out", type=pathlib.Path)
+    ap.add_argument("--lab")
     args = ap.parse_args()
-    stale = []
-    for lab, paths in sorted(labs_in_tree().items()):
+    labs = labs_in_tree()
+    if args.out:
+        if args.lab not in labs:
+            sys.exit(f"make_exercises: --out needs --lab, one of {', '.join(sorted(labs))}")
+        for path in labs[args.lab]:
+            target = args.out / path.relative_to(ROOT)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(skeleton(path.read_text().splitlines(keepends=True), args.lab, path))
+        return 0
+    stale, edited, kept = [], [], []
+    for lab, paths in sorted(labs.items()):
         folder = ROOT / "exercises" / lab
-        wanted = {}
-        for path in paths:
-            wanted[folder / path.name] = skeleton(path.read_text().splitlines(keepends=True), lab, path)
-        wanted[folder / "FILES"] = "".join(f"{p.name} {p.relative_to(ROOT)}\n" for p in paths)
-        for target, text in wanted.items():
-            if target.exists() and target.read_text() == text:
+        recorded = recorded_hashes(folder)
+        wanted = {path.name: skeleton(path.read_text().splitlines(keepends=True), lab, path) for path in paths}
+        for name, text in wanted.items():
+            target = folder / name
+            shown = str(target.relative_to(ROOT))
+            if not target.exists():
+                stale.append(shown)
+            elif target.read_text() == text:
                 continue
-            stale.append(str(target.relative_to(ROOT)))
+            elif sha256(target.read_text()) != recorded.get(name):
+                edited.append(shown)  # the student's work
+                if not (args.force and not args.check):
+                    continue
+                backup = target.with_name(name + ".edited")
+                target.replace(backup)
+                kept.append(str(backup.relative_to(ROOT)))
+            else:
+                stale.append(shown)
             if not args.check:
                 folder.mkdir(parents=True, exist_ok=True)
                 target.write_text(text)
+        files = "".join(f"{p.name} {p.relative_to(ROOT)} {sha256(wanted[p.name])}\n" for p in paths)
+        if not (folder / "FILES").exists() or (folder / "FILES").read_text() != files:
+            if args.check:
+                stale.append(str((folder / "FILES").relative_to(ROOT)))
+            else:
+                (folder / "FILES").write_text(files)
+    if edited and not args.force:
+        print("edited since they were generated (your work, left as it is; make grade LAB=<lab> grades it; "
+              "make exercises FORCE=1 starts over and keeps yours as FILE.edited): " + ", ".join(edited))
+    if kept:
+        print("started over; your edited versions are kept as " + ", ".join(kept))
     if args.check and stale:
         print("out of date with the chapter code (run make exercises): " + ", ".join(stale))
         return 1
-    print(("checked" if args.check else "wrote") + f" {len(labs_in_tree())} labs" +
+    print(("checked" if args.check else "wrote") + f" {len(labs)} labs" +
           (f"; updated {', '.join(stale)}" if stale and not args.check else ""))
     return 0
 

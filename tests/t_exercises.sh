@@ -1,25 +1,88 @@
 #!/usr/bin/env bash
-# The labs: skeletons in step with the chapter code, and every grader giving full marks to the
-# chapter's own code and failing the empty skeleton (with the hole's hint in its output).
+# The labs: skeletons in step with the chapter code, and every grader proven on three kinds of code:
+#   the chapter's own code     full marks;
+#   the generated skeleton     0 points, stopping at a hole with its hint;
+#   each planted mistake       less than full marks (exercises/<lab>/mutants/*.patch, applied to the
+#                              chapter's code: realistic bugs, among them the ones that loss-only
+#                              checks let through).
+# Prints the table (lab, code, score). Everything is graded against the prebuilt libraries with one
+# shared cache; mutants and skeletons stop at their first failing check; LAB_JOBS grade at once.
+# Also: make exercises never overwrites an edited skeleton, and a bad lab name exits 2.
+# LABS="ddp pp" grades only those labs. The mutants are deterministic mistakes (a wrong value, a
+# crash, a collective out of the formula's order or size), none that only a race would expose.
 set -eu -o pipefail
 echo "== skeletons up to date (scripts/make_exercises.py --check)"
 "$PYTHON" scripts/make_exercises.py --check
-for lab in $(cd exercises && ls -d */ | tr -d /); do
-    echo "== lab $lab: the chapter's code gets full marks"
-    GRADE_DIR="$TEST_TMP/$lab-solution" scripts/grade.sh "$lab" --solution | tail -1
-    echo "== lab $lab: the skeleton fails every check, stopping at a hole"
-    set +e
-    out=$(GRADE_DIR="$TEST_TMP/$lab-skeleton" scripts/grade.sh "$lab" 2>&1); rc=$?
-    set -e
-    printf '%s\n' "$out" | tail -1
-    total=$(grep -cv '^\(#\|$\)' "exercises/$lab/checks")
-    if [ "$rc" -ne 1 ] || [[ "$out" != *"grade $lab: 0/$total checks passed"* ]] || [[ "$out" != *"is yours to write"* ]]; then
-        printf '%s\n' "$out"; echo "FAIL: the $lab skeleton should score 0/$total and name its hole"; exit 1
+export GRADE_CACHE="$TEST_TMP/cache"
+mkdir -p "$TEST_TMP/results" "$TEST_TMP/variants"
+
+jobs=()  # "lab kind name variant-dir"
+for lab in ${LABS:-$(cd exercises && ls -d */ | tr -d /)}; do
+    jobs+=("$lab solution solution -")
+    dir=$TEST_TMP/variants/$lab-skeleton
+    "$PYTHON" scripts/make_exercises.py --out "$dir" --lab "$lab"
+    jobs+=("$lab skeleton skeleton $dir")
+    for patch in exercises/"$lab"/mutants/*.patch; do
+        [ -f "$patch" ] || continue
+        name=$(basename "$patch" .patch) dir=$TEST_TMP/variants/$lab-$name
+        while read -r _ dest _; do mkdir -p "$dir/$(dirname "$dest")" && cp "$dest" "$dir/$dest"; done < "exercises/$lab/FILES"
+        patch -s -p1 -d "$dir" --no-backup-if-mismatch -r - < "$patch" > "$dir.patch.log" 2>&1 ||
+            { cat "$dir.patch.log"; echo "FAIL: $patch no longer applies to the chapter code: update it"; exit 1; }
+        jobs+=("$lab mutant $name $dir")
+    done
+done
+
+grade_one() {  # lab kind name dir -> results/<lab>-<name>: "lab kind name passed total"
+    local lab=$1 kind=$2 name=$3 dir=$4 out rc=0
+    local args=(--solution)
+    [ "$kind" = solution ] || args=(--variant "$dir" --first-failure)
+    out=$(GRADE_DIR="$TEST_TMP/grade/$lab-$name" scripts/grade.sh "$lab" "${args[@]}" 2>&1) || rc=$?
+    printf '%s\n' "$out" > "$TEST_TMP/results/$lab-$name.log"
+    local score; score=$(printf '%s\n' "$out" | sed -n "s|^grade $lab: \([0-9]*\)/\([0-9]*\) checks passed.*|\1 \2|p")
+    [ -n "$score" ] || score="0 ?"
+    [ "$kind" = skeleton ] && [[ "$out" != *"is yours to write"* ]] && score="$score no-hint"
+    echo "$lab $kind $name $score" > "$TEST_TMP/results/$lab-$name"
+}
+export -f grade_one
+export TEST_TMP
+start=$SECONDS
+printf '%s\n' "${jobs[@]}" | xargs -P "${LAB_JOBS:-3}" -L1 bash -c 'grade_one "$@"' _
+echo "== ${#jobs[@]} graded in $((SECONDS - start)) s"
+
+bad=0
+printf '%-6s %-10s %-30s %s\n' lab code name score
+for job in "${jobs[@]}"; do
+    read -r lab kind name _ <<< "$job"
+    read -r _ _ _ passed total extra < "$TEST_TMP/results/$lab-$name" || true
+    verdict=ok
+    case $kind in
+        solution) [ "$passed" = "$total" ] || verdict="FAIL: the chapter's code should get full marks" ;;
+        skeleton) [ "$passed" = 0 ] && [ -z "${extra:-}" ] || verdict="FAIL: the skeleton should get 0 and name its hole" ;;
+        mutant) [ "$passed" != "$total" ] || verdict="FAIL: this mistake gets full marks" ;;
+    esac
+    printf '%-6s %-10s %-30s %s/%s %s\n' "$lab" "$kind" "$name" "$passed" "$total" "$verdict"
+    if [ "$verdict" != ok ]; then
+        bad=1; sed 's/^/    /' "$TEST_TMP/results/$lab-$name.log"
     fi
 done
+[ "$bad" -eq 0 ] || { echo "FAIL: a grader is wrong (above)"; exit 1; }
+
+echo "== make exercises keeps a skeleton the student edited"
+tree=$TEST_TMP/tree
+mkdir -p "$tree" && cp -r scripts chapters reference_cpu exercises "$tree/"
+lab=$(cd exercises && ls -d */ | tr -d / | head -1)
+file=$(awk '{print $1; exit}' "exercises/$lab/FILES")
+echo "// my work" >> "$tree/exercises/$lab/$file"
+"$PYTHON" "$tree/scripts/make_exercises.py" | tee "$tree/out.log"
+grep -q "edited since they were generated" "$tree/out.log" && [ "$(tail -1 "$tree/exercises/$lab/$file")" = "// my work" ] ||
+    { echo "FAIL: make exercises overwrote exercises/$lab/$file"; exit 1; }
+"$PYTHON" "$tree/scripts/make_exercises.py" --force > /dev/null
+[ "$(tail -1 "$tree/exercises/$lab/$file.edited")" = "// my work" ] && cmp -s "$tree/exercises/$lab/$file" "exercises/$lab/$file" ||
+    { echo "FAIL: make exercises FORCE=1 should keep the edited file as $file.edited and regenerate $file"; exit 1; }
+echo "ok: edited exercises/$lab/$file kept; FORCE=1 keeps it as $file.edited"
+
 echo "== a bad lab name exits 2"
-set +e
-scripts/grade.sh no_such_lab; rc=$?
-set -e
+rc=0
+scripts/grade.sh no_such_lab || rc=$?
 [ "$rc" -eq 2 ] || { echo "FAIL: rc $rc"; exit 1; }
 echo "t_exercises: OK"

@@ -17,6 +17,13 @@
 #define FP32_ORDER_RTOL 2e-5
 #define FP32_ORDER_ATOL 1e-6
 
+// The vocab-parallel loss (build/tp_loss) against cross_entropy_forward/backward on the full
+// logits: both take the max in fp32 and sum exp in double; only the order of the double sum over
+// the vocabulary shards differs, which can move lse (rounded to fp32) by an ulp or two. Relative
+// to max(|value|, 1), 1e-6 is ~8 fp32 ulps; the mistakes it guards against (a max summed over
+// ranks, no max subtraction, a mean over ignored tokens) are off by 1e-1 or give inf/NaN.
+#define TP_LOSS_RTOL 1e-6
+
 // Context-parallel attention (chapter 8) against single-process attention, relative to each
 // tensor's largest |value|. The blocks are the same tile computations; what changes is that a
 // query's softmax is assembled from up to N partial results through the log-sum-exp merge (an exp,

@@ -14,6 +14,7 @@ static void launch_bucket(Ddp *d, DdpBucket *b) {
 // this was goes onto the comm stream now, if this backward of its range syncs.
 static void on_grads_ready(int layer, void *ctx) {
     Ddp *d = ctx;
+    // LAB ddp: with overlap on: for each parameter of this layer that has a bucket, if the bucket syncs in this backward count it down; the bucket's last one launches it (launch_bucket)
     if (!d->overlap) return;
     const ParamTable *t = &d->model->table;
     for (int i = 0; i < t->count; i++) {
@@ -21,6 +22,7 @@ static void on_grads_ready(int layer, void *ctx) {
         DdpBucket *b = &d->buckets[d->bucket_of_param[i]];
         if (b->sync && --b->n_pending == 0) launch_bucket(d, b);
     }
+    // END LAB
 }
 
 static int range_of_layer(const Ddp *d, int layer) {
@@ -48,6 +50,7 @@ Ddp *ddp_create_ranges(Model *model, Comm *dp, const DdpRange *ranges, int n_ran
     // consecutive entries of one range, hence one contiguous piece of its buffer: one all-reduce,
     // no copy.
     size_t max_count = bucket_bytes / sizeof(real);
+    // LAB ddp: walk the table from its last entry: open a new bucket when the entry is in another range or would take the current one past max_count; the bucket's grads point at its lowest entry (range->grads + offset within the range); count, n_params, bucket_of_param (-1 outside every range), range_of_bucket
     for (int i = t->count - 1; i >= 0; i--) {
         const ParamInfo *p = &t->items[i];
         int r = range_of_layer(d, p->layer);
@@ -66,6 +69,7 @@ Ddp *ddp_create_ranges(Model *model, Comm *dp, const DdpRange *ranges, int n_ran
         b->n_params++;
         d->bucket_of_param[i] = (int)(b - d->buckets);
     }
+    // END LAB
     model->grads_ready = on_grads_ready;
     model->grads_ready_ctx = d;
     return d;
@@ -94,10 +98,12 @@ void ddp_broadcast_params(Ddp *d) {
 void ddp_begin_backward_range(Ddp *d, int range, bool sync) {
     for (int i = 0; i < d->n_buckets; i++) {
         DdpBucket *b = &d->buckets[i];
+        // LAB ddp: each bucket of this range: every parameter pending again, and whether this backward ends with its all-reduce (only the last micro-batch's does)
         if (d->range_of_bucket[i] != range) continue;
         if (b->inflight) fatal("ddp: bucket %d is still in flight at the next backward of its range", i);
         b->n_pending = b->n_params;
         b->sync = sync;
+        // END LAB
     }
 }
 

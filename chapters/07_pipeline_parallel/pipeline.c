@@ -226,6 +226,7 @@ static void add_transfer(Pipeline *pl, const PpAction *a) {
     CommP2P t = {a->kind == PP_SEND_ACT || a->kind == PP_SEND_GRAD ? COMM_SEND : COMM_RECV, NULL,
                  activation_count(pl), COMM_REAL, a->peer,
                  a->kind == PP_SEND_ACT || a->kind == PP_RECV_ACT ? TAG_ACT : TAG_GRAD};
+    // LAB pp: the buffer of each transfer: a send of activations the stage's output (the chunk's end_layer block input x), a send of gradients the stage input's gradient (acts.dx), a receive of activations a new inbox (MEM_COMM), a receive of gradients acts.dx, where backward starts; then note the batch in the slot (send_batch and sends_left--, or recv_batch)
     switch (a->kind) {
     case PP_SEND_ACT: t.buf = s->acts.blocks[chunk_of_stage(pl, a->stage)->end_layer].x; break;  // stage output
     case PP_SEND_GRAD: t.buf = s->acts.dx; break;  // gradient of the stage input, after backward
@@ -238,6 +239,7 @@ static void add_transfer(Pipeline *pl, const PpAction *a) {
     }
     if (t.kind == COMM_SEND) s->send_batch = batch, s->sends_left--;
     else s->recv_batch = batch;
+    // END LAB
     pl->pending[pl->n_pending++] = t;
 }
 

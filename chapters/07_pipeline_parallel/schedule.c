@@ -79,6 +79,7 @@ static void gpipe_order(int m, int rank, PpActionList *out) {
 // Warm-up: rank r runs p - 1 - r forwards before its first backward, the number of micro-batches
 // that must enter the pipe before the first one comes back to it. Then one forward, one backward.
 static void one_f_one_b_order(int p, int m, int rank, PpActionList *out) {
+    // LAB pp: rank r: warm-up of min(p - 1 - r, m) forwards, then one forward and one backward (oldest micro-batch first) until every forward is in, then the remaining backwards (push_compute, stage = rank)
     int warmup = p - 1 - rank < m ? p - 1 - rank : m;
     for (int mb = 0; mb < warmup; mb++) push_compute(out, PP_FORWARD, mb, rank);
     for (int i = 0; i < m - warmup; i++) {
@@ -86,6 +87,7 @@ static void one_f_one_b_order(int p, int m, int rank, PpActionList *out) {
         push_compute(out, PP_BACKWARD, i, rank);
     }
     for (int mb = m - warmup; mb < m; mb++) push_compute(out, PP_BACKWARD, mb, rank);
+    // END LAB
 }
 
 // Megatron-LM's interleaved schedule (forward_backward_pipelining_with_interleaving). The k-th

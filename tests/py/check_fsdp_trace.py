@@ -12,7 +12,20 @@ overlap is printed, never asserted. What is asserted is deterministic:
     resident ("mem params" counter, updated by the main thread when it allocates the all-gather's
     buffer) exceed those of the same run without prefetch: the next unit's buffer is already there.
 
-usage: check_fsdp_trace.py TRACE.json (--expect-prefetch NO_PREFETCH.json | --expect-no-gather-overlap)
+Two more checks, also deterministic, from the order in which the main thread queues work on the
+comm stream (one worker runs it in that order, so the slices' start times keep it):
+  --expect-prefetch-order  in backward, the all-gather of the unit that runs next is queued before
+                         the reduce-scatter of the unit that just finished (it was prefetched when
+                         that unit's weights were asked for); --expect-no-prefetch-order: after it.
+  --expect-reduce-formula  per step and rank, every unit's gradients are reduce-scattered exactly
+                         once over the shard group, at the size of the unit's forward all-gather
+                         (its padded length); no gradient-sized all-reduce on the shard group; with
+                         --replicate R > 1 (HSDP) each reduce-scatter is followed by one all-reduce
+                         over the replicate group of its shard, 1/N of the reduce-scatter's bytes.
+
+usage: check_fsdp_trace.py TRACE.json [--expect-prefetch NO_PREFETCH.json | --expect-no-gather-overlap]
+                           [--expect-prefetch-order | --expect-no-prefetch-order]
+                           [--expect-reduce-formula --shard N [--replicate R]]
 Prints, per rank, how many all-gathers and reduce-scatters overlap a block's forward or backward.
 """
 import argparse
@@ -62,6 +75,71 @@ def params_at_forward_blocks(path):
     return values
 
 
+def comm_sequence_by_step(path):
+    """{rank: [[(op, group, bytes), ...] per step]} in the order the comm worker started them."""
+    with open(path) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    thread_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+                    if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    steps, comms = defaultdict(list), defaultdict(list)
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        track = thread_names.get((e["pid"], e["tid"]), "")
+        if track == "steps" and e["name"] == "step":  # not the checkpoint's gathers
+            steps[e["pid"]].append((e["ts"], e["ts"] + e["dur"]))
+        elif track.startswith("comm:"):
+            comms[e["pid"]].append((e["ts"], e["name"], e["args"].get("group", ""), e["args"].get("bytes", 0)))
+    out = {}
+    for rank, spans in steps.items():
+        ordered = sorted(comms[rank])
+        out[rank] = [[c[1:] for c in ordered if b <= c[0] <= end] for b, end in sorted(spans)]
+    return out
+
+
+def backward_order_problems(seq, prefetch):
+    """Backward's weight and gradient traffic from its first reduce-scatter (the head's) on: with
+    prefetch R G R G R ... (block i-1's all-gather is queued when block i's weights are asked for,
+    before block i's reduce-scatter), without R R G R G ... (queued when block i-1 itself runs)."""
+    ops = [op for op, group, size in seq if op in ("all_gather", "reduce_scatter")]
+    if "reduce_scatter" not in ops:
+        return ["no reduce-scatter in the step"]
+    back = ops[ops.index("reduce_scatter"):]
+    if "all_gather" not in back:
+        return ["no all-gather in backward"]
+    first_gather = back.index("all_gather")  # reduce-scatters queued before backward's first all-gather
+    if prefetch and first_gather != 1:
+        return [f"backward queues {first_gather} reduce-scatters before its first all-gather: the next unit's "
+                "all-gather was not started before this unit's backward (no prefetch in backward?)"]
+    if not prefetch and first_gather == 1:
+        return ["backward queues an all-gather before the previous unit's reduce-scatter: prefetched with "
+                "prefetch off (--no-overlap)?"]
+    return []
+
+
+def reduce_formula_problems(seq, shard, replicate):
+    reduces = [size for op, group, size in seq if op == "reduce_scatter" and group == "dp_shard_cp"]
+    problems = []
+    # Forward gathers every unit once, before the first reduce-scatter.
+    first_r = next((i for i, (op, g, s) in enumerate(seq) if op == "reduce_scatter"), len(seq))
+    forward = [size for op, group, size in seq[:first_r] if op == "all_gather" and group == "dp_shard_cp"]
+    if sorted(reduces) != sorted(forward):
+        problems.append(f"reduce-scatters of {sorted(reduces)} bytes, want one per unit: {sorted(forward)} "
+                        "(the units' forward all-gathers)")
+    big = [size for op, group, size in seq if op == "all_reduce" and group == "dp_shard_cp" and size > 64]
+    if big:
+        problems.append(f"gradient-sized all-reduces on the shard group ({big} bytes): reduce-scatter instead")
+    if replicate > 1:
+        rep = sorted(size for op, group, size in seq if op == "all_reduce" and group == "dp_replicate")
+        want = sorted(size // shard for size in reduces)
+        if rep != want:
+            problems.append(f"replicate-group all-reduces of {rep} bytes, want {want} (each unit's shard)")
+    elif any(group == "dp_replicate" for op, group, size in seq):
+        problems.append("traffic on the replicate group without HSDP")
+    return problems
+
+
 def count_overlapping(comm, compute):
     """Comm slices that share time with at least one compute slice."""
     return sum(any(b0 < c1 and c0 < b1 for c0, c1 in compute) for b0, b1 in comm)
@@ -70,10 +148,31 @@ def count_overlapping(comm, compute):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
-    mode = ap.add_mutually_exclusive_group(required=True)
+    mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--expect-prefetch", metavar="NO_PREFETCH_TRACE")
     mode.add_argument("--expect-no-gather-overlap", action="store_true")
+    order = ap.add_mutually_exclusive_group()
+    order.add_argument("--expect-prefetch-order", action="store_true")
+    order.add_argument("--expect-no-prefetch-order", action="store_true")
+    ap.add_argument("--expect-reduce-formula", action="store_true")
+    ap.add_argument("--shard", type=int, default=0, help="ranks in the shard group (--expect-reduce-formula)")
+    ap.add_argument("--replicate", type=int, default=1, help="ranks in the replicate group (HSDP)")
     args = ap.parse_args()
+    if args.expect_reduce_formula and args.shard < 2:
+        ap.error("--expect-reduce-formula needs --shard N (N >= 2)")
+    problems = []
+    for rank, per_step in sorted(comm_sequence_by_step(args.trace).items()):
+        for step, seq in enumerate(per_step, 1):
+            found = []
+            if args.expect_prefetch_order or args.expect_no_prefetch_order:
+                found += backward_order_problems(seq, args.expect_prefetch_order)
+            if args.expect_reduce_formula:
+                found += reduce_formula_problems(seq, args.shard, args.replicate)
+            problems += [f"rank {rank} step {step}: {p}" for p in found]
+    for p in problems[:6]:
+        print("FAIL:", p)
+    if args.expect_prefetch_order or args.expect_no_prefetch_order or args.expect_reduce_formula:
+        print("comm order and sizes: " + ("ok" if not problems else f"{len(problems)} problems"))
     ranks = slices_by_rank(args.trace)
     if not ranks:
         sys.exit(f"{args.trace}: no block or comm slices")
@@ -96,8 +195,8 @@ def main():
             print(f"rank {rank}: gathered weights at the start of {len(with_prefetch[rank])} forward blocks: "
                   f"{a / 2**20:.2f} MiB summed with prefetch, {b / 2**20:.2f} MiB without")
             ok &= more
-    print("ok" if ok else "FAIL")
-    sys.exit(0 if ok else 1)
+    print("ok" if ok and not problems else "FAIL")
+    sys.exit(0 if ok and not problems else 1)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ small ones (one number or two per token) and the gradient norm's single double.
 With --sequence-parallel each of those all-reduces becomes a pair: 4 L + 2 all-gathers and
 4 L + 2 reduce-scatters of the same (tokens x dim) buffer, and no activation-sized all-reduce.
 
-usage: check_tp_trace.py TRACE.json --layers L --tokens B*T --dim D [--sequence-parallel]
+usage: check_tp_trace.py TRACE.json --layers L --tokens B*T --dim D [--sequence-parallel] [--last-step]
+(--last-step: only the trace's last training step, e.g. when step 1 also gathered a --grad-dump)
 """
 import argparse
 import json
@@ -23,15 +24,22 @@ def main():
     ap.add_argument("--tokens", type=int, required=True)
     ap.add_argument("--dim", type=int, required=True)
     ap.add_argument("--sequence-parallel", action="store_true")
+    ap.add_argument("--last-step", action="store_true", help="count only the last training step")
     args = ap.parse_args()
     with open(args.trace) as f:
         data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    steps = defaultdict(list)  # pid -> [(begin, end)] of the training steps (not the checkpoint's gathers)
+    for e in events:
+        if e.get("ph") == "X" and names.get((e["pid"], e["tid"])) == "steps" and e["name"] == "step":
+            steps[e["pid"]].append((e["ts"], e["ts"] + e["dur"]))
     per_rank = defaultdict(Counter)  # pid -> (op, bytes) -> count
     for e in events:
-        if e.get("ph") == "X" and names.get((e["pid"], e["tid"])) == "comm:tp":
+        spans = steps[e["pid"]][-1:] if args.last_step else steps[e["pid"]]
+        in_step = any(b <= e.get("ts", -1) <= end for b, end in spans) or not spans
+        if e.get("ph") == "X" and names.get((e["pid"], e["tid"])) == "comm:tp" and in_step:
             per_rank[e["pid"]][(e["name"], e["args"]["bytes"])] += 1
     activation_bytes = args.tokens * args.dim * 4
     expected = 4 * args.layers + 2

@@ -40,7 +40,8 @@ def main():
             print(f"FAIL: logged steps differ: {sorted(ours)} vs {sorted(ref)}")
             return 1
         worst = max(abs(ours[s] - ref[s]) / abs(ref[s]) for s in ref)
-        print(f"loss: {len(ref)} steps, max rel err {worst:.3e} (rtol {args.loss_rtol:.1e})")
+        print(f"loss: {len(ref)} steps, max rel err {worst:.3e} (rtol {args.loss_rtol:.1e})"
+              f"{'  MISMATCH' if worst > args.loss_rtol else ''}")
         failures += worst > args.loss_rtol
     if args.ckpt:
         ours, _ = safetensors_io.load(args.ckpt)
@@ -61,6 +62,8 @@ def main():
             failures += bad
         print(f"{args.prefix}* tensors{' after the last step' if args.prefix == 'param.' else ''}: max rel err {worst_rel:.3e} "
               f"({'exact required' if args.exact else f'rtol {args.param_rtol:.1e}'})")
+    if failures:
+        print(f"FAIL: {failures} mismatches (marked MISMATCH above)")
     return 1 if failures else 0
 
 

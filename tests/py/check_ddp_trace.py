@@ -1,0 +1,88 @@
+"""Checks chapter 2's DDP gradient traffic in a trace (Chrome-trace JSON from `train --trace-json`
+with --dp-replicate N) against the bucketing formula, per training step and rank:
+  - the gradient all-reduces on the dp group (those larger than 64 bytes: the loss and the norm
+    are single numbers) add up to exactly the model's gradient bytes: every gradient is averaged
+    once per step, however many micro-batches accumulate into it (none syncs before the last);
+  - each is at most max(bucket bytes, the largest tensor): a bucket closes before it would pass the
+    limit, and a tensor larger than the limit gets one of its own;
+  - --expect-no-overlap: no all-reduce starts before the step's "ddp wait" (every bucket is launched
+    after backward, by ddp_finish_backward); --expect-overlap: some all-reduce of the run, on some
+    rank, starts before it (launched by the ready hook during backward). Only the first is certain:
+    under load the comm thread may start a launched all-reduce late, so the second is asked of the
+    whole run, not of every step.
+The model's tensors are read from a checkpoint of the run (param.* entries).
+
+usage: check_ddp_trace.py TRACE.json --ckpt CKPT.safetensors --bucket-bytes B
+                          (--expect-overlap | --expect-no-overlap)
+"""
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import safetensors_io  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace")
+    ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--bucket-bytes", type=int, required=True)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--expect-overlap", action="store_true")
+    mode.add_argument("--expect-no-overlap", action="store_true")
+    args = ap.parse_args()
+    tensors, _ = safetensors_io.load(args.ckpt)
+    sizes = [int(np.prod(t.shape)) * 4 for name, t in tensors.items() if name.startswith("param.")]
+    total, limit = sum(sizes), max(args.bucket_bytes, max(sizes))
+
+    with open(args.trace) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    steps, reduces, backward = defaultdict(list), defaultdict(list), defaultdict(list)  # backward: "ddp wait" begins
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        track, begin, end = names.get((e["pid"], e["tid"]), ""), e["ts"], e["ts"] + e["dur"]
+        if track == "steps" and e["name"] == "step":
+            steps[e["pid"]].append((begin, end))
+        elif track == "comm:dp" and e["name"] == "all_reduce" and e["args"]["bytes"] > 64:
+            reduces[e["pid"]].append((begin, e["args"]["bytes"]))
+        elif track == "compute" and e["name"] == "ddp wait":
+            backward[e["pid"]].append(begin)
+    problems, early_in_run = [], 0
+    if not steps:
+        problems.append("no training steps in the trace")
+    for rank, spans in sorted(steps.items()):
+        for number, (begin, end) in enumerate(sorted(spans), 1):
+            mine = [(t, b) for t, b in reduces[rank] if begin <= t <= end]
+            sent = sum(b for _, b in mine)
+            where = f"rank {rank} step {number}"
+            if sent != total:
+                problems.append(f"{where}: gradient all-reduces of {sent} bytes in all, want {total} "
+                                f"(every gradient once per step): {len(mine)} all-reduces")
+            if any(b > limit for _, b in mine):
+                problems.append(f"{where}: an all-reduce of {max(b for _, b in mine)} bytes, over the bucket limit {limit}")
+            wait = min((t for t in backward[rank] if begin <= t <= end), default=None)
+            if wait is None or not mine:
+                continue
+            early = sum(t < wait for t, _ in mine)
+            early_in_run += early
+            if args.expect_no_overlap and early:
+                problems.append(f"{where}: {early} all-reduces start during backward with overlap off")
+            print(f"{where}: {len(mine)} gradient all-reduces, {sent} bytes (want {total}), {early} during backward")
+    if args.expect_overlap and early_in_run == 0:
+        problems.append("no all-reduce starts during backward in the whole run (buckets not launched by the ready hook?)")
+    for p in problems[:6]:
+        print("FAIL:", p)
+    print("ddp trace: ok" if not problems else f"FAIL: {len(problems)} problems")
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()
