@@ -130,7 +130,7 @@ BlockWeights block_weights(const Model *m, real *unit_buffer, int layer) {
     real *u = unit_buffer;
     BlockWeights w = {u + p[0].offset - base, u + p[1].offset - base, u + p[2].offset - base,
                       u + p[3].offset - base, u + p[4].offset - base, u + p[5].offset - base,
-                      u + p[6].offset - base, u + p[7].offset - base, u + p[8].offset - base};
+                      u + p[6].offset - base, u + p[7].offset - base, u + p[8].offset - base, layer};
     return w;
 }
 
@@ -292,6 +292,19 @@ BlockActs block_acts_view(const ModelActs *a, int l) {
     return v;
 }
 
+// A block's projection: through the FP8 hook when there is one (chapter 9), else in fp32.
+static void linear_forward(const Model *m, const BlockWeights *w, Projection p, real *out, const real *inp,
+                           const real *weight, int M, int K, int N) {
+    if (m->fp8) m->fp8->forward(m->fp8->ctx, w->layer, p, out, inp, weight, M, K, N);
+    else matmul_forward(out, inp, weight, M, K, N);
+}
+
+static void linear_backward(const Model *m, const BlockWeights *w, Projection p, real *dinp, real *dweight,
+                            const real *dout, const real *inp, const real *weight, int M, int K, int N) {
+    if (m->fp8) m->fp8->backward(m->fp8->ctx, w->layer, p, dinp, dweight, dout, inp, weight, M, K, N);
+    else matmul_backward(dinp, dweight, dout, inp, weight, M, K, N);
+}
+
 static AttnShape attn_shape(const Model *m, int B, int T) {
     AttnShape s = {B, T, T, m->local.n_heads, m->local.n_kv_heads, model_head_dim(&m->cfg), NULL, NULL, true};
     return s;
@@ -305,26 +318,26 @@ void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, ModelAct
     AttnShape s = attn_shape(m, B, T);
     // attention half: h = x + wo(attention(rope(q), rope(k), v))
     norm_then_gather(m, scratch, a->xn1, a->rstd1, a->x, w->attention_norm, R, D);
-    matmul_forward(a->q, a->xn1, w->wq, BT, D, hq);
-    matmul_forward(a->k, a->xn1, w->wk, BT, D, hkv);
-    matmul_forward(a->v, a->xn1, w->wv, BT, D, hkv);
+    linear_forward(m, w, PROJ_WQ, a->q, a->xn1, w->wq, BT, D, hq);
+    linear_forward(m, w, PROJ_WK, a->k, a->xn1, w->wk, BT, D, hkv);
+    linear_forward(m, w, PROJ_WV, a->v, a->xn1, w->wv, BT, D, hkv);
     rope_forward(a->q, &m->rope, m->cp.positions, B, T, local->n_heads);
     rope_forward(a->k, &m->rope, m->cp.positions, B, T, local->n_kv_heads);
     if (m->cp.attention_forward) m->cp.attention_forward(m->cp.ctx, a->attn, a->attn_stats, a->q, a->k, a->v);
     else if (m->attention == ATTN_NAIVE) attention_naive_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     else attention_flash_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     real *partial = partial_target(m, a->h, scratch->sp_full);
-    matmul_forward(partial, a->attn, w->wo, BT, hq, D);
+    linear_forward(m, w, PROJ_WO, partial, a->attn, w->wo, BT, hq, D);
     // row-parallel wo: each tp rank holds its heads' share of the sum
     tp_wait(m, sum_partial_start(m, partial, a->h, (size_t)R * D));
     add_inplace(a->h, a->x, (size_t)R * D);
     // feed-forward half: out = h + w2(silu(w1(n2)) * w3(n2))
     norm_then_gather(m, scratch, a->xn2, a->rstd2, a->h, w->ffn_norm, R, D);
-    matmul_forward(a->gate, a->xn2, w->w1, BT, D, F);
-    matmul_forward(a->up, a->xn2, w->w3, BT, D, F);
+    linear_forward(m, w, PROJ_W1, a->gate, a->xn2, w->w1, BT, D, F);
+    linear_forward(m, w, PROJ_W3, a->up, a->xn2, w->w3, BT, D, F);
     swiglu_forward(a->act, a->gate, a->up, (size_t)BT * F);
     partial = partial_target(m, out, scratch->sp_full);
-    matmul_forward(partial, a->act, w->w2, BT, F, D);
+    linear_forward(m, w, PROJ_W2, partial, a->act, w->w2, BT, F, D);
     tp_wait(m, sum_partial_start(m, partial, out, (size_t)R * D));  // row-parallel w2
     add_inplace(out, a->h, (size_t)R * D);
 }
@@ -343,24 +356,24 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
     memcpy(scratch->dh, dout, sizeof(real) * R * D);
     const real *dout_full = gather_rows(m, dout, scratch->sp_full, (size_t)R * D);  // what w2 multiplied
     zero(scratch->dact, (size_t)BT * F);
-    matmul_backward(scratch->dact, g->w2, dout_full, a->act, w->w2, BT, F, D);
+    linear_backward(m, w, PROJ_W2, scratch->dact, g->w2, dout_full, a->act, w->w2, BT, F, D);
     zero(scratch->dgate, (size_t)BT * F);
     zero(scratch->dup, (size_t)BT * F);
     swiglu_backward(scratch->dgate, scratch->dup, scratch->dact, a->gate, a->up, (size_t)BT * F);
     zero(scratch->dxn, (size_t)BT * D);
-    matmul_backward(scratch->dxn, NULL, scratch->dgate, a->xn2, w->w1, BT, D, F);
-    matmul_backward(scratch->dxn, NULL, scratch->dup, a->xn2, w->w3, BT, D, F);
+    linear_backward(m, w, PROJ_W1, scratch->dxn, NULL, scratch->dgate, a->xn2, w->w1, BT, D, F);
+    linear_backward(m, w, PROJ_W3, scratch->dxn, NULL, scratch->dup, a->xn2, w->w3, BT, D, F);
     real *dxn_rows = m->tp.sequence_parallel ? scratch->sp_rows : scratch->dxn;
     void *pending = sum_partial_start(m, scratch->dxn, dxn_rows, (size_t)R * D);  // column-parallel w1, w3
-    matmul_backward(NULL, g->w1, scratch->dgate, a->xn2, w->w1, BT, D, F);
-    matmul_backward(NULL, g->w3, scratch->dup, a->xn2, w->w3, BT, D, F);
+    linear_backward(m, w, PROJ_W1, NULL, g->w1, scratch->dgate, a->xn2, w->w1, BT, D, F);
+    linear_backward(m, w, PROJ_W3, NULL, g->w3, scratch->dup, a->xn2, w->w3, BT, D, F);
     tp_wait(m, pending);
     norm_backward(m, scratch, scratch->dh, g->ffn_norm, dxn_rows, a->h, w->ffn_norm, a->rstd2, R, D);
     // attention half. dinp starts as the residual's copy of dh.
     memcpy(dinp, scratch->dh, sizeof(real) * R * D);
     const real *dh_full = gather_rows(m, scratch->dh, scratch->sp_full, (size_t)R * D);  // what wo multiplied
     zero(scratch->dattn, (size_t)BT * hq);
-    matmul_backward(scratch->dattn, g->wo, dh_full, a->attn, w->wo, BT, hq, D);
+    linear_backward(m, w, PROJ_WO, scratch->dattn, g->wo, dh_full, a->attn, w->wo, BT, hq, D);
     zero(scratch->dq, (size_t)BT * hq);
     zero(scratch->dk, (size_t)BT * hkv);
     zero(scratch->dv, (size_t)BT * hkv);
@@ -374,13 +387,13 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
     rope_backward(scratch->dq, &m->rope, m->cp.positions, B, T, local->n_heads);
     rope_backward(scratch->dk, &m->rope, m->cp.positions, B, T, local->n_kv_heads);
     zero(scratch->dxn, (size_t)BT * D);
-    matmul_backward(scratch->dxn, NULL, scratch->dq, a->xn1, w->wq, BT, D, hq);
-    matmul_backward(scratch->dxn, NULL, scratch->dk, a->xn1, w->wk, BT, D, hkv);
-    matmul_backward(scratch->dxn, NULL, scratch->dv, a->xn1, w->wv, BT, D, hkv);
+    linear_backward(m, w, PROJ_WQ, scratch->dxn, NULL, scratch->dq, a->xn1, w->wq, BT, D, hq);
+    linear_backward(m, w, PROJ_WK, scratch->dxn, NULL, scratch->dk, a->xn1, w->wk, BT, D, hkv);
+    linear_backward(m, w, PROJ_WV, scratch->dxn, NULL, scratch->dv, a->xn1, w->wv, BT, D, hkv);
     pending = sum_partial_start(m, scratch->dxn, dxn_rows, (size_t)R * D);  // column-parallel wq, wk, wv
-    matmul_backward(NULL, g->wq, scratch->dq, a->xn1, w->wq, BT, D, hq);
-    matmul_backward(NULL, g->wk, scratch->dk, a->xn1, w->wk, BT, D, hkv);
-    matmul_backward(NULL, g->wv, scratch->dv, a->xn1, w->wv, BT, D, hkv);
+    linear_backward(m, w, PROJ_WQ, NULL, g->wq, scratch->dq, a->xn1, w->wq, BT, D, hq);
+    linear_backward(m, w, PROJ_WK, NULL, g->wk, scratch->dk, a->xn1, w->wk, BT, D, hkv);
+    linear_backward(m, w, PROJ_WV, NULL, g->wv, scratch->dv, a->xn1, w->wv, BT, D, hkv);
     tp_wait(m, pending);
     norm_backward(m, scratch, dinp, g->attention_norm, dxn_rows, a->x, w->attention_norm, a->rstd1, R, D);
 }
