@@ -104,6 +104,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     int devices = gpu_device_count(why, sizeof why);
     if (devices == 0) fatal_input("--device cuda: no usable CUDA device (%s)", why);
     gpu_init(comm_rank(t->mesh->world) % devices);
+    if (o->cuda_sync_debug) gpu_set_sync_debug(true);
     char description[256];
     gpu_device_description(description, sizeof description);
     log_info("device: %s; bf16 compute, fp32 master weights and AdamW state", description);

@@ -50,7 +50,7 @@ typedef struct {
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
     double bucket_mb, comm_timeout, export_hf_shard_mb;
-    bool model_info, no_overlap, desync_init, sequence_parallel, fp8;
+    bool model_info, no_overlap, desync_init, sequence_parallel, fp8, cuda_sync_debug;
 } Options;
 
 static Options opt = {.seq_len = -1, .warmup_steps = -1, .rope_theta = -1};
@@ -82,6 +82,9 @@ static const ArgSpec FLAGS[] = {
     {"device", ARG_CHOICE, &opt.device, "cpu",
      "where the model runs: cpu (the reference and every chapter), cuda (the GPU model: single process and "
      "--dp-replicate so far)", .choices = DEVICE_NAMES},
+    {"cuda-sync-debug", ARG_BOOL, &opt.cuda_sync_debug, NULL,
+     "with --device cuda: wait for every kernel as it is launched, so a fault names the kernel and its file:line "
+     "(slow; the same as LLAMA_CUDA_SYNC_DEBUG=1)", .value_name = ""},
     {"attention", ARG_CHOICE, &opt.attention, "flash", "attention kernel", .choices = ATTENTION_IMPL_NAMES},
     {"matmul", ARG_CHOICE, &opt.matmul, "blas", "matmul backend", .choices = MATMUL_BACKEND_NAMES},
     {"ac", ARG_CHOICE, &opt.ac, "none",
@@ -493,7 +496,8 @@ static LayoutOptions layout_options(void) {
                            .pp_virtual_stages = opt.pp_virtual_stages,
                            .pp_schedule_dot = opt.pp_schedule_dot,
                            .cp_mode = args_choice_index(CP_MODE_NAMES, opt.cp_mode),
-                           .cp_load_balance = strcmp(opt.cp_load_balance, "on") == 0};
+                           .cp_load_balance = strcmp(opt.cp_load_balance, "on") == 0,
+                           .cuda_sync_debug = opt.cuda_sync_debug};
 }
 
 // Chapter 7's flags, before any rank starts: the schedule must exist for (p, m, v), the model must
@@ -583,6 +587,7 @@ int main(int argc, char **argv) {
     if (opt.fp8 && cuda) fatal_input("--fp8: emulated on the CPU only; the GPU model has no FP8 path yet");
     check_before_work(&cfg, flags);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
+    if (opt.cuda_sync_debug && !cuda) fatal_input("--cuda-sync-debug: needs --device cuda");
     if (opt.dump && cuda)
         fatal_input("--dump: records the CPU reference; run it with --device cpu and compare with --grad-dump");
 

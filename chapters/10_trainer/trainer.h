@@ -101,6 +101,7 @@ typedef struct {
     const char *pp_schedule_dot;
     int cp_mode;               // CpMode (chapter 8)
     bool cp_load_balance;      // zigzag split
+    bool cuda_sync_debug;      // --device cuda: synchronize after every kernel launch, name the failing one
 } LayoutOptions;
 
 // Builds t->model (this tp rank's slice, sharded or staged as the layout needs, each rank asking
