@@ -57,6 +57,7 @@ struct ContextParallel {
     int *all_positions;     // (n * Tl) every rank's positions, in rank order
     real *kv[2];            // (2 * kv_count) K then V of the block at hand, and the next one arriving
     real *dkv[2];           // the same for their gradients (backward), travelling with them
+    real *dkv_block;        // (2 * kv_count) one block's dK/dV, computed while the travelling sum arrives
     real *block_out;        // (Tl * H * hd) one sequence's partial output
     real *block_lse;        // (H * Tl) its log-sum-exp (and, backward, the global lse of the queries at hand)
     long long transfers;
@@ -84,6 +85,7 @@ ContextParallel *cp_create(Comm *cp_group, CpMode mode, bool balanced, int B, in
             cp->kv[i] = mem_alloc(MEM_COMM, sizeof(real) * 2 * kv_count(cp));
             cp->dkv[i] = mem_alloc(MEM_COMM, sizeof(real) * 2 * kv_count(cp));
         }
+        cp->dkv_block = mem_alloc(MEM_COMM, sizeof(real) * 2 * kv_count(cp));
         cp->block_out = mem_alloc(MEM_COMM, sizeof(real) * (size_t)cp->Tl * n_heads * head_dim);
         cp->block_lse = mem_alloc(MEM_COMM, sizeof(real) * (size_t)n_heads * cp->Tl);
     }
@@ -93,6 +95,7 @@ ContextParallel *cp_create(Comm *cp_group, CpMode mode, bool balanced, int B, in
 void cp_free(ContextParallel *cp) {
     if (!cp) return;
     for (int i = 0; i < 2; i++) mem_free(cp->kv[i]), mem_free(cp->dkv[i]);
+    mem_free(cp->dkv_block);
     mem_free(cp->block_out);
     mem_free(cp->block_lse);
     free(cp->all_positions);
@@ -244,8 +247,14 @@ static void ring_backward(ContextParallel *cp, real *dq, real *dk, real *dv, con
     for (int s = 0; s < n; s++) {
         real *cur = cp->kv[s % 2], *dcur = cp->dkv[s % 2];
         CommHandle *next = s + 1 < n ? rotate(cp, cur, cp->kv[(s + 1) % 2], count, TAG_KV) : NULL;
-        wait_ring(dkv_in);  // the source's gradients so far, from the ranks before us
-        ring_backward_block(cp, s, (r - s + n) % n, cur, dcur, dq, dout, q, out, lse);
+        if (s == 0) {  // our own K/V: nobody has added to their gradients yet
+            ring_backward_block(cp, s, r, cur, dcur, dq, dout, q, out, lse);
+        } else {  // this block's share first, while the sum of the ranks before us arrives
+            memset(cp->dkv_block, 0, sizeof(real) * count);
+            ring_backward_block(cp, s, (r - s + n) % n, cur, cp->dkv_block, dq, dout, q, out, lse);
+            wait_ring(dkv_in);
+            add_inplace(dcur, cp->dkv_block, count);
+        }
         // on to the next rank; after the last step each rank has received its own tokens' sum
         dkv_in = n > 1 ? rotate(cp, dcur, cp->dkv[(s + 1) % 2], count, TAG_DKV) : NULL;
         wait_ring(next);

@@ -19,7 +19,8 @@
 //                   mask; our first chunk sees neither
 // so every step off the diagonal is half a block. Backward runs the ring again: each block's
 // gradients from the saved global lse and the final output (so the pieces are exact partial sums);
-// dQ accumulates here; dK/dV accumulate in a buffer that travels with the K/V and, after N steps,
+// dQ accumulates here; each block's dK/dV is added to a buffer that travels with the K/V (one step
+// behind, its transfer hidden behind the next block) and, after N steps,
 // arrives back at the rank that owns those tokens.
 //   transfers per attention: forward N-1 (K and V of 2c tokens each), backward N-1 K/V plus N dK/dV.
 //
