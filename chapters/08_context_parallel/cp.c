@@ -32,10 +32,12 @@ int cp_local_len(const CpLayout *l) { return l->T / l->n; }
 
 // Zigzag: chunk `rank` then chunk 2n-1-rank; contiguous: chunk `rank`.
 void cp_local_positions(const CpLayout *l, int *positions) {
+    // LAB cp: positions[t] for t < Tl: zigzag (balanced): chunk `rank`, then chunk 2n-1-rank; contiguous: chunk `rank` (a chunk is l->chunk tokens)
     int c = l->chunk;
     for (int t = 0; t < c; t++) positions[t] = l->rank * c + t;
     if (l->balanced)
         for (int t = 0; t < c; t++) positions[c + t] = (2 * l->n - 1 - l->rank) * c + t;
+    // END LAB
 }
 
 void cp_take_local(const CpLayout *l, const int *full, int *local, int B) {
@@ -133,6 +135,7 @@ static AttnShape block_shape(const ContextParallel *cp, RingBlock blk, int src) 
 // Folds one block's (o_b, lse_b) into the running (o, lse) of a query row and head:
 //   lse' = log(e^lse + e^lse_b) = max + log1p(e^(min - max)),  o' = o e^(lse - lse') + o_b e^(lse_b - lse')
 static void merge_row(real *o, real *lse, const real *o_b, real lse_b, int hd) {
+    // LAB cp: fold (o_b, lse_b) into (o, lse): a -inf lse means no keys yet; lse' = max + log1p(exp(min - max)), o' = o e^(lse - lse') + o_b e^(lse_b - lse')
     if (lse_b == -INFINITY) return;  // the block had no key for this query
     if (*lse == -INFINITY) {
         memcpy(o, o_b, sizeof(real) * hd);
@@ -144,6 +147,7 @@ static void merge_row(real *o, real *lse, const real *o_b, real lse_b, int hd) {
     real a = exp_r(*lse - merged), b = exp_r(lse_b - merged);
     for (int d = 0; d < hd; d++) o[d] = o[d] * a + o_b[d] * b;
     *lse = merged;
+    // END LAB
 }
 
 static void trace_block(const char *name, int step, int src) {
@@ -242,6 +246,7 @@ static void ring_backward(ContextParallel *cp, real *dq, real *dk, real *dv, con
     int n = cp->layout.n, r = cp->layout.rank;
     size_t count = 2 * kv_count(cp);
     pack_kv(cp, cp->kv[0], k, v);
+    // LAB cp: the ring: each step rotate K/V on (rotate, TAG_KV) while computing the block of source (r - s) mod n into a zeroed dkv_block (ring_backward_block), then add it to the dK/dV sum arriving from the previous rank and send the sum on (TAG_DKV); after n steps add your own tokens' sum into dk and dv
     memset(cp->dkv[0], 0, sizeof(real) * count);  // nobody has added to our own K/V's gradients yet
     CommHandle *dkv_in = NULL;
     for (int s = 0; s < n; s++) {
@@ -263,6 +268,7 @@ static void ring_backward(ContextParallel *cp, real *dq, real *dk, real *dv, con
     const real *mine = cp->dkv[n > 1 ? n % 2 : 0];
     add_inplace(dk, mine, kv_count(cp));
     add_inplace(dv, mine + kv_count(cp), kv_count(cp));
+    // END LAB
 }
 
 // ---- all-to-all (Ulysses) -----------------------------------------------------------------------------

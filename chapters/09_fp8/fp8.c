@@ -11,11 +11,13 @@
 // ================================ scales, quantize, dequantize ===================================
 
 double fp8_scale_from_amax(double amax, Fp8Format f, bool pow2) {
+    // LAB fp8: the scale that maps amax to the format's max (amax floored at FP8_AMAX_EPS); with pow2, rounded down to a power of two
     double scale = fp8_format_info(f)->max / (amax > FP8_AMAX_EPS ? amax : FP8_AMAX_EPS);
     if (!pow2) return scale;
     int e;
     frexp(scale, &e);  // scale = m * 2^e, m in [0.5, 1): the power of two at or below it is 2^(e-1)
     return ldexp(1.0, e - 1);
+    // END LAB
 }
 
 int fp8_n_scales(int rows, int cols, Fp8Granularity g) {

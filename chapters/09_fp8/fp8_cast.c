@@ -27,6 +27,7 @@ static uint32_t float_bits(float x) {
 // bits, and a rounding carry (n = 2^(m+1)) or a subnormal rounding up to 2^m lands on the next
 // binade's code by itself.
 static unsigned round_magnitude(uint32_t abs_bits, const Fp8FormatInfo *fi) {
+    // LAB fp8: |x| (its fp32 bits) as an FP8 magnitude code: round s = 1.mantissa to the format's quantum at x's binade (never below 2^(1-bias): subnormals), to nearest, ties to even; the code is (binade - emin) << man_bits plus the rounded count
     int e = (int)(abs_bits >> 23) - 127;
     if (e == -127) return 0;  // fp32 zero or subnormal (< 2^-126): far below half the smallest FP8 step
     int emin = 1 - fi->bias, eq = e > emin ? e : emin;
@@ -36,9 +37,11 @@ static unsigned round_magnitude(uint32_t abs_bits, const Fp8FormatInfo *fi) {
     uint32_t n = s >> shift, rest = s & ((1u << shift) - 1), half = 1u << (shift - 1);
     if (rest > half || (rest == half && (n & 1))) n++;
     return ((unsigned)(eq - emin) << fi->man_bits) + n;
+    // END LAB
 }
 
 uint8_t fp8_from_float(float x, Fp8Format f) {
+    // LAB fp8: the saturating cast: NaN -> FP8_NAN (0x7F); otherwise the sign bit over the rounded magnitude (round_magnitude), +-inf and anything past fi->max_code saturating to max_code
     const Fp8FormatInfo *fi = &FORMATS[f];
     uint32_t u = float_bits(x), abs_bits = u & 0x7FFFFFFFu;
     uint8_t sign = (uint8_t)((u >> 31) << 7);
@@ -47,6 +50,7 @@ uint8_t fp8_from_float(float x, Fp8Format f) {
     // beyond): saturate.
     unsigned code = abs_bits == 0x7F800000u ? 0xFFu : round_magnitude(abs_bits, fi);
     return sign | (uint8_t)(code > fi->max_code ? fi->max_code : code);
+    // END LAB
 }
 
 float fp8_to_float(uint8_t code, Fp8Format f) {
