@@ -8,7 +8,8 @@
 #   the weights after step 2, rtol 5e-4 (tests/t_fsdp.sh).
 # TRACE_CHECK="KIND ARGS" also records the run's trace and checks its structure with
 # tests/py/check_KIND_trace.py TRACE ARGS (the chapters' own checks); {ckpt} in ARGS is the run's
-# last checkpoint. REF_FLAGS: flags of the reference run too (e.g. --grad-accum-steps 2). EXACT=1:
+# last checkpoint. REF_FLAGS: flags of the reference run too (e.g. --grad-accum-steps 2, --fp8); its
+# step-1 gradients then come from its --grad-dump. EXACT=1:
 # gradients and weights must be bit-identical (activation checkpointing recomputes the same bits).
 set -eu -o pipefail
 np=$1; shift
@@ -16,7 +17,7 @@ common=(--model tiny --steps 2 --batch 8 --seed 5 --lr 1e-3)
 ref_flags=(${REF_FLAGS:-})
 ref=$REF_CACHE/vs_reference$(echo "${REF_FLAGS:-}" | tr -c 'a-z0-9\n' _)
 dump=(--dump "$ref/dump.safetensors")  # the step-1 gradients (--dump records a plain single-process step)
-[ -z "${REF_FLAGS:-}" ] || dump=()
+[ -z "${REF_FLAGS:-}" ] || dump=(--grad-dump "$ref/dump.safetensors")  # with the flags: the same step's gradients
 (
     flock 9
     [ -f "$ref/done" ] || { mkdir -p "$ref" && "$REF_TRAIN" "${common[@]}" "${ref_flags[@]}" --checkpoint-dir "$ref" \
@@ -31,10 +32,8 @@ $MPIRUN_LAB -np "$np" "$BUILD/train" "${common[@]}" "${ref_flags[@]}" "$@" --che
 compare="$PYTHON tests/py/compare_runs.py"
 exact=()
 [ -z "${EXACT:-}" ] || exact=(--exact)
-if [ -z "${REF_FLAGS:-}" ]; then
-    echo "== step-1 gradients vs the single process"
-    $compare --ckpt "$TEST_TMP/grads.safetensors" --ckpt-ref "$ref/dump.safetensors" --prefix grad. --param-rtol 1e-5 "${exact[@]}"
-fi
+echo "== step-1 gradients vs the single process"
+$compare --ckpt "$TEST_TMP/grads.safetensors" --ckpt-ref "$ref/dump.safetensors" --prefix grad. --param-rtol 1e-5 "${exact[@]}"
 echo "== losses and weights vs the single process"
 $compare --log "$TEST_TMP/train.log" --log-ref "$ref/train.log" --loss-rtol 1e-5 \
     --ckpt "$TEST_TMP/run/step_000002.safetensors" --ckpt-ref "$ref/step_000002.safetensors" --param-rtol 5e-4 "${exact[@]}"
