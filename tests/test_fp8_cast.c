@@ -62,6 +62,7 @@ START_TEST(test_cast_definition) {
                 check_one(sign << 31 | special[i], f, &failures), checked++;
         }
         printf("%s: %ld fp32 values cast, %d mismatches\n", fp8_format_info(f)->name, checked, failures);
+        fflush(stdout);  // the forked test's lines before a failing assert ends it
         ck_assert_msg(failures == 0, "%s: %d casts differ from round-to-nearest-even with saturation",
                       fp8_format_info(f)->name, failures);
     }
