@@ -26,7 +26,9 @@ int fp8_n_scales(int rows, int cols, Fp8Granularity g) {
 
 // Which scale element (r, c) uses.
 static inline int scale_index(int r, int c, Fp8Granularity g) {
+    // LAB fp8: the index of the scale element (r, c) uses: one per tensor, one per row (FP8_PER_ROW) or one per column
     return g == FP8_PER_TENSOR ? 0 : g == FP8_PER_ROW ? r : c;
+    // END LAB
 }
 
 static inline float max_abs(float m, real x) {
