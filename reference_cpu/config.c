@@ -1,5 +1,6 @@
 #include "reference_cpu/config.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "common/log.h"
@@ -88,6 +89,15 @@ double model_flops_per_token(const ModelConfig *c, int seq_len) {
     double matmul_params = (double)model_param_count_non_embedding(c) - norms + (double)c->vocab_size * c->dim;
     double hq = (double)c->n_heads * model_head_dim(c);
     return 6.0 * matmul_params + 6.0 * c->n_layers * hq * seq_len;
+}
+
+char *model_throughput_text(const ModelConfig *c, int seq_len, double tokens_per_s, double peak_tflops, char *buf,
+                            size_t len) {
+    double flops_per_s = tokens_per_s * model_flops_per_token(c, seq_len);
+    int n = snprintf(buf, len, " | %.1f GFLOP/s", flops_per_s * 1e-9);
+    if (peak_tflops > 0 && n >= 0 && (size_t)n < len)
+        snprintf(buf + n, len - n, " | MFU %.1f%%", 100 * flops_per_s / (peak_tflops * 1e12));
+    return buf;
 }
 
 double model_block_forward_flops(const ModelConfig *c, int B, int T) {

@@ -42,7 +42,7 @@ typedef struct {
     int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages;
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
-    double bucket_mb, comm_timeout;
+    double bucket_mb, comm_timeout, peak_tflops;
     bool model_info, no_overlap, desync_init, sequence_parallel;
 } Options;
 
@@ -75,6 +75,8 @@ static const ArgSpec FLAGS[] = {
     {"device", ARG_CHOICE, &opt.device, "cpu",
      "where the model runs: cpu (the reference and every chapter), cuda (the GPU model: single process and "
      "--dp-replicate so far)", .choices = DEVICE_NAMES},
+    {"peak-tflops", ARG_DOUBLE, &opt.peak_tflops, "0", "the device's peak TFLOP/s: the log line adds MFU",
+     .min = 0, .max = UNBOUNDED},
     {"attention", ARG_CHOICE, &opt.attention, "flash", "attention kernel", .choices = ATTENTION_IMPL_NAMES},
     {"matmul", ARG_CHOICE, &opt.matmul, "blas", "matmul backend", .choices = MATMUL_BACKEND_NAMES},
     {"ac", ARG_CHOICE, &opt.ac, "none",
@@ -462,9 +464,12 @@ int main(int argc, char **argv) {
         trace_end(track);
         double seconds = (now_ns() - t0) * 1e-9;
         if (step - start_step > 2) measured_seconds += seconds, measured_steps++;  // skip warm-up steps
+        char rate[64];
         if (step % opt.log_every == 0 || step == opt.steps)
-            log_info("step %5lld | loss %.6f | grad_norm %.4f | lr %.3e | %.0f tok/s | mem %.1f MiB", step, r.loss,
-                     r.grad_norm, r.lr, t.B * t.T / seconds, mem_current_total() / 1048576.0);
+            log_info("step %5lld | loss %.6f | grad_norm %.4f | lr %.3e | %.0f tok/s%s | mem %.1f MiB", step, r.loss,
+                     r.grad_norm, r.lr, t.B * t.T / seconds,
+                     model_throughput_text(&cfg, t.T, t.B * t.T / seconds, opt.peak_tflops, rate, sizeof rate),
+                     mem_current_total() / 1048576.0);
         bool periodic = opt.checkpoint_every > 0 && step % opt.checkpoint_every == 0;
         if (opt.checkpoint_dir && (periodic || step == opt.steps)) {
             char path[4096];
