@@ -17,7 +17,8 @@
 # Without network (no PyPI) the torch 2.x lines are skipped with a message; the exit status is nonzero
 # only when the C side fails. Refresh the PyTorch 2.x install with `rm -rf $BUILD/bench-venv`.
 # Settings: BENCH_THREADS (2), BENCH_STEPS (12), BENCH_BATCH (8), BENCH_SEQ (256), BENCH_MODEL (small),
-# BENCH_ROUNDS (1), BENCH_TORCH2 (1; 0 skips the PyTorch 2.x lines), BENCH_COMPILE (1).
+# BENCH_ROUNDS (1), BENCH_TORCH2 (1; 0 skips the PyTorch 2.x lines), BENCH_COMPILE (1), BENCH_VENV
+# ($BUILD/bench-venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -30,7 +31,7 @@ MODEL=${BENCH_MODEL:-small}
 ROUNDS=${BENCH_ROUNDS:-1}
 TORCH2=${BENCH_TORCH2:-1}
 COMPILE=${BENCH_COMPILE:-1}
-VENV2=$BUILD/bench-venv
+VENV2=${BENCH_VENV:-$BUILD/bench-venv}
 export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 
 for f in "$BUILD/train" "$BUILD/sgemm_rate"; do
