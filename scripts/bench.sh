@@ -2,7 +2,8 @@
 # CPU benchmark: one training step (forward + backward + clip + AdamW) of the `small` model, the C
 # reference ($BUILD/train) against PyTorch on the same CPU, same shapes, same thread count, same run:
 #
-#   sgemm             the machine's matmul ceiling: $BUILD/sgemm_rate (2048^3, the OpenBLAS the C side links)
+#   sgemm             the machine's matmul ceiling: $BUILD/sgemm_rate (2048^3, the OpenBLAS the C side
+#                     links), measured right before each program
 #   C reference       $BUILD/train
 #   torch 2.x eager   the newest PyTorch from PyPI (fused scaled_dot_product_attention with GQA,
 #                     fused AdamW), installed on first use into $BUILD/bench-venv
@@ -83,12 +84,14 @@ else
 fi
 
 echo "bench: $MODEL, batch $BATCH x seq $SEQ, $STEPS steps, $THREADS threads, $ROUNDS round(s); load: $(uptime | sed 's/.*load/load/')"
-sgemm_log=$LOG/sgemm.txt
+# sgemm is measured right before each program: on a shared machine the load changes from one
+# program to the next, and each program's % of sgemm compares it with its own neighbourhood.
 for ((r = 1; r <= ROUNDS; r++)); do
-    "$BUILD/sgemm_rate" --n 2048 --reps 5 | tee -a "$sgemm_log"
     for i in "${!programs[@]}"; do
         name=${programs[$i]%%|*} cmd=${programs[$i]#*|}
         out=$LOG/p$i.r$r.txt
+        "$BUILD/sgemm_rate" --n 2048 --reps 5 | tee "$LOG/sgemm.txt"
+        sed -n 's/.*gflops=//p' "$LOG/sgemm.txt" >>"$LOG/p$i.sgemm"
         echo "bench: round $r: $name: $cmd"
         if eval "$cmd" >"$out" 2>&1 && grep -q '^timing:' "$out"; then
             grep '^timing:' "$out" | tail -1
@@ -102,20 +105,18 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 
 median() { sort -g "$1" | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-sed -n 's/.*gflops=//p' "$sgemm_log" >"$LOG/sgemm.gflops"
-sgemm=$(median "$LOG/sgemm.gflops")
 c_ms=$(median "$LOG/p0.ms")
 
 echo
 echo "model $MODEL, batch $BATCH, seq $SEQ, $STEPS steps (mean over the measured ones; median of $ROUNDS round(s)), threads $THREADS"
-echo "sgemm 2048^3 (OpenBLAS, $THREADS threads): $sgemm GFLOP/s; model FLOPs/token $flops_per_token"
-printf "%-26s %10s %10s %12s %9s %12s\n" "" "ms/step" "tokens/s" "model GFLOP/s" "% sgemm" "time / C"
+echo "model FLOPs/token $flops_per_token; sgemm: OpenBLAS 2048^3 on $THREADS threads, measured before each program"
+printf "%-26s %10s %10s %13s %8s %9s %9s\n" "" "ms/step" "tokens/s" "model GFLOP/s" "sgemm" "% sgemm" "time / C"
 for i in "${!programs[@]}"; do
     [ -s "$LOG/p$i.ms" ] || continue
     awk -v name="${programs[$i]%%|*}" -v ms="$(median "$LOG/p$i.ms")" -v c="$c_ms" -v tokens=$((BATCH * SEQ)) \
-        -v fpt="$flops_per_token" -v sgemm="$sgemm" 'BEGIN {
+        -v fpt="$flops_per_token" -v sgemm="$(median "$LOG/p$i.sgemm")" 'BEGIN {
         tps = tokens / (ms / 1e3); gf = tps * fpt / 1e9
-        printf "%-26s %10.1f %10.1f %12.1f %8.1f%% %12.2f\n", name, ms, tps, gf, 100 * gf / sgemm, ms / c
+        printf "%-26s %10.1f %10.1f %13.1f %8.1f %8.1f%% %9.2f\n", name, ms, tps, gf, sgemm, 100 * gf / sgemm, ms / c
     }'
 done
 echo "time / C > 1: the C reference is faster. Load after the run: $(uptime | sed 's/.*load/load/')"
