@@ -89,7 +89,9 @@ CHAPTER_PROGRAMS := $(foreach f,$(CHAPTER_PROGRAM_SRC),$(BUILD)/$(patsubst main_
 PROGRAMS := $(BUILD)/train $(BUILD)/train64 $(CHAPTER_PROGRAMS)
 
 .PHONY: all run test bench deps clean probe exercises grade
-all: probe $(PROGRAMS) $(if $(HAVE_CHECK),$(TEST_BIN))
+# Drivers that end-to-end test scripts run (tests/t_hf.sh), in fp32 and float64.
+TEST_DRIVERS := $(BUILD)/tests/hf_driver $(BUILD)/tests/hf_driver64
+all: probe $(PROGRAMS) $(TEST_DRIVERS) $(if $(HAVE_CHECK),$(TEST_BIN))
 
 probe:
 	@echo "probe: cc=$(CC) ($(shell $(CC) -dumpfullversion 2>/dev/null))" \
@@ -120,10 +122,8 @@ $(LIBREF32): $(REF32_OBJ)
 $(LIBREF64): $(REF64_OBJ)
 	$(AR) rcs $@ $^
 
-# build/train: where nvcc is found it also links the GPU library (--device cuda, gpu/strategy.c),
-# listed before the reference's so that its cuda_strategy_create is the one linked.
-$(BUILD)/train: chapters/10_trainer/train.c $(if $(NVCC),$(BUILD)/libgpu.a) $(LIBREF32) $(LIBCOMMON)
-	$(CC) $(CFLAGS) $(if $(NVCC),$(GPU_CFLAGS)) $^ -o $@ $(if $(NVCC),$(GPU_LDLIBS)) $(LDLIBS)
+$(BUILD)/train: chapters/10_trainer/train.c $(LIBREF32) $(LIBCOMMON)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 $(BUILD)/train64: chapters/10_trainer/train.c $(LIBREF64) $(LIBCOMMON)
 	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(LDLIBS)
 
@@ -140,6 +140,13 @@ $(BUILD)/tests/test_%: tests/test_%.c $(LIBREF32) $(LIBCOMMON)
 $(BUILD)/tests/test64_%: tests/test64_%.c $(LIBREF64) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(CHECK_LIBS) $(LDLIBS)
+
+$(BUILD)/tests/hf_driver: tests/hf_driver.c $(LIBREF32) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/tests/hf_driver64: tests/hf_driver.c $(LIBREF64) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(LDLIBS)
 
 # ---- GPU (gpu/): built only where nvcc is found; needs no GPU to build -----------------------
 # Kernels (gpu/*.cu) for Hopper (sm_90a, the H100/H200) with warnings as errors; gpu/*.c is C on top
@@ -160,7 +167,8 @@ GPU_CFLAGS := -I$(CUDA_HOME_FOUND)/include -Werror
 GPU_LDLIBS := -L$(CUDA_HOME_FOUND)/lib64 -Wl,-rpath,$(CUDA_HOME_FOUND)/lib64 -lcublasLt -lcudart -lstdc++ \
   $(if $(HAVE_NCCL),-lnccl)
 GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(filter-out $(NO_NCCL_SRC),$(wildcard tests/gpu/test_*.c)))
-GPU_PROGRAMS := $(GPU_TEST_BIN) $(foreach f,$(GPU_PROGRAM_SRC),$(BUILD)/$(patsubst main_%.c,%,$(notdir $(f))))
+GPU_PROGRAMS := $(GPU_TEST_BIN) $(foreach f,$(GPU_PROGRAM_SRC),$(BUILD)/$(patsubst main_%.c,%,$(notdir $(f)))) \
+  $(BUILD)/train-cuda
 
 $(BUILD)/obj/gpu/%.o: gpu/%.cu
 	@mkdir -p $(dir $@)
@@ -172,6 +180,10 @@ $(LIBGPU): $(GPU_OBJ)
 	$(AR) rcs $@ $^
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
+# The trainer with the GPU library (--device cuda; build/train hands over to it). $(LIBGPU) comes
+# before the reference's library so that gpu/strategy.c's cuda_strategy_create is the one linked.
+$(BUILD)/train-cuda: chapters/10_trainer/train.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
 $(BUILD)/%: gpu/main_%.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)

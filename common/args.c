@@ -1,5 +1,6 @@
 #include "args.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -50,6 +51,11 @@ static void check_range(const ArgSpec *s, const char *text, double v) {
 static void set_value(const ArgSpec *s, const char *text) {
     char *end = NULL;
     errno = 0;
+    // strtoll and strtod skip leading blanks but stop at trailing ones: refuse both, so ' 2' and
+    // '2 ' get the same answer (a quoting slip in a script, not a number)
+    bool numeric = s->type == ARG_INT || s->type == ARG_LONG || s->type == ARG_DOUBLE;
+    if (numeric && *text && (isspace((unsigned char)text[0]) || isspace((unsigned char)text[strlen(text) - 1])))
+        fatal_input("--%s '%s': blanks around the number", s->name, text);
     switch (s->type) {
     case ARG_INT:
     case ARG_LONG: {
@@ -108,6 +114,8 @@ void args_parse(const ArgSpec *specs, int n, int argc, char **argv, const char *
         size_t name_len = eq ? (size_t)(eq - name) : strlen(name);
         const ArgSpec *s = find_spec(specs, n, name, name_len);
         if (!s) fatal_input("%s: unknown flag (see --help)", arg);
+        // the last one would win silently, and which of two values was meant is a guess
+        if (given[s - specs]) fatal_input("--%s: given twice (give each flag once)", s->name);
         given[s - specs] = true;
         if (s->type == ARG_BOOL) {
             set_value(s, eq ? eq + 1 : "true");

@@ -7,7 +7,8 @@
 //   args_parse(flags, n, argc, argv, "train", "trains a Llama 3 model");
 //
 // Flags are written --name VALUE or --name=VALUE; ARG_BOOL flags take no value. A bad flag or
-// value exits with status 2 and one line naming the flag, its value and the rule it breaks.
+// value exits with status 2 and one line naming the flag, its value and the rule it breaks. So do
+// a flag given twice (rather than letting the last one win) and a number with blanks around it.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

@@ -8,6 +8,13 @@
 // Every operation is posted with nonblocking MPI calls and polled with MPI_Test*, so a peer that
 // never shows up ends the run with a message after the timeout instead of hanging it.
 //
+// Who did not arrive. Every member of a group runs the same collectives on it in the same order,
+// so each Comm counts the collectives it has started: the k-th all-reduce of rank 0 is the k-th of
+// every member. When collective k times out, the rank asks each member, on a private control
+// communicator, how many it has started; a member at k or beyond has arrived, one below k has not,
+// and one that does not answer within QUERY_GRACE_S is stopped (SIGSTOP), hung outside MPI or dead.
+// The worker answers these questions whenever it polls, and every IDLE_TICK_NS while idle.
+//
 // Reductions never use MPI's own: each element is folded locally in rank order (x0 + x1 + ... +
 // x(n-1)), which makes float sums bit-identical on every rank and in every run (COMM.md).
 #include "comm.h"
@@ -26,7 +33,11 @@
 #include "log.h"
 #include "trace.h"
 
-#define DEFAULT_TIMEOUT_S 300.0
+#define DEFAULT_TIMEOUT_S COMM_STARTUP_TIMEOUT_S
+#define QUERY_GRACE_S 2.0
+#define IDLE_TICK_NS 10000000L  // an idle worker answers questions every 10 ms
+#define TAG_QUERY 1
+#define TAG_REPLY 2
 // One MPI call moves at most this much: MPI counts are int, and Open MPI's datatype engine is
 // safest well below 2 GiB.
 #define MAX_CHUNK_BYTES ((size_t)1 << 30)
@@ -36,6 +47,9 @@ struct Comm {
     char name[48];
     int rank, size;
     int *world_ranks;  // world rank of each member
+    uint64_t id;       // the same on every member: a hash of the name and the world ranks
+    uint64_t collectives_started;  // worker only; the arrival count the timeout report compares
+    Comm *next_live;   // the live communicators, which the worker looks questions up in
 };
 
 typedef enum {
@@ -60,6 +74,7 @@ struct CommHandle {
     char split_name[48];
     Comm *split_result;
     long long start_ns;  // when the worker began it (the timeout and the trace slice count from here)
+    uint64_t collective_number;  // collectives: 1 for the first on its Comm (0 for point to point)
     bool done;           // under stream.lock
     CommHandle *next;
 };
@@ -70,7 +85,9 @@ static struct {
     pthread_mutex_t lock;
     pthread_cond_t queued, finished;
     CommHandle *head, *tail;
-    double timeout_s;
+    long long timeout_ns;  // read by the worker, set by comm_set_timeout: __atomic access
+    MPI_Comm control;      // questions and answers about arrival, apart from all data traffic
+    Comm *live;            // worker only
     size_t chunk_bytes;
     bool trace;
     int tag_ub;
@@ -146,9 +163,23 @@ static CommHandle *enqueue(CommHandle *h) {
     return h;
 }
 
+static void answer_questions(void);
+
+// While the queue is empty the worker wakes every IDLE_TICK_NS to answer arrival questions: a rank
+// busy computing is alive and must say so, or it would be reported as stopped.
 static CommHandle *dequeue(void) {
     pthread_mutex_lock(&stream.lock);
-    while (!stream.head) pthread_cond_wait(&stream.queued, &stream.lock);
+    while (!stream.head) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += IDLE_TICK_NS;
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&stream.queued, &stream.lock, &until);
+        if (stream.head) break;
+        pthread_mutex_unlock(&stream.lock);
+        answer_questions();
+        pthread_mutex_lock(&stream.lock);
+    }
     CommHandle *h = stream.head;
     stream.head = h->next;
     if (!stream.head) stream.tail = NULL;
@@ -199,9 +230,87 @@ bool comm_test(CommHandle *h) {
 #define SPIN_NS 1000000LL
 #define POLL_SLEEP_NS 20000L
 
+static double timeout_seconds(void) { return __atomic_load_n(&stream.timeout_ns, __ATOMIC_RELAXED) * 1e-9; }
+
+// ---- arrival questions ----------------------------------------------------------------------------
+
+static Comm *live_comm(uint64_t id) {
+    for (Comm *c = stream.live; c; c = c->next_live)
+        if (c->id == id) return c;
+    return NULL;
+}
+
+// Answers every pending question {comm id, k} with {comm id, collectives started on it}
+// (UINT64_MAX for a group this rank is not in). Worker only.
+static void answer_questions(void) {
+    static uint64_t replies[64][2];  // a ring: each send is tiny and gone long before its slot returns
+    static int next;
+    for (;;) {
+        int pending;
+        MPI_Status status;
+        MPI_Iprobe(MPI_ANY_SOURCE, TAG_QUERY, stream.control, &pending, &status);
+        if (!pending) return;
+        uint64_t question[2];
+        MPI_Recv(question, 2, MPI_UINT64_T, status.MPI_SOURCE, TAG_QUERY, stream.control, MPI_STATUS_IGNORE);
+        Comm *c = live_comm(question[0]);
+        uint64_t *reply = replies[next++ % 64];
+        reply[0] = question[0];
+        reply[1] = c ? c->collectives_started : UINT64_MAX;
+        MPI_Request req;
+        MPI_Isend(reply, 2, MPI_UINT64_T, status.MPI_SOURCE, TAG_REPLY, stream.control, &req);
+        MPI_Request_free(&req);
+    }
+}
+
+// Asks every other member of h's group whether it has started h (collective number k), waiting
+// QUERY_GRACE_S for the answers, and writes who has not: "did not arrive: world rank 2 (alive,
+// still at collective 5 of this group; this is 6), world rank 3 (no answer: stopped or dead)".
+static void who_did_not_arrive(const CommHandle *h, char *out, size_t out_len) {
+    const Comm *c = h->comm;
+    int n = c->size, me = c->rank;
+    uint64_t question[2] = {c->id, h->collective_number}, (*answers)[2] = checked_calloc((size_t)n, sizeof *answers);
+    MPI_Request *reqs = checked_calloc(2 * (size_t)n, sizeof *reqs);
+    for (int r = 0; r < n; r++) {
+        reqs[2 * r] = reqs[2 * r + 1] = MPI_REQUEST_NULL;
+        if (r == me) continue;
+        MPI_Isend(question, 2, MPI_UINT64_T, c->world_ranks[r], TAG_QUERY, stream.control, &reqs[2 * r]);
+        MPI_Irecv(answers[r], 2, MPI_UINT64_T, c->world_ranks[r], TAG_REPLY, stream.control, &reqs[2 * r + 1]);
+    }
+    long long start = now_ns();
+    int all = 0;
+    while (!all && now_ns() - start < (long long)(QUERY_GRACE_S * 1e9)) {
+        answer_questions();  // the others may be asking this rank at the same time
+        MPI_Testall(2 * n, reqs, &all, MPI_STATUSES_IGNORE);
+        if (!all) nanosleep(&(struct timespec){.tv_nsec = 1000000L}, NULL);
+    }
+    int used = snprintf(out, out_len, "did not arrive:");
+    bool any = false;
+    for (int r = 0; r < n && used < (int)out_len; r++) {
+        if (r == me) continue;
+        int answered = 0;
+        if (reqs[2 * r + 1] != MPI_REQUEST_NULL) MPI_Test(&reqs[2 * r + 1], &answered, MPI_STATUS_IGNORE);
+        else answered = 1;
+        const char *sep = any ? "," : "";
+        if (!answered) {
+            used += snprintf(out + used, out_len - (size_t)used, "%s world rank %d (no answer: stopped or dead)", sep,
+                             c->world_ranks[r]);
+            any = true;
+        } else if (answers[r][1] < h->collective_number) {
+            used += snprintf(out + used, out_len - (size_t)used, "%s world rank %d (alive, still at collective %llu of this group; this is %llu)", sep,
+                             c->world_ranks[r], (unsigned long long)answers[r][1],
+                             (unsigned long long)h->collective_number);
+            any = true;
+        }
+    }
+    if (!any) snprintf(out, out_len, "every member started it, so one may have died in the middle of it");
+    free(answers);
+    free(reqs);  // the requests still open are abandoned: MPI_Abort follows
+}
+
 __attribute__((noreturn)) static void die_timed_out(const CommHandle *h, MPI_Request *reqs, const int *peers, int n) {
     const Comm *c = h->comm;
-    char waiting[128] = "a rank may have died, or not have started it";
+    char waiting[1024] = "a rank may have died, or not have started it";
+    if (h->collective_number > 0) who_did_not_arrive(h, waiting, sizeof waiting);
     // The first transfer still open names the peer (MPI_Test frees the ones that completed).
     for (int i = 0; peers && i < n; i++) {
         int complete;
@@ -213,7 +322,7 @@ __attribute__((noreturn)) static void die_timed_out(const CommHandle *h, MPI_Req
         }
     }
     fprintf(stderr, "comm: %s on group %s (%d ranks) did not finish after %g s on world rank %d; %s\n", h->name,
-            c->name, c->size, stream.timeout_s, stream.world->rank, waiting);
+            c->name, c->size, timeout_seconds(), stream.world->rank, waiting);
     fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
     exit(1);  // MPI_Abort does not return
@@ -221,17 +330,18 @@ __attribute__((noreturn)) static void die_timed_out(const CommHandle *h, MPI_Req
 
 // peers: the group rank each request talks to, or NULL for a collective.
 static void wait_requests(const CommHandle *h, MPI_Request *reqs, const int *peers, int n) {
-    long long timeout_ns = (long long)(stream.timeout_s * 1e9);
     for (;;) {
         int complete;
         MPI_Testall(n, reqs, &complete, MPI_STATUSES_IGNORE);
         if (complete) return;
         long long waited = now_ns() - h->start_ns;
-        if (waited > timeout_ns) die_timed_out(h, reqs, peers, n);
-        if (waited < SPIN_NS)
+        if (waited > __atomic_load_n(&stream.timeout_ns, __ATOMIC_RELAXED)) die_timed_out(h, reqs, peers, n);
+        if (waited < SPIN_NS) {
             sched_yield();
-        else
+        } else {
+            answer_questions();
             nanosleep(&(struct timespec){.tv_nsec = POLL_SLEEP_NS}, NULL);
+        }
     }
 }
 
@@ -457,6 +567,13 @@ static Comm *new_comm(MPI_Comm mpi, const char *name, int *world_ranks) {
     MPI_Comm_rank(mpi, &c->rank);
     MPI_Comm_size(mpi, &c->size);
     c->world_ranks = world_ranks;
+    // FNV-1a over the name and the members: equal on every member, different for other groups
+    uint64_t id = 1469598103934665603ULL;
+    for (const char *p = c->name; *p; p++) id = (id ^ (unsigned char)*p) * 1099511628211ULL;
+    for (int i = 0; i < c->size; i++) id = (id ^ (uint64_t)(unsigned)world_ranks[i]) * 1099511628211ULL;
+    c->id = id;
+    c->next_live = stream.live;
+    stream.live = c;
     return c;
 }
 
@@ -492,6 +609,11 @@ static void run_split(CommHandle *h) {
 }
 
 static void destroy_comm(Comm *c) {
+    for (Comm **p = &stream.live; *p; p = &(*p)->next_live)
+        if (*p == c) {
+            *p = c->next_live;
+            break;
+        }
     MPI_Comm_free(&c->mpi);
     free(c->world_ranks);
     free(c);
@@ -579,6 +701,7 @@ static void *worker_main(void *unused) {
         CommHandle *h = dequeue();
         bool stop = h->kind == OP_STOP;
         h->start_ns = now_ns();
+        if (h->kind < OP_P2P || h->kind == OP_SPLIT) h->collective_number = ++h->comm->collectives_started;
         execute(h);
         record_slice(h);
         mark_done(h);
@@ -593,7 +716,7 @@ static void *worker_main(void *unused) {
 void comm_init(int *argc, char ***argv, const CommOptions *options) {
     if (stream.started) fatal("comm_init: called twice");
     CommOptions o = options ? *options : (CommOptions){0};
-    stream.timeout_s = o.timeout_seconds > 0 ? o.timeout_seconds : DEFAULT_TIMEOUT_S;
+    comm_set_timeout(o.timeout_seconds > 0 ? o.timeout_seconds : DEFAULT_TIMEOUT_S);
     stream.chunk_bytes = o.chunk_bytes && o.chunk_bytes < MAX_CHUNK_BYTES ? o.chunk_bytes : MAX_CHUNK_BYTES;
     stream.trace = o.trace;
 
@@ -608,6 +731,7 @@ void comm_init(int *argc, char ***argv, const CommOptions *options) {
     // A private copy of MPI_COMM_WORLD, so that our messages never match anybody else's.
     MPI_Comm world;
     MPI_Comm_dup(MPI_COMM_WORLD, &world);
+    MPI_Comm_dup(MPI_COMM_WORLD, &stream.control);
     int size;
     MPI_Comm_size(world, &size);
     int *world_ranks = checked_calloc((size_t)size, sizeof *world_ranks);
@@ -624,6 +748,17 @@ void comm_init(int *argc, char ***argv, const CommOptions *options) {
     if (pthread_create(&stream.worker, NULL, worker_main, NULL) != 0) fatal("comm_init: cannot start the comm thread");
 }
 
+void comm_set_timeout(double seconds) {
+    __atomic_store_n(&stream.timeout_ns, (long long)(seconds * 1e9), __ATOMIC_RELAXED);
+}
+
+double comm_timeout(void) { return timeout_seconds(); }
+
+double comm_timeout_for_step(double slowest_step_seconds) {
+    double derived = COMM_TIMEOUT_STEP_FACTOR * slowest_step_seconds;
+    return derived > COMM_TIMEOUT_FLOOR_S ? derived : COMM_TIMEOUT_FLOOR_S;
+}
+
 void comm_finalize(void) {
     if (!stream.started) return;
     comm_wait(enqueue(new_op(OP_STOP, "finalize", stream.world)));
@@ -632,6 +767,7 @@ void comm_finalize(void) {
     // The worker has ended, so the main thread may call MPI again: SERIALIZED allows that.
     destroy_comm(stream.world);
     stream.world = NULL;
+    MPI_Comm_free(&stream.control);
     free(stream.sent);
     free(stream.received);
     pthread_cond_destroy(&stream.finished);

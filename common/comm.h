@@ -20,9 +20,16 @@
 // Buffers passed to a *_start call belong to the comm stream until comm_wait returns: do not read
 // or write them in between (the in-place all-reduce writes its result into `buf`).
 //
-// Failure. An operation that has not finished after the timeout (comm_init, default 300 s) ends
-// the run with one line naming the operation, the group and, for point to point, the peer rank
-// (a killed rank shows up this way if mpirun has not already ended the job; see common/COMM.md).
+// Failure. An operation that has not finished after the timeout ends the run with one line naming
+// the operation, the group and who is missing: for point to point the peer rank, for a collective
+// the members that did not arrive, each "alive, still at collective j" (not there yet) or "no
+// answer: stopped or dead" (a SIGSTOPped or killed rank; mpirun may end the job first for a killed
+// one; see common/COMM.md).
+//
+// The timeout. comm_init sets it (default COMM_STARTUP_TIMEOUT_S, room for start-up work such as
+// building the model), comm_set_timeout changes it at any time. A trainer that measures its steps
+// derives it with comm_timeout_for_step: max(COMM_TIMEOUT_FLOOR_S, COMM_TIMEOUT_STEP_FACTOR x the
+// slowest step measured), so a hung rank ends a run of 1-second steps after 60 s, not 300 s.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -33,8 +40,12 @@ typedef struct CommHandle CommHandle;
 typedef enum { COMM_FLOAT32, COMM_FLOAT64, COMM_INT32, COMM_BYTE } CommDtype;
 typedef enum { COMM_SUM, COMM_AVG, COMM_MAX } CommReduceOp;  // AVG = SUM / group size
 
+#define COMM_STARTUP_TIMEOUT_S 300.0
+#define COMM_TIMEOUT_FLOOR_S 60.0
+#define COMM_TIMEOUT_STEP_FACTOR 10.0
+
 typedef struct {
-    double timeout_seconds;  // per operation; <= 0 means the default, 300
+    double timeout_seconds;  // per operation; <= 0 means the default, COMM_STARTUP_TIMEOUT_S
     bool trace;              // record a slice per operation on the track "comm:<group name>"
     size_t chunk_bytes;      // most bytes one MPI call moves (larger operations go in pieces);
                              // 0 means the default, 1 GiB. Tests set it small to exercise pieces.
@@ -44,7 +55,13 @@ typedef struct {
 // stream's worker thread. Call once, before anything else; options may be NULL (defaults). Works
 // without mpirun too, as a world of one rank.
 void comm_init(int *argc, char ***argv, const CommOptions *options);
-void comm_finalize(void);  // waits for queued work, stops the worker, then MPI_Finalize
+void comm_finalize(void);
+// The timeout of every operation from now on, also one already waiting (seconds, > 0).
+void comm_set_timeout(double seconds);
+double comm_timeout(void);
+// The rule for a timeout derived from measured steps: max(COMM_TIMEOUT_FLOOR_S,
+// COMM_TIMEOUT_STEP_FACTOR x slowest_step_seconds).
+double comm_timeout_for_step(double slowest_step_seconds);  // waits for queued work, stops the worker, then MPI_Finalize
 
 Comm *comm_world(void);  // named "world"
 int comm_rank(const Comm *c);

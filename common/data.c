@@ -73,11 +73,16 @@ static void parse_markov_options(DataSource *src, const char *spec, const char *
     if (strlen(options) >= sizeof buffer) fatal_input("data source '%s': options too long", spec);
     snprintf(buffer, sizeof buffer, "%s", options);
     char *saveptr = NULL;
+    char seen[256] = ",";  // ",order,branches,": keys given so far; a repeated one is refused
     for (char *item = strtok_r(buffer, ",", &saveptr); item; item = strtok_r(NULL, ",", &saveptr)) {
         char *equals = strchr(item, '=');
         if (!equals) fatal_input("data source '%s': option '%s' is not key=value", spec, item);
         *equals = '\0';
         const char *value = equals + 1;
+        char key[64];
+        snprintf(key, sizeof key, ",%.40s,", item);
+        if (strstr(seen, key)) fatal_input("data source '%s': option '%s' is given twice", spec, item);
+        if (strlen(seen) + strlen(item) + 2 < sizeof seen) strcat(strcat(seen, item), ",");
         if (strcmp(item, "order") == 0)
             src->order = parse_bounded_option(spec, item, value, 1, MARKOV_MAX_ORDER);
         else if (strcmp(item, "branches") == 0)

@@ -1,13 +1,39 @@
 #include "fileio.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "log.h"
+
+// Why `path` may not be replaced by a rename: it exists and is not a regular file (stat follows
+// a symbolic link, so a link to /dev/null counts as /dev/null). NULL when it may.
+static const char *not_replaceable(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode)) return NULL;
+    if (S_ISDIR(st.st_mode)) return "is a directory";
+    if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "is a device, which a rename would replace";
+    if (S_ISFIFO(st.st_mode)) return "is a FIFO, which a rename would replace";
+    return "is not a regular file, which a rename would replace";
+}
+
 bool atomic_create(AtomicFile *f, const char *path, char *err, size_t err_len) {
-    snprintf(f->path, sizeof f->path, "%s", path);
-    snprintf(f->tmp_path, sizeof f->tmp_path, "%s.tmp.%d", path, (int)getpid());
+    f->fp = NULL;
+    int n = snprintf(f->path, sizeof f->path, "%s", path);
+    int n_tmp = snprintf(f->tmp_path, sizeof f->tmp_path, "%s.tmp.%d", path, (int)getpid());
+    if (n < 0 || n_tmp < 0 || (size_t)n_tmp >= sizeof f->tmp_path || (size_t)n >= sizeof f->path) {
+        snprintf(err, err_len, "%.200s...: path too long", path);
+        return false;
+    }
+    const char *why = not_replaceable(path);
+    if (why) {
+        snprintf(err, err_len, "%s: %s; refusing to write it", path, why);
+        return false;
+    }
     f->fp = fopen(f->tmp_path, "wb");
     if (!f->fp) {
         snprintf(err, err_len, "%s: cannot create (%s)", f->tmp_path, strerror(errno));
@@ -24,6 +50,12 @@ bool atomic_commit(AtomicFile *f, char *err, size_t err_len) {
         saved_errno = errno;
     }
     f->fp = NULL;
+    const char *why = ok ? not_replaceable(f->path) : NULL;  // it may have appeared while we wrote
+    if (why) {
+        snprintf(err, err_len, "%s: %s; refusing to replace it", f->path, why);
+        remove(f->tmp_path);
+        return false;
+    }
     if (ok && rename(f->tmp_path, f->path) != 0) {
         ok = false;
         saved_errno = errno;
@@ -39,6 +71,89 @@ void atomic_abort(AtomicFile *f) {
     if (f->fp) fclose(f->fp);
     f->fp = NULL;
     remove(f->tmp_path);
+}
+
+// ---- output checks -------------------------------------------------------------------------------
+
+// Creates and removes "<path>.tmp.<pid>", the name atomic_create() will use. Returns errno, or 0.
+static int probe_create(const char *path) {
+    char probe[PATH_MAX + 32];
+    snprintf(probe, sizeof probe, "%s.tmp.%d", path, (int)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) return errno;
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
+// Whether every name in path fits NAME_MAX, the last one with `suffix` more bytes (the temporary).
+static bool names_fit(const char *path, size_t suffix) {
+    for (const char *p = path; *p;) {
+        size_t n = strcspn(p, "/");
+        p += n;
+        while (*p == '/') p++;
+        if (n + (*p ? 0 : suffix) > NAME_MAX) return false;
+    }
+    return true;
+}
+
+// The directory part of path ("." for a bare name, "/" for "/x").
+static void parent_of(const char *path, char *out, size_t out_len) {
+    snprintf(out, out_len, "%s", path);
+    size_t n = strlen(out);
+    while (n > 1 && out[n - 1] == '/') out[--n] = 0;  // "dir/" names dir
+    char *slash = strrchr(out, '/');
+    if (!slash) snprintf(out, out_len, ".");
+    else if (slash == out) out[1] = 0;
+    else *slash = 0;
+}
+
+static void check_parent(const char *flag, const char *path) {
+    char parent[PATH_MAX];
+    parent_of(path, parent, sizeof parent);
+    struct stat st;
+    if (stat(parent, &st) != 0)
+        fatal_input("--%s %s: directory %s does not exist (%s)", flag, path, parent, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) fatal_input("--%s %s: %s is not a directory", flag, path, parent);
+}
+
+// A file in an existing directory: the name atomic_create() will write must be creatable.
+static void check_file(const char *flag, const char *path) {
+    const char *why = not_replaceable(path);
+    if (why) fatal_input("--%s %s: %s; give a file name", flag, path, why);
+    check_parent(flag, path);
+    int error = probe_create(path);
+    if (error) fatal_input("--%s %s: cannot create a file there (%s)", flag, path, strerror(error));
+}
+
+static void check_dir(const char *flag, const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) fatal_input("--%s %s: exists and is not a directory", flag, path);
+    } else {
+        check_parent(flag, path);
+        // Kept once made: the run creates it anyway, and under mpirun every rank checks at once (a
+        // rank removing it again would pull it from under another rank's probe).
+        if (mkdir(path, 0777) != 0 && errno != EEXIST)
+            fatal_input("--%s %s: cannot create the directory (%s)", flag, path, strerror(errno));
+    }
+    char probe[PATH_MAX];
+    snprintf(probe, sizeof probe, "%s/probe", path);
+    int error = probe_create(probe);
+    if (error) fatal_input("--%s %s: cannot create files in this directory (%s)", flag, path, strerror(error));
+}
+
+void fileio_check_output(const char *flag, const char *path, OutputKind kind) {
+    if (!path) return;
+    if (!*path) fatal_input("--%s: empty path", flag);
+    // Room for the temporary's ".tmp.<pid>" suffix, within the name and within the path
+    size_t suffix = (size_t)snprintf(NULL, 0, ".tmp.%d", (int)getpid());
+    if (!names_fit(path, kind == OUTPUT_FILE ? suffix : 0))
+        fatal_input("--%s %.60s...: a name is longer than NAME_MAX, %d bytes (a file's name needs %d more for its "
+                    "temporary \".tmp.<pid>\")", flag, path, NAME_MAX, (int)suffix);
+    if (strlen(path) + suffix + 16 >= PATH_MAX) fatal_input("--%s %.60s...: path too long", flag, path);
+    if (kind == OUTPUT_DIR) check_dir(flag, path);
+    else check_file(flag, path);
 }
 
 unsigned char *read_whole_file(const char *path, size_t *size, char *err, size_t err_len) {

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 
@@ -44,6 +45,8 @@ static void account(MemCategory category, size_t bytes, int sign) {
 
 void *mem_alloc(MemCategory category, size_t bytes) {
     void *raw = NULL;
+    if (bytes > SIZE_MAX - HEADER_SIZE)  // a size computed from a wrapped product: never "allocate" it
+        fatal("mem_alloc: %zu bytes for %s is beyond any machine (a size overflowed)", bytes, category_names[category]);
     if (posix_memalign(&raw, 64, HEADER_SIZE + (bytes ? bytes : 1)) != 0)
         fatal("out of memory allocating %zu bytes for %s", bytes, category_names[category]);
     memset(raw, 0, HEADER_SIZE + bytes);
@@ -75,4 +78,20 @@ void mem_print_report(void) {
     for (int c = 0; c < MEM_N_CATEGORIES; c++)
         log_info("  %-12s %20.2f %9.2f", category_names[c], current_bytes[c] / mib, peak_bytes[c] / mib);
     log_info("  %-12s %20.2f %9.2f", "total", current_total / mib, peak_total / mib);
+}
+
+uint64_t mem_machine_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page_size <= 0) return UINT64_MAX;  // unknown: refuse nothing
+    return mem_mul((uint64_t)pages, (uint64_t)page_size);
+}
+
+void mem_check_plan(const char *what, uint64_t planned_bytes) {
+    uint64_t machine = mem_machine_bytes();
+    if (planned_bytes <= machine) return;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    if (planned_bytes == UINT64_MAX)
+        fatal_input("%s: the planned memory overflows 64 bits; this machine has %.1f GiB", what, machine / gib);
+    fatal_input("%s: needs at least %.1f GiB per process, more than this machine's %.1f GiB of physical memory",
+                what, planned_bytes / gib, machine / gib);
 }

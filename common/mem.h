@@ -2,6 +2,7 @@
 // report its memory by category (current and peak) and draw it as counter tracks in the trace.
 #pragma once
 #include <stddef.h>
+#include <stdint.h>
 
 typedef enum {
     MEM_PARAMS,       // model weights (fp32 master copy on CPU)
@@ -29,3 +30,24 @@ void mem_set_observer(MemObserver observer);
 
 // Prints one line per category: current and peak, in MiB.
 void mem_print_report(void);
+
+// ---- planning, before anything is allocated ------------------------------------------------------
+// Sizes planned from flags are products of user-given numbers (--batch x --seq-len x vocab ...), so
+// they are computed in 64 bits with these saturating forms: a product that does not fit becomes
+// UINT64_MAX, which no machine has, instead of wrapping to a small number that would pass a check.
+static inline uint64_t mem_mul(uint64_t a, uint64_t b) {
+    uint64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+static inline uint64_t mem_add(uint64_t a, uint64_t b) {
+    uint64_t r;
+    return __builtin_add_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+// The machine's physical memory: sysconf(_SC_PHYS_PAGES) x the page size. Physical, not
+// MemAvailable: the check below refuses only what can never fit, whatever else is running.
+uint64_t mem_machine_bytes(void);
+// Exits with status 2 and one line naming both figures when planned_bytes (what one process will
+// allocate at least) exceeds the machine's memory. `what` names the config ("--model tiny
+// --batch 8 --seq-len 32").
+void mem_check_plan(const char *what, uint64_t planned_bytes);

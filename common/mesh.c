@@ -102,6 +102,7 @@ Mesh *mesh_create(int pp, int dp_replicate, int dp_shard, int cp, int tp) {
     for (int d = 0; d < MESH_N_DIMS; d++) m->dim[d] = split_over(m, 1u << d, dim_names[d]);
     m->dp_shard_cp = split_over(m, 1u << MESH_DP_SHARD | 1u << MESH_CP, "dp_shard_cp");
     m->dp = split_over(m, 1u << MESH_DP_REPLICATE | 1u << MESH_DP_SHARD, "dp");
+    m->dp_cp = cp > 1 ? split_over(m, 1u << MESH_DP_REPLICATE | 1u << MESH_DP_SHARD | 1u << MESH_CP, "dp_cp") : m->dp;
     snprintf(m->label, sizeof m->label, "rank %d [pp%d dp%d cp%d tp%d]", m->rank, m->coord[MESH_PP],
              dp_index(m->degree, m->coord), m->coord[MESH_CP], m->coord[MESH_TP]);
     return m;
@@ -111,6 +112,7 @@ void mesh_free(Mesh *m) {
     if (!m) return;
     for (int d = 0; d < MESH_N_DIMS; d++) comm_free(m->dim[d]);
     comm_free(m->dp_shard_cp);
+    if (m->dp_cp != m->dp) comm_free(m->dp_cp);
     comm_free(m->dp);
     free(m);
 }

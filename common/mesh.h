@@ -18,6 +18,7 @@ typedef struct {
     Comm *dim[MESH_N_DIMS];  // named "pp", "dp_replicate", "dp_shard", "cp", "tp"
     Comm *dp_shard_cp;       // FSDP reduces gradients over dp_shard x cp
     Comm *dp;                // dp_replicate x dp_shard: the data-parallel ranks (DDP, HSDP)
+    Comm *dp_cp;             // dp x cp: the ranks whose gradients are averaged (dp itself when cp = 1)
     char label[96];          // "rank 5 [pp0 dp1 cp0 tp1]" (dp = the flat data-parallel index)
 } Mesh;
 

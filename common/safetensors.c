@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "fileio.h"
 #include "log.h"
@@ -270,7 +272,8 @@ bool st_write(const StWriter *w, const char *path, char *err, size_t err_len) {
 
 struct StFile {
     char *path;
-    unsigned char *bytes;     // the whole file
+    unsigned char *bytes;     // the whole file (st_open) or its first 8 + N bytes (st_open_header)
+    FILE *fp;                 // st_open_header only: where the tensor data is read from
     cJSON *header;            // kept: tensor names and metadata strings point into it
     const cJSON *metadata;    // the "__metadata__" object, or NULL
     StTensor *tensors;        // in header order
@@ -288,6 +291,7 @@ void st_close(StFile *f) {
     if (!f) return;
     free(f->path);
     free(f->bytes);
+    if (f->fp) fclose(f->fp);
     cJSON_Delete(f->header);
     free(f->tensors);
     free(f->by_name);
@@ -485,8 +489,9 @@ static bool index_names(StFile *f, char *err, size_t err_len) {
     return true;
 }
 
-// Checks that the spans tile [0, data_size) exactly, then points each tensor at its bytes.
-static bool check_coverage(StFile *f, Span *spans, const unsigned char *data, size_t data_size,
+// Checks that the spans tile [0, data_size) exactly, then points each tensor at its bytes (data is
+// NULL when they stay on disk; data_start is where they begin in the file).
+static bool check_coverage(StFile *f, Span *spans, const unsigned char *data, size_t data_start, size_t data_size,
                            char *err, size_t err_len) {
     uint64_t needed = 0;
     for (int i = 0; i < f->n_tensors; i++)
@@ -517,7 +522,11 @@ static bool check_coverage(StFile *f, Span *spans, const unsigned char *data, si
                 " bytes belong to no tensor", f->path, data_size - covered);
         return false;
     }
-    for (int i = 0; i < f->n_tensors; i++) f->tensors[spans[i].index].data = data + spans[i].begin;
+    for (int i = 0; i < f->n_tensors; i++) {
+        StTensor *t = &f->tensors[spans[i].index];
+        t->data = data ? data + spans[i].begin : NULL;
+        t->file_offset = data_start + spans[i].begin;
+    }
     return true;
 }
 
@@ -555,7 +564,7 @@ StFile *st_open(const char *path, char *err, size_t err_len) {
     bool ok = f->bytes && read_header_length(f, size, &header_len, err, err_len) &&
               parse_json(f, f->bytes + 8, header_len, err, err_len) &&
               parse_entries(f, &spans, err, err_len) && index_names(f, err, err_len) &&
-              check_coverage(f, spans, f->bytes + 8 + header_len, size - 8 - header_len, err,
+              check_coverage(f, spans, f->bytes + 8 + header_len, 8 + header_len, size - 8 - header_len, err,
                              err_len);
     free(spans);
     if (!ok) {
@@ -563,6 +572,57 @@ StFile *st_open(const char *path, char *err, size_t err_len) {
         return NULL;
     }
     return f;
+}
+
+// Reads n bytes at offset of f->fp into dst; false on a short read.
+static bool read_at(const StFile *f, uint64_t offset, size_t n, void *dst, char *err, size_t err_len) {
+    if (n == 0) return true;
+    ssize_t got = pread(fileno(f->fp), dst, n, (off_t)offset);
+    if (got != (ssize_t)n) {
+        set_err(err, err_len, "%s: cannot read %zu bytes at offset %" PRIu64, f->path, n, offset);
+        return false;
+    }
+    return true;
+}
+
+StFile *st_open_header(const char *path, char *err, size_t err_len) {
+    StFile *f = xrealloc(NULL, sizeof *f);
+    memset(f, 0, sizeof *f);
+    f->path = xstrdup(path);
+    size_t header_len = 0;
+    Span *spans = NULL;
+    struct stat st;
+    f->fp = fopen(path, "rb");
+    bool ok = f->fp != NULL && fstat(fileno(f->fp), &st) == 0 && S_ISREG(st.st_mode);
+    if (!ok) set_err(err, err_len, "%s: cannot open as a regular file", path);
+    size_t size = ok ? (size_t)st.st_size : 0;
+    f->bytes = xrealloc(NULL, 8);
+    ok = ok && (size < 8 || read_at(f, 0, 8, f->bytes, err, err_len)) &&
+         read_header_length(f, size, &header_len, err, err_len);
+    if (ok) f->bytes = xrealloc(f->bytes, 8 + header_len);
+    ok = ok && read_at(f, 8, header_len, f->bytes + 8, err, err_len) &&
+         parse_json(f, f->bytes + 8, header_len, err, err_len) && parse_entries(f, &spans, err, err_len) &&
+         index_names(f, err, err_len) && check_coverage(f, spans, NULL, 8 + header_len, size - 8 - header_len, err, err_len);
+    free(spans);
+    if (!ok) {
+        st_close(f);
+        return NULL;
+    }
+    return f;
+}
+
+bool st_read_bytes(const StFile *f, const StTensor *t, size_t byte_offset, size_t n, void *dst, char *err,
+                   size_t err_len) {
+    if (byte_offset > t->n_bytes || n > t->n_bytes - byte_offset) {
+        set_err(err, err_len, "%s: tensor '%s': bytes [%zu, %zu) are past its %zu bytes", f->path, t->name,
+                byte_offset, byte_offset + n, t->n_bytes);
+        return false;
+    }
+    if (t->data) {
+        if (n > 0) memcpy(dst, (const unsigned char *)t->data + byte_offset, n);
+        return true;
+    }
+    return read_at(f, t->file_offset + byte_offset, n, dst, err, err_len);
 }
 
 const char *st_path(const StFile *f) { return f->path; }

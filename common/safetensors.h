@@ -72,12 +72,21 @@ typedef struct {
     // the buffer starts at byte 8 + N of the file, and while N is a multiple of 8 in files that
     // st_write() made, foreign files need not pad it, and a tensor's offset is the sum of the
     // sizes before it. Read through memcpy or st_copy_to(), never by casting to float*.
-    const void *data;
+    const void *data;            // NULL for a file opened with st_open_header()
+    uint64_t file_offset;        // where the tensor's bytes start in the file
 } StTensor;
 
 // Loads and validates the whole file. Returns NULL with a one-line message in err for anything
 // short of a well-formed file (callers usually turn it into fatal_input, exit status 2).
 StFile *st_open(const char *path, char *err, size_t err_len);
+// The same checks, reading only the 8-byte length and the header: tensor data stays on disk and is
+// read with st_read_bytes(). For large files of which a process needs a part (one rank's shard of
+// a 2.5 GB checkpoint). The file stays open until st_close.
+StFile *st_open_header(const char *path, char *err, size_t err_len);
+// Copies bytes [byte_offset, byte_offset + n) of tensor t's data to dst (from memory or from the
+// file, however f was opened). False with a message in err on a range past the tensor or a failed read.
+bool st_read_bytes(const StFile *f, const StTensor *t, size_t byte_offset, size_t n, void *dst, char *err,
+                   size_t err_len);
 void st_close(StFile *f);  // NULL is fine
 const char *st_path(const StFile *f);
 

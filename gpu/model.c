@@ -92,6 +92,12 @@ static void *alloc_acts(const GpuModel *m, size_t n) { return gpu_alloc(MEM_ACTI
 static float *alloc_stats(size_t n) { return gpu_alloc(MEM_ACTIVATIONS, n * sizeof(float)); }
 
 void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPrecision precision, int B, int T) {
+    ParamSource init = param_source_seed(seed);
+    gpu_model_init_from(m, cfg, &init, precision, B, T);
+}
+
+void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
+                         int T) {
     memset(m, 0, sizeof *m);
     if (T > cfg->max_seq_len) fatal_input("--seq-len %d: longer than the model's max_seq_len %d", T, cfg->max_seq_len);
     m->cfg = *cfg;
@@ -101,7 +107,7 @@ void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPreci
     m->B = B, m->T = T;
     size_t n = m->table.total_numel;
 
-    // The reference's weights: element j of parameter p is a pure function of (seed, p, j), so the
+    // The reference's weights: element j of parameter p is a pure function of (init, p, j), so the
     // ranges can be filled in parallel.
     float *host = mem_alloc(MEM_OTHER, sizeof(float) * n);
     for (int i = 0; i < m->table.count; i++) {
@@ -110,7 +116,7 @@ void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPreci
 #pragma omp parallel for schedule(dynamic, 1)
         for (size_t first = 0; first < p->numel; first += chunk) {
             size_t count = p->numel - first < chunk ? p->numel - first : chunk;
-            param_init_range(p, seed, first, count, host + p->offset + first);
+            param_source_fill(init, p, 0, 1, first, count, host + p->offset + first);
         }
     }
     m->params = gpu_alloc(MEM_PARAMS, sizeof(float) * n);

@@ -65,6 +65,9 @@ typedef struct {
 // Builds the table, initialises the weights exactly as model_init does (on the host, then copied),
 // allocates the optimizer state and the activations for batches of B sequences of T tokens.
 void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPrecision precision, int B, int T);
+// The same with the weights from init (params.h: the seed, or a Hugging Face checkpoint).
+void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
+                         int T);
 void gpu_model_free(GpuModel *m);
 void gpu_model_zero_grads(GpuModel *m);
 // inputs, targets: host arrays of B*T tokens. Returns the mean loss (waits for the stream).

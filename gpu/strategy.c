@@ -95,7 +95,10 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     if (o->ac != AC_NONE) fatal_input("--device cuda: no activation checkpointing on the GPU yet (use --ac none)");
 }
 
-Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, uint64_t seed, const LayoutOptions *o) {
+bool trainer_has_cuda(void) { return true; }
+void trainer_exec_cuda_build(char **argv) { (void)argv; }
+
+Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSource *init, const LayoutOptions *o) {
     refuse_layout(t, o);
     char why[256];
     int devices = gpu_device_count(why, sizeof why);
@@ -106,7 +109,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, uint64_t seed
     log_info("device: %s; bf16 compute, fp32 master weights and AdamW state", description);
     model_init_unallocated(&t->model, cfg, ATTN_FLASH);  // the table and shapes, for checkpoints
     GpuTraining *g = calloc(1, sizeof *g);
-    gpu_model_init(&g->m, cfg, seed, GPU_BF16, t->micro, t->T);
+    gpu_model_init_from(&g->m, cfg, init, GPU_BF16, t->micro, t->T);
     if (t->dp_size > 1) {
         g->dp = t->mesh->dp;
         gpu_broadcast(g->dp, g->m.params, g->m.table.total_numel, 0);  // replicas start equal

@@ -3,8 +3,10 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -29,9 +31,27 @@ void checkpoint_path_for_step(const char *dir, long long step, char *out, size_t
     snprintf(out, out_len, "%s/step_%06lld.safetensors", dir, step);
 }
 
+// A state that is not finite everywhere is never written: resuming from it could only continue
+// the divergence, and it would replace the last good checkpoint as the latest. Weights can stay
+// finite while AdamW's v overflows (a gradient element above 1.8e19 squares to inf in float32, its
+// update is then 0), so all three are scanned. Exits with status 1 naming the first bad element.
+static void refuse_non_finite(const Model *m, const real *const buffers[3], long long step, const char *path) {
+    for (int b = 0; b < 3; b++)
+        for (int i = 0; i < m->table.count; i++) {
+            const ParamInfo *p = &m->table.items[i];
+            const real *x = buffers[b] + p->offset;
+            for (size_t j = 0; j < p->numel; j++)
+                if (!isfinite(x[j]))
+                    fatal("step %lld: %s%s[%zu] is %g; %s is not written, the last checkpoint written stays the "
+                          "latest (try a lower --lr or a --grad-clip)", step, STATE_PREFIXES[b], p->name, j,
+                          (double)x[j], path);
+        }
+}
+
 void checkpoint_save(const char *path, const Model *m, const real *adam_m, const real *adam_v, long long step,
                      const RunIdentity *run) {
     const real *buffers[3] = {m->params, adam_m, adam_v};
+    refuse_non_finite(m, buffers, step, path);
     char err[1024], name[PARAM_NAME_MAX + 16], text[64];
     StWriter *w = st_writer_new();
     for (int b = 0; b < 3; b++)
@@ -55,8 +75,10 @@ void checkpoint_save(const char *path, const Model *m, const real *adam_m, const
     ADD_NUMBER("batch", "%d", run->batch);
     ADD_NUMBER("seq_len", "%d", run->seq_len);
     ADD_NUMBER("total_steps", "%lld", run->total_steps);
+    ADD_NUMBER("lr", "%.17g", run->lr);
 #undef ADD_NUMBER
     add_metadata(w, "data", run->data_spec);
+    if (run->schedule) add_metadata(w, "schedule", run->schedule);
     if (!st_write(w, path, err, sizeof err)) fatal("checkpoint: %s", err);
     st_writer_free(w);
 }
@@ -75,6 +97,29 @@ static void expect_same(const StFile *f, const char *key, const char *ours, cons
                     flag, theirs, ours);
 }
 
+// The completed step: a decimal integer in 0..total_steps (a larger one would index data the run
+// never reaches, and one beyond long long would wrap).
+static long long parse_step(const StFile *f, long long total_steps) {
+    const char *text = require_metadata(f, "step");
+    char *end = NULL;
+    errno = 0;
+    long long step = strtoll(text, &end, 10);
+    if (end == text || *end || errno == ERANGE || step < 0 || step > total_steps)
+        fatal_input("%s: bad step \"%.40s\" (must be an integer in 0..%lld, the run's total steps)", st_path(f), text,
+                    total_steps);
+    return step;
+}
+
+// The learning rate and schedule may change on resume; say so when they do. Checkpoints written
+// before these keys existed carry neither, and load silently.
+static void note_schedule_change(const StFile *f, const RunIdentity *run) {
+    const char *lr = st_metadata(f, "lr"), *schedule = st_metadata(f, "schedule");
+    if (lr && strtod(lr, NULL) != run->lr)
+        log_info("resume: --lr changes from %g (checkpoint) to %g", strtod(lr, NULL), run->lr);
+    if (schedule && run->schedule && strcmp(schedule, run->schedule) != 0)
+        log_info("resume: the schedule changes from \"%s\" (checkpoint) to \"%s\"", schedule, run->schedule);
+}
+
 long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v, const RunIdentity *run) {
     char err[1024], text[64];
     StFile *f = st_open(path, err, sizeof err);
@@ -85,9 +130,10 @@ long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v
     ModelConfig theirs;
     if (!model_config_from_json(require_metadata(f, "config"), &theirs, err, sizeof err))
         fatal_input("%s: %s", path, err);
-    if (!model_config_same_shape(&theirs, &m->cfg))
-        fatal_input("%s: written for model %s, which has a different shape from --model %s", path, theirs.name,
-                    m->cfg.name);
+    char diff[160];
+    if (!model_config_same_shape(&m->cfg, &theirs, diff, sizeof diff))
+        fatal_input("%s: written for model %s, which has a different shape from this run's --model %s (first "
+                    "difference, this run vs the checkpoint: %s)", path, theirs.name, m->cfg.name, diff);
 #define EXPECT_NUMBER(key, fmt, value, flag)   \
     snprintf(text, sizeof text, fmt, value);   \
     expect_same(f, key, text, flag);
@@ -97,6 +143,8 @@ long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v
     EXPECT_NUMBER("total_steps", "%lld", run->total_steps, "--steps");
 #undef EXPECT_NUMBER
     expect_same(f, "data", run->data_spec, "--data");
+    long long step = parse_step(f, run->total_steps);
+    note_schedule_change(f, run);
     real *buffers[3] = {m->params, adam_m, adam_v};
     char name[PARAM_NAME_MAX + 16];
     for (int b = 0; b < 3; b++)
@@ -107,12 +155,32 @@ long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v
             if (!st_read(f, name, ST_REAL, p->ndim, shape, buffers[b] + p->offset, err, sizeof err))
                 fatal_input("--resume: %s", err);
         }
-    char *end = NULL;
-    const char *step_text = require_metadata(f, "step");
-    long long step = strtoll(step_text, &end, 10);
-    if (*end || step < 0) fatal_input("%s: bad step \"%s\"", path, step_text);
     st_close(f);
     return step;
+}
+
+// Whether name is a checkpoint temporary, "step_N.safetensors.tmp.<pid>", whose writer has gone:
+// kill(pid, 0) fails with ESRCH. Other files in the directory are never touched.
+static bool writer_gone(const char *name) {
+    const char *tmp = strstr(name, ".safetensors.tmp.");
+    if (strncmp(name, "step_", 5) != 0 || !tmp) return false;
+    const char *digits = tmp + strlen(".safetensors.tmp.");
+    char *end = NULL;
+    long pid = strtol(digits, &end, 10);
+    if (end == digits || *end || pid <= 0) return false;
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+void checkpoint_clean_stale(const char *dir_path) {
+    DIR *dir = opendir(dir_path);
+    if (!dir) return;  // a missing directory has nothing stale; the writes will report real errors
+    char path[4096];
+    for (struct dirent *e; (e = readdir(dir));) {
+        if (!writer_gone(e->d_name)) continue;
+        snprintf(path, sizeof path, "%s/%s", dir_path, e->d_name);
+        if (remove(path) == 0) log_info("removed %s, left by a writer that is gone", path);
+    }
+    closedir(dir);
 }
 
 const char *checkpoint_resolve(const char *path_or_dir, char *out, size_t out_len) {
@@ -122,6 +190,7 @@ const char *checkpoint_resolve(const char *path_or_dir, char *out, size_t out_le
         snprintf(out, out_len, "%s", path_or_dir);
         return out;
     }
+    checkpoint_clean_stale(path_or_dir);
     DIR *dir = opendir(path_or_dir);
     if (!dir) fatal_input("--resume %s: cannot read directory (%s)", path_or_dir, strerror(errno));
     long long best = -1;

@@ -2,7 +2,8 @@
 //
 // Tensors: param.<name>, adam_m.<name>, adam_v.<name> for every entry of the parameter table.
 // Metadata: format, dtype, model config (JSON), step (optimizer steps completed), seed, data spec,
-// batch, seq_len, total_steps. There is no RNG state to save beyond the seed: initialisation and
+// batch, seq_len, total_steps, and the learning-rate schedule (lr, schedule; absent in files
+// written before they were added, which still load). There is no RNG state to save beyond the seed: initialisation and
 // data are counter-based, so the data position is the step number itself (common/data.h).
 #pragma once
 #include <stdint.h>
@@ -14,17 +15,27 @@ typedef struct {
     const char *data_spec;
     int batch, seq_len;
     long long total_steps;
+    // May change on resume (fine-tuning a schedule is legitimate), but never unnoted: a load logs
+    // one line naming the old and the new value.
+    double lr;
+    const char *schedule;  // "cosine, warmup 2, min_lr_ratio 0.1"
 } RunIdentity;
 
-// Exits with status 1 (and leaves any previous file intact) if the write fails.
+// Exits with status 1 (and leaves any previous file intact) if the write fails, or without writing
+// if any weight or AdamW moment is not finite (the last good checkpoint stays the latest).
 void checkpoint_save(const char *path, const Model *m, const real *adam_m, const real *adam_v, long long step,
                      const RunIdentity *run);
 // Loads into an initialised model of the same config and returns the completed step. A missing,
 // truncated or corrupt file, or one from a different run (model, dtype, seed, data, batch, seq_len,
-// total steps), exits with status 2 and one line naming the difference.
+// total steps), exits with status 2 and one line naming the difference (for the model, the first
+// config field that differs). So does a step that is not an integer in 0..total_steps.
 long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v, const RunIdentity *run);
 // A file path is returned as is; for a directory, the step_*.safetensors with the highest step
 // (exits 2 if there is none). out holds the result.
 const char *checkpoint_resolve(const char *path_or_dir, char *out, size_t out_len);
+// Removes the "*.tmp.<pid>" files in dir whose writer is gone (no process <pid> on this machine):
+// what a run killed while checkpointing leaves. A live pid's file is left alone (it may be a run
+// writing now). Logs one line per file removed. Call it when a checkpoint directory is opened.
+void checkpoint_clean_stale(const char *dir);
 // "<dir>/step_000123.safetensors"
 void checkpoint_path_for_step(const char *dir, long long step, char *out, size_t out_len);

@@ -4,26 +4,32 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/mem.h"
+#include "reference_cpu/real.h"
 
-const char *const MODEL_CONFIG_NAMES = "tiny|small|llama3_1b|llama3_8b|llama3_70b|llama3_405b";
+const char *const MODEL_CONFIG_NAMES = "tiny|small|llama3_1b|llama3_8b|llama3_70b|llama3_405b|llama2_7b";
 
 typedef struct {
     const char *name;
     int dim, n_layers, n_heads, n_kv_heads, ffn_dim, vocab_size, max_seq_len;
     bool tied;
     double rope_scaling_factor;
+    double rope_theta;  // 0: Llama 3's 500000
 } NamedConfig;
 
 // tiny: for tests, divisible enough for tp 4, pp 2 x 2 virtual stages, cp 2 (seq 32 = 4 chunks of 8).
 // small: the CPU demo, 10.5M parameters, byte-level vocabulary (256) so text files train as is. The llama3_* entries are the published shapes (Llama 3.2 1B
 // ties its output projection; 3.1 models use RoPE scaling for their 128K context).
 static const NamedConfig NAMED_CONFIGS[] = {
-    {"tiny", 64, 4, 8, 4, 128, 256, 32, false, 0},
-    {"small", 384, 6, 6, 2, 1152, 256, 256, false, 0},
-    {"llama3_1b", 2048, 16, 32, 8, 8192, 128256, 8192, true, 32},
-    {"llama3_8b", 4096, 32, 32, 8, 14336, 128256, 8192, false, 8},
-    {"llama3_70b", 8192, 80, 64, 8, 28672, 128256, 8192, false, 8},
-    {"llama3_405b", 16384, 126, 128, 8, 53248, 128256, 8192, false, 8},
+    {"tiny", 64, 4, 8, 4, 128, 256, 32, false, 0, 0},
+    {"small", 384, 6, 6, 2, 1152, 256, 256, false, 0, 0},
+    {"llama3_1b", 2048, 16, 32, 8, 8192, 128256, 8192, true, 32, 0},
+    {"llama3_8b", 4096, 32, 32, 8, 14336, 128256, 8192, false, 8, 0},
+    {"llama3_70b", 8192, 80, 64, 8, 28672, 128256, 8192, false, 8, 0},
+    {"llama3_405b", 16384, 126, 128, 8, 53248, 128256, 8192, false, 8, 0},
+    // Llama 2 7B (multi-head attention, 32K vocabulary, 4K context, RoPE base 10000): the model of
+    // the IBM/Meta FSDP throughput run chapter 11 predicts.
+    {"llama2_7b", 4096, 32, 32, 32, 11008, 32000, 4096, false, 0, 10000.0},
 };
 
 bool model_config_lookup(const char *name, ModelConfig *out) {
@@ -40,7 +46,7 @@ bool model_config_lookup(const char *name, ModelConfig *out) {
         out->vocab_size = n->vocab_size;
         out->max_seq_len = n->max_seq_len;
         out->norm_eps = 1e-5;
-        out->rope_theta = 500000.0;
+        out->rope_theta = n->rope_theta ? n->rope_theta : 500000.0;
         out->tied = n->tied;
         out->rope_scaling_factor = n->rope_scaling_factor;
         out->rope_low_freq_factor = 1.0;
@@ -80,6 +86,20 @@ size_t model_param_count_non_embedding(const ModelConfig *c) {
 size_t model_param_count(const ModelConfig *c) {
     size_t embedding = (size_t)c->vocab_size * c->dim;
     return model_param_count_non_embedding(c) + embedding * (c->tied ? 1 : 2);
+}
+
+uint64_t model_plan_bytes(const ModelConfig *c, uint64_t micro, uint64_t seq_len, uint64_t ranks) {
+    uint64_t h = (uint64_t)c->dim, hd = (uint64_t)model_head_dim(c), f = (uint64_t)c->ffn_dim;
+    uint64_t hq = mem_mul((uint64_t)c->n_heads, hd), hkv = mem_mul((uint64_t)c->n_kv_heads, hd);
+    // the same sum as model_param_count_non_embedding, checked
+    uint64_t per_layer = mem_add(mem_add(2 * h, mem_mul(2 * h, hq)), mem_add(mem_mul(2 * h, hkv), mem_mul(3 * h, f)));
+    uint64_t params = mem_add(mem_mul(per_layer, (uint64_t)c->n_layers), h);
+    params = mem_add(params, mem_mul(mem_mul((uint64_t)c->vocab_size, h), c->tied ? 1 : 2));
+    uint64_t tokens = mem_mul(micro, seq_len);
+    uint64_t residual = mem_mul(mem_mul(tokens, h), (uint64_t)c->n_layers);  // (micro, T, dim) per block
+    uint64_t logits = mem_mul(mem_mul(tokens, (uint64_t)c->vocab_size), 2);   // logits and dlogits
+    uint64_t elements = mem_add(mem_add(mem_mul(params, 4), residual), logits);
+    return mem_mul(elements / (ranks ? ranks : 1), sizeof(real));
 }
 
 double model_flops_per_token(const ModelConfig *c, int seq_len) {
@@ -159,11 +179,16 @@ bool model_config_from_json(const char *json, ModelConfig *out, char *err, size_
     return ok;
 }
 
-bool model_config_same_shape(const ModelConfig *a, const ModelConfig *b) {
-    bool same = a->tied == b->tied;
-#define SAME_FIELD(f) same = same && a->f == b->f;
+bool model_config_same_shape(const ModelConfig *a, const ModelConfig *b, char *diff, size_t diff_len) {
+    // the first field that differs, in the order of the JSON
+#define SAME_FIELD(f)                                                                    \
+    if (a->f != b->f) {                                                                  \
+        snprintf(diff, diff_len, "%s %.10g vs %.10g", #f, (double)a->f, (double)b->f);   \
+        return false;                                                                    \
+    }
     CONFIG_INT_FIELDS(SAME_FIELD)
     CONFIG_DOUBLE_FIELDS(SAME_FIELD)
+    SAME_FIELD(tied)
 #undef SAME_FIELD
-    return same;
+    return true;
 }

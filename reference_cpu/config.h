@@ -3,6 +3,7 @@
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct {
     char name[32];
@@ -23,7 +24,7 @@ typedef struct {
     int rope_original_max_seq_len;    // 8192
 } ModelConfig;
 
-// Looks up tiny, small, llama3_1b, llama3_8b, llama3_70b, llama3_405b. Returns false if unknown.
+// Looks up tiny, small, llama3_1b, llama3_8b, llama3_70b, llama3_405b, llama2_7b. Returns false if unknown.
 bool model_config_lookup(const char *name, ModelConfig *out);
 extern const char *const MODEL_CONFIG_NAMES;  // "tiny|small|llama3_1b|..." for the flag table
 
@@ -34,6 +35,12 @@ int model_head_dim(const ModelConfig *c);
 // Every parameter, embedding and output projection included (output counted once when tied).
 size_t model_param_count(const ModelConfig *c);
 size_t model_param_count_non_embedding(const ModelConfig *c);
+// A lower bound of the bytes one process allocates to train c on micro-batches of (micro, seq_len)
+// when `ranks` processes share the state and the activations (1 alone): four copies of the
+// parameters (weights, gradients, AdamW m and v), the residual stream every block keeps for backward
+// (under every --ac), and the logits with their gradient. In checked 64-bit arithmetic (mem_mul):
+// UINT64_MAX when it does not fit. The trainer hands it to mem_check_plan() before allocating.
+uint64_t model_plan_bytes(const ModelConfig *c, uint64_t micro, uint64_t seq_len, uint64_t ranks);
 // Training (forward + backward) FLOPs per token at sequence length seq_len:
 //   6 * N + 6 * L * h_q * seq_len
 // where N counts every weight that takes part in a matmul (the embedding lookup does not; the
@@ -54,5 +61,6 @@ double model_block_forward_flops(const ModelConfig *c, int B, int T);
 char *model_config_to_json(const ModelConfig *c);
 // Fills out from JSON; false with a message in err if a field is missing or has the wrong type.
 bool model_config_from_json(const char *json, ModelConfig *out, char *err, size_t err_len);
-// True when the shapes and numerics-relevant fields agree (the name may differ).
-bool model_config_same_shape(const ModelConfig *a, const ModelConfig *b);
+// True when the shapes and numerics-relevant fields agree (the name may differ); otherwise false,
+// and diff names the first field that differs with a's value first ("n_layers 4 vs 8").
+bool model_config_same_shape(const ModelConfig *a, const ModelConfig *b, char *diff, size_t diff_len);

@@ -8,7 +8,7 @@
 #include "common/trace.h"
 
 
-void model_init_tp(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention, int tp_size,
+void model_init_tp(Model *m, const ModelConfig *cfg, const ParamSource *init, AttentionImpl attention, int tp_size,
                    int tp_rank, bool allocate) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
@@ -25,16 +25,17 @@ void model_init_tp(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImp
     m->grads = mem_alloc(MEM_GRADS, sizeof(real) * m->table.total_numel);
     for (int i = 0; i < m->table.count; i++) {
         const ParamInfo *p = &m->table.items[i];
-        param_init_local_range(p, tp_rank, tp_size, seed, 0, p->numel, m->params + p->offset);
+        param_source_fill(init, p, tp_rank, tp_size, 0, p->numel, m->params + p->offset);
     }
 }
 
 void model_init_unallocated(Model *m, const ModelConfig *cfg, AttentionImpl attention) {
-    model_init_tp(m, cfg, 0, attention, 1, 0, false);
+    model_init_tp(m, cfg, NULL, attention, 1, 0, false);
 }
 
 void model_init(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention) {
-    model_init_tp(m, cfg, seed, attention, 1, 0, true);
+    ParamSource init = param_source_seed(seed);
+    model_init_tp(m, cfg, &init, attention, 1, 0, true);
 }
 
 // ---- tensor parallelism: the sums over the tp group (nothing without it) ------------------------
@@ -318,9 +319,10 @@ void block_forward(const Model *m, const BlockWeights *w, BlockActs *a, ModelAct
     matmul_forward(a->q, a->xn1, w->wq, BT, D, hq);
     matmul_forward(a->k, a->xn1, w->wk, BT, D, hkv);
     matmul_forward(a->v, a->xn1, w->wv, BT, D, hkv);
-    rope_forward(a->q, &m->rope, NULL, B, T, local->n_heads);
-    rope_forward(a->k, &m->rope, NULL, B, T, local->n_kv_heads);
-    if (m->attention == ATTN_NAIVE) attention_naive_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
+    rope_forward(a->q, &m->rope, m->cp.positions, B, T, local->n_heads);
+    rope_forward(a->k, &m->rope, m->cp.positions, B, T, local->n_kv_heads);
+    if (m->cp.attention_forward) m->cp.attention_forward(m->cp.ctx, a->attn, a->attn_stats, a->q, a->k, a->v);
+    else if (m->attention == ATTN_NAIVE) attention_naive_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     else attention_flash_forward(a->attn, a->attn_stats, a->q, a->k, a->v, &s);
     real *partial = partial_target(m, a->h, scratch->sp_full);
     matmul_forward(partial, a->attn, w->wo, BT, hq, D);
@@ -373,12 +375,15 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
     zero(scratch->dq, (size_t)BT * hq);
     zero(scratch->dk, (size_t)BT * hkv);
     zero(scratch->dv, (size_t)BT * hkv);
-    if (m->attention == ATTN_NAIVE)
+    if (m->cp.attention_backward)
+        m->cp.attention_backward(m->cp.ctx, scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v,
+                                 a->attn, a->attn_stats);
+    else if (m->attention == ATTN_NAIVE)
         attention_naive_backward(scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v, a->attn_stats, &s);
     else
         attention_flash_backward(scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v, a->attn, a->attn_stats, &s);
-    rope_backward(scratch->dq, &m->rope, NULL, B, T, local->n_heads);
-    rope_backward(scratch->dk, &m->rope, NULL, B, T, local->n_kv_heads);
+    rope_backward(scratch->dq, &m->rope, m->cp.positions, B, T, local->n_heads);
+    rope_backward(scratch->dk, &m->rope, m->cp.positions, B, T, local->n_kv_heads);
     zero(scratch->dxn, (size_t)BT * D);
     matmul_backward(scratch->dxn, NULL, scratch->dq, a->xn1, w->wq, BT, D, hq);
     matmul_backward(scratch->dxn, NULL, scratch->dk, a->xn1, w->wk, BT, D, hkv);

@@ -79,6 +79,19 @@ typedef struct {
     void *ctx;
 } TensorParallel;
 
+// Context parallelism (chapter 8). This rank holds T tokens of each longer sequence, at the global
+// positions `positions` (T, the same for every sequence): RoPE rotates by them, and attention over
+// the whole sequence goes through the callbacks, with attention_flash_forward/backward's meaning on
+// the local tokens (q, k, v after RoPE; lse (B, heads, T); backward accumulates into dq, dk, dv).
+// attention_forward == NULL: no context parallelism.
+typedef struct {
+    const int *positions;
+    void (*attention_forward)(void *ctx, real *out, real *lse, const real *q, const real *k, const real *v);
+    void (*attention_backward)(void *ctx, real *dq, real *dk, real *dv, const real *dout, const real *q,
+                               const real *k, const real *v, const real *out, const real *lse);
+    void *ctx;
+} ContextParallelHooks;
+
 // This rank's share of the sharded dimensions (the config's values without tensor parallelism).
 typedef struct {
     int n_heads, n_kv_heads, ffn_dim, vocab_size, vocab_start;
@@ -98,6 +111,7 @@ typedef struct {
     void *grads_ready_ctx;
     UnitStorage storage;         // .params == NULL: m->params and m->grads
     TensorParallel tp;           // .size == 1: no tensor parallelism
+    ContextParallelHooks cp;     // .attention_forward == NULL: no context parallelism
     LocalShape local;            // the shapes this rank computes with
 } Model;
 
@@ -146,9 +160,10 @@ void model_init(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl a
 // The same without params and grads (NULL): for storage that shards them (FSDP).
 void model_init_unallocated(Model *m, const ModelConfig *cfg, AttentionImpl attention);
 // Tensor-parallel rank tp_rank of tp_size: the table and shapes of this rank's shards; with
-// allocate, its params and grads initialised to the full tensors' values. The caller installs m->tp
+// allocate, its params and grads, the params filled from init (this rank's slices of the full
+// tensors; init may be NULL without allocate). The caller installs m->tp
 // (chapters/06_tensor_parallel/tp.h) before the first forward.
-void model_init_tp(Model *m, const ModelConfig *cfg, uint64_t seed, AttentionImpl attention, int tp_size,
+void model_init_tp(Model *m, const ModelConfig *cfg, const ParamSource *init, AttentionImpl attention, int tp_size,
                    int tp_rank, bool allocate);
 void model_free(Model *m);
 // Unit ranges in the flat layout (in elements).

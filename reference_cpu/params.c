@@ -89,6 +89,13 @@ void param_init_local_range(const ParamInfo *p, int tp_rank, int tp_size, uint64
     }
 }
 
+static void fill_from_seed(const ParamSource *src, const ParamInfo *p, int tp_rank, int tp_size, size_t first,
+                           size_t count, real *out) {
+    param_init_local_range(p, tp_rank, tp_size, src->seed, first, count, out);
+}
+
+ParamSource param_source_seed(uint64_t seed) { return (ParamSource){fill_from_seed, seed, NULL}; }
+
 void param_table_free(ParamTable *t) {
     free(t->items);
     memset(t, 0, sizeof *t);

@@ -64,6 +64,24 @@ ParamTable param_table_build_tp(const ModelConfig *c, int tp_size);
 const ParamInfo *param_table_find(const ParamTable *t, const char *name);  // NULL if absent
 void param_table_layer_range(const ParamTable *t, int layer, int *first, int *end);
 
+// Where a rank's initial weights come from. Every module that builds weights (the model, FSDP's
+// shards, pipeline stages) asks for exactly the elements it holds, with one call whose contract is
+// param_init_local_range's: elements [first, first + count) of tp rank tp_rank's shard of p. The
+// seed is the default source; a checkpoint reader is another (hf_param_source, reference_cpu/hf.h),
+// which then reads only those elements.
+typedef struct ParamSource ParamSource;
+struct ParamSource {
+    void (*fill)(const ParamSource *src, const ParamInfo *p, int tp_rank, int tp_size, size_t first, size_t count,
+                 real *out);
+    uint64_t seed;    // the seed source's
+    const void *ctx;  // another source's state (an open checkpoint)
+};
+ParamSource param_source_seed(uint64_t seed);
+static inline void param_source_fill(const ParamSource *src, const ParamInfo *p, int tp_rank, int tp_size,
+                                     size_t first, size_t count, real *out) {
+    src->fill(src, p, tp_rank, tp_size, first, count, out);
+}
+
 // Init std: normal(0, 0.02) for embeddings and input projections; wo and w2 (the projections that
 // write into the residual stream) use 0.02 / sqrt(2 * n_layers), as GPT-2 and torchtitan do; norms 1.
 // Element j of parameter p gets  std * rng_normal(seed, hash(p.name), j): the value does not

@@ -19,7 +19,7 @@
 # only when the C side fails. Refresh the PyTorch 2.x install with `rm -rf $BUILD/bench-venv`.
 # Settings: BENCH_THREADS (2), BENCH_STEPS (12), BENCH_BATCH (8), BENCH_SEQ (256), BENCH_MODEL (small),
 # BENCH_ROUNDS (1), BENCH_TORCH2 (1; 0 skips the PyTorch 2.x lines), BENCH_COMPILE (1), BENCH_VENV
-# ($BUILD/bench-venv).
+# ($BUILD/bench-venv). Then scripts/bench_plan.sh: chapter 11's simulator against 2-rank runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -120,3 +120,8 @@ for i in "${!programs[@]}"; do
     }'
 done
 echo "time / C > 1: the C reference is faster. Load after the run: $(uptime | sed 's/.*load/load/')"
+
+# Chapter 11: the simulator calibrated here, predicting the trainer's 2-rank step times.
+echo
+echo "== build/plan against the trainer on 2 ranks (scripts/bench_plan.sh) =="
+BUILD="$BUILD" scripts/bench_plan.sh

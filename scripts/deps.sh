@@ -21,14 +21,16 @@ else
 fi
 
 # Python environment inside the build folder. It sees Debian's python3-torch (system site packages)
-# and adds the PyPI packages the tests use: perfetto (official trace schema) and a recent protobuf.
+# and adds the PyPI packages the tests use: perfetto (official trace schema) and a recent protobuf;
+# transformers for the Hugging Face checks (tests/t_hf.sh), pinned to 4.44.2, a release that runs on
+# Debian's torch 1.13 (LlamaForCausalLM forward, backward, save_pretrained, from_pretrained).
 VENV="$BUILD/venv"
-PY_PACKAGES="perfetto protobuf holistictraceanalysis numpy<2"
+PY_PACKAGES="perfetto protobuf holistictraceanalysis numpy<2 transformers==4.44.2"
 if [ ! -x "$VENV/bin/python" ]; then
     mkdir -p "$BUILD"
     /usr/bin/python3 -m venv --system-site-packages "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import torch, hta, perfetto.protos.perfetto.trace.perfetto_trace_pb2" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import torch, hta, transformers, perfetto.protos.perfetto.trace.perfetto_trace_pb2" 2>/dev/null; then
     echo "deps: installing PyPI packages into $VENV: $PY_PACKAGES"
     "$VENV/bin/python" -m pip install -q --upgrade $PY_PACKAGES
 else

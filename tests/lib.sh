@@ -10,7 +10,11 @@ P="$PYTHON tests/py/compare_runs.py"
 expect_error() {
     local np=$1 want=$2; shift 2
     local out rc
-    out=$($MPIRUN -np "$np" "$BUILD/train" --model tiny --steps 1 "$@" 2>&1 >/dev/null); rc=$?
+    # --model tiny --steps 1 unless the case gives its own (a flag given twice is itself an error)
+    local defaults=()
+    [[ " $* " == *" --model "* ]] || defaults+=(--model tiny)
+    [[ " $* " == *" --steps "* ]] || defaults+=(--steps 1)
+    out=$($MPIRUN -np "$np" "$BUILD/train" "${defaults[@]}" "$@" 2>&1 >/dev/null); rc=$?
     local ours; ours=$(printf '%s\n' "$out" | grep '^train' || true)
     if [ "$rc" -eq 0 ] || [ "$(printf '%s\n' "$ours" | grep -c .)" -ne 1 ] || [[ "$ours" != *"$want"* ]]; then
         echo "FAIL: -np $np $* -> rc $rc: $out"; exit 1

@@ -32,10 +32,72 @@ expect_error "needs --checkpoint-dir" --checkpoint-every 5
 expect_error "markov" --data "markov:order=0"
 expect_error "nofile.txt" --data text:"$T/nofile.txt"
 expect_error "does not exist" --trace "$T/no/such/dir/x.pftrace"
+
+# Outputs are checked before step 1 (a probe file is created and removed where each will go): a
+# directory where a file is needed, /proc, a regular file where a directory is needed, an empty
+# name, a name longer than NAME_MAX, a missing parent, a read-only directory.
+mkdir -p "$T/outdir" "$T/readonly"
+touch "$T/regular"
+long=$(printf 'n%.0s' $(seq 1 250))
+expect_error "--trace $T/outdir: is a directory" --trace "$T/outdir"
+expect_error "--trace-json $T/outdir: is a directory" --trace-json "$T/outdir"
+expect_error "--dump $T/outdir/: is a directory" --dump "$T/outdir/"
+expect_error "--grad-dump $T/outdir: is a directory" --grad-dump "$T/outdir"
+expect_error "--mesh-dot /proc/llama.dot: cannot create a file there" --mesh-dot /proc/llama.dot
+expect_error "--trace /proc/llama.pftrace: cannot create a file there" --trace /proc/llama.pftrace
+expect_error "--checkpoint-dir /proc: cannot create files in this directory" --checkpoint-dir /proc
+expect_error "--checkpoint-dir $T/regular: exists and is not a directory" --checkpoint-dir "$T/regular"
+expect_error "--trace-hta $T/regular: exists and is not a directory" --trace-hta "$T/regular"
+expect_error "--trace-hta $T/none/hta: directory $T/none does not exist" --trace-hta "$T/none/hta"
+expect_error "--trace: empty path" --trace ""
+expect_error "--checkpoint-dir: empty path" --checkpoint-dir ""
+expect_error "a name is longer than NAME_MAX" --trace "$T/$long"  # 250 bytes, but its temporary has 260+
+expect_error "a name is longer than NAME_MAX" --checkpoint-dir "$T/${long}nnnnnnnnnn"
+expect_error "--pp-schedule-dot $T/outdir: is a directory" --pp 2 --pp-schedule-dot "$T/outdir"
+if [ "$(id -u)" -ne 0 ]; then  # root writes anywhere: the case needs an ordinary user
+    chmod a-w "$T/readonly"
+    expect_error "--trace $T/readonly/x.pftrace: cannot create a file there (Permission denied)" \
+        --trace "$T/readonly/x.pftrace"
+else
+    echo "skip: a read-only directory (running as root, which may write anywhere)"
+fi
+
+# Device nodes and FIFOs are never replaced: refused before training (a rename would turn them
+# into regular files; as root, --trace /dev/null would destroy /dev/null). Leave a flag out to
+# discard its output.
+mkfifo "$T/fifo"
+expect_error "--trace $T/fifo: is a FIFO" --trace "$T/fifo"
+expect_error "--dump $T/fifo: is a FIFO" --dump "$T/fifo"
+expect_error "--trace /dev/null: is a device" --trace /dev/null
+expect_error "--dump /dev/full: is a device" --dump /dev/full
+expect_error "--trace-json /dev/null: is a device" --trace-json /dev/null
+[ -p "$T/fifo" ] || { echo "FAIL: $T/fifo is no longer a FIFO"; failures=$((failures + 1)); }
+[ -c /dev/null ] && [ -z "$(head -c 1 /dev/null)" ] || { echo "FAIL: /dev/null is not an empty character device"; failures=$((failures + 1)); }
+if [ "$(id -u)" -eq 0 ] && mknod "$T/scratch_null" c 1 3 2>/dev/null; then  # a device of our own
+    expect_error "--trace $T/scratch_null: is a device" --trace "$T/scratch_null"
+    [ -c "$T/scratch_null" ] || { echo "FAIL: the scratch device was replaced"; failures=$((failures + 1)); }
+else
+    echo "skip: a scratch character device (mknod needs root)"
+fi
+
+# Sizes: checked 64-bit arithmetic, then the planned memory against the machine's (both named).
+expect_error "--batch 2000000000 x --seq-len 32: 64000000000 tokens per step, more than 2^31 - 1" --batch 2000000000
+expect_error "--seq-len 2147483647: 17179869176 tokens per step" --seq-len 2147483647
+expect_error "GiB of physical memory" --n-layers 100000
+expect_error "GiB of physical memory" --batch 60000000
+expect_error "--zero-stage 2: shards over --dp-shard, which is 1 here" --zero-stage 2
 expect_error "--resume $T/missing.safetensors" --resume "$T/missing.safetensors"
 expect_error "--bucket-mb 0: must be between" --bucket-mb 0
 expect_error "--bucket-mb x: not a finite number" --bucket-mb x
 expect_error "--grad-accum-steps 0: must be at least 1" --grad-accum-steps 0
+# Refused rather than silently resolved: a flag given twice (the last one used to win), blanks
+# around a number (' 2' used to pass while '2 ' failed), a data option given twice.
+expect_error "--steps: given twice" --steps 2 --steps 3
+expect_error "--lr: given twice" --lr 1e-3 --lr=2e-3
+expect_error "--steps ' 2': blanks around the number" --steps ' 2'
+expect_error "--steps '2 ': blanks around the number" --steps '2 '
+expect_error "--lr ' 1e-3': blanks around the number" --lr ' 1e-3'
+expect_error "option 'order' is given twice" --data markov:order=1,order=2
 
 # A checkpoint that is truncated, or from another run, is refused; the good one is not touched.
 "$TRAIN" --model tiny --steps 2 --batch 2 --checkpoint-dir "$T/ck" >/dev/null || { echo "FAIL: training run"; exit 1; }
@@ -50,8 +112,41 @@ expect_error "--batch" --model tiny --steps 2 --batch 4 --resume "$good"
 expect_error "different shape" --model small --steps 2 --batch 2 --resume "$good"
 expect_error "no step_" --model tiny --steps 2 --batch 2 --resume "$T"
 expect_error "truncated.safetensors" --compare "$T/truncated.safetensors"
+# a shape mismatch names the first config field that differs
+expect_error "first difference, this run vs the checkpoint: n_layers 2 vs 4" --model tiny --n-layers 2 --steps 2 \
+    --batch 2 --resume "$good"
+# a step that overflows long long, or lies beyond the run's total steps, is refused before any work
+with_step() {  # step, output: a copy of the good checkpoint whose metadata says `step`
+    "${PYTHON:-python3}" - "$good" "$1" "$2" <<'PY'
+import json, struct, sys
+src, step, out = sys.argv[1:]
+data = open(src, "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+header["__metadata__"]["step"] = step
+text = json.dumps(header).encode()
+text += b" " * (-len(text) % 8)
+open(out, "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+PY
+}
+with_step 99999999999999999999 "$T/huge_step.safetensors"
+expect_error 'bad step "99999999999999999999"' --model tiny --steps 2 --batch 2 --resume "$T/huge_step.safetensors"
+with_step 3 "$T/step3.safetensors"
+expect_error 'bad step "3"' --model tiny --steps 2 --batch 2 --resume "$T/step3.safetensors"
 [ "$(sha256sum "$good" | cut -d' ' -f1)" = "$sum_before" ] || { echo "FAIL: checkpoint changed"; failures=$((failures + 1)); }
 ls "$T/ck" | grep -q tmp && { echo "FAIL: temporary file left in $T/ck"; failures=$((failures + 1)); }
+
+# Accepted with one log line saying so: --seq-len beyond the model's max_seq_len (the RoPE table
+# grows), and resuming with another --lr or schedule (the checkpoint records both).
+"$TRAIN" --model tiny --steps 1 --batch 2 --seq-len 40 > "$T/seq.log" 2>&1 \
+    && grep -q "^--seq-len 40: beyond model tiny's max_seq_len 32, which grows to 40" "$T/seq.log" \
+    || { echo "FAIL: --seq-len beyond max_seq_len: no log line"; cat "$T/seq.log"; failures=$((failures + 1)); }
+"$TRAIN" --model tiny --steps 2 --batch 2 --lr 1e-3 --lr-decay linear --resume "$good" > "$T/lr.log" 2>&1 \
+    && grep -q "^resume: --lr changes from 0.0003 (checkpoint) to 0.001" "$T/lr.log" \
+    && grep -q '^resume: the schedule changes from "cosine, warmup 0, min_lr_ratio 0.1" (checkpoint) to "linear, warmup 0, min_lr_ratio 0.1"' "$T/lr.log" \
+    || { echo "FAIL: resume with another --lr and schedule: no log lines"; cat "$T/lr.log"; failures=$((failures + 1)); }
+"$TRAIN" --model tiny --steps 2 --batch 2 --resume "$good" > "$T/same.log" 2>&1 && ! grep -q "^resume:" "$T/same.log" \
+    || { echo "FAIL: resume with the same settings"; cat "$T/same.log"; failures=$((failures + 1)); }
 
 # --help is generated from the flag table and exits 0
 "$TRAIN" --help | grep -q -- "--checkpoint-dir DIR" || { echo "FAIL: --help"; failures=$((failures + 1)); }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The comm stream under mpirun: tests/test_comm_mpi on 2, 3, 4 and 8 ranks (oversubscribed), with a
 # traced section checked against the Perfetto schema; once more with every MPI call cut into
-# 4000-byte pieces; then the two ways a run must end when a rank fails: killed (mpirun notices) and
-# hung (the comm timeout fires). Each mpirun is bounded by `timeout`, so a hang fails the test
+# 4000-byte pieces; then the ways a run must end when a rank fails: killed (mpirun notices), hung
+# or stopped (the comm timeout fires and names the ranks that did not arrive). Each mpirun is bounded by `timeout`, so a hang fails the test
 # instead of stalling it. Needs $BUILD/tests/test_comm_mpi (make) and $PYTHON with `perfetto`.
 set -euo pipefail
 BUILD=${BUILD:-build}
@@ -62,5 +62,12 @@ echo "ok: hung peer, timeout after ${took}s: $(grep '^comm:' "$OUT" | head -1)"
 
 run 60 4 --hang collective --hang-rank 2 --timeout 3
 [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "hung collective: exit status $status"
-expect_output "^comm: barrier on group world \(4 ranks\) did not finish after 3 s on world rank [013]; a rank may have died" "hung collective"
+expect_output "^comm: barrier on group world \(4 ranks\) did not finish after 3 s on world rank [013]; did not arrive: world rank 2 \(alive, still at collective 0 of this group; this is 1\)$" "hung collective"
 echo "ok: hung collective, timeout after ${took}s: $(grep '^comm:' "$OUT" | head -1)"
+
+# Rank 3 is stopped (SIGSTOP) after two barriers: the others' third barrier times out and names it
+# as not answering; the run must end (MPI_Abort), not hang for the default timeout.
+run 60 4 --hang stop --hang-rank 3 --timeout 3
+[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "stopped rank: exit status $status"
+expect_output "^comm: barrier on group world \(4 ranks\) did not finish after 3 s on world rank [012]; did not arrive: world rank 3 \(no answer: stopped or dead\)$" "stopped rank"
+echo "ok: stopped rank, timeout after ${took}s: $(grep '^comm:' "$OUT" | head -1)"

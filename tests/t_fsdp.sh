@@ -77,7 +77,7 @@ check_exact resume z3_np2 "zero-3 resumed at step 10 vs straight through"
 echo "== memory: measured peaks against the stage's formula (tests/py/check_zero_memory.py)"
 $PYTHON tests/py/check_zero_memory.py "$T/z1_np4.log" "$T/z2_np4.log" "$T/z3_np4.log"
 
-echo "== the ZeRO-3 timeline: all-gathers under the blocks' compute with prefetch, none without"
+echo "== the ZeRO-3 timeline: with prefetch the next unit's weights are gathered before each block, without none overlaps"
 trace_run() {  # name, extra flags
     local name=$1; shift
     $MPIRUN -np 2 "$BUILD/train" --model small --steps 2 --batch 4 --seq-len 64 --dp-shard 2 "$@" \
@@ -85,8 +85,8 @@ trace_run() {  # name, extra flags
         || { cat "$T/$name.log"; echo "FAIL: run $name"; exit 1; }
 }
 trace_run trace_prefetch
-$PYTHON tests/py/check_fsdp_trace.py "$T/trace_prefetch.json" --expect-overlap
 trace_run trace_no_prefetch --no-overlap
+$PYTHON tests/py/check_fsdp_trace.py "$T/trace_prefetch.json" --expect-prefetch "$T/trace_no_prefetch.json"
 $PYTHON tests/py/check_fsdp_trace.py "$T/trace_no_prefetch.json" --expect-no-gather-overlap
 traces/trace-summary "$T/trace_prefetch.pftrace"
 traces/trace-summary "$T/trace_no_prefetch.pftrace"

@@ -134,33 +134,38 @@ echo "== schedule.svg: $n edges between actions (2 micro-batches x 3 boundaries 
 
 # A traced run per schedule, p = 2, m = 2, with enough compute per micro-batch (small, 4 layers,
 # 2 x 64 tokens) for the pipeline to show over the transfers. trace-summary prints its columns;
-# pp_bubble.py measures the bubble as the formula defines it (tests/py/pp_bubble.py). Ideal: GPipe
-# (p-1)/(m+p-1) = 33%, interleaved v=2 (p-1)/(v m+p-1) = 20%. Loose checks: the interleaved
-# bubble is the smaller, and neither is below half its ideal value. The trace itself must be valid
-# Perfetto with one flow per transfer (trace_check.py: every flow has one start and one end).
+# pp_bubble.py prints the bubble as the formula defines it (tests/py/pp_bubble.py). Measured bubbles
+# depend on the machine's load, so they are printed, not asserted (timing comparisons belong in
+# `make bench`). Asserted, because deterministic: the schedule's simulated bubble in the trainer's
+# log (GPipe (p-1)/(m+p-1) = 33.3%, interleaved v=2 (p-1)/(v m+p-1) = 20.0%), and every rank running
+# exactly its schedule list's forwards and backwards, in order, in every step (the lists from
+# build/pp_schedule). The trace itself must be valid Perfetto with one flow per transfer
+# (trace_check.py: every flow has one start and one end).
 traced=(--model small --n-layers 4 --seq-len 64 --steps 4 --batch 4 --pp 2 --pp-microbatches 2)
 for schedule in GPipe Interleaved1F1B; do
-    $MPIRUN -np 2 "$BUILD/train" "${traced[@]}" --pp-schedule "$schedule" --pp-virtual-stages \
-        $([ $schedule = GPipe ] && echo 1 || echo 2) --trace "$T/$schedule.pftrace" --trace-json "$T/$schedule.json" \
+    v=$([ $schedule = GPipe ] && echo 1 || echo 2)
+    ideal=$([ $schedule = GPipe ] && echo 33.3 || echo 20.0)
+    $MPIRUN -np 2 "$BUILD/train" "${traced[@]}" --pp-schedule "$schedule" --pp-virtual-stages $v \
+        --trace "$T/$schedule.pftrace" --trace-json "$T/$schedule.json" \
         > "$T/trace_$schedule.log" 2>&1 || { cat "$T/trace_$schedule.log"; echo "FAIL: traced $schedule"; exit 1; }
     echo "== $schedule, trace-summary:"
     traces/trace-summary "$T/$schedule.pftrace"
-    $PYTHON tests/py/pp_bubble.py "$T/$schedule.json" | sed "s/^/   $schedule /"
+    $PYTHON tests/py/pp_bubble.py "$T/$schedule.json" | sed "s/^/   $schedule (measured, not asserted) /"
+    grep -q "pp: $schedule, .*ideal bubble $ideal% of the step" "$T/trace_$schedule.log" \
+        || { echo "FAIL: $schedule: the log does not give the simulated bubble $ideal%"; exit 1; }
+    "$BUILD/pp_schedule" --schedule "$schedule" --pp 2 --microbatches 2 --virtual-stages $v > "$T/lists_$schedule.txt"
+    $PYTHON tests/py/pp_bubble.py "$T/$schedule.json" --expect-lists "$T/lists_$schedule.txt" \
+        || { echo "FAIL: $schedule: the trace's order differs from the schedule"; exit 1; }
 done
 $PYTHON tests/py/trace_check.py "$T/GPipe.pftrace" --json "$T/GPipe.json" --expect-slice "pp wait" \
     --expect-slice forward --expect-slice backward --expect-slice batch
-awk -v g="$($PYTHON tests/py/pp_bubble.py --mean "$T/GPipe.json")" \
-    -v i="$($PYTHON tests/py/pp_bubble.py --mean "$T/Interleaved1F1B.json")" 'BEGIN {
-    printf "== measured bubble: GPipe %.1f%% (ideal 33.3%%), interleaved %.1f%% (ideal 20.0%%)\n", 100 * g, 100 * i
-    exit !(g > i && g > 0.5 / 3 && i > 0.5 / 5) }' || { echo "FAIL: bubble ordering"; exit 1; }
-# trace-summary's bubble% (pipeline-wait slices and idle time over each rank's span): every rank of
-# the GPipe run shows at least half the ideal 33%.
+# trace-summary's bubble% (pipeline-wait slices and idle time over each rank's span), printed only.
 traces/trace-summary --json "$T/GPipe.pftrace" | $PYTHON -c '
 import json, sys
 rows = json.load(sys.stdin)["ranks"]
-pct = [r["bubble_pct"] for r in rows]
-print("== trace-summary GPipe bubble%: " + ", ".join(f"{p:.1f}" for p in pct) + " (ideal 33.3)")
-sys.exit(0 if len(pct) == 2 and all(p > 100 * 0.5 / 3 for p in pct) else 1)' || { echo "FAIL: trace-summary bubble"; exit 1; }
+print("== trace-summary GPipe bubble% (measured, not asserted): "
+      + ", ".join("%.1f" % r["bubble_pct"] for r in rows) + " (ideal 33.3)")
+sys.exit(0 if len(rows) == 2 else 1)' || { echo "FAIL: trace-summary: not 2 ranks"; exit 1; }
 
 echo "== bad layouts exit 2 with one line"
 set +e

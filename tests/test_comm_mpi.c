@@ -452,8 +452,18 @@ static void run_until_killed(Comm *c, int victim) {
     }
 }
 
-// The victim stops taking part without dying: only the timeout can end the run.
+// The victim stops taking part without dying: only the timeout can end the run. "p2p" and
+// "collective": it sleeps (alive: its comm thread still answers); "stop": after two barriers it
+// stops itself with SIGSTOP, as `kill -STOP` would (nothing of it runs, not even its comm thread).
 static void run_until_timeout(Comm *c, int victim, const char *what) {
+    if (strcmp(what, "stop") == 0) {
+        comm_barrier(c);
+        comm_barrier(c);
+        if (comm_rank(c) == victim) raise(SIGSTOP);
+        comm_barrier(c);
+        sleep(120);
+        fatal("the timeout never fired");
+    }
     if (comm_rank(c) == victim) sleep(120);
     if (strcmp(what, "p2p") == 0 && comm_rank(c) == 0) {
         float x;

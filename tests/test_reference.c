@@ -183,11 +183,12 @@ START_TEST(test_step_is_bit_reproducible) {
 END_TEST
 
 // Published parameter counts: Llama 3.1 8B 8,030,261,248; 70B 70,553,706,496; Llama 3.2 1B (tied)
-// 1,235,814,400.
+// 1,235,814,400; Llama 3.1 405B 405,853,388,800; Llama 2 7B 6,738,415,616.
 START_TEST(test_param_counts) {
     struct { const char *name; size_t count; } known[] = {
-        {"llama3_8b", 8030261248ULL}, {"llama3_70b", 70553706496ULL}, {"llama3_1b", 1235814400ULL}};
-    for (int i = 0; i < 3; i++) {
+        {"llama3_8b", 8030261248ULL}, {"llama3_70b", 70553706496ULL}, {"llama3_1b", 1235814400ULL},
+        {"llama3_405b", 405853388800ULL}, {"llama2_7b", 6738415616ULL}};
+    for (int i = 0; i < 5; i++) {
         ModelConfig c;
         ck_assert(model_config_lookup(known[i].name, &c));
         ck_assert_msg(model_param_count(&c) == known[i].count, "%s: %zu parameters, expected %zu", known[i].name,

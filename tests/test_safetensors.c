@@ -227,14 +227,18 @@ static StFile *open_ok(const char *path) {
     return f;
 }
 
-// st_open must fail with one line naming the file and containing `word`.
+// st_open and st_open_header (the same checks without reading the data) must both fail with one
+// line naming the file and containing `word`.
 static void expect_rejected(const char *path, const char *word) {
-    char err[1024] = "";
-    StFile *f = st_open(path, err, sizeof err);
-    ck_assert_msg(f == NULL, "%s: accepted, expected an error containing '%s'", path, word);
-    ck_assert_msg(strstr(err, word) != NULL, "error '%s' does not contain '%s'", err, word);
-    ck_assert_msg(strstr(err, path) != NULL, "error '%s' does not name the file", err);
-    ck_assert_msg(strchr(err, '\n') == NULL, "error '%s' is not one line", err);
+    StFile *(*const openers[2])(const char *, char *, size_t) = {st_open, st_open_header};
+    for (int o = 0; o < 2; o++) {
+        char err[1024] = "";
+        StFile *f = openers[o](path, err, sizeof err);
+        ck_assert_msg(f == NULL, "%s: accepted by opener %d, expected an error containing '%s'", path, o, word);
+        ck_assert_msg(strstr(err, word) != NULL, "error '%s' does not contain '%s'", err, word);
+        ck_assert_msg(strstr(err, path) != NULL, "error '%s' does not name the file", err);
+        ck_assert_msg(strchr(err, '\n') == NULL, "error '%s' is not one line", err);
+    }
 }
 
 static int count_dir_entries(const char *dir) {
@@ -292,6 +296,37 @@ START_TEST(test_round_trip) {
     unsigned char *bytes = read_file(path, &n);
     ck_assert_uint_eq(get_u64(bytes) % 8, 0);
     free(bytes);
+}
+END_TEST
+
+// st_open_header keeps the data on disk: st_read_bytes must give every tensor's bytes (whole and in
+// pieces) as st_open has them in memory, and refuse a range past a tensor's end.
+START_TEST(test_header_only_reads) {
+    char err[1024];
+    Path path_buf = tmp_file("header_only.safetensors");
+    const char *path = path_buf.s;
+    ck_assert_msg(write_fixture(path, true, err, sizeof err), "%s", err);
+    StFile *whole = open_ok(path), *lazy = st_open_header(path, err, sizeof err);
+    ck_assert_msg(lazy != NULL, "%s", err);
+    ck_assert_int_eq(st_count(lazy), st_count(whole));
+    for (int i = 0; i < st_count(whole); i++) {
+        const StTensor *a = st_tensor(whole, i), *b = st_find(lazy, a->name);
+        ck_assert_ptr_nonnull(b);
+        ck_assert_ptr_null(b->data);
+        ck_assert_uint_eq(a->file_offset, b->file_offset);
+        unsigned char *got = malloc(a->n_bytes + 1);
+        ck_assert_msg(st_read_bytes(lazy, b, 0, b->n_bytes, got, err, sizeof err), "%s", err);
+        ck_assert(a->n_bytes == 0 || memcmp(got, a->data, a->n_bytes) == 0);
+        if (a->n_bytes > 2) {  // a piece from the middle
+            ck_assert_msg(st_read_bytes(lazy, b, 1, b->n_bytes - 2, got, err, sizeof err), "%s", err);
+            ck_assert(memcmp(got, (const unsigned char *)a->data + 1, a->n_bytes - 2) == 0);
+        }
+        ck_assert(!st_read_bytes(lazy, b, 1, b->n_bytes, got, err, sizeof err));
+        ck_assert_msg(strstr(err, "past its") != NULL, "%s", err);
+        free(got);
+    }
+    st_close(whole);
+    st_close(lazy);
 }
 END_TEST
 
@@ -615,6 +650,7 @@ static Suite *safetensors_suite(void) {
     // on a loaded machine or under valgrind.
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_round_trip);
+    tcase_add_test(tc, test_header_only_reads);
     tcase_add_test(tc, test_empty_file);
     tcase_add_test(tc, test_unaligned_foreign_file);
     tcase_add_test(tc, test_read_mismatches);

@@ -464,6 +464,8 @@ START_TEST(test_json_escaping) {
 END_TEST
 
 // ---- scale: millions of events, no quadratic step ----------------------------------------------
+// The times are printed, not asserted: on a loaded machine any bound is a guess (timings belong in
+// `make bench`). A quadratic step would take hours here and end at the suite's timeout.
 
 START_TEST(test_many_events) {
     enum { N_SLICES = 1000000 };
@@ -480,7 +482,6 @@ START_TEST(test_many_events) {
         if (i % 100 == 0) trace_counter_at("mem activations", i, 2LL * i);
     }
     double record_s = (now_ns() - start) * 1e-9;
-    ck_assert_msg(record_s < 10.0, "recording %d slices took %.1f s", N_SLICES, record_s);
 
     size_t len;
     void *blob = serialize_local(&len);
@@ -492,7 +493,8 @@ START_TEST(test_many_events) {
     start = now_ns();
     ck_assert_msg(trace_write_pftrace_ranks(path, &input, 1, err, sizeof err), "%s", err);
     double write_s = (now_ns() - start) * 1e-9;
-    ck_assert_msg(write_s < 20.0, "writing %d slices took %.1f s", N_SLICES, write_s);
+    printf("trace scale: %d slices recorded in %.2f s, written in %.2f s (not asserted)\n", N_SLICES, record_s,
+           write_s);
     remove(path);
     trace_rank_data_free(copy);
     free(blob);

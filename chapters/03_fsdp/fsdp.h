@@ -20,7 +20,7 @@
 // HSDP: with dp_replicate > 1 the shard group is one replica; the gradient shards are then
 // averaged over the replicate group (all-reduce), queued right behind the reduce-scatter.
 //
-//   Fsdp *f = fsdp_create(&model, shard_group, replicate_group, &options, seed);  // installs UnitStorage
+//   Fsdp *f = fsdp_create(&model, shard_group, replicate_group, &options, &init);  // installs UnitStorage
 //   fsdp_zero_grads(f);
 //   for each micro-batch:  model_forward(...); fsdp_begin_backward(f, last); model_backward(...);
 //                          fsdp_end_backward(f);
@@ -81,10 +81,11 @@ size_t zero_slice_len(size_t numel, size_t shard, size_t mine);
 CommHandle *zero_gather_slices_start(Comm *group, real *full, size_t shard, real *staging);
 
 // Collective over shard_group (and replicate_group). The model must come from
-// model_init_unallocated; every rank builds only its shards, from the seed (sharding-independent
-// init, so the weights equal the single process's). Installs the model's UnitStorage and hook.
+// model_init_unallocated; every rank builds only its shards, asking init for just those elements
+// (from the seed: a sharding-independent init, so the weights equal the single process's; from a
+// checkpoint: only its shards' bytes are read). Installs the model's UnitStorage and hook.
 Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *tp_group,
-                  const FsdpOptions *options, uint64_t seed);
+                  const FsdpOptions *options, const ParamSource *init);
 void fsdp_free(Fsdp *f);
 
 void fsdp_zero_grads(Fsdp *f);
@@ -106,6 +107,17 @@ void fsdp_adamw_step(Fsdp *f, long long step, double lr, const AdamWConfig *cfg)
 void fsdp_gather_full(Fsdp *f, StateKind kind, real *flat);
 // The reverse, for --resume: takes this rank's shard of a full tensor.
 void fsdp_load_full(Fsdp *f, StateKind kind, const real *flat);
+
+// The ZeRO memory model per rank, in bytes: P parameters, N ranks sharing them, `stage` 0 (plain
+// data parallelism: nothing sharded) to 3, with weight_bytes, grad_bytes and optim_bytes stored per
+// parameter (fp32 here: 4, 4, 8; mixed precision with Adam: 2, 2, 12). Stage 1 divides the
+// optimizer state by N, stage 2 also the gradients, stage 3 also the weights. The transient full
+// units of stages 2-3 are not in it (see fsdp_print_memory_estimate). Chapter 11 plans with it.
+typedef struct {
+    double params, grads, optimizer;
+} ZeroMemory;
+ZeroMemory zero_memory_model(int stage, double P, double N, double weight_bytes, double grad_bytes,
+                             double optim_bytes);
 
 // Prints the memory model of this stage next to the measured peaks (bytes by category):
 //   stage 1: params 4P, grads 4P, optimizer 8P/N

@@ -64,7 +64,7 @@ static real *storage_grads(void *ctx, int unit) {
 
 static int shard_ranks(const Pipeline *pl) { return pl->options.shard_group ? comm_size(pl->options.shard_group) : 1; }
 
-static void init_chunk(Pipeline *pl, PipelineChunk *c, uint64_t seed) {
+static void init_chunk(Pipeline *pl, PipelineChunk *c, const ParamSource *init) {
     const ParamTable *t = &pl->model->table;
     int N = shard_ranks(pl);
     c->shard = (c->numel + (size_t)N - 1) / (size_t)N;
@@ -76,7 +76,7 @@ static void init_chunk(Pipeline *pl, PipelineChunk *c, uint64_t seed) {
     for (int i = 0; i < t->count; i++) {  // the same values the single process gives these elements
         const ParamInfo *p = &t->items[i];
         if (p->layer >= c->first_unit && p->layer <= c->last_unit)
-            param_init_local_range(p, pl->model->tp.rank, pl->model->tp.size, seed, 0, p->numel,
+            param_source_fill(init, p, pl->model->tp.rank, pl->model->tp.size, 0, p->numel,
                                    c->params + (p->offset - c->offset));
     }
     c->last_backward = -1;
@@ -127,7 +127,7 @@ static void setup_schedule(Pipeline *pl) {
     free(in_flight);
 }
 
-Pipeline *pipeline_create(Model *model, Comm *pp, Comm *dp, const PipelineOptions *options, uint64_t seed) {
+Pipeline *pipeline_create(Model *model, Comm *pp, Comm *dp, const PipelineOptions *options, const ParamSource *init) {
     Pipeline *pl = calloc(1, sizeof *pl);
     pl->model = model, pl->pp = pp, pl->options = *options;
     pl->p = comm_size(pp), pl->rank = comm_rank(pp);
@@ -139,7 +139,7 @@ Pipeline *pipeline_create(Model *model, Comm *pp, Comm *dp, const PipelineOption
     pl->chunks = calloc((size_t)pl->v, sizeof(PipelineChunk));
     for (int c = 0; c < pl->v; c++) {
         stage_range(model, pl->n_stages, pp_stage_of(pl->rank, c, pl->p), &pl->chunks[c]);
-        init_chunk(pl, &pl->chunks[c], seed);
+        init_chunk(pl, &pl->chunks[c], init);
     }
     model->storage = (UnitStorage){storage_params, NULL, storage_grads, pl};
     pl->slots = calloc((size_t)(pl->v * pl->m), sizeof(PipelineSlot));

@@ -22,7 +22,7 @@
 // Megatron's distributed optimizer) each rank of the N-rank shard group keeps AdamW's state for 1/N of
 // every chunk, updates that slice of the weights, and all-gathers the weights over the group.
 //
-//   Pipeline *pl = pipeline_create(&model, mesh->dim[MESH_PP], dp_or_NULL, &options, seed);
+//   Pipeline *pl = pipeline_create(&model, mesh->dim[MESH_PP], dp_or_NULL, &options, &init);
 //   loss = pipeline_forward_backward(pl, inputs, targets);   // every rank: the mean over micro-batches
 //   norm = pipeline_grad_norm(pl); pipeline_clip(pl, norm, max); pipeline_adamw_step(pl, step, lr, &adam);
 #pragma once
@@ -101,7 +101,7 @@ void pipeline_stage_layers(int n_layers, int n_stages, int stage, int *first, in
 // UnitStorage. dp: the stage's data-parallel group, or NULL. Builds and validates the schedule
 // (exits with status 1 if the lists fail pp_validate) and logs the layout, the activations in
 // flight and the ideal bubble.
-Pipeline *pipeline_create(Model *model, Comm *pp, Comm *dp, const PipelineOptions *options, uint64_t seed);
+Pipeline *pipeline_create(Model *model, Comm *pp, Comm *dp, const PipelineOptions *options, const ParamSource *init);
 void pipeline_free(Pipeline *pl);
 
 // One step's forward and backward of every micro-batch. inputs and targets: (M * B_micro, T), this

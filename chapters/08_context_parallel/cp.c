@@ -13,6 +13,7 @@ enum { TAG_KV = 40, TAG_DKV = 41 };
 // ---- the split ------------------------------------------------------------------------------------
 
 const char *cp_layout_check(int n, int T, bool balanced) {
+    if (n == 1) return NULL;  // one rank holds every token
     if (balanced && T % (2 * n) != 0)
         return "the sequence length must divide by 2 x cp (zigzag: two chunks per rank; --cp-load-balance off "
                "needs only cp)";
@@ -23,6 +24,7 @@ const char *cp_layout_check(int n, int T, bool balanced) {
 CpLayout cp_layout(int n, int rank, int T, bool balanced) {
     const char *rule = cp_layout_check(n, T, balanced);
     if (rule) fatal_input("--cp %d with sequence length %d: %s", n, T, rule);
+    if (n == 1) balanced = false;  // the whole sequence, in order
     return (CpLayout){n, rank, T, balanced ? T / (2 * n) : T / n, balanced};
 }
 
@@ -412,4 +414,20 @@ void cp_attention_backward(ContextParallel *cp, real *dq, real *dk, real *dv, co
                            const real *k, const real *v, const real *out, const real *lse) {
     if (cp->mode == CP_ALLTOALL) alltoall_backward(cp, dq, dk, dv, dout, q, k, v, out, lse);
     else ring_backward(cp, dq, dk, dv, dout, q, k, v, out, lse);
+}
+
+static void hook_forward(void *ctx, real *out, real *lse, const real *q, const real *k, const real *v) {
+    cp_attention_forward(ctx, out, lse, q, k, v);
+}
+
+static void hook_backward(void *ctx, real *dq, real *dk, real *dv, const real *dout, const real *q, const real *k,
+                          const real *v, const real *out, const real *lse) {
+    cp_attention_backward(ctx, dq, dk, dv, dout, q, k, v, out, lse);
+}
+
+ContextParallel *cp_install(Model *m, Comm *cp_group, CpMode mode, bool balanced, int B, int T) {
+    ContextParallel *cp = cp_create(cp_group, mode, balanced, B, T, m->local.n_heads, m->local.n_kv_heads,
+                                    model_head_dim(&m->cfg));
+    m->cp = (ContextParallelHooks){cp_positions(cp), hook_forward, hook_backward, cp};
+    return cp;
 }

@@ -31,6 +31,7 @@
 #include <stdbool.h>
 
 #include "common/comm.h"
+#include "reference_cpu/model.h"
 #include "reference_cpu/ops.h"
 
 typedef enum { CP_RING, CP_ALLTOALL } CpMode;
@@ -69,5 +70,8 @@ void cp_attention_forward(ContextParallel *cp, real *out, real *lse, const real 
 // with respect to this rank's q, k, v, given dout for this rank's queries and forward's out and lse.
 void cp_attention_backward(ContextParallel *cp, real *dq, real *dk, real *dv, const real *dout, const real *q,
                            const real *k, const real *v, const real *out, const real *lse);
+// Installs the model's context-parallel hooks (reference_cpu/model.h) for micro-batches of B sequences
+// of T tokens (the whole length), with the model's (tp-local) heads. Collective over cp_group.
+ContextParallel *cp_install(Model *m, Comm *cp_group, CpMode mode, bool balanced, int B, int T);
 // Transfers this rank has posted so far (K/V and dK/dV messages, all-to-alls): for the tests.
 long long cp_transfers(const ContextParallel *cp);

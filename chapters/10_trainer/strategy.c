@@ -15,6 +15,7 @@
 #include "chapters/03_fsdp/fsdp.h"
 #include "chapters/06_tensor_parallel/tp.h"
 #include "chapters/07_pipeline_parallel/pipeline.h"
+#include "chapters/08_context_parallel/cp.h"
 #include "chapters/10_trainer/trainer.h"
 #include "common/args.h"
 #include "common/log.h"
@@ -119,7 +120,8 @@ static Strategy *replicated_create(Trainer *t, const LayoutOptions *o) {
     r->adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
     r->adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * n);
     r->tp_group = t->mesh->degree[MESH_TP] > 1 ? t->mesh->dim[MESH_TP] : NULL;
-    Strategy *s = strategy_new(t->dp_size > 1 ? "ddp" : "single", &t->model, r);
+    int replicas = comm_size(t->mesh->dp_cp);  // data-parallel ranks, times cp (they average gradients too)
+    Strategy *s = strategy_new(replicas > 1 ? "ddp" : "single", &t->model, r);
     s->zero_grads = replicated_zero_grads;
     s->grad_norm = replicated_grad_norm;
     s->clip = replicated_clip;
@@ -127,13 +129,13 @@ static Strategy *replicated_create(Trainer *t, const LayoutOptions *o) {
     s->gather_full = replicated_gather_full;
     s->load_full = replicated_load_full;
     s->free = replicated_free;
-    if (t->dp_size > 1) {
-        r->ddp = ddp_create(&t->model, t->mesh->dp, (size_t)(o->bucket_mb * 1048576.0), o->overlap);
+    if (replicas > 1) {
+        r->ddp = ddp_create(&t->model, t->mesh->dp_cp, (size_t)(o->bucket_mb * 1048576.0), o->overlap);
         ddp_broadcast_params(r->ddp);  // replicas start equal, whatever each rank initialised
         s->begin_backward = ddp_begin;
         s->finish_backward = ddp_finish;
         log_info("ddp: %d replicas, %d micro-batch(es) of %d sequences each per rank, %d buckets of <= %g MiB, %s",
-                 t->dp_size, t->n_micro, t->micro, r->ddp->n_buckets, o->bucket_mb,
+                 replicas, t->n_micro, t->micro, r->ddp->n_buckets, o->bucket_mb,
                  o->overlap ? "all-reduce overlapping backward" : "all-reduce after backward");
     }
     return s;
@@ -154,12 +156,12 @@ static void fsdp_load(Strategy *s, StateKind kind, const real *local_flat) { fsd
 static void fsdp_memory(const Strategy *s) { fsdp_print_memory_estimate(s->impl); }
 static void fsdp_release(Strategy *s) { fsdp_free(s->impl); }
 
-static Strategy *sharded_create(Trainer *t, const LayoutOptions *o, uint64_t seed) {
+static Strategy *sharded_create(Trainer *t, const LayoutOptions *o, const ParamSource *init) {
     Mesh *mesh = t->mesh;
     FsdpOptions options = {o->zero_stage, (ReshardPolicy)o->reshard, o->overlap};
     Comm *replicate = mesh->degree[MESH_DP_REPLICATE] > 1 ? mesh->dim[MESH_DP_REPLICATE] : NULL;
     Comm *tp_group = mesh->degree[MESH_TP] > 1 ? mesh->dim[MESH_TP] : NULL;
-    Fsdp *f = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, tp_group, &options, seed);
+    Fsdp *f = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, tp_group, &options, init);
     Strategy *s = strategy_new(replicate ? "hsdp" : "fsdp", &t->model, f);
     char reshard[32];
     s->zero_grads = fsdp_zero;
@@ -200,16 +202,17 @@ static void pipeline_load(Strategy *s, StateKind kind, const real *local_flat) {
 }
 static void pipeline_release(Strategy *s) { pipeline_free(s->impl); }
 
-static Strategy *pipeline_strategy_create(Trainer *t, const LayoutOptions *o, uint64_t seed) {
+static Strategy *pipeline_strategy_create(Trainer *t, const LayoutOptions *o, const ParamSource *init) {
     Mesh *mesh = t->mesh;
     bool sharded = mesh->degree[MESH_DP_SHARD] > 1;
     PipelineOptions options = {(PpScheduleKind)o->pp_schedule, t->n_micro, o->pp_virtual_stages, t->micro, t->T,
                                (ActCheckpoint)o->ac, (size_t)(o->bucket_mb * 1048576.0), o->overlap,
                                o->pp_schedule_dot, mesh->degree[MESH_TP] > 1 ? mesh->dim[MESH_TP] : NULL,
                                sharded ? mesh->dp_shard_cp : NULL};
-    Pipeline *pl = pipeline_create(&t->model, mesh->dim[MESH_PP], t->dp_size > 1 ? mesh->dp : NULL, &options, seed);
-    if (t->dp_size > 1)
-        log_info("pp x %s: %d data-parallel ranks per stage%s", sharded ? "zero-1" : "ddp", t->dp_size,
+    int replicas = comm_size(mesh->dp_cp);
+    Pipeline *pl = pipeline_create(&t->model, mesh->dim[MESH_PP], replicas > 1 ? mesh->dp_cp : NULL, &options, init);
+    if (replicas > 1)
+        log_info("pp x %s: %d data-parallel ranks per stage%s", sharded ? "zero-1" : "ddp", replicas,
                  sharded ? ", AdamW state sharded over dp_shard" : "");
     Strategy *s = strategy_new("pipeline", &t->model, pl);
     s->forward_backward = pipeline_run;  // zeroes the stages' gradients itself
@@ -226,12 +229,12 @@ static Strategy *pipeline_strategy_create(Trainer *t, const LayoutOptions *o, ui
 
 // The model first (this tp rank's slice; its own weights only where no module shards or stages
 // them), then the strategy the mesh calls for.
-void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, uint64_t seed,
+void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, const ParamSource *init,
                           const LayoutOptions *o) {
     Mesh *mesh = t->mesh;
     int tp = mesh->degree[MESH_TP], tp_rank = mesh->coord[MESH_TP];
     bool sharded = mesh->degree[MESH_DP_SHARD] > 1, pipelined = mesh->degree[MESH_PP] > 1;
-    model_init_tp(&t->model, cfg, seed, attention, tp, tp_rank, !sharded && !pipelined);
+    model_init_tp(&t->model, cfg, init, attention, tp, tp_rank, !sharded && !pipelined);
     if (tp > 1) {
         if (o->sequence_parallel && (t->micro * t->T) % tp != 0)
             fatal_input("--sequence-parallel: the %d tokens of a micro-batch must divide by --tp %d", t->micro * t->T, tp);
@@ -242,14 +245,22 @@ void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl atte
                  local->n_kv_heads, cfg->n_kv_heads, local->ffn_dim, cfg->ffn_dim, local->vocab_start,
                  local->vocab_start + local->vocab_size);
     }
-    if (pipelined) t->strategy = pipeline_strategy_create(t, o, seed);
-    else if (sharded) t->strategy = sharded_create(t, o, seed);
+    if (mesh->degree[MESH_CP] > 1) {
+        t->cp = cp_install(&t->model, mesh->dim[MESH_CP], (CpMode)o->cp_mode, o->cp_load_balance, t->micro,
+                           t->cp_layout.T);
+        log_info("cp: %d ranks, %s, %s split: this rank holds %d of every %d tokens", mesh->degree[MESH_CP],
+                 o->cp_mode == CP_RING ? "ring attention" : "all-to-all (Ulysses)",
+                 o->cp_load_balance ? "zigzag" : "contiguous", t->T, t->cp_layout.T);
+    }
+    if (pipelined) t->strategy = pipeline_strategy_create(t, o, init);
+    else if (sharded) t->strategy = sharded_create(t, o, init);
     else t->strategy = replicated_create(t, o);
     if (!pipelined) t->strategy->acts = model_acts_alloc(&t->model, t->micro, t->T, (ActCheckpoint)o->ac);
 }
 
 void trainer_free_strategy(Trainer *t) {
     t->strategy->free(t->strategy);
+    cp_free(t->cp);
     model_acts_free(&t->strategy->acts);
     free(t->strategy);
     t->strategy = NULL;

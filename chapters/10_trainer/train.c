@@ -11,6 +11,8 @@
 //   mpirun -np 4 ./build/train --dp-replicate 2 --dp-shard 2          (chapter 4: HSDP)
 //   mpirun -np 4 ./build/train --tp 2 --dp-shard 2                    (chapter 6: tensor parallel, with FSDP)
 //   mpirun -np 4 ./build/train --pp 4 --pp-schedule 1F1B --pp-microbatches 8   (chapter 7: pipeline parallel)
+#include <errno.h>
+//   ./build/train --init-from hf:llama-3.2-1b --seq-len 512 --data tokens:t.bin --export-hf tuned   (HF.md)
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +26,7 @@
 #include "common/args.h"
 #include "common/comm.h"
 #include "common/data.h"
+#include "common/fileio.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/mesh.h"
@@ -32,17 +35,18 @@
 #include "reference_cpu/adamw.h"
 #include "reference_cpu/checkpoint.h"
 #include "reference_cpu/dump.h"
+#include "reference_cpu/hf.h"
 #include "reference_cpu/model.h"
 
 typedef struct {
     const char *model, *data, *lr_decay, *attention, *matmul, *ac, *reshard;
     const char *checkpoint_dir, *resume, *trace, *trace_json, *dump, *compare, *mesh_dot, *trace_hta, *grad_dump;
-    const char *pp_schedule, *pp_schedule_dot, *device;
+    const char *pp_schedule, *pp_schedule_dot, *device, *cp_mode, *cp_load_balance, *init_from, *export_hf;
     int steps, batch, seq_len, n_layers, warmup_steps, checkpoint_every, log_every;
-    int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages;
+    int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages, cp;
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
-    double bucket_mb, comm_timeout, peak_tflops;
+    double bucket_mb, comm_timeout, export_hf_shard_mb, peak_tflops;
     bool model_info, no_overlap, desync_init, sequence_parallel;
 } Options;
 
@@ -82,6 +86,15 @@ static const ArgSpec FLAGS[] = {
     {"ac", ARG_CHOICE, &opt.ac, "none",
      "activation checkpointing: full recomputes each block in backward, selective only its element-wise ops "
      "(chapter 5)", .choices = AC_MODE_NAMES},
+    {"init-from", ARG_STRING, &opt.init_from, NULL,
+     "initial weights and model config from a Hugging Face Llama checkpoint directory (config.json, safetensors); "
+     "each rank reads only what it holds", .value_name = "hf:DIR"},
+    {"export-hf", ARG_STRING, &opt.export_hf, NULL,
+     "after the last step, write the weights as a Hugging Face Llama checkpoint (config.json, safetensors)",
+     .value_name = "DIR"},
+    {"export-hf-shard-mb", ARG_DOUBLE, &opt.export_hf_shard_mb, "5120",
+     "--export-hf: largest safetensors file in MiB; more weights than that are split into shards with an index",
+     .min = 0.001, .max = UNBOUNDED},
     {"checkpoint-dir", ARG_STRING, &opt.checkpoint_dir, NULL, "write DIR/step_N.safetensors checkpoints",
      .value_name = "DIR"},
     {"checkpoint-every", ARG_INT, &opt.checkpoint_every, "0", "checkpoint period in steps (0 = only at the end)",
@@ -112,6 +125,14 @@ static const ArgSpec FLAGS[] = {
     {"sequence-parallel", ARG_BOOL, &opt.sequence_parallel, NULL,
      "with --tp: norms and residuals on sequence shards (all-gather / reduce-scatter instead of all-reduce)",
      .value_name = ""},
+    {"cp", ARG_INT, &opt.cp, "1",
+     "context-parallel ranks: each holds 1/cp of every sequence's tokens, attention runs across them (chapter 8)",
+     .min = 1, .max = UNBOUNDED},
+    {"cp-mode", ARG_CHOICE, &opt.cp_mode, "ring", "with --cp: ring attention, or all-to-all (DeepSpeed-Ulysses)",
+     .choices = CP_MODE_NAMES},
+    {"cp-load-balance", ARG_CHOICE, &opt.cp_load_balance, "on",
+     "with --cp: on = zigzag split (2 chunks per rank, equal causal work), off = contiguous chunks",
+     .choices = "on|off"},
     {"pp", ARG_INT, &opt.pp, "1", "pipeline-parallel ranks: each holds a slice of the layers (chapter 7)", .min = 1,
      .max = UNBOUNDED},
     {"pp-schedule", ARG_CHOICE, &opt.pp_schedule, "1F1B", "pipeline schedule", .choices = PP_SCHEDULE_NAMES},
@@ -136,18 +157,37 @@ static const ArgSpec FLAGS[] = {
     {"desync-init", ARG_BOOL, &opt.desync_init, NULL,
      "give every data-parallel replica a different init (seed + dp rank) to show the initial broadcast fixes it",
      .value_name = ""},
-    {"comm-timeout", ARG_DOUBLE, &opt.comm_timeout, "300", "seconds before a stuck collective ends the run",
-     .min = 0.1, .max = UNBOUNDED},
+    {"comm-timeout", ARG_DOUBLE, &opt.comm_timeout, NULL,
+     "seconds before a stuck collective ends the run (default: 300 until two steps are measured, then "
+     "max(60, 10 x the slowest step); common/COMM.md)", .min = 0.1, .max = UNBOUNDED},
     {"mesh-dot", ARG_STRING, &opt.mesh_dot, NULL, "write the device mesh as a Graphviz diagram", .value_name = "FILE"},
     {"model-info", ARG_BOOL, &opt.model_info, NULL, "print the config, parameter count and FLOPs per token, and exit", .value_name = ""},
 };
 #define N_FLAGS ((int)(sizeof FLAGS / sizeof FLAGS[0]))
 
-static ModelConfig resolve_config(void) {
+// --init-from hf:DIR: the checkpoint's config.json is the model; the flags that would change its
+// shapes or numerics are refused rather than silently overridden.
+static HfCheckpoint *open_init_checkpoint(const ArgSpec *flags, ModelConfig *cfg) {
+    if (strncmp(opt.init_from, "hf:", 3) != 0 || !opt.init_from[3])
+        fatal_input("--init-from %s: expected hf:DIR (a Hugging Face Llama checkpoint directory)", opt.init_from);
+    static const char *const shape_flags[] = {"model", "n-layers", "rope-theta", "desync-init"};
+    for (int i = 0; i < 4; i++)
+        if (args_given(flags, N_FLAGS, shape_flags[i]))
+            fatal_input("--%s: not with --init-from, whose config.json sets the model and its weights", shape_flags[i]);
+    return hf_open(opt.init_from + 3, cfg);
+}
+
+static ModelConfig resolve_config(const ArgSpec *flags, HfCheckpoint **init_checkpoint) {
     ModelConfig cfg;
-    if (!model_config_lookup(opt.model, &cfg)) fatal_input("--model %s: unknown model", opt.model);
+    *init_checkpoint = NULL;
+    if (opt.init_from) *init_checkpoint = open_init_checkpoint(flags, &cfg);
+    else if (!model_config_lookup(opt.model, &cfg)) fatal_input("--model %s: unknown model", opt.model);
     if (opt.seq_len < 0) opt.seq_len = cfg.max_seq_len;
-    if (opt.seq_len > cfg.max_seq_len) cfg.max_seq_len = opt.seq_len;  // the RoPE table grows with it
+    if (opt.seq_len > cfg.max_seq_len) {  // the RoPE table grows with it: allowed, but said
+        log_info("--seq-len %d: beyond model %s's max_seq_len %d, which grows to %d (a checkpoint records it)",
+                 opt.seq_len, cfg.name, cfg.max_seq_len, opt.seq_len);
+        cfg.max_seq_len = opt.seq_len;
+    }
     if (opt.rope_theta > 0) cfg.rope_theta = opt.rope_theta;
     if (opt.n_layers > 0) cfg.n_layers = opt.n_layers;
     model_config_validate(&cfg, opt.seq_len);
@@ -172,25 +212,62 @@ static void print_model_info(const ModelConfig *c, int seq_len) {
     free(json);
 }
 
-static void ensure_directory(const char *dir) {
-    if (mkdir(dir, 0777) != 0) {
-        struct stat st;
-        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-            fatal_input("--checkpoint-dir %s: cannot create directory", dir);
-    }
+// ---- promises kept before any work (README: "What is promised, and how it is tested") -----------
+
+// Every output can be created (fileio_check_output), the sizes fit int where the code indexes with
+// int, and the planned memory fits the machine; flags that would be ignored are refused. Runs on
+// every rank before comm_init, so a typo costs a second, not a run.
+static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
+    static const struct {
+        const char *flag, **path;
+        OutputKind kind;
+    } outputs[] = {
+        {"trace", &opt.trace, OUTPUT_FILE},          {"trace-json", &opt.trace_json, OUTPUT_FILE},
+        {"trace-hta", &opt.trace_hta, OUTPUT_DIR},   {"dump", &opt.dump, OUTPUT_FILE},
+        {"grad-dump", &opt.grad_dump, OUTPUT_FILE},  {"checkpoint-dir", &opt.checkpoint_dir, OUTPUT_DIR},
+        {"mesh-dot", &opt.mesh_dot, OUTPUT_FILE},    {"pp-schedule-dot", &opt.pp_schedule_dot, OUTPUT_FILE},
+        {"export-hf", &opt.export_hf, OUTPUT_DIR},
+    };
+    for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; i++)
+        fileio_check_output(outputs[i].flag, *outputs[i].path, outputs[i].kind);
+    if (args_given(flags, N_FLAGS, "zero-stage") && opt.dp_shard == 1)
+        fatal_input("--zero-stage %d: shards over --dp-shard, which is 1 here (give --dp-shard 2 or more, or leave "
+                    "--zero-stage out)", opt.zero_stage);
+    // the tokens of a step (B, T) are counted and indexed with int
+    if ((uint64_t)opt.batch * (uint64_t)opt.seq_len > INT32_MAX)
+        fatal_input("--batch %d x --seq-len %d: %" PRIu64 " tokens per step, more than 2^31 - 1", opt.batch,
+                    opt.seq_len, (uint64_t)opt.batch * (uint64_t)opt.seq_len);
+    // The plan is of host memory: with --device cuda the state lives on the GPU, whose allocator
+    // reports what does not fit.
+    if (args_choice_index(DEVICE_NAMES, opt.device) != DEVICE_CPU) return;
+    uint64_t dp = (uint64_t)opt.dp_replicate * (uint64_t)opt.dp_shard;
+    uint64_t n_micro = (uint64_t)(opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps);
+    uint64_t micro = (uint64_t)opt.batch / dp / n_micro;  // sequences per micro-batch on one rank
+    uint64_t ranks = mem_mul(mem_mul(mem_mul(dp, (uint64_t)opt.pp), (uint64_t)opt.tp), (uint64_t)opt.cp);
+    char what[160];
+    snprintf(what, sizeof what, "--model %s --n-layers %d --batch %d --seq-len %d on %" PRIu64 " rank(s)", cfg->name,
+             cfg->n_layers, opt.batch, opt.seq_len, ranks);
+    mem_check_plan(what, model_plan_bytes(cfg, micro ? micro : 1, (uint64_t)opt.seq_len, ranks));
 }
 
-// Checks the output paths before training, so a typo costs a second, not a run.
-static void check_writable(const char *flag, const char *path) {
-    if (!path) return;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) return;
-    *slash = 0;
-    struct stat st;
-    if (dir[0] && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)))
-        fatal_input("--%s %s: directory %s does not exist", flag, path, dir);
+// The comm timeout follows the measured steps unless --comm-timeout fixes it (common/COMM.md):
+// max(60 s, 10 x the slowest step) once two steps are measured; the start-up value around the
+// writes of rank 0 (checkpoints, dumps, traces), which the other ranks wait for.
+static void adapt_comm_timeout(double step_seconds, bool measured, const ArgSpec *flags) {
+    static double slowest;
+    static int n_measured;
+    if (args_given(flags, N_FLAGS, "comm-timeout")) return;
+    if (!measured) {
+        comm_set_timeout(COMM_STARTUP_TIMEOUT_S);
+        return;
+    }
+    if (step_seconds > slowest) slowest = step_seconds;
+    if (++n_measured < 2) return;
+    double before = comm_timeout(), now = comm_timeout_for_step(slowest);
+    comm_set_timeout(now);
+    if (n_measured == 2 || (before != now && before != COMM_STARTUP_TIMEOUT_S))
+        log_info("comm timeout: %.0f s = max(%.0f s, %.0f x the slowest step, %.3f s)", now, COMM_TIMEOUT_FLOOR_S,
+                 COMM_TIMEOUT_STEP_FACTOR, slowest);
 }
 
 // Chapter 5's figures: what each block keeps for backward and what the recompute costs, per
@@ -210,7 +287,9 @@ static void log_checkpointing(const Model *m, int B, int T, ActCheckpoint ac) {
 // This rank's slice of the step's global batch: every micro-batch it runs.
 static StepBatch load_step_batch(Trainer *t, const DataSource *data, long long step) {
     int local = t->micro * t->n_micro;
-    data_batch(data, step, t->B, t->dp_index * local, local, t->T, t->inputs, t->targets);
+    data_batch(data, step, t->B, t->dp_index * local, local, t->cp_layout.T, t->full_inputs, t->full_targets);
+    cp_take_local(&t->cp_layout, t->full_inputs, t->inputs, local);  // this cp rank's tokens (all: a copy)
+    cp_take_local(&t->cp_layout, t->full_targets, t->targets, local);
     return (StepBatch){t->inputs, t->targets, t->n_micro, t->micro, t->T, step};
 }
 
@@ -223,7 +302,8 @@ static StepResult train_step(Trainer *t, const DataSource *data, long long step,
     StepResult r = {.lr = lr_at(schedule, step)};
     s->zero_grads(s);
     r.loss = s->forward_backward(s, &batch);
-    if (t->dp_size > 1) comm_all_reduce(t->mesh->dp, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
+    // the mean over the dp ranks' sequences and the cp ranks' tokens (each holds as many)
+    if (comm_size(t->mesh->dp_cp) > 1) comm_all_reduce(t->mesh->dp_cp, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
     int track = trace_track("compute");
     trace_begin(track, "optimizer", "phase");
     r.grad_norm = s->grad_norm(s);  // every rank clips by the global norm and updates what it holds
@@ -316,6 +396,19 @@ static long long load_state(Trainer *t, const char *path, const RunIdentity *run
     return step;
 }
 
+// --export-hf: the full weights gathered from whatever layout (every rank takes part), written by rank 0.
+static void export_hf(Trainer *t) {
+    ParamTable full_table = param_table_build(&t->model.cfg);
+    real *full = mem_alloc(MEM_OTHER, sizeof(real) * full_table.total_numel);
+    trainer_full_state(t, STATE_WEIGHTS, full);
+    if (t->mesh->rank == 0) {
+        hf_export(opt.export_hf, &t->model.cfg, full, ST_F32, (size_t)(opt.export_hf_shard_mb * 1048576.0));
+        log_info("Hugging Face checkpoint written to %s/", opt.export_hf);
+    }
+    mem_free(full);
+    param_table_free(&full_table);
+}
+
 static ActCheckpoint checkpointing_mode(void) {
     return (ActCheckpoint)args_choice_index(AC_MODE_NAMES, opt.ac);
 }
@@ -335,7 +428,9 @@ static LayoutOptions layout_options(void) {
                            .sequence_parallel = opt.sequence_parallel,
                            .pp_schedule = pipeline_schedule(),
                            .pp_virtual_stages = opt.pp_virtual_stages,
-                           .pp_schedule_dot = opt.pp_schedule_dot};
+                           .pp_schedule_dot = opt.pp_schedule_dot,
+                           .cp_mode = args_choice_index(CP_MODE_NAMES, opt.cp_mode),
+                           .cp_load_balance = strcmp(opt.cp_load_balance, "on") == 0};
 }
 
 // Chapter 7's flags, before any rank starts: the schedule must exist for (p, m, v), the model must
@@ -361,7 +456,27 @@ static void check_pipeline_flags(const ModelConfig *cfg, const ArgSpec *flags) {
                     "(stages 2-3 would gather and scatter every micro-batch)", opt.pp, opt.dp_shard);
     if (opt.grad_accum_steps > 1)
         fatal_input("--grad-accum-steps %d: with --pp the micro-batches are --pp-microbatches", opt.grad_accum_steps);
-    check_writable("pp-schedule-dot", opt.pp_schedule_dot);
+}
+
+// Chapter 8's flags: the sequence must split into the cp ranks' chunks, all-to-all needs the heads
+// (after tp) to divide by cp, and the ring runs the blockwise kernel.
+static void check_context_parallel_flags(const ModelConfig *cfg, const ArgSpec *flags) {
+    static const char *const cp_only[] = {"cp-mode", "cp-load-balance"};
+    if (opt.cp == 1) {
+        for (int i = 0; i < 2; i++)
+            if (args_given(flags, N_FLAGS, cp_only[i])) fatal_input("--%s: needs --cp 2 or more", cp_only[i]);
+        return;
+    }
+    const char *rule = cp_layout_check(opt.cp, opt.seq_len, strcmp(opt.cp_load_balance, "on") == 0);
+    if (rule) fatal_input("--cp %d with --seq-len %d: %s", opt.cp, opt.seq_len, rule);
+    int heads = cfg->n_heads / opt.tp, kv_heads = cfg->n_kv_heads / opt.tp;
+    if (args_choice_index(CP_MODE_NAMES, opt.cp_mode) == CP_ALLTOALL && (heads % opt.cp || kv_heads % opt.cp))
+        fatal_input("--cp-mode alltoall --cp %d: each rank attends with heads/cp of the %d heads and %d kv heads "
+                    "left after --tp %d, so both must divide by cp (or use --cp-mode ring)", opt.cp, heads, kv_heads,
+                    opt.tp);
+    if (args_choice_index(ATTENTION_IMPL_NAMES, opt.attention) == ATTN_NAIVE)
+        fatal_input("--attention naive with --cp %d: ring attention merges blocks through their log-sum-exp, which "
+                    "the blockwise kernel returns; use --attention flash", opt.cp);
 }
 
 // The parallel layout: checks the flags against the world size and the batch.
@@ -369,7 +484,7 @@ static Mesh *setup_mesh(void) {
     if (opt.sequence_parallel && opt.tp == 1) fatal_input("--sequence-parallel: needs --tp 2 or more");
     if (opt.desync_init && opt.dp_shard > 1)
         fatal_input("--desync-init: shows DDP's initial broadcast; sharded ranks each build only their own shard");
-    Mesh *mesh = mesh_create(opt.pp, opt.dp_replicate, opt.dp_shard, 1, opt.tp);
+    Mesh *mesh = mesh_create(opt.pp, opt.dp_replicate, opt.dp_shard, opt.cp, opt.tp);
     int dp = opt.dp_replicate * opt.dp_shard, micro = opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps;
     if (opt.batch % (dp * micro) != 0)
         fatal_input("--batch %d: must be divisible by data-parallel ranks (%d) x %s (%d) = %d", opt.batch, dp,
@@ -386,21 +501,21 @@ int main(int argc, char **argv) {
     flags[0].choices = MODEL_CONFIG_NAMES;
     args_parse(flags, N_FLAGS, argc, argv, "train",
                "Trains Llama 3: the single-process CPU reference alone, the parallel modules under mpirun.");
+    bool cuda = args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA;
+    if (cuda && !trainer_has_cuda()) trainer_exec_cuda_build(argv);  // before MPI starts: the GPU build takes over
     matmul_set_backend((MatmulBackend)args_choice_index(MATMUL_BACKEND_NAMES, opt.matmul));
     AttentionImpl attention = (AttentionImpl)args_choice_index(ATTENTION_IMPL_NAMES, opt.attention);
     if (opt.compare) return dump_compare(opt.compare, attention, opt.compare_rtol);
 
-    ModelConfig cfg = resolve_config();
+    HfCheckpoint *init_checkpoint;
+    ModelConfig cfg = resolve_config(flags, &init_checkpoint);
     print_model_info(&cfg, opt.seq_len);
     if (opt.model_info) return 0;
     check_pipeline_flags(&cfg, flags);
-    check_writable("trace", opt.trace);
-    check_writable("trace-json", opt.trace_json);
-    check_writable("dump", opt.dump);
-    check_writable("grad-dump", opt.grad_dump);
-    check_writable("mesh-dot", opt.mesh_dot);
+    check_context_parallel_flags(&cfg, flags);
+    check_before_work(&cfg, flags);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
-    if (opt.dump && args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA)
+    if (opt.dump && cuda)
         fatal_input("--dump: records the CPU reference; run it with --device cpu and compare with --grad-dump");
 
     bool tracing = opt.trace || opt.trace_json || opt.trace_hta;
@@ -408,28 +523,42 @@ int main(int argc, char **argv) {
     log_set_rank(comm_rank(comm_world()));
     Trainer t = {.B = opt.batch, .T = opt.seq_len};
     t.mesh = setup_mesh();
+    t.cp_layout = cp_layout(opt.cp, t.mesh->coord[MESH_CP], opt.seq_len, strcmp(opt.cp_load_balance, "on") == 0);
+    t.T = cp_local_len(&t.cp_layout);
     t.dp_size = comm_size(t.mesh->dp);
     t.dp_index = comm_rank(t.mesh->dp);
     t.n_micro = opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps;
     t.micro = t.B / (t.dp_size * t.n_micro);
-    if (opt.checkpoint_dir && t.mesh->rank == 0) ensure_directory(opt.checkpoint_dir);
+    if (opt.checkpoint_dir && t.mesh->rank == 0) {
+        if (mkdir(opt.checkpoint_dir, 0777) != 0 && errno != EEXIST)  // checked writable above
+            fatal("--checkpoint-dir %s: %s", opt.checkpoint_dir, strerror(errno));
+        checkpoint_clean_stale(opt.checkpoint_dir);
+    }
     if (tracing) {
         trace_align_clocks(comm_world());
         trace_init(t.mesh->rank, t.mesh->label);
         mem_set_observer(trace_memory_observer);
     }
 
-    DataSource *data = data_open(opt.data, cfg.vocab_size, t.T, (uint64_t)opt.seed);
+    DataSource *data = data_open(opt.data, cfg.vocab_size, t.cp_layout.T, (uint64_t)opt.seed);
     // --desync-init: replicas differ (what DDP's broadcast must fix), the ranks of one replica agree
     uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.dp_index : 0);
+    ParamSource init = init_checkpoint ? hf_param_source(init_checkpoint) : param_source_seed(init_seed);
     LayoutOptions layout = layout_options();
-    if (args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA) t.strategy = cuda_strategy_create(&t, &cfg, init_seed, &layout);
-    else trainer_setup_layout(&t, &cfg, attention, init_seed, &layout);
+    if (cuda) t.strategy = cuda_strategy_create(&t, &cfg, &init, &layout);
+    else trainer_setup_layout(&t, &cfg, attention, &init, &layout);
+    if (init_checkpoint) log_info("initial weights from %s", opt.init_from);
+    hf_close(init_checkpoint);
     log_checkpointing(&t.model, t.micro, t.T, (ActCheckpoint)layout.ac);
     t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
     t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
+    t.full_inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.cp_layout.T);
+    t.full_targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.cp_layout.T);
 
-    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.T, opt.steps};
+    char schedule_text[128];  // the checkpoint records it; a resume with another one says so
+    snprintf(schedule_text, sizeof schedule_text, "%s, warmup %d, min_lr_ratio %g", opt.lr_decay, opt.warmup_steps,
+             opt.min_lr_ratio);
+    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.cp_layout.T, opt.steps, opt.lr, schedule_text};
     long long start_step = 0;
     if (opt.resume) {
         char path[4096];
@@ -447,8 +576,8 @@ int main(int argc, char **argv) {
     double floor = data_entropy_floor(data);
     log_info("data: %s", data_describe(data));
     if (!isnan(floor)) log_info("loss floor (entropy rate of the source): %.4f nats/token", floor);
-    log_info("batch %d x seq %d = %d tokens/step, %d steps, lr %g (warmup %d, %s decay), seed %lld", t.B, t.T,
-             t.B * t.T, opt.steps, opt.lr, opt.warmup_steps, opt.lr_decay, opt.seed);
+    log_info("batch %d x seq %d = %d tokens/step, %d steps, lr %g (warmup %d, %s decay), seed %lld", t.B,
+             t.cp_layout.T, t.B * t.cp_layout.T, opt.steps, opt.lr, opt.warmup_steps, opt.lr_decay, opt.seed);
     if (t.mesh->world_size > 1) log_info("mesh: %d ranks; rank 0 is %s", t.mesh->world_size, t.mesh->label);
 
     // Step boundaries get their own track, so the compute track holds only work (and the marked waits):
@@ -464,25 +593,30 @@ int main(int argc, char **argv) {
         trace_end(track);
         double seconds = (now_ns() - t0) * 1e-9;
         if (step - start_step > 2) measured_seconds += seconds, measured_steps++;  // skip warm-up steps
+        adapt_comm_timeout(seconds, step - start_step > 2, flags);
         char rate[64];
+        double tokens_per_s = t.B * t.cp_layout.T / seconds;
         if (step % opt.log_every == 0 || step == opt.steps)
             log_info("step %5lld | loss %.6f | grad_norm %.4f | lr %.3e | %.0f tok/s%s | mem %.1f MiB", step, r.loss,
-                     r.grad_norm, r.lr, t.B * t.T / seconds,
-                     model_throughput_text(&cfg, t.T, t.B * t.T / seconds, opt.peak_tflops, rate, sizeof rate),
+                     r.grad_norm, r.lr, tokens_per_s,
+                     model_throughput_text(&cfg, t.cp_layout.T, tokens_per_s, opt.peak_tflops, rate, sizeof rate),
                      mem_current_total() / 1048576.0);
         bool periodic = opt.checkpoint_every > 0 && step % opt.checkpoint_every == 0;
         if (opt.checkpoint_dir && (periodic || step == opt.steps)) {
             char path[4096];
             checkpoint_path_for_step(opt.checkpoint_dir, step, path, sizeof path);
             trace_begin(track, "checkpoint", "io");
+            adapt_comm_timeout(0, false, flags);  // rank 0 writes, the others wait in the next step
             save_state(&t, path, step, &run);
             trace_end(track);
             if (t.mesh->rank == 0) log_info("checkpoint written to %s", path);
         }
     }
+    adapt_comm_timeout(0, false, flags);  // the dump and trace writes below
     if (measured_steps > 0)
         log_info("timing: steps=%d measured=%d mean_step_ms=%.2f tokens_per_s=%.1f", opt.steps, measured_steps,
-                 1e3 * measured_seconds / measured_steps, (double)t.B * t.T * measured_steps / measured_seconds);
+                 1e3 * measured_seconds / measured_steps, (double)t.B * t.cp_layout.T * measured_steps / measured_seconds);
+    if (opt.export_hf) export_hf(&t);
     mem_print_report();
     t.strategy->report_memory(t.strategy);
     for (int i = 0; i < n_ext; i++)
@@ -498,6 +632,8 @@ int main(int argc, char **argv) {
     trainer_free_strategy(&t);
     mem_free(t.inputs);
     mem_free(t.targets);
+    mem_free(t.full_inputs);
+    mem_free(t.full_targets);
     model_free(&t.model);
     data_close(data);
     mesh_free(t.mesh);

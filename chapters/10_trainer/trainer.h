@@ -17,6 +17,7 @@
 #pragma once
 #include <stdbool.h>
 
+#include "chapters/08_context_parallel/cp.h"
 #include "common/mesh.h"
 #include "reference_cpu/adamw.h"
 #include "reference_cpu/model.h"
@@ -60,7 +61,10 @@ typedef struct {
     Strategy *strategy;
     Mesh *mesh;
     int *inputs, *targets;  // this rank's slice of the step's batch (n_micro * micro, T)
-    int B, T;               // global batch, sequence length
+    int *full_inputs, *full_targets;  // the same rows, whole sequences (n_micro * micro, cp_layout.T)
+    int B, T;               // global batch, tokens per sequence on this rank (the whole length / cp)
+    CpLayout cp_layout;     // which tokens of each sequence this rank holds (all of them when cp = 1)
+    ContextParallel *cp;    // NULL when cp = 1
     int micro, n_micro;     // sequences per micro-batch, micro-batches per step on this rank
     int dp_index, dp_size;
 } Trainer;
@@ -95,15 +99,22 @@ typedef struct {
     int pp_schedule;           // PpScheduleKind (chapter 7)
     int pp_virtual_stages;
     const char *pp_schedule_dot;
+    int cp_mode;               // CpMode (chapter 8)
+    bool cp_load_balance;      // zigzag split
 } LayoutOptions;
 
-// Builds t->model (this tp rank's slice, initialised from seed, sharded or staged as the layout
-// needs) and t->strategy for t->mesh. Logs the layout.
-void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, uint64_t seed,
+// Builds t->model (this tp rank's slice, sharded or staged as the layout needs, each rank asking
+// init for only the elements it holds: the seed, or a Hugging Face checkpoint) and t->strategy for
+// t->mesh. Logs the layout.
+void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, const ParamSource *init,
                           const LayoutOptions *options);
 // --device cuda (gpu/strategy.c): the one-GPU model behind the same contract; single process and DDP.
-// Linked in place of chapters/10_trainer/no_cuda.c where nvcc is found.
-Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, uint64_t seed, const LayoutOptions *o);
+// Linked into build/train-cuda in place of chapters/10_trainer/no_cuda.c, which build/train uses:
+// there trainer_has_cuda() is false and trainer_exec_cuda_build() replaces the process with
+// build/train-cuda, same arguments (or exits 2 when there is none).
+bool trainer_has_cuda(void);
+void trainer_exec_cuda_build(char **argv);
+Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSource *init, const LayoutOptions *o);
 void trainer_free_strategy(Trainer *t);
 // The state of one kind in the full table's layout, on every rank (pipeline: pp rank 0 only).
 void trainer_full_state(Trainer *t, StateKind kind, real *full);

@@ -127,13 +127,14 @@ static void on_grads_ready(int unit, void *ctx) {
 
 // ---- setup ----------------------------------------------------------------------------------------
 // Writes the initial values of elements [first, first + count) of unit u's flat range into out.
-static void init_unit_range(const Model *m, const FsdpUnit *u, uint64_t seed, size_t first, size_t count, real *out) {
+static void init_unit_range(const Model *m, const FsdpUnit *u, const ParamSource *init, size_t first, size_t count,
+                            real *out) {
     for (int i = 0; i < m->table.count; i++) {
         const ParamInfo *p = &m->table.items[i];
         if (p->layer != u->unit) continue;
         size_t p_first = p->offset - u->offset, p_end = p_first + p->numel;  // unit-relative
         size_t lo = p_first > first ? p_first : first, hi = p_end < first + count ? p_end : first + count;
-        if (lo < hi) param_init_local_range(p, m->tp.rank, m->tp.size, seed, lo - p_first, hi - lo, out + (lo - first));
+        if (lo < hi) param_source_fill(init, p, m->tp.rank, m->tp.size, lo - p_first, hi - lo, out + (lo - first));
     }
 }
 
@@ -147,7 +148,7 @@ static bool reshard_after_forward(const Fsdp *f, int unit) {
 }
 
 Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *tp_group,
-                  const FsdpOptions *options, uint64_t seed) {
+                  const FsdpOptions *options, const ParamSource *init) {
     if (model->params) fatal("fsdp_create: the model must come from model_init_unallocated");
     Fsdp *f = calloc(1, sizeof *f);
     f->model = model, f->shard_group = shard_group, f->replicate_group = replicate_group, f->tp_group = tp_group;
@@ -169,11 +170,11 @@ Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *
         size_t owned = zero_slice_len(u->numel, u->shard, mine);
         if (options->stage < 3) {  // the full copy lives all step; the shard is a slice of it
             u->full = alloc_real(MEM_PARAMS, padded(u, f));
-            init_unit_range(model, u, seed, 0, u->numel, u->full);
+            init_unit_range(model, u, init, 0, u->numel, u->full);
             u->params_shard = u->full + mine;
         } else {
             u->params_shard = alloc_real(MEM_PARAMS, u->shard);
-            init_unit_range(model, u, seed, mine, owned, u->params_shard);
+            init_unit_range(model, u, init, mine, owned, u->params_shard);
         }
         if (options->stage == 1) {
             u->full_grads = alloc_real(MEM_GRADS, padded(u, f));
@@ -309,19 +310,26 @@ void fsdp_load_full(Fsdp *f, StateKind kind, const real *flat) {
 }
 
 // ---- memory model ----------------------------------------------------------------------------------
+ZeroMemory zero_memory_model(int stage, double P, double N, double weight_bytes, double grad_bytes,
+                             double optim_bytes) {
+    return (ZeroMemory){.params = weight_bytes * P / (stage >= 3 ? N : 1),
+                        .grads = grad_bytes * P / (stage >= 2 ? N : 1),
+                        .optimizer = optim_bytes * P / (stage >= 1 ? N : 1)};
+}
+
 void fsdp_print_memory_estimate(const Fsdp *f) {
     double P = (double)f->model->table.total_numel, N = n_ranks(f), MiB = 1048576.0, b = sizeof(real);
     double biggest = 0;  // elements of the largest padded unit: the transient full buffers
     for (int i = 0; i < f->n_units; i++)
         if (f->units[i].shard * N > biggest) biggest = (double)f->units[i].shard * N;
     int stage = f->options.stage;
-    double params = stage < 3 ? b * P : b * P / N, grads = stage == 1 ? b * P : b * P / N, optim = 2 * b * P / N;
+    ZeroMemory z = zero_memory_model(stage, P, N, b, b, 2 * b);
     log_info("zero-%d memory model: P = %.0f parameters, N = %d shards, b = %zu bytes; the largest unit in full "
              "is %.4f MiB (stages 2-3 hold a few of those at a time on top of the formula)",
              stage, P, (int)N, sizeof(real), b * biggest / MiB);
     MemCategory cats[3] = {MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER};
     const char *formula[3] = {stage < 3 ? "bP" : "bP/N", stage == 1 ? "bP" : "bP/N", "2bP/N"};
-    double est[3] = {params, grads, optim};
+    double est[3] = {z.params, z.grads, z.optimizer};
     for (int c = 0; c < 3; c++)
         log_info("  %-10s %-6s = %9.4f MiB   measured peak %9.4f MiB", mem_category_name(cats[c]), formula[c],
                  est[c] / MiB, mem_peak(cats[c]) / MiB);

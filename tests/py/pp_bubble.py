@@ -2,6 +2,13 @@
 build/train --trace-json (chapter 7), next to the ideal figure of the schedule.
 
     pp_bubble.py RUN.json [--skip-steps 1] [--json | --mean]
+    pp_bubble.py RUN.json --expect-lists LISTS.txt
+
+The bubble is a wall-clock measurement: it varies with the machine's load, so tests print it but
+never assert on it (a loaded 2-core machine once measured GPipe 42.3% against interleaved 42.4%).
+What a test can assert is deterministic: --expect-lists takes the per-rank action lists printed by
+build/pp_schedule ("rank 0: F0s0 SA0s0 ... B1s0") and checks that in every step each rank ran
+exactly those forwards and backwards (micro-batch and stage from the slices' args), in that order.
 
 Definition, the one the formula (p-1)/(v*m+p-1) uses: per step, the schedule's window runs from the
 first forward or backward of any rank to the last one of any rank (all ranks share the clock, see
@@ -45,6 +52,57 @@ def read(path):
     return steps, actions
 
 
+def read_actions_in_steps(path):
+    """Per rank, per step: the (kind, microbatch, stage) of its forward/backward slices, in order."""
+    with open(path) as f:
+        doc = json.load(f)
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    steps, actions = defaultdict(list), defaultdict(list)
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        track = threads.get((e["pid"], e["tid"]))
+        if track == "steps" and e["name"] == "step":
+            steps[e["pid"]].append((e["ts"], e["ts"] + e["dur"]))
+        elif track == "compute" and e["name"] in ACTIONS:
+            kind = "F" if e["name"] == "forward" else "B"
+            actions[e["pid"]].append((e["ts"], f'{kind}{e["args"]["microbatch"]}s{e["args"]["stage"]}'))
+    per_step = {}
+    for rank, rank_steps in steps.items():
+        ordered = sorted(actions[rank])
+        per_step[rank] = [[name for ts, name in ordered if begin <= ts < end] for begin, end in sorted(rank_steps)]
+    return per_step
+
+
+def expected_lists(path):
+    """rank -> the forwards and backwards of build/pp_schedule's list for it, in order."""
+    lists = {}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("rank "):
+                rank, actions = line.split(":", 1)
+                lists[int(rank.split()[1])] = [a for a in actions.split() if a[0] in "FB"]
+    return lists
+
+
+def check_lists(trace, lists_path):
+    """Errors (strings) where the trace's order differs from the schedule's lists; [] when it agrees."""
+    per_step, lists = read_actions_in_steps(trace), expected_lists(lists_path)
+    errors = []
+    if sorted(per_step) != sorted(lists):
+        return [f"ranks in the trace {sorted(per_step)}, in the lists {sorted(lists)}"]
+    for rank, rank_steps in per_step.items():
+        if not rank_steps:
+            errors.append(f"rank {rank}: no step slices")
+        for s, ran in enumerate(rank_steps):
+            if ran != lists[rank]:
+                errors.append(f"rank {rank} step {s + 1}: ran {' '.join(ran)}; the schedule says "
+                              f"{' '.join(lists[rank])}")
+    return errors
+
+
 def bubbles(steps, actions, skip):
     ranks = sorted(actions)
     n_steps = min(len(steps[r]) for r in ranks)
@@ -64,7 +122,16 @@ def main():
     ap.add_argument("--skip-steps", type=int, default=1, help="warm-up steps left out (default 1)")
     ap.add_argument("--json", action="store_true", help="print the fractions per rank, their mean and the window")
     ap.add_argument("--mean", action="store_true", help="print only the mean fraction over the ranks")
+    ap.add_argument("--expect-lists", metavar="LISTS", help="check the order against build/pp_schedule's lists")
     args = ap.parse_args()
+    if args.expect_lists:
+        errors = check_lists(args.trace, args.expect_lists)
+        for e in errors:
+            print(f"pp_bubble: {args.trace}: {e}", file=sys.stderr)
+        if not errors:
+            n = sum(len(s) for s in read_actions_in_steps(args.trace).values())
+            print(f"pp_bubble: {args.trace}: every rank ran its schedule's list in order ({n} rank-steps)")
+        return 1 if errors else 0
     steps, actions = read(args.trace)
     if not actions:
         print(f"pp_bubble: {args.trace}: no forward/backward slices", file=sys.stderr)

@@ -1,0 +1,185 @@
+// plan: memory per GPU and predicted step time of a training run on a cluster, before running it.
+//
+//   ./build/plan --model llama3_8b --dp-shard 8 --batch 16 --seq-len 8192 --ac selective
+//   ./build/plan --model llama3_70b --gpus 256 --tp 8 --batch 512 --fp8 --compile --ac full
+//   ./build/plan --model llama3_70b --gpus 256 --batch 512 --ac full --search
+//   ./build/plan ... --trace sim.pftrace      (the simulated step, same tracks as the trainer's)
+//
+// The mesh flags are the trainer's. The last line is `TPS/GPU <number>` for scripts.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chapters/11_at_scale/plan.h"
+#include "common/args.h"
+#include "common/log.h"
+
+static struct {
+    const char *model, *cluster, *ac, *schedule, *trace, *precision;
+    int gpus, dp_replicate, dp_shard, cp, tp, pp, batch, seq_len, zero_stage, microbatches, virtual_stages;
+    bool fp8, compile, async_tp, search;
+    double sac_mm_share;
+} opt;
+
+#define UNBOUNDED 1e9
+static ArgSpec flags[] = {
+    {"model", ARG_STRING, &opt.model, "llama3_8b", "model config (the trainer's names)", .value_name = "NAME"},
+    {"cluster", ARG_STRING, &opt.cluster, "h100-sxm-ib", "cluster profile: " CLUSTER_NAMES ", or a JSON file", .value_name = "NAME|FILE"},
+    {"gpus", ARG_INT, &opt.gpus, "0", "GPUs in all (0: the mesh's product; else --dp-shard fills the rest)", .min = 0,
+     .max = UNBOUNDED},
+    {"dp-replicate", ARG_INT, &opt.dp_replicate, "1", "data-parallel replicas (DDP, or HSDP's outer dim)", .min = 1,
+     .max = UNBOUNDED},
+    {"dp-shard", ARG_INT, &opt.dp_shard, "1", "data-parallel shards (FSDP)", .min = 1, .max = UNBOUNDED},
+    {"cp", ARG_INT, &opt.cp, "1", "context-parallel ranks (ring attention)", .min = 1, .max = 1024},
+    {"tp", ARG_INT, &opt.tp, "1", "tensor-parallel ranks (with sequence parallelism)", .min = 1, .max = 1024},
+    {"pp", ARG_INT, &opt.pp, "1", "pipeline ranks", .min = 1, .max = 1024},
+    {"batch", ARG_INT, &opt.batch, "16", "global batch, sequences", .min = 1, .max = UNBOUNDED},
+    {"seq-len", ARG_INT, &opt.seq_len, "0", "tokens per sequence (0: the model's)", .min = 0, .max = UNBOUNDED},
+    {"ac", ARG_CHOICE, &opt.ac, "none", "activation checkpointing", .choices = AC_MODE_NAMES},
+    {"sac-mm-share", ARG_DOUBLE, &opt.sac_mm_share, "0",
+     "--ac selective: share of the forward matmuls recomputed (0: this project's policy; torchtitan's op-level "
+     "policy recomputes every second matmul: 0.5)", .min = 0, .max = 1},
+    {"zero-stage", ARG_INT, &opt.zero_stage, "3", "ZeRO stage of the shard group", .min = 1, .max = 3},
+    {"pp-schedule", ARG_CHOICE, &opt.schedule, "1F1B", "pipeline schedule", .choices = PP_SCHEDULE_NAMES},
+    {"pp-microbatches", ARG_INT, &opt.microbatches, "0", "micro-batches per step (0: pp, or 2 pp interleaved)",
+     .min = 0, .max = UNBOUNDED},
+    {"pp-virtual-stages", ARG_INT, &opt.virtual_stages, "0", "chunks per pipeline rank (0: 1, or 2 interleaved)",
+     .min = 0, .max = 64},
+    {"fp8", ARG_BOOL, &opt.fp8, NULL, "matmuls in FP8 (Float8 training)", .choices = NULL},
+    {"compile", ARG_BOOL, &opt.compile, NULL, "element-wise ops fused (torch.compile)", .choices = NULL},
+    {"async-tp", ARG_BOOL, &opt.async_tp, NULL, "tp collectives overlapped with their matmuls", .choices = NULL},
+    {"precision", ARG_CHOICE, &opt.precision, "mixed", "mixed: bf16 compute, fp32 master/grads/AdamW; fp32: the CPU trainer",
+     .choices = "mixed|fp32"},
+    {"trace", ARG_STRING, &opt.trace, NULL, "write the simulated step as a Perfetto trace", .value_name = "FILE"},
+    {"search", ARG_BOOL, &opt.search, NULL, "list the meshes that fit on --gpus, fastest first", .choices = NULL},
+};
+#define N_FLAGS (int)(sizeof flags / sizeof flags[0])
+
+static Cluster load_cluster(void) {
+    Cluster c;
+    if (cluster_lookup(opt.cluster, &c)) return c;
+    if (strchr(opt.cluster, '.') || strchr(opt.cluster, '/')) return cluster_load_json(opt.cluster, &c), c;
+    fatal_input("--cluster %s: not a profile (%s) nor a .json file", opt.cluster, CLUSTER_NAMES);
+}
+
+static PlanConfig config_from_flags(void) {
+    PlanConfig p = {0};
+    if (!model_config_lookup(opt.model, &p.model))
+        fatal_input("--model %s: unknown (one of %s)", opt.model, MODEL_CONFIG_NAMES);
+    p.seq_len = opt.seq_len ? opt.seq_len : p.model.max_seq_len;
+    model_config_validate(&p.model, p.seq_len);
+    p.dp_replicate = opt.dp_replicate, p.dp_shard = opt.dp_shard, p.cp = opt.cp, p.tp = opt.tp, p.pp = opt.pp;
+    if (opt.gpus) {
+        long rest = (long)p.dp_replicate * p.cp * p.tp * p.pp;
+        if (!args_given(flags, N_FLAGS, "dp-shard") && !opt.search) {
+            if (opt.gpus % rest) fatal_input("--gpus %d: not a multiple of dp-replicate x cp x tp x pp = %ld", opt.gpus, rest);
+            p.dp_shard = (int)(opt.gpus / rest);
+        } else if (rest * p.dp_shard != opt.gpus && !opt.search) {
+            fatal_input("--gpus %d: the mesh has %ld", opt.gpus, rest * p.dp_shard);
+        }
+    }
+    p.batch = opt.batch;
+    p.ac = (ActCheckpoint)args_choice_index(AC_MODE_NAMES, opt.ac);
+    p.sac_mm_share = opt.sac_mm_share;
+    p.zero_stage = opt.zero_stage;
+    pp_schedule_parse(opt.schedule, &p.schedule);
+    bool interleaved = p.schedule == PP_INTERLEAVED_1F1B;
+    p.virtual_stages = opt.virtual_stages ? opt.virtual_stages : interleaved ? 2 : 1;
+    p.microbatches = opt.microbatches ? opt.microbatches : p.pp * (interleaved ? 2 : 1);
+    p.fp8 = opt.fp8, p.compile = opt.compile, p.async_tp = opt.async_tp;
+    bool fp32 = strcmp(opt.precision, "fp32") == 0;
+    // mixed: bf16 activations and gathered weights; fp32 master weights, gradients (reduced in
+    // fp32, as torchtitan does) and AdamW m, v. fp32: the CPU trainer, one copy of everything.
+    p.act_bytes = fp32 ? 4 : 2;
+    p.master_bytes = 4, p.grad_bytes = 4, p.optim_bytes = 8;
+    p.working_bytes = fp32 ? 0 : 2;
+    return p;
+}
+
+static const double GiB = 1073741824.0;
+
+static void print_plan(const PlanConfig *p, const Cluster *c) {
+    PlanMemory m = plan_memory(p);
+    PlanTime t = plan_step_time(p, c, opt.trace);
+    printf("%s on %d GPUs of %s: pp %d x dp_replicate %d x dp_shard %d x cp %d x tp %d; batch %d x %d tokens; "
+           "--ac %s, ZeRO-%d, %s m=%d v=%d%s%s%s\n",
+           p->model.name, plan_gpus(p), c->name, p->pp, p->dp_replicate, p->dp_shard, p->cp, p->tp, p->batch,
+           p->seq_len, opt.ac, p->zero_stage, pp_schedule_name(p->schedule), p->microbatches, p->virtual_stages,
+           p->fp8 ? ", fp8" : "", p->compile ? ", compile" : "", p->async_tp ? ", async tp" : "");
+    printf("memory per GPU (GiB, pp rank %d, %d micro-batches in flight): weights %.2f  grads %.2f  optimizer %.2f  "
+           "activations %.2f  comm %.2f  total %.2f of %.1f%s\n",
+           m.pp_rank, m.in_flight, m.weights / GiB, m.grads / GiB, m.optimizer / GiB, m.activations / GiB,
+           m.comm / GiB, m.total / GiB, c->hbm_bytes / GiB, m.total > c->hbm_bytes ? "  DOES NOT FIT" : "");
+    printf("step %.3f s: compute %.3f s, exposed comm %.3f s, bubble %.1f%%; %.0f model TFLOP/s per GPU, MFU %.1f%%\n",
+           t.step_s, t.compute_s, t.exposed_comm_s, 100 * t.bubble, t.model_tflops, 100 * t.mfu);
+    if (opt.trace) printf("trace: %s\n", opt.trace);
+    printf("TPS/GPU %.0f\n", t.tps_per_gpu);
+}
+
+// Meshes of --gpus ranks over (pp, dp_replicate, dp_shard, tp) with tp within a node, that fit in
+// memory, fastest first. cp, the schedule, --ac and the batch stay as given.
+typedef struct {
+    PlanConfig p;
+    PlanMemory m;
+    PlanTime t;
+} Candidate;
+
+static int by_tps(const void *a, const void *b) {
+    double x = ((const Candidate *)a)->t.tps_per_gpu, y = ((const Candidate *)b)->t.tps_per_gpu;
+    return (x < y) - (x > y);
+}
+
+static void search(const PlanConfig *base, const Cluster *c) {
+    int gpus = opt.gpus ? opt.gpus : plan_gpus(base);
+    Candidate *found = NULL;
+    int n = 0, tried = 0;
+    for (int tp = 1; tp <= c->gpus_per_node && tp <= gpus; tp *= 2)
+        for (int pp = 1; pp <= 64 && pp * tp <= gpus; pp *= 2)
+            for (int rep = 1; rep * pp * tp * base->cp <= gpus; rep *= 2) {
+                long rest = (long)tp * pp * rep * base->cp;
+                if (gpus % rest) continue;
+                PlanConfig p = *base;
+                p.tp = tp, p.pp = pp, p.dp_replicate = rep, p.dp_shard = (int)(gpus / rest);
+                if (p.schedule != PP_GPIPE) p.schedule = pp > 1 ? p.schedule : PP_1F1B;
+                p.virtual_stages = p.schedule == PP_INTERLEAVED_1F1B ? (pp > 1 ? 2 : 1) : 1;
+                if (pp == 1) p.schedule = PP_1F1B, p.virtual_stages = 1;
+                p.microbatches = pp * p.virtual_stages;
+                if (plan_check(&p)) continue;
+                tried++;
+                Candidate k = {.p = p, .m = plan_memory(&p)};
+                if (k.m.total > c->hbm_bytes) continue;
+                k.t = plan_step_time(&p, c, NULL);
+                found = realloc(found, sizeof(Candidate) * (size_t)(n + 1));
+                found[n++] = k;
+            }
+    qsort(found, (size_t)n, sizeof(Candidate), by_tps);
+    printf("%s on %d GPUs of %s, batch %d x %d, --ac %s%s%s: %d of %d meshes fit in %.1f GiB\n", base->model.name, gpus,
+           c->name, base->batch, base->seq_len, opt.ac, base->fp8 ? ", fp8" : "", base->compile ? ", compile" : "", n,
+           tried, c->hbm_bytes / GiB);
+    printf("%4s %4s %8s %8s %4s %4s %10s %10s %8s %8s %6s\n", "pp", "tp", "dp_rep", "dp_shard", "cp", "m", "mem GiB",
+           "step s", "bubble", "MFU", "TPS/GPU");
+    for (int i = 0; i < n; i++) {
+        const Candidate *k = &found[i];
+        printf("%4d %4d %8d %8d %4d %4d %10.1f %10.3f %7.1f%% %7.1f%% %6.0f\n", k->p.pp, k->p.tp, k->p.dp_replicate,
+               k->p.dp_shard, k->p.cp, k->p.microbatches, k->m.total / GiB, k->t.step_s, 100 * k->t.bubble,
+               100 * k->t.mfu, k->t.tps_per_gpu);
+    }
+    if (n) printf("TPS/GPU %.0f\n", found[0].t.tps_per_gpu);
+    free(found);
+}
+
+int main(int argc, char **argv) {
+    args_parse(flags, N_FLAGS, argc, argv, "plan",
+               "memory per GPU and simulated step time of a training run on a cluster model");
+    Cluster c = load_cluster();
+    PlanConfig p = config_from_flags();
+    if (opt.search) {
+        if (opt.trace) fatal_input("--trace: not with --search");
+        search(&p, &c);
+        return 0;
+    }
+    const char *err = plan_check(&p);
+    if (err) fatal_input("%s", err);
+    print_plan(&p, &c);
+    return 0;
+}

@@ -1,0 +1,122 @@
+// plan.h: a memory planner and step-time simulator for a training run on a GPU cluster.
+//
+// It answers two questions before a run is launched: does this layout fit in memory, and how many
+// tokens per second per GPU will it reach? Nothing is measured at scale; everything comes from
+// formulas the earlier chapters check at small scale:
+//   memory       the ZeRO model of chapter 3 (zero_memory_model), the activation bytes chapter 5
+//                counts (model_acts_bytes_per_block), the micro-batches chapter 7's schedules keep
+//                in flight (pp_validate)
+//   compute      FLOPs of model_block_forward_flops over a roofline: FLOPs / (peak x efficiency)
+//                for matmuls and attention, bytes / HBM bandwidth for element-wise ops
+//   collectives  chapter 1's alpha-beta cost per link: all-gather and reduce-scatter as NCCL's
+//                flat rings (NVLink inside a node, the network once they span nodes), all-reduce
+//                hierarchical (inside the node, then across nodes on 1/g of the data per NIC)
+//   the step     every pipeline rank's action list from chapter 7 (pp_schedule_build), replayed as
+//                an event simulation with one compute stream and one comm stream per group, under
+//                the runtime's overlap rules (FSDP prefetch of one unit, per-unit reduce-scatter and
+//                DDP buckets, blocking TP collectives, CP ring overlapped with attention).
+// Ranks that differ only in their data-parallel, context or tensor index do the same work at the
+// same time, so one representative per pipeline rank is simulated.
+#pragma once
+#include <stdbool.h>
+
+#include "chapters/07_pipeline_parallel/schedule.h"
+#include "reference_cpu/config.h"
+#include "reference_cpu/model.h"
+
+// ---- the cluster --------------------------------------------------------------------------------
+typedef struct {
+    char name[48];
+    int gpus_per_node;
+    double peak_bf16, peak_fp8;   // dense tensor-core FLOP/s
+    double gemm_eff, fp8_gemm_eff; // achieved share of the peak on the model's matmuls
+    double attn_eff;              // achieved share of the bf16 peak in the attention kernel
+    double async_tp_hidden;       // share of the tp collectives' time AsyncTP hides behind matmuls
+    double hbm_bw;                // bytes/s (element-wise ops are costed at this bandwidth)
+    double hbm_bytes;             // memory per GPU
+    double nvlink_bw, nvlink_lat; // per GPU per direction, bytes/s achieved by a ring; seconds per hop
+    double net_bw, net_lat;       // between nodes, per GPU (one NIC each), bytes/s; seconds per hop
+    double power_w;               // informational: the profile's power limit
+} Cluster;
+
+#define CLUSTER_NAMES "h100-sxm-ib|a100-sxm-ib|cpu"
+// Fills c with the named profile; false if there is none.
+bool cluster_lookup(const char *name, Cluster *c);
+// Reads a JSON profile (the fields of Cluster, by name; a missing field keeps the default profile's
+// value). Exits with status 2 and one line on a bad file.
+void cluster_load_json(const char *path, Cluster *c);
+
+// ---- the run -------------------------------------------------------------------------------------
+typedef struct {
+    ModelConfig model;
+    int dp_replicate, dp_shard, cp, tp, pp; // mesh, outermost first: pp, dp_replicate, dp_shard, cp, tp
+    int batch, seq_len;                     // global batch (sequences), tokens per sequence
+    ActCheckpoint ac;
+    double sac_mm_share;                    // selective: share of the forward matmuls recomputed
+    int zero_stage;                         // 1-3 with dp_shard > 1 (3 = FSDP)
+    PpScheduleKind schedule;
+    int microbatches, virtual_stages;       // per step, per pp rank
+    bool fp8, compile, async_tp;
+    int act_bytes;                          // bytes per activation element: 2 (bf16 on GPUs), 4 (fp32 CPU)
+    int master_bytes, working_bytes, grad_bytes, optim_bytes;  // per parameter (see plan_memory)
+} PlanConfig;
+
+int plan_gpus(const PlanConfig *p);
+// NULL if the layout is consistent (heads and batch divide, schedule valid, ...), else the rule broken.
+const char *plan_check(const PlanConfig *p);
+
+// ---- memory ---------------------------------------------------------------------------------------
+// Bytes per GPU by category, on the pipeline rank holding the most.
+//   weights    master copy (master_bytes per parameter, sharded by ZeRO-3) + the working copy in
+//              the compute precision (working_bytes: the gathered units of FSDP, or all of them
+//              when the copy is kept: stages 1-2, or FSDP under a pipeline, which gathers once per step)
+//   grads      grad_bytes per parameter, ZeRO-2/3 sharded
+//   optimizer  optim_bytes per parameter (AdamW m and v: 8), ZeRO-1/2/3 sharded
+//   activations  in-flight micro-batches x the stage's blocks x bytes kept per block under --ac,
+//              plus the buffers one micro-batch shares (plan_acts_bytes)
+//   comm       buffers of the collectives in flight: two units' reduce-scatter inputs (FSDP), two
+//              buckets (DDP), a sequence-parallel gather
+typedef struct {
+    double weights, grads, optimizer, activations, comm, total;
+    int in_flight;     // micro-batches (x chunks) whose activations the rank holds at its peak
+    int pp_rank;       // the rank where this peak is
+} PlanMemory;
+PlanMemory plan_memory(const PlanConfig *p);
+
+// Activation bytes of one pipeline chunk holding blocks [first, end) on B sequences of T tokens,
+// as model_acts_alloc_stage allocates them for model m (every buffer x elem_bytes / sizeof(real)):
+// in_flight sets of per-block tensors plus one set of the shared buffers (the recompute block,
+// the head or the stage's output, the backward scratch). tests/test_plan.c checks it against the
+// counting allocator exactly.
+double plan_acts_bytes(const Model *m, int B, int T, ActCheckpoint ac, int first, int end, int in_flight,
+                       int elem_bytes);
+
+// The FFN's hidden activation (B, T, ffn_dim) of every layer, elem_bytes each: the one tensor
+// seed 002's 405B example counts (the SwiGLU product; the reference keeps gate and up as well).
+double plan_ffn_hidden_bytes(const ModelConfig *c, int B, int T, int elem_bytes);
+
+// ---- step time ------------------------------------------------------------------------------------
+typedef struct {
+    double step_s, tps_per_gpu, mfu;
+    double compute_s;        // busy time of the busiest compute stream (incl. blocking TP/CP waits)
+    double exposed_comm_s;   // time the compute stream of the busiest rank waited on communication
+    double bubble;           // pipeline: 1 - busy / (p x step), the idle share of the compute streams
+    double model_tflops;     // achieved model FLOP/s per GPU (no recompute), in TFLOP/s
+} PlanTime;
+
+// Simulates one optimizer step; with trace_path, writes the simulated timeline there (Perfetto,
+// one process per pipeline rank, tracks compute, comm:<group>, steps).
+PlanTime plan_step_time(const PlanConfig *p, const Cluster *c, const char *trace_path);
+
+// The pipeline schedule replayed alone with forward = 1, backward = 2 and instant transfers: the
+// bubble fraction the simulator finds (tests compare it with (p-1)/(m+p-1) and (p-1)/(v m+p-1)).
+double plan_ideal_bubble(PpScheduleKind kind, int p, int m, int v);
+
+// ---- collectives (alpha-beta) ----------------------------------------------------------------------
+// A group of n ranks, `stride` ranks apart in the global numbering (tp innermost): how many of
+// them share a node, and the time of an all-gather or reduce-scatter of `bytes` (the full buffer:
+// a flat ring, NVLink inside a node, the network once it spans nodes) and of an all-reduce
+// (hierarchical: inside the node, then across nodes on 1/g of the buffer per NIC).
+int plan_group_per_node(const Cluster *c, int n, int stride);
+double plan_all_gather_s(const Cluster *c, int n, int stride, double bytes);
+double plan_all_reduce_s(const Cluster *c, int n, int stride, double bytes);

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Chapter 11 on this CPU: calibrate build/plan here, then let it predict the trainer's own measured
+# step times on 2 ranks (DDP, FSDP, TP with sequence parallelism, PP 1F1B and interleaved 1F1B).
+#   calibration  one single-rank step of the per-rank shape (FLOP/s of the whole step: matmuls,
+#                attention, element-wise and AdamW folded into one rate) and build/collectives'
+#                all-gather at 64 KiB and 4 MiB (alpha and beta of a 2-rank ring)
+#   prediction   build/plan --precision fp32 --cluster <the calibrated profile> for each layout
+#   measurement  mpirun -np 2 build/train with the same flags; mean step of the last steps
+# Settings: PLAN_MODEL (small), PLAN_BATCH (8), PLAN_SEQ (128), PLAN_STEPS (6). Timings, not a test:
+# the machine's other load moves them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+MODEL=${PLAN_MODEL:-small}
+BATCH=${PLAN_BATCH:-8}
+SEQ=${PLAN_SEQ:-128}
+STEPS=${PLAN_STEPS:-6}
+MPIRUN=${MPIRUN:-mpirun --oversubscribe$( [ "$(id -u)" = 0 ] && echo " --allow-run-as-root")}
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+for f in "$BUILD/train" "$BUILD/plan" "$BUILD/collectives"; do
+    [ -x "$f" ] || { echo "bench_plan: $f not found (run make)" >&2; exit 1; }
+done
+LOG=$(mktemp -d "${TMPDIR:-/tmp}/llama-plan.XXXXXX")
+trap 'rm -rf "$LOG"' EXIT
+step_ms() { grep '^timing:' "$1" | tail -1 | tr ' ' '\n' | sed -n 's/^mean_step_ms=//p'; }
+shape=(--model "$MODEL" --seq-len "$SEQ")
+
+# Calibration 1: compute, one rank on the per-rank batch of the data-parallel layouts; two copies at
+# once, so that each gets the share of the cores a rank of the 2-rank runs gets.
+"$BUILD/train" "${shape[@]}" --steps "$STEPS" --batch $((BATCH / 2)) > "$LOG/one.txt" 2>&1 &
+"$BUILD/train" "${shape[@]}" --steps "$STEPS" --batch $((BATCH / 2)) > "$LOG/two.txt" 2>&1
+wait
+one=$(awk -v a="$(step_ms "$LOG/one.txt")" -v b="$(step_ms "$LOG/two.txt")" 'BEGIN { printf "%.1f", (a + b) / 2 }')
+# Calibration 2: the 2-rank all-gather (the communicator's own; its time is column 9), at two sizes.
+$MPIRUN -np 2 "$BUILD/collectives" --bench --min-bytes 65536 --max-bytes 4194304 --factor 64 --iters 20 > "$LOG/coll.txt" 2>&1
+read -r small_us big_us < <(awk '$1 == "all_gather" && $2 == 65536 { s = $9 } $1 == "all_gather" && $2 == 4194304 { b = $9 }
+    END { print s, b }' "$LOG/coll.txt")
+# t = alpha + S/2 / B for a ring of 2: two sizes give both.
+read -r alpha bw < <(awk -v s="$small_us" -v b="$big_us" 'BEGIN {
+    beta = (b - s) * 1e-6 / ((4194304 - 65536) / 2); printf "%.3e %.4e\n", s * 1e-6 - 32768 * beta, 1 / beta }')
+# The compute rate: plan's prediction for the calibration run at 1 GFLOP/s, scaled to the measurement
+# (element-wise ops and AdamW are given an unlimited bandwidth, so the time is FLOPs / rate).
+profile() {  # peak -> JSON
+    printf '{"name": "this-cpu", "gpus_per_node": 2, "peak_bf16": %s, "peak_fp8": 0, "gemm_eff": 1, "attn_eff": 1, "async_tp_hidden": 0, "hbm_bw": 1e15, "hbm_bytes": 1e12, "nvlink_bw": %s, "nvlink_lat": %s, "net_bw": %s, "net_lat": %s}\n' \
+        "$1" "$bw" "$alpha" "$bw" "$alpha"
+}
+profile 1e9 > "$LOG/unit.json"
+unit_s=$("$BUILD/plan" "${shape[@]}" --batch $((BATCH / 2)) --precision fp32 --cluster "$LOG/unit.json" \
+    | sed -n 's/^step \([0-9.]*\) s.*/\1/p')
+rate=$(awk -v u="$unit_s" -v m="$one" 'BEGIN { printf "%.4e", 1e9 * u / (m / 1000) }')
+profile "$rate" > "$LOG/cpu.json"
+echo "plan calibration: one rank ${one} ms/step -> ${rate} FLOP/s; all-gather alpha ${alpha} s, beta 1/${bw} B/s"
+
+layouts=("DDP|--dp-replicate 2" "FSDP (ZeRO-3)|--dp-shard 2 --zero-stage 3" "TP + SP|--tp 2 --sequence-parallel"
+         "PP 1F1B|--pp 2 --pp-microbatches 4" "PP interleaved|--pp 2 --pp-schedule Interleaved1F1B --pp-virtual-stages 2 --pp-microbatches 4")
+printf '%-16s %12s %12s %8s\n' "layout (2 ranks)" "measured ms" "predicted ms" "error"
+for entry in "${layouts[@]}"; do
+    name=${entry%%|*}; flags=${entry#*|}
+    # shellcheck disable=SC2086
+    $MPIRUN -np 2 "$BUILD/train" "${shape[@]}" --steps "$STEPS" --batch "$BATCH" $flags > "$LOG/run.txt" 2>&1 || { tail -5 "$LOG/run.txt"; exit 1; }
+    measured=$(step_ms "$LOG/run.txt")
+    plan_flags=${flags/--sequence-parallel/}
+    # shellcheck disable=SC2086
+    predicted=$("$BUILD/plan" "${shape[@]}" --batch "$BATCH" $plan_flags --precision fp32 \
+        --cluster "$LOG/cpu.json" | sed -n 's/^step \([0-9.]*\) s.*/\1/p')
+    awk -v n="$name" -v m="$measured" -v p="$predicted" \
+        'BEGIN { printf "%-16s %12.1f %12.1f %+7.1f%%\n", n, m, 1000 * p, 100 * (1000 * p - m) / m }'
+done

@@ -1,0 +1,61 @@
+"""Checks the context-parallel communication in a trace (Chrome-trace JSON from
+`train --cp N --trace-json`) against the chapter's formula. Ring attention, per layer and per
+micro-batch: N-1 K/V rotations forward; backward N-1 K/V rotations and N dK/dV transfers (the last
+one brings each rank its own tokens' gradients back). Each is one send/recv batch on the comm:cp
+track, drawn as flows to the neighbouring ranks. With --ac full the backward recomputes each
+block's forward, ring included: N-1 more per layer. So each rank's comm:cp track holds
+steps x micro-batches x layers x (N-1 + [N-1 if ac full] + 2N-1) batches. Prints, and does not
+assert, how much of that communication overlaps the attention blocks (timing depends on the load).
+
+usage: check_cp_trace.py TRACE.json --cp N --layers L --microbatches M --steps S [--ac-full]
+"""
+import argparse
+import json
+import sys
+from collections import Counter, defaultdict
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace")
+    ap.add_argument("--cp", type=int, required=True)
+    ap.add_argument("--layers", type=int, required=True)
+    ap.add_argument("--microbatches", type=int, required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--ac-full", action="store_true")
+    args = ap.parse_args()
+    with open(args.trace) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    n = args.cp
+    per_layer = (n - 1) + (n - 1 if args.ac_full else 0) + (2 * n - 1)
+    expected = args.steps * args.microbatches * args.layers * per_layer
+    transfers, blocks, comm = Counter(), defaultdict(list), defaultdict(list)
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        track = names.get((e["pid"], e["tid"]))
+        if track == "comm:cp":
+            transfers[e["pid"]] += e["name"] == "batch"
+            comm[e["pid"]].append((e["ts"], e["ts"] + e["dur"]))
+        elif track == "compute" and e["name"].startswith("ring attention"):
+            blocks[e["pid"]].append((e["ts"], e["ts"] + e["dur"]))
+    flows = sum(1 for e in events if e.get("ph") == "s")
+    ok = len(transfers) == n
+    for pid in sorted(transfers):
+        overlap = sum(max(0, min(a1, b1) - max(a0, b0)) for a0, a1 in comm[pid] for b0, b1 in blocks[pid])
+        busy = sum(a1 - a0 for a0, a1 in comm[pid])
+        print(f"rank {pid}: {transfers[pid]} cp transfers (expected {expected} = {args.steps} steps x "
+              f"{args.microbatches} micro-batches x {args.layers} layers x {per_layer}); "
+              f"{100 * overlap / busy if busy else 0:.0f}% of the cp communication time overlaps attention blocks")
+        ok &= transfers[pid] == expected
+    print(f"flows drawn: {flows}")
+    ok &= flows >= n * expected  # every batch sends to a neighbour
+    print("ok" if ok else "FAIL")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

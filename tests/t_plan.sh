@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Chapter 11: build/plan's interface and its validation rows.
+#  - bad input: one line, exit status 2, before any work;
+#  - the output ends with `TPS/GPU <number>`; --trace writes a valid Perfetto file with the
+#    trainer's track names; --search lists fitting meshes fastest first;
+#  - seed 003's trends hold (throughput per GPU falls with scale, TP 2-4 beats FSDP at 2,048 GPUs);
+#  - every row of chapters/11_at_scale/validation.txt (published throughputs of seeds 000 and 001)
+#    is predicted within the band stated next to it. Deterministic arithmetic: no timing involved.
+set -eu
+BUILD=${BUILD:-build}
+PYTHON=${PYTHON:-$BUILD/venv/bin/python}
+T=${TEST_TMP:?TEST_TMP must name a scratch directory}
+PLAN="$BUILD/plan"
+
+expect_bad() {  # WANTED FLAGS...: exit status 2 and exactly one line on stderr containing WANTED
+    local want=$1; shift
+    local err rc=0
+    err=$("$PLAN" "$@" 2>&1 >/dev/null) || rc=$?
+    if [ "$rc" -ne 2 ] || [ "$(printf '%s\n' "$err" | grep -c .)" -ne 1 ] || [[ "$err" != *"$want"* ]]; then
+        echo "FAIL: plan $* -> rc $rc: $err"; exit 1
+    fi
+    echo "ok: plan $* -> $err"
+}
+expect_bad "nope" --model nope
+expect_bad "--tp must divide" --tp 3
+expect_bad "--batch" --batch 0
+expect_bad "--gpus 10" --gpus 10 --tp 4
+expect_bad "multiple of the pipeline ranks" --pp 2 --pp-schedule Interleaved1F1B --pp-microbatches 3 --batch 6
+expect_bad "missing.json" --cluster "$T/missing.json"
+echo '{"gemm_eff": "high"}' > "$T/bad.json"
+expect_bad "must be a number" --cluster "$T/bad.json"
+echo '{"gemm_eff": 0.5, "warp_drive": 1}' > "$T/unknown.json"
+expect_bad "unknown field warp_drive" --cluster "$T/unknown.json"
+expect_bad "not a profile" --cluster h100
+
+# A cluster file overrides the default profile field by field.
+echo '{"name": "half", "gemm_eff": 0.225, "fp8_gemm_eff": 0.1785, "attn_eff": 0.108}' > "$T/half.json"
+full=$("$PLAN" --dp-shard 8 --batch 16 | sed -n 's/^TPS\/GPU //p')
+half=$("$PLAN" --dp-shard 8 --batch 16 --cluster "$T/half.json" | sed -n 's/^TPS\/GPU //p')
+awk -v f="$full" -v h="$half" 'BEGIN { exit !(h < 0.6 * f && h > 0.4 * f) }' || { echo "FAIL: half efficiency $half vs $full"; exit 1; }
+echo "ok: halved efficiencies: $half vs $full TPS/GPU"
+
+# The output and the trace.
+out=$("$PLAN" --model llama3_8b --pp 2 --dp-shard 2 --tp 2 --batch 8 --pp-microbatches 4 --ac full --trace "$T/sim.pftrace")
+last=$(printf '%s\n' "$out" | tail -1)
+[[ "$last" =~ ^TPS/GPU\ [0-9]+$ ]] || { echo "FAIL: last line '$last'"; exit 1; }
+"$PYTHON" tests/py/trace_check.py "$T/sim.pftrace" --expect-slice "block fwd" --expect-slice "block bwd" \
+    --expect-slice "all-gather" --expect-slice "reduce-scatter" --expect-slice "send act" --expect-slice tp \
+    --expect-slice optimizer --expect-slice step --expect-slice "pp wait"
+summary=$(traces/trace-summary "$T/sim.pftrace")
+printf '%s\n' "$summary" | grep -q "pp1 dp0 cp0 tp0" || { echo "FAIL: trace-summary: $summary"; exit 1; }
+echo "ok: trace of 2 pipeline ranks read by trace-summary"
+
+# --search: sorted by TPS/GPU, every listed mesh within memory.
+s=$("$PLAN" --model llama3_70b --gpus 64 --batch 64 --ac full --search)
+printf '%s\n' "$s" | awk 'NR > 2 && NF == 11 { if (seen && $11 + 0 > prev + 0) bad = 1; prev = $11; seen = 1; if ($7 + 0 > 89.5) bad = 1 }
+    END { exit bad || !seen }' || { echo "FAIL: search output: $s"; exit 1; }
+echo "ok: search ($(printf '%s\n' "$s" | head -1))"
+
+# Seed 003's trends (Llama 2 7B, 4,096 tokens, 2 sequences per GPU): per-GPU throughput falls from
+# 128 to 2,048 GPUs under FSDP, and tensor parallelism of 2 or 4 beats pure FSDP at 2,048.
+tps() { "$PLAN" --model llama2_7b --seq-len 4096 --ac selective "$@" | sed -n 's/^TPS\/GPU //p'; }
+f128=$(tps --gpus 128 --batch 256); f2048=$(tps --gpus 2048 --batch 4096)
+t2=$(tps --gpus 2048 --tp 2 --batch 4096); t4=$(tps --gpus 2048 --tp 4 --batch 4096)
+if [ "$f2048" -lt "$f128" ] && [ "$t2" -gt "$f2048" ] && [ "$t4" -gt "$f2048" ]; then
+    echo "ok: seed 003 trends: FSDP $f128 -> $f2048 TPS/GPU from 128 to 2048 GPUs; at 2048 TP 2 $t2, TP 4 $t4"
+else
+    echo "FAIL: seed 003 trends: FSDP $f128 -> $f2048; TP 2 $t2, TP 4 $t4 at 2048"; exit 1
+fi
+
+# The validation rows.
+fails=0
+while read -r name published band flags; do
+    case "$name" in ''|'#'*) continue ;; esac
+    # shellcheck disable=SC2086
+    tps=$("$PLAN" $flags | sed -n 's/^TPS\/GPU //p')
+    err=$(awk -v p="$tps" -v q="$published" 'BEGIN { printf "%+.1f", 100 * (p - q) / q }')
+    if awk -v p="$tps" -v q="$published" -v b="$band" 'BEGIN { d = (p - q) / q; exit !(d <= b && d >= -b) }'; then
+        echo "ok: $name published $published predicted $tps ($err%, band $band)"
+    else
+        echo "FAIL: $name published $published predicted $tps ($err%, band $band)"; fails=1
+    fi
+done < chapters/11_at_scale/validation.txt
+exit $fails

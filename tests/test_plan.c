@@ -1,0 +1,225 @@
+// Chapter 11: the planner's formulas against the seeds' worked numbers (exactly), against the
+// trainer's measured peaks (the tables of chapters 3 and 5, and the counting allocator itself),
+// its collective costs against the alpha-beta formulas, and the simulated pipeline bubble with
+// idealized costs against (p-1)/(m+p-1) and (p-1)/(v m+p-1).
+#include <string.h>
+
+#include "chapters/03_fsdp/fsdp.h"
+#include "chapters/11_at_scale/plan.h"
+#include "common/mem.h"
+#include "test_util.h"
+
+static const double GB = 1e9, MiB = 1048576.0, GiB = 1073741824.0;
+
+// Seed 004's 7B table (bf16 weights 2 bytes, gradients 2, Adam's two moments 8 bytes per
+// parameter; 4 GPUs): DP 14 + 14 + 56 = 84 GB, ZeRO-1 42, ZeRO-2 31.5, ZeRO-3 21.
+START_TEST(test_seed_7b_zero_stages) {
+    const double want[4][3] = {{14, 14, 56}, {14, 14, 14}, {14, 3.5, 14}, {3.5, 3.5, 14}}, total[4] = {84, 42, 31.5, 21};
+    for (int stage = 0; stage <= 3; stage++) {
+        ZeroMemory z = zero_memory_model(stage, 7e9, 4, 2, 2, 8);
+        ck_assert_msg(z.params == want[stage][0] * GB && z.grads == want[stage][1] * GB && z.optimizer == want[stage][2] * GB,
+                      "stage %d: %.4g %.4g %.4g GB", stage, z.params / GB, z.grads / GB, z.optimizer / GB);
+        ck_assert_msg(z.params + z.grads + z.optimizer == total[stage] * GB, "stage %d total", stage);
+    }
+}
+END_TEST
+
+// Seed 004's 70B: 140 + 140 + 560 GB of state, with its ~300 GB of activations "~1.1 TB".
+// formulas.md's mixed precision with Adam (2P + 2P + 12P) for the same 7B: 112 GB.
+START_TEST(test_seed_70b_and_mixed_precision) {
+    ZeroMemory z = zero_memory_model(0, 70e9, 1, 2, 2, 8);
+    ck_assert(z.params == 140 * GB && z.grads == 140 * GB && z.optimizer == 560 * GB);
+    double total_tb = (z.params + z.grads + z.optimizer + 300 * GB) / 1e12;
+    ck_assert_msg(total_tb >= 1.05 && total_tb < 1.15, "%.3f TB", total_tb);
+    ZeroMemory mp = zero_memory_model(0, 7e9, 1, 2, 2, 12);
+    ck_assert(mp.params + mp.grads + mp.optimizer == 112 * GB);
+}
+END_TEST
+
+// Seed 002's 405B example: the FFN hidden activations of 126 layers, h = 16384 with the 4h FFN it
+// assumes, 4096 tokens, 2 bytes each: 2 x 126 x (4 x 16384) x 4096 bytes = 63 GiB.
+START_TEST(test_seed_405b_ffn_activations) {
+    ModelConfig c;
+    ck_assert(model_config_lookup("llama3_405b", &c));
+    ck_assert_int_eq(c.n_layers, 126);
+    ck_assert_int_eq(c.dim, 16384);
+    c.ffn_dim = 4 * c.dim;
+    double bytes = plan_ffn_hidden_bytes(&c, 1, 4096, 2);
+    ck_assert(bytes == 2.0 * 126 * (4 * 16384) * 4096);
+    ck_assert_msg(fabs(bytes / GiB - 63) < 0.01, "%.3f GiB", bytes / GiB);
+}
+END_TEST
+
+// plan_acts_bytes against what model_acts_alloc_stage really allocates (the counting allocator),
+// in every --ac mode, for whole models and pipeline stages, with and without sequence parallelism.
+static void check_against_allocator(const char *name, int tp, int B, int T, int first, int end) {
+    ModelConfig c;
+    ck_assert(model_config_lookup(name, &c));
+    Model m;
+    model_init_tp(&m, &c, 0, ATTN_FLASH, tp, 0, false);
+    m.tp.sequence_parallel = tp > 1;
+    for (int ac = AC_NONE; ac <= AC_SELECTIVE; ac++) {
+        size_t before = mem_current(MEM_ACTIVATIONS);
+        ModelActs a = model_acts_alloc_stage(&m, B, T, (ActCheckpoint)ac, first, end);
+        double allocated = (double)(mem_current(MEM_ACTIVATIONS) - before);
+        model_acts_free(&a);
+        double planned = plan_acts_bytes(&m, B, T, (ActCheckpoint)ac, first, end, 1, sizeof(real));
+        ck_assert_msg(planned == allocated, "%s tp %d B %d T %d blocks [%d,%d) ac %d: planned %.0f, allocated %.0f bytes",
+                      name, tp, B, T, first, end, ac, planned, allocated);
+    }
+    model_free(&m);
+}
+
+START_TEST(test_activations_match_allocator) {
+    check_against_allocator("tiny", 1, 2, 32, 0, 4);
+    check_against_allocator("tiny", 1, 3, 16, 1, 3);  // a middle pipeline stage
+    check_against_allocator("tiny", 2, 2, 32, 0, 4);  // sequence parallel
+    check_against_allocator("small", 1, 4, 64, 0, 6);
+    check_against_allocator("small", 1, 1, 128, 3, 6);  // the last stage: the head
+}
+END_TEST
+
+// The trainer's measured peaks (MiB, rank 0, printed with 2 decimals in chapter 3's and 1 in
+// chapter 5's tables): `small`, P = 10,523,520; activations at B = 8/N sequences of 128 tokens,
+// and chapter 5's at B = 8, T = 256 in each --ac mode.
+START_TEST(test_matches_trainer_tables) {
+    ModelConfig c;
+    ck_assert(model_config_lookup("small", &c));
+    double P = (double)model_param_count(&c);
+    ck_assert(P == 10523520);
+    Model m;
+    model_init_tp(&m, &c, 0, ATTN_FLASH, 1, 0, false);
+    const int N[4] = {1, 2, 4, 8};
+    const double acts[4] = {169.70, 84.85, 42.42, 21.21}, optim[4] = {80.29, 40.14, 20.07, 10.04};
+    const double sharded_params[4] = {40.14, 20.07, 10.04, 5.02};
+    for (int i = 0; i < 4; i++) {
+        double a = plan_acts_bytes(&m, 8 / N[i], 128, AC_NONE, 0, c.n_layers, 1, 4) / MiB;
+        ck_assert_msg(fabs(a - acts[i]) <= 0.005, "N=%d activations %.4f MiB, measured %.2f", N[i], a, acts[i]);
+        ZeroMemory z = zero_memory_model(3, P, N[i], 4, 4, 8);
+        ck_assert_msg(fabs(z.optimizer / MiB - optim[i]) <= 0.005, "N=%d optimizer %.4f", N[i], z.optimizer / MiB);
+        ck_assert_msg(fabs(z.params / MiB - sharded_params[i]) <= 0.005, "N=%d params %.4f", N[i], z.params / MiB);
+        ZeroMemory z1 = zero_memory_model(1, P, N[i], 4, 4, 8);
+        ck_assert_msg(fabs(z1.params / MiB - 40.14) <= 0.005 && fabs(z1.grads / MiB - 40.14) <= 0.005, "stage 1");
+    }
+    const double ch5[3] = {339.4, 122.1, 264.3};  // none, full, selective
+    for (int ac = AC_NONE; ac <= AC_SELECTIVE; ac++) {
+        double a = plan_acts_bytes(&m, 8, 256, (ActCheckpoint)ac, 0, c.n_layers, 1, 4) / MiB;
+        ck_assert_msg(fabs(a - ch5[ac]) <= 0.05, "--ac %d: %.3f MiB, measured %.1f", ac, a, ch5[ac]);
+    }
+    model_free(&m);
+}
+END_TEST
+
+// The whole model at the trainer's precision (fp32, one copy of the weights) against chapter 3's
+// measured total peaks of ZeRO-3 on `small` (195.12, 110.91, 68.81 MiB at N = 2, 4, 8; the
+// counters also hold the data, RoPE tables and small buffers the plan leaves out: within 3%).
+START_TEST(test_total_matches_trainer_zero3) {
+    const int N[3] = {2, 4, 8};
+    const double measured[3] = {195.12, 110.91, 68.81};
+    for (int i = 0; i < 3; i++) {
+        PlanConfig p = {.dp_replicate = 1, .dp_shard = N[i], .cp = 1, .tp = 1, .pp = 1, .batch = 8, .seq_len = 128,
+                        .ac = AC_NONE, .zero_stage = 3, .schedule = PP_1F1B, .microbatches = 1, .virtual_stages = 1,
+                        .act_bytes = 4, .master_bytes = 4, .working_bytes = 0, .grad_bytes = 4, .optim_bytes = 8};
+        ck_assert(model_config_lookup("small", &p.model));
+        PlanMemory m = plan_memory(&p);
+        double total = m.total / MiB;
+        ck_assert_msg(fabs(total - measured[i]) <= 0.03 * measured[i], "N=%d: planned %.2f MiB, measured %.2f", N[i],
+                      total, measured[i]);
+    }
+}
+END_TEST
+
+// Alpha-beta costs: all-gather a flat ring (NVLink inside a node, the network once it spans
+// nodes); all-reduce hierarchical.
+START_TEST(test_collective_costs) {
+    Cluster c;
+    ck_assert(cluster_lookup("h100-sxm-ib", &c));
+    double S = 1e9;
+    double intra = 7 * c.nvlink_lat + 7.0 / 8 * S / c.nvlink_bw;
+    ck_assert_double_eq_tol(plan_all_gather_s(&c, 8, 1, S), intra, 1e-15);
+    ck_assert_double_eq_tol(plan_all_reduce_s(&c, 8, 1, S), 2 * intra, 1e-15);
+    // 32 ranks = 4 nodes of 8: the ring's 31 steps each wait for the network; 8 NICs per node.
+    ck_assert_double_eq_tol(plan_all_gather_s(&c, 32, 1, S), 31 * c.net_lat + 31.0 / 32 * S / (8 * c.net_bw), 1e-15);
+    // All-reduce over them: 2 x (node ring), then a tree over 4 nodes on S/8 per NIC.
+    double hier = 2 * intra + 2 * 2 * c.net_lat + 2 * 3.0 / 4 * (S / 8) / c.net_bw;
+    ck_assert_double_eq_tol(plan_all_reduce_s(&c, 32, 1, S), hier, 1e-15);
+    // Stride 8 (tp = 8 inside): one rank per node.
+    ck_assert_int_eq(plan_group_per_node(&c, 4, 8), 1);
+    ck_assert_int_eq(plan_group_per_node(&c, 4, 2), 4);
+    ck_assert_double_eq_tol(plan_all_gather_s(&c, 4, 8, S), 3 * c.net_lat + 3.0 / 4 * S / c.net_bw, 1e-15);
+    ck_assert(plan_all_gather_s(&c, 1, 1, S) == 0 && plan_all_reduce_s(&c, 1, 1, S) == 0);
+}
+END_TEST
+
+// The simulator on chapter 7's lists with forward 1, backward 2, instant transfers: the formulas,
+// and chapter 7's own replay (pp_bubble_fraction).
+START_TEST(test_ideal_bubble) {
+    for (int p = 1; p <= 8; p *= 2)
+        for (int m = 1; m <= 16; m++) {
+            for (PpScheduleKind k = PP_GPIPE; k <= PP_1F1B; k++) {
+                double got = plan_ideal_bubble(k, p, m, 1), want = (p - 1.0) / (m + p - 1);
+                ck_assert_msg(fabs(got - want) < 1e-12, "%s p=%d m=%d: %.6f, want %.6f", pp_schedule_name(k), p, m, got, want);
+            }
+            for (int v = 2; v <= 3 && p > 1; v++) {
+                if (m % p) continue;
+                double got = plan_ideal_bubble(PP_INTERLEAVED_1F1B, p, m, v), want = (p - 1.0) / (v * m + p - 1);
+                PpSchedule s;
+                ck_assert(!pp_schedule_build(PP_INTERLEAVED_1F1B, p, m, v, &s));
+                double ch7 = pp_bubble_fraction(&s);
+                pp_schedule_free(&s);
+                ck_assert_msg(fabs(got - want) < 1e-12 && fabs(got - ch7) < 1e-12,
+                              "interleaved p=%d m=%d v=%d: %.6f, want %.6f (chapter 7: %.6f)", p, m, v, got, want, ch7);
+            }
+        }
+}
+END_TEST
+
+static PlanConfig base_config(const char *model) {
+    PlanConfig p = {.dp_replicate = 1, .dp_shard = 8, .cp = 1, .tp = 1, .pp = 1, .batch = 16, .seq_len = 4096,
+                    .ac = AC_FULL, .zero_stage = 3, .schedule = PP_1F1B, .microbatches = 1, .virtual_stages = 1,
+                    .act_bytes = 2, .master_bytes = 4, .working_bytes = 2, .grad_bytes = 4, .optim_bytes = 8};
+    ck_assert(model_config_lookup(model, &p.model));
+    return p;
+}
+
+// The step simulation responds to what it models: a slow network exposes FSDP's collectives, a
+// pipeline's bubble follows the schedule, FP8 and fused element-wise ops shorten the step.
+START_TEST(test_step_time_responds) {
+    Cluster c;
+    ck_assert(cluster_lookup("h100-sxm-ib", &c));
+    PlanConfig p = base_config("llama3_8b");
+    p.dp_shard = 64, p.batch = 64;
+    PlanTime fast = plan_step_time(&p, &c, NULL);
+    Cluster slow = c;
+    slow.net_bw = c.net_bw / 100;
+    PlanTime t = plan_step_time(&p, &slow, NULL);
+    ck_assert_msg(t.exposed_comm_s > 10 * fast.exposed_comm_s && t.tps_per_gpu < fast.tps_per_gpu, "%g %g",
+                  t.exposed_comm_s, fast.exposed_comm_s);
+    p.fp8 = true;
+    ck_assert(plan_step_time(&p, &c, NULL).tps_per_gpu > fast.tps_per_gpu);
+    p.fp8 = false, p.compile = true;
+    ck_assert(plan_step_time(&p, &c, NULL).tps_per_gpu > fast.tps_per_gpu);
+    // 8 stages of 1F1B, 8 micro-batches: the realistic bubble stays near (p-1)/(m+p-1) = 7/15.
+    PlanConfig q = base_config("llama3_70b");
+    q.pp = 8, q.dp_shard = 1, q.tp = 8, q.microbatches = 8, q.batch = 8;
+    PlanTime pt = plan_step_time(&q, &c, NULL);
+    ck_assert_msg(fabs(pt.bubble - 7.0 / 15) < 0.02, "bubble %.4f", pt.bubble);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("plan");
+    TCase *tc = tcase_create("plan");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_seed_7b_zero_stages);
+    tcase_add_test(tc, test_seed_70b_and_mixed_precision);
+    tcase_add_test(tc, test_seed_405b_ffn_activations);
+    tcase_add_test(tc, test_activations_match_allocator);
+    tcase_add_test(tc, test_matches_trainer_tables);
+    tcase_add_test(tc, test_total_matches_trainer_zero3);
+    tcase_add_test(tc, test_collective_costs);
+    tcase_add_test(tc, test_ideal_bubble);
+    tcase_add_test(tc, test_step_time_responds);
+    suite_add_tcase(s, tc);
+    return run_suite(s);
+}
