@@ -111,6 +111,15 @@ double model_flops_per_token(const ModelConfig *c, int seq_len) {
     return 6.0 * matmul_params + 6.0 * c->n_layers * hq * seq_len;
 }
 
+char *model_throughput_text(const ModelConfig *c, int seq_len, double tokens_per_s, double peak_tflops, char *buf,
+                            size_t len) {
+    double flops_per_s = tokens_per_s * model_flops_per_token(c, seq_len);
+    int n = snprintf(buf, len, " | %.1f GFLOP/s", flops_per_s * 1e-9);
+    if (peak_tflops > 0 && n >= 0 && (size_t)n < len)
+        snprintf(buf + n, len - n, " | MFU %.1f%%", 100 * flops_per_s / (peak_tflops * 1e12));
+    return buf;
+}
+
 double model_block_forward_flops(const ModelConfig *c, int B, int T) {
     double hd = model_head_dim(c), hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
     double matmul_params = 2 * hq * c->dim + 2 * hkv * c->dim + 3.0 * c->ffn_dim * c->dim;

@@ -155,10 +155,16 @@ void rmsnorm_backward(real *dinp, real *dweight, const real *dout, const real *i
         real *dx = dinp + (size_t)n * C;
         for (int i = 0; i < C; i++) dx[i] += r * weight[i] * dy[i] - x[i] * coef;
     }
-    for (int n = 0; n < N; n++) {  // serial over rows: a fixed summation order for dweight
-        const real *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
-        real r = rstd[n];
-        for (int i = 0; i < C; i++) dweight[i] += dy[i] * x[i] * r;
+    // dweight: threads split the columns, each column summed over the rows in row order (a fixed
+    // order whatever the threads). Blocks of 64 columns keep each row's slice contiguous.
+#pragma omp parallel for schedule(static)
+    for (int i0 = 0; i0 < C; i0 += 64) {
+        int i1 = i0 + 64 < C ? i0 + 64 : C;
+        for (int n = 0; n < N; n++) {
+            const real *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+            real r = rstd[n];
+            for (int i = i0; i < i1; i++) dweight[i] += dy[i] * x[i] * r;
+        }
     }
 }
 
@@ -307,93 +313,158 @@ void attention_naive_backward(real *dq, real *dk, real *dv, const real *dout, co
     }
 }
 
-// Blockwise attention. For each query row we walk the keys in tiles of ATTN_TILE, keeping a running
-// max m, running normaliser l and an unnormalised output accumulator; a new tile rescales the old
-// state by exp(m_old - m_new). The result equals softmax(S) V without ever storing a row of S.
+// Blockwise attention on tiles: ATTN_TILE queries against ATTN_TILE keys at a time, every inner
+// product of a tile pair one GEMM call (S = Q K^T, O += P V; in backward dP = dO V^T, dV += P^T dO,
+// dK += dS^T Q, dQ += dS K). Forward keeps, per query row, a running max m, a running normaliser l
+// and an unnormalised output; a new key tile rescales the old state by exp(m_old - m_new). The
+// result equals softmax(S) V without ever storing a row of S. Each tile pair is computed by one
+// thread in a fixed order (OpenBLAS runs single-threaded inside an OpenMP region), so the result
+// does not depend on the thread count.
 #define ATTN_TILE 64
 
-// True when no key of the tile [j0, j1) is visible to query i (the whole tile can be skipped).
-static bool tile_masked(const AttnShape *s, int i, int j0, int j1) {
+// C (M,N) = A (M,K) . B (K,N) + beta C, with A or B read transposed (row-major, leading dimensions
+// given): OpenBLAS with the blas matmul backend, else the plain triple loop (sums in k order). A
+// tile GEMM (every dimension <= 64) is below OpenBLAS's threading threshold (64^3), so it runs on
+// the calling thread whatever the thread settings.
+static void tile_gemm(bool trans_a, bool trans_b, int M, int N, int K, const real *A, int lda, const real *B, int ldb,
+                      real beta, real *C, int ldc) {
+#ifdef HAVE_OPENBLAS
+    if (matmul_backend == MATMUL_BLAS) {
+        gemm_r(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1,
+               A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#endif
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            real sum = 0;
+            for (int k = 0; k < K; k++)
+                sum += (trans_a ? A[(size_t)k * lda + m] : A[(size_t)m * lda + k]) *
+                       (trans_b ? B[(size_t)n * ldb + k] : B[(size_t)k * ldb + n]);
+            C[(size_t)m * ldc + n] = (beta != 0 ? beta * C[(size_t)m * ldc + n] : 0) + sum;
+        }
+}
+
+// True when no key of [j0, j1) is visible to any query of [i0, i1) (the tile pair can be skipped).
+static bool tiles_masked(const AttnShape *s, int i0, int i1, int j0, int j1) {
     if (!s->causal) return false;
-    for (int j = j0; j < j1; j++)
-        if (attn_visible(s, i, j)) return false;
+    for (int i = i0; i < i1; i++)
+        for (int j = j0; j < j1; j++)
+            if (attn_visible(s, i, j)) return false;
     return true;
+}
+
+static int tile_end(int start, int n) { return start + ATTN_TILE < n ? start + ATTN_TILE : n; }
+
+// S (ni, nj), row stride ATTN_TILE = scale * Q[i0..i1) K[j0..j1)^T, invisible pairs -inf.
+static void tile_scores(real *S, const real *q, const real *k, const AttnShape *s, int b, int h, int i0, int i1,
+                        int j0, int j1, real scale) {
+    int hd = s->head_dim, g = h / (s->n_heads / s->n_kv_heads);
+    tile_gemm(false, true, i1 - i0, j1 - j0, hd, q_row(q, s, b, i0, h), s->n_heads * hd, kv_row(k, s, b, j0, g),
+              s->n_kv_heads * hd, 0, S, ATTN_TILE);
+    for (int i = i0; i < i1; i++) {
+        real *row = S + (size_t)(i - i0) * ATTN_TILE;
+        for (int j = j0; j < j1; j++) row[j - j0] = attn_visible(s, i, j) ? row[j - j0] * scale : -INFINITY;
+    }
 }
 
 void attention_flash_forward(real *out, real *lse, const real *q, const real *k, const real *v,
                              const AttnShape *s) {
-    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
+    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads, n_qtiles = (s->Tq + ATTN_TILE - 1) / ATTN_TILE;
     real scale = (real)(1.0 / sqrt((double)hd));
-#pragma omp parallel for collapse(3) schedule(dynamic, 4)
-    for (int b = 0; b < s->B; b++)
-        for (int h = 0; h < s->n_heads; h++)
-            for (int i = 0; i < s->Tq; i++) {
-                int g = h / group;
-                const real *qi = q_row(q, s, b, i, h);
-                real *o = (real *)q_row(out, s, b, i, h);
-                real m = -INFINITY, l = 0, scores[ATTN_TILE];
-                memset(o, 0, sizeof(real) * hd);
-                for (int j0 = 0; j0 < s->Tk; j0 += ATTN_TILE) {
-                    int j1 = j0 + ATTN_TILE < s->Tk ? j0 + ATTN_TILE : s->Tk;
-                    if (tile_masked(s, i, j0, j1)) continue;
-                    real tile_max = -INFINITY;
-                    for (int j = j0; j < j1; j++) {
-                        scores[j - j0] = attn_visible(s, i, j) ? dot(qi, kv_row(k, s, b, j, g), hd) * scale : -INFINITY;
-                        if (scores[j - j0] > tile_max) tile_max = scores[j - j0];
+#pragma omp parallel
+    {
+        real *S = malloc(sizeof(real) * ATTN_TILE * ATTN_TILE), m[ATTN_TILE], l[ATTN_TILE];
+#pragma omp for collapse(3) schedule(dynamic, 1)
+        for (int b = 0; b < s->B; b++)
+            for (int h = 0; h < s->n_heads; h++)
+                for (int it = 0; it < n_qtiles; it++) {
+                    int g = h / group, i0 = it * ATTN_TILE, i1 = tile_end(i0, s->Tq);
+                    for (int i = i0; i < i1; i++) {
+                        m[i - i0] = -INFINITY, l[i - i0] = 0;
+                        memset((real *)q_row(out, s, b, i, h), 0, sizeof(real) * hd);
                     }
-                    real m_new = tile_max > m ? tile_max : m;
-                    real correction = exp_r(m - m_new);  // exp(-inf) = 0 on the first tile
-                    l *= correction;
-                    for (int d = 0; d < hd; d++) o[d] *= correction;
-                    for (int j = j0; j < j1; j++) {
-                        if (scores[j - j0] == -INFINITY) continue;
-                        real p = exp_r(scores[j - j0] - m_new);
-                        l += p;
-                        axpy(o, p, kv_row(v, s, b, j, g), hd);
-                    }
-                    m = m_new;
-                }
-                real *row_lse = lse + ((size_t)b * s->n_heads + h) * s->Tq + i;
-                if (l > 0) {
-                    for (int d = 0; d < hd; d++) o[d] /= l;
-                    *row_lse = m + log_r(l);
-                } else {
-                    *row_lse = -INFINITY;  // saw no key: output 0 (ring attention merges such rows away)
-                }
-            }
-}
-
-// FlashAttention-2 backward: P is recomputed tile by tile as exp(S - lse); D_i = dO_i . O_i
-// replaces rowsum(P * dP), which is the same number without needing the whole row of P.
-void attention_flash_backward(real *dq, real *dk, real *dv, const real *dout, const real *q, const real *k,
-                              const real *v, const real *out, const real *lse, const AttnShape *s) {
-    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads;
-    real scale = (real)(1.0 / sqrt((double)hd));
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-    for (int b = 0; b < s->B; b++)
-        for (int g = 0; g < s->n_kv_heads; g++)
-            for (int h = g * group; h < (g + 1) * group; h++)
-                for (int i = 0; i < s->Tq; i++) {
-                    real row_lse = lse[((size_t)b * s->n_heads + h) * s->Tq + i];
-                    if (row_lse == -INFINITY) continue;
-                    const real *qi = q_row(q, s, b, i, h), *dOi = q_row(dout, s, b, i, h);
-                    real D = dot(dOi, q_row(out, s, b, i, h), hd);
-                    real *dqi = (real *)q_row(dq, s, b, i, h);
                     for (int j0 = 0; j0 < s->Tk; j0 += ATTN_TILE) {
-                        int j1 = j0 + ATTN_TILE < s->Tk ? j0 + ATTN_TILE : s->Tk;
-                        if (tile_masked(s, i, j0, j1)) continue;
-                        for (int j = j0; j < j1; j++) {
-                            if (!attn_visible(s, i, j)) continue;
-                            const real *kj = kv_row(k, s, b, j, g);
-                            real p = exp_r(dot(qi, kj, hd) * scale - row_lse);
-                            real dp = dot(dOi, kv_row(v, s, b, j, g), hd);
-                            real ds = p * (dp - D) * scale;
-                            axpy((real *)kv_row(dv, s, b, j, g), p, dOi, hd);
-                            axpy(dqi, ds, kj, hd);
-                            axpy((real *)kv_row(dk, s, b, j, g), ds, qi, hd);
+                        int j1 = tile_end(j0, s->Tk);
+                        if (tiles_masked(s, i0, i1, j0, j1)) continue;
+                        tile_scores(S, q, k, s, b, h, i0, i1, j0, j1, scale);
+                        for (int i = i0; i < i1; i++) {  // S row -> P row; rescale this row's state
+                            real *row = S + (size_t)(i - i0) * ATTN_TILE, tile_max = -INFINITY;
+                            for (int j = 0; j < j1 - j0; j++) tile_max = row[j] > tile_max ? row[j] : tile_max;
+                            real m_old = m[i - i0], m_new = tile_max > m_old ? tile_max : m_old;
+                            real correction = m_old == -INFINITY ? 0 : exp_r(m_old - m_new);
+                            real sum = 0;
+                            for (int j = 0; j < j1 - j0; j++) {
+                                row[j] = row[j] == -INFINITY ? 0 : exp_r(row[j] - m_new);
+                                sum += row[j];
+                            }
+                            l[i - i0] = l[i - i0] * correction + sum;
+                            m[i - i0] = m_new;
+                            real *o = (real *)q_row(out, s, b, i, h);
+                            for (int d = 0; d < hd; d++) o[d] *= correction;
+                        }
+                        tile_gemm(false, false, i1 - i0, hd, j1 - j0, S, ATTN_TILE, kv_row(v, s, b, j0, g),
+                                  s->n_kv_heads * hd, 1, (real *)q_row(out, s, b, i0, h), s->n_heads * hd);
+                    }
+                    for (int i = i0; i < i1; i++) {
+                        real *o = (real *)q_row(out, s, b, i, h), *row_lse = lse + ((size_t)b * s->n_heads + h) * s->Tq + i;
+                        if (l[i - i0] > 0) {
+                            for (int d = 0; d < hd; d++) o[d] /= l[i - i0];
+                            *row_lse = m[i - i0] + log_r(l[i - i0]);
+                        } else {
+                            *row_lse = -INFINITY;  // saw no key: output 0 (ring attention merges such rows away)
                         }
                     }
                 }
+        free(S);
+    }
+}
+
+// FlashAttention-2 backward: P is recomputed tile by tile as exp(S - lse); D_i = dO_i . O_i
+// replaces rowsum(P * dP), which is the same number without needing the whole row of P. Work is
+// split over (b, kv head g): the heads sharing g add into its dK/dV from one thread.
+void attention_flash_backward(real *dq, real *dk, real *dv, const real *dout, const real *q, const real *k,
+                              const real *v, const real *out, const real *lse, const AttnShape *s) {
+    int hd = s->head_dim, group = s->n_heads / s->n_kv_heads, n_qtiles = (s->Tq + ATTN_TILE - 1) / ATTN_TILE;
+    int ldq = s->n_heads * hd, ldk = s->n_kv_heads * hd;
+    real scale = (real)(1.0 / sqrt((double)hd));
+#pragma omp parallel
+    {
+        real *P = malloc(sizeof(real) * ATTN_TILE * ATTN_TILE), *dS = malloc(sizeof(real) * ATTN_TILE * ATTN_TILE);
+        real D[ATTN_TILE];
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int b = 0; b < s->B; b++)
+            for (int g = 0; g < s->n_kv_heads; g++)
+                for (int h = g * group; h < (g + 1) * group; h++)
+                    for (int it = 0; it < n_qtiles; it++) {
+                        int i0 = it * ATTN_TILE, i1 = tile_end(i0, s->Tq), ni = i1 - i0;
+                        const real *row_lse = lse + ((size_t)b * s->n_heads + h) * s->Tq;
+                        for (int i = i0; i < i1; i++) D[i - i0] = dot(q_row(dout, s, b, i, h), q_row(out, s, b, i, h), hd);
+                        for (int j0 = 0; j0 < s->Tk; j0 += ATTN_TILE) {
+                            int j1 = tile_end(j0, s->Tk), nj = j1 - j0;
+                            if (tiles_masked(s, i0, i1, j0, j1)) continue;
+                            tile_scores(P, q, k, s, b, h, i0, i1, j0, j1, scale);
+                            // dP = dO_I V_J^T into dS, then dS = P (dP - D) scale
+                            tile_gemm(false, true, ni, nj, hd, q_row(dout, s, b, i0, h), ldq, kv_row(v, s, b, j0, g), ldk,
+                                      0, dS, ATTN_TILE);
+                            for (int i = 0; i < ni; i++) {
+                                real *p = P + (size_t)i * ATTN_TILE, *ds = dS + (size_t)i * ATTN_TILE, L = row_lse[i0 + i];
+                                for (int j = 0; j < nj; j++) {
+                                    p[j] = p[j] == -INFINITY || L == -INFINITY ? 0 : exp_r(p[j] - L);
+                                    ds[j] = p[j] * (ds[j] - D[i]) * scale;
+                                }
+                            }
+                            tile_gemm(true, false, nj, hd, ni, P, ATTN_TILE, q_row(dout, s, b, i0, h), ldq, 1,
+                                      (real *)kv_row(dv, s, b, j0, g), ldk);  // dV_J += P^T dO_I
+                            tile_gemm(true, false, nj, hd, ni, dS, ATTN_TILE, q_row(q, s, b, i0, h), ldq, 1,
+                                      (real *)kv_row(dk, s, b, j0, g), ldk);  // dK_J += dS^T Q_I
+                            tile_gemm(false, false, ni, hd, nj, dS, ATTN_TILE, kv_row(k, s, b, j0, g), ldk, 1,
+                                      (real *)q_row(dq, s, b, i0, h), ldq);  // dQ_I += dS K_J
+                        }
+                    }
+        free(P);
+        free(dS);
+    }
 }
 
 // ================================ SwiGLU ========================================================

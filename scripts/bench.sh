@@ -1,9 +1,25 @@
 #!/usr/bin/env bash
 # CPU benchmark: one training step (forward + backward + clip + AdamW) of the `small` model, the C
-# reference ($BUILD/train) against eager PyTorch (scripts/bench_torch.py), same shapes, same
-# thread count. Prints both timing lines and a table; ratio = PyTorch time / our time (> 1: we
-# are faster). Settings: BENCH_THREADS (2), BENCH_STEPS (12), BENCH_BATCH (8), BENCH_SEQ (256),
-# BENCH_MODEL (small). Then scripts/bench_plan.sh: chapter 11's simulator against 2-rank runs.
+# reference ($BUILD/train) against PyTorch on the same CPU, same shapes, same thread count, same run:
+#
+#   sgemm             the machine's matmul ceiling: $BUILD/sgemm_rate (2048^3, the OpenBLAS the C side
+#                     links), measured right before each program
+#   C reference       $BUILD/train
+#   torch 2.x eager   the newest PyTorch from PyPI (fused scaled_dot_product_attention with GQA,
+#                     fused AdamW), installed on first use into $BUILD/bench-venv
+#   torch 2.x compile the same under torch.compile
+#   torch <debian>    the project venv's PyTorch ($PYTHON, Debian's 1.13): the oracle's matmul attention
+#
+# The programs run one after another in each of BENCH_ROUNDS rounds (interleaved, so a load change on
+# a shared machine hits them alike); each figure is the median over rounds of that program's mean step
+# time. The table gives ms/step, model GFLOP/s (model_flops_per_token x tokens/s, as MFU counts them),
+# that rate as a % of the sgemm rate, and time / C time (> 1: the C reference is faster).
+#
+# Without network (no PyPI) the torch 2.x lines are skipped with a message; the exit status is nonzero
+# only when the C side fails. Refresh the PyTorch 2.x install with `rm -rf $BUILD/bench-venv`.
+# Settings: BENCH_THREADS (2), BENCH_STEPS (12), BENCH_BATCH (8), BENCH_SEQ (256), BENCH_MODEL (small),
+# BENCH_ROUNDS (1), BENCH_TORCH2 (1; 0 skips the PyTorch 2.x lines), BENCH_COMPILE (1), BENCH_VENV
+# ($BUILD/bench-venv). Then scripts/bench_plan.sh: chapter 11's simulator against 2-rank runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -13,10 +29,14 @@ STEPS=${BENCH_STEPS:-12}
 BATCH=${BENCH_BATCH:-8}
 SEQ=${BENCH_SEQ:-256}
 MODEL=${BENCH_MODEL:-small}
+ROUNDS=${BENCH_ROUNDS:-1}
+TORCH2=${BENCH_TORCH2:-1}
+COMPILE=${BENCH_COMPILE:-1}
+VENV2=${BENCH_VENV:-$BUILD/bench-venv}
 export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 
-for f in "$BUILD/train" "$PYTHON"; do
-    [ -x "$f" ] || { echo "bench: $f not found (run make / make deps)" >&2; exit 1; }
+for f in "$BUILD/train" "$BUILD/sgemm_rate"; do
+    [ -x "$f" ] || { echo "bench: $f not found (run make)" >&2; exit 1; }
 done
 LOG=$(mktemp -d "${TMPDIR:-/tmp}/llama-bench.XXXXXX")
 trap 'rm -rf "$LOG"' EXIT
@@ -25,31 +45,81 @@ timing_field() {  # file, key -> value from the file's last `timing:` line
     grep '^timing:' "$1" | tail -1 | tr ' ' '\n' | sed -n "s/^$2=//p"
 }
 
-shapes="--steps $STEPS --batch $BATCH --seq-len $SEQ"
-# The shapes come from the C trainer's own table: one source of truth for both sides.
-config_json=$("$BUILD/train" --model "$MODEL" --model-info | sed -n 's/^config: //p')
-[ -n "$config_json" ] || { echo "bench: could not read the config of --model $MODEL" >&2; exit 1; }
-echo "bench: $BUILD/train --model $MODEL $shapes  (OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS)"
-"$BUILD/train" --model "$MODEL" $shapes >"$LOG/c.txt" 2>&1 || { cat "$LOG/c.txt"; echo "bench: $BUILD/train failed" >&2; exit 1; }
-grep '^timing:' "$LOG/c.txt" || { tail -20 "$LOG/c.txt"; echo "bench: no timing line from train" >&2; exit 1; }
-echo "bench: $PYTHON scripts/bench_torch.py --config-json <model $MODEL> $shapes --threads $THREADS"
-"$PYTHON" scripts/bench_torch.py --config-json "$config_json" $shapes --threads "$THREADS" >"$LOG/torch.txt" 2>&1 \
-    || { cat "$LOG/torch.txt"; echo "bench: bench_torch.py failed" >&2; exit 1; }
-grep '^timing:' "$LOG/torch.txt"
+# PyTorch 2.x on demand: the CPU-only wheel where download.pytorch.org answers, else PyPI's.
+ensure_torch2() {
+    [ "$TORCH2" = 1 ] || { echo "bench: BENCH_TORCH2=0: no PyTorch 2.x lines"; return 1; }
+    if [ -x "$VENV2/bin/python" ] && "$VENV2/bin/python" -c 'import torch, numpy' 2>/dev/null; then return 0; fi
+    echo "bench: installing the newest PyTorch into $VENV2 (once; minutes)"
+    python3 -m venv "$VENV2" >"$LOG/venv.txt" 2>&1 || { cat "$LOG/venv.txt"; echo "bench: python3 -m venv failed: no PyTorch 2.x lines"; return 1; }
+    if ! "$VENV2/bin/pip" install --timeout 20 --retries 1 --index-url https://download.pytorch.org/whl/cpu torch numpy \
+            >"$LOG/pip.txt" 2>&1 \
+        && ! "$VENV2/bin/pip" install --timeout 20 --retries 1 torch numpy >>"$LOG/pip.txt" 2>&1; then
+        tail -3 "$LOG/pip.txt"
+        echo "bench: could not install PyTorch from download.pytorch.org or PyPI (offline?): no PyTorch 2.x lines"
+        rm -rf "$VENV2"
+        return 1
+    fi
+}
 
-c_ms=$(timing_field "$LOG/c.txt" mean_step_ms); c_tps=$(timing_field "$LOG/c.txt" tokens_per_s)
-t_ms=$(timing_field "$LOG/torch.txt" mean_step_ms); t_tps=$(timing_field "$LOG/torch.txt" tokens_per_s)
-torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)')
-[ -n "$c_ms" ] && [ -n "$t_ms" ] || { echo "bench: could not parse the timing lines" >&2; exit 1; }
+shapes="--steps $STEPS --batch $BATCH --seq-len $SEQ"
+# The shapes come from the C trainer's own table: one source of truth for every side.
+"$BUILD/train" --model "$MODEL" --seq-len "$SEQ" --model-info >"$LOG/info.txt" 2>&1 || true
+config_json=$(sed -n 's/^config: //p' "$LOG/info.txt")
+flops_per_token=$(sed -n 's/.*FLOPs\/token at seq [0-9]*: \([0-9.e+-]*\).*/\1/p' "$LOG/info.txt")
+[ -n "$config_json" ] && [ -n "$flops_per_token" ] || { cat "$LOG/info.txt"; echo "bench: could not read --model $MODEL" >&2; exit 1; }
+
+# The programs: name | command. A torch line that fails is reported and dropped; the C line may not fail.
+programs=("C reference|$BUILD/train --model $MODEL $shapes")
+torch_cmd="scripts/bench_torch.py --config-json '$config_json' $shapes --threads $THREADS"
+if ensure_torch2; then
+    v2=$("$VENV2/bin/python" -c 'import torch; print(torch.__version__)')
+    programs+=("torch $v2 eager|$VENV2/bin/python $torch_cmd --attention sdpa --fused-adamw")
+    [ "$COMPILE" = 1 ] && programs+=("torch $v2 compile|$VENV2/bin/python $torch_cmd --attention sdpa --fused-adamw --compile --warmup 3")
+fi
+if [ -x "$PYTHON" ]; then
+    v1=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo "?")
+    programs+=("torch $v1 eager|$PYTHON $torch_cmd --attention matmul")
+else
+    echo "bench: $PYTHON not found: no line for the project venv's PyTorch"
+fi
+
+echo "bench: $MODEL, batch $BATCH x seq $SEQ, $STEPS steps, $THREADS threads, $ROUNDS round(s); load: $(uptime | sed 's/.*load/load/')"
+# sgemm is measured right before each program: on a shared machine the load changes from one
+# program to the next, and each program's % of sgemm compares it with its own neighbourhood.
+for ((r = 1; r <= ROUNDS; r++)); do
+    for i in "${!programs[@]}"; do
+        name=${programs[$i]%%|*} cmd=${programs[$i]#*|}
+        out=$LOG/p$i.r$r.txt
+        "$BUILD/sgemm_rate" --n 2048 --reps 5 | tee "$LOG/sgemm.txt"
+        sed -n 's/.*gflops=//p' "$LOG/sgemm.txt" >>"$LOG/p$i.sgemm"
+        echo "bench: round $r: $name: $cmd"
+        if eval "$cmd" >"$out" 2>&1 && grep -q '^timing:' "$out"; then
+            grep '^timing:' "$out" | tail -1
+            timing_field "$out" mean_step_ms >>"$LOG/p$i.ms"
+        else
+            tail -5 "$out"
+            [ "$i" = 0 ] && { echo "bench: $BUILD/train failed" >&2; exit 1; }
+            echo "bench: $name failed: left out"
+        fi
+    done
+done
+
+median() { sort -g "$1" | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+c_ms=$(median "$LOG/p0.ms")
 
 echo
-echo "model $MODEL, batch $BATCH, seq $SEQ, $STEPS steps (mean over the last $((STEPS - 2))), threads $THREADS, torch $torch_version"
-awk -v cm="$c_ms" -v ct="$c_tps" -v tm="$t_ms" -v tt="$t_tps" 'BEGIN {
-    printf "%-22s %14s %14s\n", "", "ms/step", "tokens/s"
-    printf "%-22s %14.1f %14.1f\n", "C reference (train)", cm, ct
-    printf "%-22s %14.1f %14.1f\n", "PyTorch eager", tm, tt
-    printf "ratio PyTorch/C time: %.2f  (> 1: the C reference is faster)\n", tm / cm
-}'
+echo "model $MODEL, batch $BATCH, seq $SEQ, $STEPS steps (mean over the measured ones; median of $ROUNDS round(s)), threads $THREADS"
+echo "model FLOPs/token $flops_per_token; sgemm: OpenBLAS 2048^3 on $THREADS threads, measured before each program"
+printf "%-26s %10s %10s %13s %8s %9s %9s\n" "" "ms/step" "tokens/s" "model GFLOP/s" "sgemm" "% sgemm" "time / C"
+for i in "${!programs[@]}"; do
+    [ -s "$LOG/p$i.ms" ] || continue
+    awk -v name="${programs[$i]%%|*}" -v ms="$(median "$LOG/p$i.ms")" -v c="$c_ms" -v tokens=$((BATCH * SEQ)) \
+        -v fpt="$flops_per_token" -v sgemm="$(median "$LOG/p$i.sgemm")" 'BEGIN {
+        tps = tokens / (ms / 1e3); gf = tps * fpt / 1e9
+        printf "%-26s %10.1f %10.1f %13.1f %8.1f %8.1f%% %9.2f\n", name, ms, tps, gf, sgemm, 100 * gf / sgemm, ms / c
+    }'
+done
+echo "time / C > 1: the C reference is faster. Load after the run: $(uptime | sed 's/.*load/load/')"
 
 # Chapter 11: the simulator calibrated here, predicting the trainer's 2-rank step times.
 echo

@@ -49,7 +49,7 @@ typedef struct {
     int dp_replicate, dp_shard, grad_accum_steps, zero_stage, tp, pp, pp_microbatches, pp_virtual_stages, cp;
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
-    double bucket_mb, comm_timeout, export_hf_shard_mb;
+    double bucket_mb, comm_timeout, export_hf_shard_mb, peak_tflops;
     bool model_info, no_overlap, desync_init, sequence_parallel, fp8, cuda_sync_debug;
 } Options;
 
@@ -85,6 +85,8 @@ static const ArgSpec FLAGS[] = {
     {"cuda-sync-debug", ARG_BOOL, &opt.cuda_sync_debug, NULL,
      "with --device cuda: wait for every kernel as it is launched, so a fault names the kernel and its file:line "
      "(slow; the same as LLAMA_CUDA_SYNC_DEBUG=1)", .value_name = ""},
+    {"peak-tflops", ARG_DOUBLE, &opt.peak_tflops, "0", "the device's peak TFLOP/s: the log line adds MFU",
+     .min = 0, .max = UNBOUNDED},
     {"attention", ARG_CHOICE, &opt.attention, "flash", "attention kernel", .choices = ATTENTION_IMPL_NAMES},
     {"matmul", ARG_CHOICE, &opt.matmul, "blas", "matmul backend", .choices = MATMUL_BACKEND_NAMES},
     {"ac", ARG_CHOICE, &opt.ac, "none",
@@ -669,9 +671,13 @@ int main(int argc, char **argv) {
         double seconds = (now_ns() - t0) * 1e-9;
         if (step - start_step > 2) measured_seconds += seconds, measured_steps++;  // skip warm-up steps
         adapt_comm_timeout(seconds, step - start_step > 2, flags);
+        char rate[64];
+        double tokens_per_s = t.B * t.cp_layout.T / seconds;
         if (step % opt.log_every == 0 || step == opt.steps)
-            log_info("step %5lld | loss %.6f | grad_norm %.4f | lr %.3e | %.0f tok/s | mem %.1f MiB", step, r.loss,
-                     r.grad_norm, r.lr, t.B * t.cp_layout.T / seconds, mem_current_total() / 1048576.0);
+            log_info("step %5lld | loss %.6f | grad_norm %.4f | lr %.3e | %.0f tok/s%s | mem %.1f MiB", step, r.loss,
+                     r.grad_norm, r.lr, tokens_per_s,
+                     model_throughput_text(&cfg, t.cp_layout.T, tokens_per_s, opt.peak_tflops, rate, sizeof rate),
+                     mem_current_total() / 1048576.0);
         bool periodic = opt.checkpoint_every > 0 && step % opt.checkpoint_every == 0;
         if (opt.checkpoint_dir && (periodic || step == opt.steps)) {
             char path[4096];

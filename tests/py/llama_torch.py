@@ -8,7 +8,9 @@ Parameter names and shapes follow Meta's checkpoints (as torchtitan does), so
 Every linear layer is y = x @ W^T with W stored (out_features, in_features).
 
 Only torch >= 1.13 features are used: attention is written with matmuls (no
-scaled_dot_product_attention) and RoPE with real arithmetic on interleaved pairs.
+scaled_dot_product_attention) and RoPE with real arithmetic on interleaved pairs. The benchmark
+(scripts/bench_torch.py) may switch attention to torch 2.x's fused scaled_dot_product_attention
+by setting Attention.use_sdpa; the oracle never does.
 """
 import json
 import math
@@ -121,6 +123,21 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
+    use_sdpa = False  # torch >= 2.0 only; the benchmark's switch
+
+    @staticmethod
+    def sdpa(q, k, v, group):
+        """(B, T, H or KV, hd) each -> (B, H, T, hd) with torch's fused causal attention; GQA
+        natively where the version has enable_gqa (2.5+), else by repeating k and v."""
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        sdpa = F.scaled_dot_product_attention
+        if group > 1:
+            try:
+                return sdpa(q, k, v, is_causal=True, enable_gqa=True)
+            except TypeError:
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return sdpa(q, k, v, is_causal=True)
+
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
         hd = self.head_dim
@@ -130,6 +147,8 @@ class Attention(nn.Module):
         # GQA: query head h reads kv head h // (n_heads / n_kv_heads), i.e. each kv head is
         # repeated for a contiguous group of query heads.
         group = self.n_heads // self.n_kv_heads
+        if self.use_sdpa:
+            return self.wo(self.sdpa(q, k, v, group).transpose(1, 2).reshape(b, t, self.n_heads * hd))
         k = k.repeat_interleave(group, dim=2)
         v = v.repeat_interleave(group, dim=2)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (B, H, T, hd)
