@@ -32,6 +32,25 @@
 #include "reference_cpu/adamw.h"
 #include "reference_cpu/model.h"
 
+typedef struct Fsdp Fsdp;
+typedef struct FsdpUnit FsdpUnit;
+
+// How a unit's weights travel in stage 3's all-gather. NULL: as the fp32 shards themselves. A codec
+// sends fewer bytes (chapter 9's FP8 all-gather casts the projections to E4M3): each rank encodes its
+// shard into shard_bytes bytes (the same count on every rank), the all-gather moves those, and every
+// rank decodes all of them into the unit's full weights.
+typedef struct {
+    // After every change of the weights (creation, each optimizer step, a load), on every rank of the
+    // shard group: what the encoding needs to agree on across it (FP8: one scale per tensor). Collective.
+    void (*prepare)(void *ctx, const Fsdp *f);
+    size_t (*shard_bytes)(void *ctx, const Fsdp *f, const FsdpUnit *u);
+    // This rank's shard of u (u->params_shard) into shard_bytes bytes.
+    void (*encode)(void *ctx, const Fsdp *f, const FsdpUnit *u, unsigned char *out);
+    // Every rank's bytes (rank r's at r x shard_bytes) into u's full weights (u->shard x N elements).
+    void (*decode)(void *ctx, const Fsdp *f, const FsdpUnit *u, const unsigned char *in, real *full);
+    void *ctx;
+} FsdpWeightCodec;
+
 typedef enum { RESHARD_DEFAULT, RESHARD_ALWAYS, RESHARD_NEVER } ReshardPolicy;
 #define RESHARD_POLICY_NAMES "default|always|never"  // in enum order (--reshard-after-forward)
 
@@ -41,9 +60,10 @@ typedef struct {
                               //   default: yes, except the root units (embedding, head) and the last
                               //   block, which backward needs first (as torchtitan does)
     bool prefetch;            // stage 3: all-gather the next unit while this one computes
+    const FsdpWeightCodec *codec;  // stage 3: how the weights travel (NULL: fp32); must outlive the Fsdp
 } FsdpOptions;
 
-typedef struct {
+struct FsdpUnit {
     int unit;                  // the table layer: LAYER_EMBEDDING, 0..n_layers-1, n_layers
     size_t offset, numel;      // the unit's range in the flat layout
     size_t shard;              // S: elements per rank (the unit is padded to S * N)
@@ -53,12 +73,14 @@ typedef struct {
     real *full;                // (S * N) gathered weights; stage 3: NULL while resharded
     real *full_grads;          // (S * N) this rank's gradients; stages 2-3: only during backward
     real *reduced;             // (S) the reduce-scatter's output while it is in flight
-    CommHandle *gather;        // all-gather into full, in flight
+    CommHandle *gather;        // all-gather into full (with a codec: into wire_full), in flight
+    unsigned char *wire_shard, *wire_full;  // with a codec, while the gather is in flight: this rank's
+                                            // encoded shard, and everyone's (shard_bytes x N)
     CommHandle *reduce, *replicate_reduce;  // reduce-scatter (+ HSDP all-reduce), in flight
     bool reshard_after_forward;
-} FsdpUnit;
+};
 
-typedef struct {
+struct Fsdp {
     Model *model;
     Comm *shard_group;         // N ranks: dp_shard x cp
     Comm *replicate_group;     // HSDP: dp_replicate; NULL when there is one replica
@@ -69,7 +91,7 @@ typedef struct {
     bool sync;                 // this backward ends the step (the last micro-batch)
     int frontier;              // stage 3 prefetch: the furthest unit gathered ahead in this pass
     real *staging;             // (max S) stages 1-2: this rank's shard, sent by the all-gather
-} Fsdp;
+};
 
 // ZeRO's slices, shared with the pipeline's ZeRO-1 (chapter 7). A buffer of numel elements padded to
 // shard x N; the rank whose slice starts at element `mine` owns the real elements of

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "chapters/03_fsdp/fsdp.h"
 #include "chapters/09_fp8/fp8_cast.h"
 #include "common/comm.h"
 #include "reference_cpu/model.h"
@@ -102,6 +103,20 @@ void fp8_state_load(Fp8 *f, const char *path);
 // The scale delayed scaling will use next for block `layer`'s projection `proj`, operand `role`
 // (0 input, 1 weight, 2 output gradient): for tests and logs. 0 until the first fp8_step_end.
 float fp8_delayed_scale(const Fp8 *f, int layer, Projection proj, int role);
+
+// ---- FP8 all-gather under ZeRO-3 (torchtitan's float8 all-gather) -----------------------------
+// The codec (chapter 3's FsdpWeightCodec) that sends the seven projections' weights through stage
+// 3's all-gather as E4M3 bytes instead of fp32: each projection gets one scale s, from the amax of its
+// shards MAX-reduced over the shard group and tp, agreed after every weight update (prepare), so every
+// rank casts its shard onto the same grid. The norms travel in fp32. Decoded, the gathered weights
+// are exactly the values the FP8 GEMMs multiply: their amax is 448/s rounded to fp32, the tensorwise
+// scale computed from it is s again (fp32 division rounds 448/(448/s) back to s: checked for every
+// fp32 amax of a binade), and re-casting a value that is already on the grid returns its code. So a
+// run gives bit-identical results with and without it; only the bytes on the wire change (a quarter
+// for the projections). Tensorwise only: rowwise needs the weight scaled along K for the forward GEMM
+// and along N for dX, two casts that one gathered copy cannot serve; delayed takes its scales from
+// a history, not from the weights being sent.
+FsdpWeightCodec fp8_all_gather_codec(Fp8 *f);
 
 // Recipe by name (FP8_RECIPE_NAMES); -1 if unknown.
 int fp8_recipe_parse(const char *name);

@@ -50,7 +50,7 @@ typedef struct {
     long long seed;
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
     double bucket_mb, comm_timeout, export_hf_shard_mb, peak_tflops;
-    bool model_info, no_overlap, desync_init, sequence_parallel, fp8, cuda_sync_debug;
+    bool model_info, no_overlap, desync_init, sequence_parallel, fp8, fp8_all_gather, cuda_sync_debug;
 } Options;
 
 static Options opt = {.seq_len = -1, .warmup_steps = -1, .rope_theta = -1};
@@ -161,6 +161,8 @@ static const ArgSpec FLAGS[] = {
      .choices = FP8_RECIPE_NAMES},
     {"fp8-amax-history", ARG_INT, &opt.fp8_amax_history, "1024",
      "with --fp8-recipe delayed: steps of amax history a scale comes from", .min = 1, .max = UNBOUNDED},
+    {"fp8-all-gather", ARG_BOOL, &opt.fp8_all_gather, NULL,
+     "with --fp8 (tensorwise) and --zero-stage 3: all-gather the projections' weights as E4M3 bytes", .value_name = ""},
     {"grad-accum-steps", ARG_INT, &opt.grad_accum_steps, "1",
      "micro-batches per optimizer step on each rank; gradients sync after the last", .min = 1, .max = UNBOUNDED},
     {"bucket-mb", ARG_DOUBLE, &opt.bucket_mb, "25", "DDP gradient bucket size in MiB", .min = 1e-6, .max = 1e6},
@@ -385,18 +387,29 @@ static Fp8 *fp8;  // --fp8, else NULL
 static Fp8Hook fp8_model_hook;
 
 // Each amax is reduced over the ranks that hold other pieces of its tensor: the tp group (features)
-// and the data- and context-parallel ranks (tokens).
-static void fp8_install(Trainer *t) {
+// and the data- and context-parallel ranks (tokens). Created before the layout, which takes the
+// FP8 all-gather's codec.
+static FsdpWeightCodec fp8_gather_codec;
+
+static void fp8_create_for(Trainer *t, int n_layers, LayoutOptions *layout) {
     Fp8Options o = {(Fp8Recipe)args_choice_index(FP8_RECIPE_NAMES, opt.fp8_recipe), opt.fp8_amax_history, 0};
     Comm *tokens = t->mesh->dp_cp;
     Fp8Groups groups = {t->mesh->degree[MESH_TP] > 1 ? t->mesh->dim[MESH_TP] : NULL, comm_size(tokens) > 1 ? tokens : NULL};
-    fp8 = fp8_create(&o, t->model.cfg.n_layers, groups);
+    fp8 = fp8_create(&o, n_layers, groups);
+    if (opt.fp8_all_gather) {
+        fp8_gather_codec = fp8_all_gather_codec(fp8);
+        layout->weight_codec = &fp8_gather_codec;
+    }
+}
+
+static void fp8_install(Trainer *t) {
     fp8_model_hook = fp8_hook(fp8);
     t->model.fp8 = &fp8_model_hook;
-    if (o.recipe == FP8_DELAYED)
-        log_info("fp8: wq wk wv wo w1 w2 w3 of every block in FP8 (emulated), delayed scaling, amax history %d",
-                 o.amax_history);
-    else log_info("fp8: wq wk wv wo w1 w2 w3 of every block in FP8 (emulated), %s scaling", opt.fp8_recipe);
+    const char *what = "fp8: wq wk wv wo w1 w2 w3 of every block in FP8 (emulated)";
+    if (opt.fp8_recipe[0] == 'd')
+        log_info("%s, delayed scaling, amax history %d", what, opt.fp8_amax_history);
+    else log_info("%s, %s scaling%s", what, opt.fp8_recipe,
+                  opt.fp8_all_gather ? "; ZeRO-3 all-gathers them as E4M3 bytes" : "");
 }
 
 static void fp8_after_step(void *ctx, Trainer *t, const StepBatch *b, const StepResult *r) { fp8_step_end(fp8); }
@@ -502,6 +515,18 @@ static LayoutOptions layout_options(void) {
                            .cuda_sync_debug = opt.cuda_sync_debug};
 }
 
+// --fp8-all-gather casts what ZeRO-3 gathers; it needs that all-gather, and one cast per weight.
+static void check_fp8_all_gather_flags(void) {
+    if (!opt.fp8_all_gather) return;
+    if (!opt.fp8) fatal_input("--fp8-all-gather: needs --fp8");
+    if (strcmp(opt.fp8_recipe, "tensorwise") != 0)
+        fatal_input("--fp8-all-gather: needs --fp8-recipe tensorwise (%s scales a weight along each GEMM's contraction "
+                    "or from a history, not one gathered copy's scale)", opt.fp8_recipe);
+    if (opt.dp_shard == 1 || opt.zero_stage != 3 || opt.pp > 1)
+        fatal_input("--fp8-all-gather: casts ZeRO-3's weight all-gather; needs --dp-shard 2 or more with --zero-stage 3 "
+                    "and no --pp");
+}
+
 // Chapter 7's flags, before any rank starts: the schedule must exist for (p, m, v), the model must
 // split into p * v stages, and what pipeline stages do not combine with yet is refused.
 static void check_pipeline_flags(const ModelConfig *cfg, const ArgSpec *flags) {
@@ -587,6 +612,7 @@ int main(int argc, char **argv) {
     if (args_given(flags, N_FLAGS, "fp8-amax-history") && strcmp(opt.fp8_recipe, "delayed") != 0)
         fatal_input("--fp8-amax-history: only with --fp8-recipe delayed");
     if (opt.fp8 && cuda) fatal_input("--fp8: emulated on the CPU only; the GPU model has no FP8 path yet");
+    check_fp8_all_gather_flags();
     check_before_work(&cfg, flags);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
     if (opt.cuda_sync_debug && !cuda) fatal_input("--cuda-sync-debug: needs --device cuda");
@@ -620,6 +646,7 @@ int main(int argc, char **argv) {
     uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.dp_index : 0);
     ParamSource init = init_checkpoint ? hf_param_source(init_checkpoint) : param_source_seed(init_seed);
     LayoutOptions layout = layout_options();
+    if (opt.fp8) fp8_create_for(&t, cfg.n_layers, &layout);
     if (cuda) t.strategy = cuda_strategy_create(&t, &cfg, &init, &layout);
     else trainer_setup_layout(&t, &cfg, attention, &init, &layout);
     if (init_checkpoint) log_info("initial weights from %s", opt.init_from);

@@ -17,6 +17,7 @@
 #pragma once
 #include <stdbool.h>
 
+#include "chapters/03_fsdp/fsdp.h"
 #include "chapters/08_context_parallel/cp.h"
 #include "common/mesh.h"
 #include "reference_cpu/adamw.h"
@@ -102,6 +103,8 @@ typedef struct {
     int cp_mode;               // CpMode (chapter 8)
     bool cp_load_balance;      // zigzag split
     bool cuda_sync_debug;      // --device cuda: synchronize after every kernel launch, name the failing one
+    const FsdpWeightCodec *weight_codec;  // ZeRO-3: how weights travel in the all-gather (chapter 9's FP8
+                                          // all-gather); NULL: fp32
 } LayoutOptions;
 
 // Builds t->model (this tp rank's slice, sharded or staged as the layout needs, each rank asking

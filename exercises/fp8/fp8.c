@@ -117,6 +117,8 @@ struct Fp8 {
     size_t qa_cap, qb_cap;
     float *amax, *scales;
     size_t amax_cap, scales_cap;
+    // the FP8 all-gather: each projection weight's agreed scale (n_layers * N_PROJ); NULL without it
+    float *gathered_scale;
 };
 
 static void hook_forward(void *ctx, int layer, Projection p, real *out, const real *inp, const real *weight, int M,
@@ -151,7 +153,7 @@ Fp8 *fp8_create(const Fp8Options *o, int n_layers, Fp8Groups groups) {
 
 void fp8_free(Fp8 *f) {
     if (!f) return;
-    float *owned[] = {f->scale, f->amax_now, f->history, f->amax, f->scales};
+    float *owned[] = {f->scale, f->amax_now, f->history, f->amax, f->scales, f->gathered_scale};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) mem_free(owned[i]);
     mem_free(f->qa);
     mem_free(f->qb);
@@ -291,6 +293,143 @@ void fp8_linear_backward(Fp8 *f, int layer, Projection proj, real *dx, real *dw,
         Operand b = {x, M, K, along(f, FP8_PER_COL), FP8_E4M3, slot_of(f, layer, proj, ROLE_INPUT)};
         emulated_gemm(f, FP8_GEMM_WGRAD, proj, &a, &b, dw, M, K, N);
     }
+}
+
+// ================================ FP8 all-gather under ZeRO-3 ===================================
+
+// Which projection a table entry is, or -1 (norms, embedding, head: they travel in fp32).
+static int projection_of(const ParamInfo *p) {
+    static const char *const names[N_PROJ] = {".attention.wq.weight",    ".attention.wk.weight",
+                                              ".attention.wv.weight",    ".attention.wo.weight",
+                                              ".feed_forward.w1.weight", ".feed_forward.w2.weight",
+                                              ".feed_forward.w3.weight"};
+    size_t len = strlen(p->name);
+    for (int i = 0; i < N_PROJ; i++) {
+        size_t n = strlen(names[i]);
+        if (len > n && strcmp(p->name + len - n, names[i]) == 0) return i;
+    }
+    return -1;
+}
+
+// The part of tensor p inside unit-relative elements [lo, hi) of unit u: [*at, *at + *n), unit-relative.
+static bool overlap(const ParamInfo *p, const FsdpUnit *u, size_t lo, size_t hi, size_t *at, size_t *n) {
+    if (p->layer != u->unit) return false;
+    size_t first = p->offset - u->offset, end = first + p->numel;
+    *at = first > lo ? first : lo;
+    size_t stop = end < hi ? end : hi;
+    *n = stop > *at ? stop - *at : 0;
+    return *n > 0;
+}
+
+// The elements rank r sends of unit u: [r*S, r*S + S) without the padding.
+static void rank_range(const Fsdp *fs, const FsdpUnit *u, int r, size_t *lo, size_t *hi) {
+    *lo = (size_t)r * u->shard;
+    *hi = *lo + zero_slice_len(u->numel, u->shard, *lo);
+}
+
+static size_t wire_width(const ParamInfo *p) { return projection_of(p) >= 0 ? 1 : sizeof(real); }
+
+static float gathered_scale_of(const Fp8 *f, const ParamInfo *p) {
+    return f->gathered_scale[p->layer * N_PROJ + projection_of(p)];
+}
+
+static int as_int(size_t n) {
+    if (n > INT32_MAX) fatal("fp8 all-gather: a piece of %zu elements is more than the casts take at once", n);
+    return (int)n;
+}
+
+static void codec_prepare(void *ctx, const Fsdp *fs) {
+    Fp8 *f = ctx;
+    size_t n = (size_t)f->n_layers * N_PROJ;
+    for (size_t i = 0; i < n; i++) f->gathered_scale[i] = 0;  // the amaxes first
+    const ParamTable *table = &fs->model->table;
+    int r = comm_rank(fs->shard_group);
+    for (int k = 0; k < fs->n_units; k++) {
+        const FsdpUnit *u = &fs->units[k];
+        size_t lo, hi, at, len;
+        rank_range(fs, u, r, &lo, &hi);
+        for (int i = 0; i < table->count; i++) {
+            const ParamInfo *p = &table->items[i];
+            if (projection_of(p) < 0 || !overlap(p, u, lo, hi, &at, &len)) continue;
+            float amax;
+            fp8_amax(&amax, u->params_shard + (at - lo), 1, as_int(len), FP8_PER_TENSOR);
+            float *slot = &f->gathered_scale[p->layer * N_PROJ + projection_of(p)];
+            *slot = max_abs(*slot, amax);
+        }
+    }
+    reduce_max(fs->shard_group, f->gathered_scale, n);
+    reduce_max(fs->tp_group, f->gathered_scale, n);     // its other tp slices
+    for (size_t i = 0; i < n; i++) f->gathered_scale[i] = (float)fp8_scale_from_amax(f->gathered_scale[i], FP8_E4M3, false);
+}
+
+// Bytes of rank r's piece: one per projection element, sizeof(real) per other element.
+static size_t range_bytes(const Fsdp *fs, const FsdpUnit *u, int r) {
+    const ParamTable *table = &fs->model->table;
+    size_t lo, hi, at, len, bytes = 0;
+    rank_range(fs, u, r, &lo, &hi);
+    for (int i = 0; i < table->count; i++)
+        if (overlap(&table->items[i], u, lo, hi, &at, &len)) bytes += len * wire_width(&table->items[i]);
+    return bytes;
+}
+
+// The same on every rank: the largest rank's (the others are padded with zeros).
+static size_t codec_shard_bytes(void *ctx, const Fsdp *fs, const FsdpUnit *u) {
+    size_t most = 0;
+    for (int r = 0; r < comm_size(fs->shard_group); r++) {
+        size_t b = range_bytes(fs, u, r);
+        if (b > most) most = b;
+    }
+    return most ? most : 1;
+}
+
+static void codec_encode(void *ctx, const Fsdp *fs, const FsdpUnit *u, unsigned char *out) {
+    Fp8 *f = ctx;
+    const ParamTable *table = &fs->model->table;
+    size_t lo, hi, at, len;
+    rank_range(fs, u, comm_rank(fs->shard_group), &lo, &hi);
+    memset(out, 0, codec_shard_bytes(ctx, fs, u));
+    for (int i = 0; i < table->count; i++) {
+        const ParamInfo *p = &table->items[i];
+        if (!overlap(p, u, lo, hi, &at, &len)) continue;
+        const real *x = u->params_shard + (at - lo);
+        if (projection_of(p) >= 0) {
+            float scale = gathered_scale_of(f, p);
+            fp8_quantize(out, x, 1, as_int(len), FP8_PER_TENSOR, &scale, FP8_E4M3);
+        } else {
+            memcpy(out, x, sizeof(real) * len);
+        }
+        out += len * wire_width(p);
+    }
+}
+
+static void codec_decode(void *ctx, const Fsdp *fs, const FsdpUnit *u, const unsigned char *in, real *full) {
+    Fp8 *f = ctx;
+    const ParamTable *table = &fs->model->table;
+    int N = comm_size(fs->shard_group);
+    size_t bytes = codec_shard_bytes(ctx, fs, u);
+    memset(full, 0, sizeof(real) * u->shard * (size_t)N);  // the padding
+    for (int r = 0; r < N; r++) {
+        const unsigned char *from = in + (size_t)r * bytes;
+        size_t lo, hi, at, len;
+        rank_range(fs, u, r, &lo, &hi);
+        for (int i = 0; i < table->count; i++) {
+            const ParamInfo *p = &table->items[i];
+            if (!overlap(p, u, lo, hi, &at, &len)) continue;
+            if (projection_of(p) >= 0) {
+                float scale = gathered_scale_of(f, p);
+                fp8_dequantize(full + at, from, 1, as_int(len), FP8_PER_TENSOR, &scale, FP8_E4M3);
+            } else {
+                memcpy(full + at, from, sizeof(real) * len);
+            }
+            from += len * wire_width(p);
+        }
+    }
+}
+
+FsdpWeightCodec fp8_all_gather_codec(Fp8 *f) {
+    if (f->o.recipe != FP8_TENSORWISE) fatal("fp8_all_gather_codec: tensorwise scaling only");
+    if (!f->gathered_scale) f->gathered_scale = mem_alloc(MEM_OTHER, sizeof(float) * (size_t)f->n_layers * N_PROJ);
+    return (FsdpWeightCodec){codec_prepare, codec_shard_bytes, codec_encode, codec_decode, f};
 }
 
 // ================================ delayed scaling's history =====================================

@@ -26,15 +26,50 @@ static void wait_exposed(CommHandle *h, const char *what, int unit) {
 }
 
 // ---- weights: all-gather before use, free after (stage 3) ---------------------------------------
+// Without a codec the shards are gathered straight into the full buffer; with one, this rank's
+// encoded shard is gathered into everyone's encoded bytes, decoded when the gather is awaited.
 static void start_gather(Fsdp *f, FsdpUnit *u) {
     if (u->full) return;  // gathered already, or in flight
     u->full = alloc_real(MEM_PARAMS, padded(u, f));
-    u->gather = comm_all_gather_start(f->shard_group, u->params_shard, u->full, u->shard, COMM_REAL);
+    const FsdpWeightCodec *codec = f->options.codec;
+    if (!codec) {
+        u->gather = comm_all_gather_start(f->shard_group, u->params_shard, u->full, u->shard, COMM_REAL);
+        return;
+    }
+    size_t bytes = codec->shard_bytes(codec->ctx, f, u);
+    u->wire_shard = mem_alloc(MEM_COMM, bytes);
+    u->wire_full = mem_alloc(MEM_COMM, bytes * (size_t)n_ranks(f));
+    codec->encode(codec->ctx, f, u, u->wire_shard);
+    u->gather = comm_all_gather_start(f->shard_group, u->wire_shard, u->wire_full, bytes, COMM_BYTE);
+}
+
+static void free_wire(FsdpUnit *u) {
+    mem_free(u->wire_shard);
+    mem_free(u->wire_full);
+    u->wire_shard = u->wire_full = NULL;
+}
+
+// Waits for u's all-gather (the wait is exposed communication) and, with a codec, decodes it.
+static void await_gather(Fsdp *f, FsdpUnit *u) {
+    if (!u->gather) return;
+    wait_exposed(u->gather, "fsdp all-gather wait", u->unit);
+    u->gather = NULL;
+    const FsdpWeightCodec *codec = f->options.codec;
+    if (codec && u->wire_full) codec->decode(codec->ctx, f, u, u->wire_full, u->full);
+    free_wire(u);
 }
 
 static void release_full(FsdpUnit *u) {
     mem_free(u->full);
     u->full = NULL;
+}
+
+// A gather nobody will use (the end of backward, teardown): waited for and dropped with the weights.
+static void drop_gather(FsdpUnit *u) {
+    comm_wait(u->gather);
+    u->gather = NULL;
+    free_wire(u);
+    release_full(u);
 }
 
 // The unit that runs after `idx` in this pass, whose all-gather can start now, or -1. Forward
@@ -51,8 +86,8 @@ static const real *storage_params(void *ctx, int unit, ModelPass pass) {
     Fsdp *f = ctx;
     FsdpUnit *u = unit_of(f, unit);
     if (f->options.stage < 3) return u->full;
-    // LAB fsdp: make sure u's all-gather is started (start_gather), wait for it (wait_exposed), then with options.prefetch start the next unit's (next_to_prefetch) and move f->frontier; return the gathered weights
-    LAB_HOLE("fsdp", "make sure u's all-gather is started (start_gather), wait for it (wait_exposed), then with options.prefetch start the next unit's (next_to_prefetch) and move f->frontier; return the gathered weights");
+    // LAB fsdp: make sure u's all-gather is started (start_gather), wait for it (await_gather), then with options.prefetch start the next unit's (next_to_prefetch) and move f->frontier; return the gathered weights
+    LAB_HOLE("fsdp", "make sure u's all-gather is started (start_gather), wait for it (await_gather), then with options.prefetch start the next unit's (next_to_prefetch) and move f->frontier; return the gathered weights");
     // END LAB
 }
 
@@ -138,6 +173,10 @@ static void init_unit_range(const Model *m, const FsdpUnit *u, const ParamSource
     }
 }
 
+static void prepare_codec(Fsdp *f) {
+    if (f->options.codec) f->options.codec->prepare(f->options.codec->ctx, f);
+}
+
 static bool reshard_after_forward(const Fsdp *f, int unit) {
     int L = f->model->cfg.n_layers;
     switch (f->options.reshard) {
@@ -185,6 +224,8 @@ Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *
         if (u->shard > max_shard) max_shard = u->shard;
     }
     if (options->stage < 3) f->staging = alloc_real(MEM_COMM, max_shard);
+    if (options->codec && options->stage != 3) fatal("fsdp_create: a weight codec needs stage 3");
+    prepare_codec(f);
     f->frontier = -1;
     model->storage = (UnitStorage){storage_params, storage_params_done, storage_grads, f};
     model->grads_ready = on_grads_ready;
@@ -198,7 +239,7 @@ void fsdp_free(Fsdp *f) {
     f->model->grads_ready = NULL;
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        comm_wait(u->gather);
+        if (u->gather) drop_gather(u);
         retire_reduce(f, u);
         if (f->options.stage == 3) mem_free(u->params_shard);
         if (f->options.stage != 1) mem_free(u->grads_shard);
@@ -229,11 +270,7 @@ void fsdp_begin_backward(Fsdp *f, bool sync) {
 void fsdp_end_backward(Fsdp *f) {
     for (int i = f->n_units - 1; i >= 0; i--) retire_reduce(f, &f->units[i]);  // in launch order
     if (f->options.stage == 3)
-        for (int i = 0; i < f->n_units; i++) {
-            comm_wait(f->units[i].gather);
-            f->units[i].gather = NULL;
-            release_full(&f->units[i]);
-        }
+        for (int i = 0; i < f->n_units; i++) drop_gather(&f->units[i]);
     f->frontier = -1;  // the next forward starts at the embedding
 }
 
@@ -279,6 +316,7 @@ void fsdp_adamw_step(Fsdp *f, long long step, double lr, const AdamWConfig *cfg)
         adamw_step(u->params_shard, u->grads_shard, u->adam_m, u->adam_v, u->shard, step, lr, cfg);
     }
     if (f->options.stage < 3) gather_updated_weights(f);
+    prepare_codec(f);  // the weights changed
 }
 
 static real *shard_of(FsdpUnit *u, StateKind kind) {
@@ -307,6 +345,7 @@ void fsdp_load_full(Fsdp *f, StateKind kind, const real *flat) {
         memcpy(dst, flat + u->offset + mine, sizeof(real) * zero_slice_len(u->numel, u->shard, mine));
     }
     if (kind == STATE_WEIGHTS && f->options.stage < 3) gather_updated_weights(f);
+    if (kind == STATE_WEIGHTS) prepare_codec(f);
 }
 
 // ---- memory model ----------------------------------------------------------------------------------
