@@ -142,10 +142,21 @@ def read_pftrace(data):
     return list(ranks.values())
 
 
+def chrome_events(text):
+    """The events of a Chrome JSON trace: the object form's traceEvents, or the bare array."""
+    doc = json.loads(text)
+    return doc["traceEvents"] if isinstance(doc, dict) else doc
+
+
+def load_chrome_events(path):
+    """chrome_events of a file (what the tests' trace checks read)."""
+    with open(path) as f:
+        return chrome_events(f.read())
+
+
 def read_json(text):
     """Ranks from the Chrome JSON form (pid = rank, one tid per track, X events in time order)."""
-    doc = json.loads(text)
-    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    events = chrome_events(text)
     ranks, thread_names = {}, {}
     for e in events:
         if e.get("ph") == "M" and e.get("name") == "process_name":

@@ -10,9 +10,12 @@ assert, how much of that communication overlaps the attention blocks (timing dep
 usage: check_cp_trace.py TRACE.json --cp N --layers L --microbatches M --steps S [--ac-full]
 """
 import argparse
-import json
+import pathlib
 import sys
 from collections import Counter, defaultdict
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "traces"))  # trace_summary
+from trace_summary import load_chrome_events  # noqa: E402
 
 
 def main():
@@ -24,9 +27,7 @@ def main():
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--ac-full", action="store_true")
     args = ap.parse_args()
-    with open(args.trace) as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
+    events = load_chrome_events(args.trace)
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     n = args.cp

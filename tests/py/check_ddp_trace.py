@@ -16,7 +16,7 @@ usage: check_ddp_trace.py TRACE.json --ckpt CKPT.safetensors --bucket-bytes B
                           (--expect-overlap | --expect-no-overlap)
 """
 import argparse
-import json
+import pathlib
 import sys
 from collections import defaultdict
 
@@ -24,6 +24,9 @@ import numpy as np
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import safetensors_io  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "traces"))  # trace_summary
+from trace_summary import load_chrome_events  # noqa: E402
 
 
 def main():
@@ -39,9 +42,7 @@ def main():
     sizes = [int(np.prod(t.shape)) * 4 for name, t in tensors.items() if name.startswith("param.")]
     total, limit = sum(sizes), max(args.bucket_bytes, max(sizes))
 
-    with open(args.trace) as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
+    events = load_chrome_events(args.trace)
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     steps, reduces, backward = defaultdict(list), defaultdict(list), defaultdict(list)  # backward: "ddp wait" begins

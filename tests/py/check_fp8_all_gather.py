@@ -12,16 +12,17 @@ projection and move the same bytes either way. Exit 1, naming the first mismatch
 with the totals and their ratio.
 """
 import argparse
-import json
+import pathlib
 import sys
 from collections import defaultdict
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "traces"))  # trace_summary
+from trace_summary import load_chrome_events  # noqa: E402
 
 
 def gathers(path):
     """The all_gather slices' byte counts, per process (rank), in time order."""
-    with open(path) as f:
-        doc = json.load(f)
-    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    events = load_chrome_events(path)
     per_rank = defaultdict(list)
     for e in sorted((e for e in events if e.get("name") == "all_gather" and "bytes" in e.get("args", {})),
                     key=lambda e: e["ts"]):

@@ -29,15 +29,16 @@ usage: check_fsdp_trace.py TRACE.json [--expect-prefetch NO_PREFETCH.json | --ex
 Prints, per rank, how many all-gathers and reduce-scatters overlap a block's forward or backward.
 """
 import argparse
-import json
+import pathlib
 import sys
 from collections import defaultdict
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "traces"))  # trace_summary
+from trace_summary import load_chrome_events  # noqa: E402
+
 
 def slices_by_rank(path):
-    with open(path) as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
+    events = load_chrome_events(path)
     thread_names = {}
     for e in events:
         if e.get("ph") == "M" and e.get("name") == "thread_name":
@@ -57,9 +58,7 @@ def slices_by_rank(path):
 
 def params_at_forward_blocks(path):
     """rank -> the "mem params" counter value at the start of each forward block, in order."""
-    with open(path) as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
+    events = load_chrome_events(path)
     thread_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
                     if e.get("ph") == "M" and e.get("name") == "thread_name"}
     counters, blocks = defaultdict(list), defaultdict(list)
@@ -77,9 +76,7 @@ def params_at_forward_blocks(path):
 
 def comm_sequence_by_step(path):
     """{rank: [[(op, group, bytes), ...] per step]} in the order the comm worker started them."""
-    with open(path) as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
+    events = load_chrome_events(path)
     thread_names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
                     if e.get("ph") == "M" and e.get("name") == "thread_name"}
     steps, comms = defaultdict(list), defaultdict(list)

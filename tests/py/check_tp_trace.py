@@ -12,9 +12,12 @@ usage: check_tp_trace.py TRACE.json --layers L --tokens B*T --dim D [--sequence-
 (--last-step: only the trace's last training step, e.g. when step 1 also gathered a --grad-dump)
 """
 import argparse
-import json
+import pathlib
 import sys
 from collections import Counter, defaultdict
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "traces"))  # trace_summary
+from trace_summary import load_chrome_events  # noqa: E402
 
 
 def main():
@@ -26,9 +29,7 @@ def main():
     ap.add_argument("--sequence-parallel", action="store_true")
     ap.add_argument("--last-step", action="store_true", help="count only the last training step")
     args = ap.parse_args()
-    with open(args.trace) as f:
-        data = json.load(f)
-    events = data["traceEvents"] if isinstance(data, dict) else data
+    events = load_chrome_events(args.trace)
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     steps = defaultdict(list)  # pid -> [(begin, end)] of the training steps (not the checkpoint's gathers)

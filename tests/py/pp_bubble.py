@@ -22,20 +22,19 @@ executor's "pipeline-wait" slices count as bubble there).
 """
 import argparse
 import json
+import pathlib
 import sys
 from collections import defaultdict
 
-sys.path.insert(0, __file__.rsplit("/", 3)[0] + "/traces")
-from trace_summary import intersection_length, length, union  # noqa: E402
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "traces"))  # trace_summary
+from trace_summary import intersection_length, length, load_chrome_events, union  # noqa: E402
 
 ACTIONS = ("forward", "backward")
 
 
 def read(path):
     """Per rank (pid): its step slices and its action slices, as (begin, end) in ns."""
-    with open(path) as f:
-        doc = json.load(f)
-    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    events = load_chrome_events(path)
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
                if e.get("ph") == "M" and e.get("name") == "thread_name"}
     steps, actions = defaultdict(list), defaultdict(list)
@@ -54,9 +53,7 @@ def read(path):
 
 def read_actions_in_steps(path):
     """Per rank, per step: the (kind, microbatch, stage) of its forward/backward slices, in order."""
-    with open(path) as f:
-        doc = json.load(f)
-    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    events = load_chrome_events(path)
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
                if e.get("ph") == "M" and e.get("name") == "thread_name"}
     steps, actions = defaultdict(list), defaultdict(list)
