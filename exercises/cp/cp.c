@@ -246,53 +246,52 @@ static void ring_backward(ContextParallel *cp, real *dq, real *dk, real *dv, con
 //   full    (B, n Tl, Hl, hd)       every rank's tokens in rank order, this rank's head group
 // and for the log-sum-exp, local (B, H, Tl), blocks n x (B, Hl, Tl), full (B, Hl, n Tl).
 
+// Every move between these layouts copies contiguous runs of `run` elements, indexed by three loops;
+// a layout is the element strides of those loops. `reverse` copies the other way.
+typedef struct {
+    size_t stride[3];
+} Strides;
+
+static void move_runs(const int n[3], size_t run, const real *a, Strides sa, real *b, Strides sb, bool reverse) {
+    for (int i = 0; i < n[0]; i++)
+        for (int j = 0; j < n[1]; j++)
+            for (int k = 0; k < n[2]; k++) {
+                real *x = (real *)a + i * sa.stride[0] + j * sa.stride[1] + k * sa.stride[2];
+                real *y = b + i * sb.stride[0] + j * sb.stride[1] + k * sb.stride[2];
+                if (reverse) memcpy(x, y, sizeof(real) * run);
+                else memcpy(y, x, sizeof(real) * run);
+            }
+}
+
+// Loops (p, b, t), runs of one token's Hl heads.
 static void local_to_blocks(const ContextParallel *cp, int H, const real *local, real *blocks, bool reverse) {
-    int n = cp->layout.n, Hl = H / n, hd = cp->hd;
-    for (int p = 0; p < n; p++)
-        for (int b = 0; b < cp->B; b++)
-            for (int t = 0; t < cp->Tl; t++) {
-                real *blk = blocks + ((((size_t)p * cp->B + b) * cp->Tl + t) * Hl) * hd;
-                real *loc = (real *)local + (((size_t)b * cp->Tl + t) * H + (size_t)p * Hl) * hd;
-                if (reverse) memcpy(loc, blk, sizeof(real) * Hl * hd);
-                else memcpy(blk, loc, sizeof(real) * Hl * hd);
-            }
+    size_t n = (size_t)cp->layout.n, B = (size_t)cp->B, Tl = (size_t)cp->Tl, run = (size_t)H / n * cp->hd;
+    int loops[3] = {(int)n, cp->B, cp->Tl};
+    Strides loc = {{run, Tl * H * cp->hd, (size_t)H * cp->hd}}, blk = {{B * Tl * run, Tl * run, run}};
+    move_runs(loops, run, local, loc, blocks, blk, reverse);
 }
 
+// Loops (p, b), runs of Tl tokens' Hl heads.
 static void blocks_to_full(const ContextParallel *cp, int Hl, const real *blocks, real *full, bool reverse) {
-    int n = cp->layout.n, hd = cp->hd;
-    size_t row = (size_t)Hl * hd;
-    for (int p = 0; p < n; p++)
-        for (int b = 0; b < cp->B; b++) {
-            real *blk = (real *)blocks + (((size_t)p * cp->B + b) * cp->Tl) * row;
-            real *f = full + ((size_t)b * n * cp->Tl + (size_t)p * cp->Tl) * row;
-            if (reverse) memcpy(blk, f, sizeof(real) * cp->Tl * row);
-            else memcpy(f, blk, sizeof(real) * cp->Tl * row);
-        }
+    size_t n = (size_t)cp->layout.n, B = (size_t)cp->B, run = (size_t)cp->Tl * Hl * cp->hd;
+    int loops[3] = {(int)n, cp->B, 1};
+    Strides blk = {{B * run, run, 0}}, f = {{run, n * run, 0}};
+    move_runs(loops, run, blocks, blk, full, f, reverse);
 }
 
-// The log-sum-exp's layouts (reverse: full -> blocks -> local).
+// The log-sum-exp's layouts (reverse: full -> blocks -> local). Loops (p, b, h), runs of Tl.
 static void lse_local_to_blocks(const ContextParallel *cp, real *local, real *blocks, bool reverse) {
-    int n = cp->layout.n, Hl = cp->H / n;
-    for (int p = 0; p < n; p++)
-        for (int b = 0; b < cp->B; b++)
-            for (int h = 0; h < Hl; h++) {
-                real *blk = blocks + (((size_t)p * cp->B + b) * Hl + h) * cp->Tl;
-                real *loc = local + ((size_t)b * cp->H + (size_t)p * Hl + h) * cp->Tl;
-                if (reverse) memcpy(loc, blk, sizeof(real) * cp->Tl);
-                else memcpy(blk, loc, sizeof(real) * cp->Tl);
-            }
+    size_t n = (size_t)cp->layout.n, B = (size_t)cp->B, Tl = (size_t)cp->Tl, Hl = (size_t)cp->H / n;
+    int loops[3] = {(int)n, cp->B, (int)Hl};
+    Strides loc = {{Hl * Tl, (size_t)cp->H * Tl, Tl}}, blk = {{B * Hl * Tl, Hl * Tl, Tl}};
+    move_runs(loops, Tl, local, loc, blocks, blk, reverse);
 }
 
 static void lse_blocks_to_full(const ContextParallel *cp, real *blocks, real *full, bool reverse) {
-    int n = cp->layout.n, Hl = cp->H / n;
-    for (int p = 0; p < n; p++)
-        for (int b = 0; b < cp->B; b++)
-            for (int h = 0; h < Hl; h++) {
-                real *blk = blocks + (((size_t)p * cp->B + b) * Hl + h) * cp->Tl;
-                real *f = full + (((size_t)b * Hl + h) * n + p) * cp->Tl;
-                if (reverse) memcpy(blk, f, sizeof(real) * cp->Tl);
-                else memcpy(f, blk, sizeof(real) * cp->Tl);
-            }
+    size_t n = (size_t)cp->layout.n, B = (size_t)cp->B, Tl = (size_t)cp->Tl, Hl = (size_t)cp->H / n;
+    int loops[3] = {(int)n, cp->B, (int)Hl};
+    Strides blk = {{B * Hl * Tl, Hl * Tl, Tl}}, f = {{Tl, Hl * n * Tl, n * Tl}};
+    move_runs(loops, Tl, blocks, blk, full, f, reverse);
 }
 
 static real *alloc_comm(size_t count) { return mem_alloc(MEM_COMM, sizeof(real) * count); }
