@@ -29,6 +29,10 @@ CUDA_HOME_FOUND := $(if $(NVCC),$(abspath $(dir $(NVCC))/..))
 HAVE_NCCL := $(shell printf '\043include <nccl.h>\nint main(void){int v; return ncclGetVersion(&v);}' | \
   $(CC) -x c - -o /dev/null $(if $(CUDA_HOME_FOUND),-I$(CUDA_HOME_FOUND)/include -L$(CUDA_HOME_FOUND)/lib -L$(CUDA_HOME_FOUND)/lib64) \
   -lnccl 2>/dev/null && echo yes)
+# CUPTI (the GPU timeline's per-kernel records): found when a program using it links against -lcupti.
+HAVE_CUPTI := $(if $(CUDA_HOME_FOUND),$(shell printf '\043include <cupti.h>\nint main(void){uint64_t t; return cuptiGetTimestamp(&t);}' | \
+  $(CC) -x c - -o /dev/null -I$(CUDA_HOME_FOUND)/include -I$(CUDA_HOME_FOUND)/extras/CUPTI/include \
+  -L$(CUDA_HOME_FOUND)/lib64 -L$(CUDA_HOME_FOUND)/extras/CUPTI/lib64 -lcupti 2>/dev/null && echo yes))
 HAVE_OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo yes)
 
 WARN := -Wall -Wextra -Wno-unused-parameter
@@ -98,7 +102,7 @@ all: probe $(PROGRAMS) $(TEST_DRIVERS) $(if $(HAVE_CHECK),$(TEST_BIN))
 probe:
 	@echo "probe: cc=$(CC) ($(shell $(CC) -dumpfullversion 2>/dev/null))" \
 	  "openmp=$(or $(HAVE_OPENMP),no) openblas=$(if $(HAVE_OPENBLAS),$(OPENBLAS_KIND),no) cjson=$(or $(HAVE_CJSON),no)" \
-	  "check=$(or $(HAVE_CHECK),no) mpi=$(if $(MPICC),yes,no) nvcc=$(if $(NVCC),yes,no) nccl=$(or $(HAVE_NCCL),no)"
+	  "check=$(or $(HAVE_CHECK),no) mpi=$(if $(MPICC),yes,no) nvcc=$(if $(NVCC),yes,no) nccl=$(or $(HAVE_NCCL),no) cupti=$(or $(HAVE_CUPTI),no)"
 ifneq ($(HAVE_CJSON),yes)
 	@echo "probe: libcjson is required (safetensors headers, JSON traces): run 'make deps'" && false
 endif
@@ -162,12 +166,14 @@ NVCCFLAGS := -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -lineinfo -I. 
 GPU_PROGRAM_SRC := $(wildcard gpu/main_*.c)
 # The NCCL communicator (gpu/nccl.cu) and its test only where NCCL was found.
 NO_NCCL_SRC := $(if $(HAVE_NCCL),,gpu/nccl.cu tests/gpu/test_gpu_nccl.c)
+# The per-kernel timeline from CUPTI where it was found; gpu/no_cupti.c (off, saying why) elsewhere.
+NOT_CUPTI_SRC := $(if $(HAVE_CUPTI),gpu/no_cupti.c,gpu/cupti.c)
 GPU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(filter-out $(NO_NCCL_SRC),$(wildcard gpu/*.cu))) \
-  $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out $(GPU_PROGRAM_SRC),$(wildcard gpu/*.c)))
+  $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out $(GPU_PROGRAM_SRC) $(NOT_CUPTI_SRC),$(wildcard gpu/*.c)))
 LIBGPU := $(BUILD)/libgpu.a
-GPU_CFLAGS := -I$(CUDA_HOME_FOUND)/include -Werror
+GPU_CFLAGS := -I$(CUDA_HOME_FOUND)/include -I$(CUDA_HOME_FOUND)/extras/CUPTI/include -Werror
 GPU_LDLIBS := -L$(CUDA_HOME_FOUND)/lib64 -Wl,-rpath,$(CUDA_HOME_FOUND)/lib64 -lcublasLt -lcudart -lstdc++ \
-  $(if $(HAVE_NCCL),-lnccl)
+  $(if $(HAVE_NCCL),-lnccl) $(if $(HAVE_CUPTI),-L$(CUDA_HOME_FOUND)/extras/CUPTI/lib64 -lcupti)
 GPU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(filter-out $(NO_NCCL_SRC),$(wildcard tests/gpu/test_*.c)))
 GPU_PROGRAMS := $(GPU_TEST_BIN) $(foreach f,$(GPU_PROGRAM_SRC),$(BUILD)/$(patsubst main_%.c,%,$(notdir $(f)))) \
   $(BUILD)/train-cuda
@@ -215,7 +221,7 @@ endif
 # linked with the GPU test programs: build/tests/emu/test_gpu_* run tests/gpu/'s checks here.
 EMU_CXXFLAGS := -std=c++17 -O2 -I tests/gpu/emu/include -I. -DGPU_EMULATOR $(WARN) -Wno-unknown-pragmas -Werror -MMD -MP
 EMU_OBJ := $(patsubst gpu/%.cu,$(BUILD)/obj/emu/%.o,$(filter-out gpu/matmul.cu gpu/runtime.cu,$(wildcard gpu/*.cu))) \
-  $(BUILD)/obj/emu/emu.o $(patsubst gpu/%.c,$(BUILD)/obj/emu/%.o,$(filter-out gpu/main_%.c,$(wildcard gpu/*.c)))
+  $(BUILD)/obj/emu/emu.o $(patsubst gpu/%.c,$(BUILD)/obj/emu/%.o,$(filter-out gpu/main_%.c gpu/cupti.c,$(wildcard gpu/*.c)))
 EMU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/emu/%,$(wildcard tests/gpu/test_*.c)) \
   $(BUILD)/tests/emu/test_emulator $(BUILD)/tests/emu/train
 ifneq ($(shell command -v $(CXX) 2>/dev/null),)
@@ -229,7 +235,7 @@ $(BUILD)/obj/emu/emu.o: tests/gpu/emu/emu.cpp
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 $(BUILD)/obj/emu/%.o: gpu/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Werror -c $< -o $@
+	$(CC) $(CFLAGS) -DGPU_EMULATOR -Werror -c $< -o $@
 $(BUILD)/tests/emu/test_emulator: tests/gpu/emu/test_emulator.cpp $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(LDLIBS)

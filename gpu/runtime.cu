@@ -19,7 +19,6 @@ typedef struct {
 } Allocation;
 static Allocation *allocations;
 static size_t n_allocations, cap_allocations;
-static size_t current_bytes[MEM_N_CATEGORIES], peak_bytes[MEM_N_CATEGORIES], current_total, peak_total;
 
 int gpu_device_count(char *why, size_t why_len) {
     int n = 0;
@@ -77,13 +76,6 @@ void gpu_device_description(char *out, size_t out_len) {
              prop.minor);
 }
 
-static void account(MemCategory category, size_t bytes, int sign) {
-    if (sign > 0) current_bytes[category] += bytes, current_total += bytes;
-    else current_bytes[category] -= bytes, current_total -= bytes;
-    if (current_bytes[category] > peak_bytes[category]) peak_bytes[category] = current_bytes[category];
-    if (current_total > peak_total) peak_total = current_total;
-}
-
 void *gpu_alloc(MemCategory category, size_t bytes) {
     void *ptr = NULL;
     cudaError_t err = cudaMallocAsync(&ptr, bytes ? bytes : 1, gpu_stream());
@@ -93,8 +85,8 @@ void *gpu_alloc(MemCategory category, size_t bytes) {
         cudaMemGetInfo(&free_bytes, &total_bytes);  // best effort: the figures, if the device still answers
         fatal("out of GPU memory allocating %.2f MiB for %s (%s): %.2f MiB in use by this process, the device has "
               "%.2f MiB free of %.2f MiB",
-              bytes / 1048576.0, mem_category_name(category), cudaGetErrorString(err), current_total / 1048576.0,
-              free_bytes / 1048576.0, total_bytes / 1048576.0);
+              bytes / 1048576.0, mem_category_name(category), cudaGetErrorString(err),
+              gpu_mem_current_total() / 1048576.0, free_bytes / 1048576.0, total_bytes / 1048576.0);
     }
     CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, compute_stream));
     if (n_allocations == cap_allocations) {
@@ -104,7 +96,7 @@ void *gpu_alloc(MemCategory category, size_t bytes) {
     }
     Allocation *a = &allocations[n_allocations++];
     a->ptr = ptr, a->bytes = bytes, a->category = category;
-    account(category, bytes, +1);
+    gpu_mem_account(category, bytes, +1);
     return ptr;
 }
 
@@ -112,7 +104,7 @@ void gpu_free(void *ptr) {
     if (!ptr) return;
     for (size_t i = n_allocations; i-- > 0;) {  // recent allocations are freed first, usually
         if (allocations[i].ptr != ptr) continue;
-        account(allocations[i].category, allocations[i].bytes, -1);
+        gpu_mem_account(allocations[i].category, allocations[i].bytes, -1);
         allocations[i] = allocations[--n_allocations];
         CUDA_CHECK(cudaFreeAsync(ptr, compute_stream));
         return;
@@ -145,17 +137,14 @@ void gpu_copy(void *device_dst, const void *device_src, size_t bytes) {
 
 void gpu_memory_info(size_t *free_bytes, size_t *total_bytes) { CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes)); }
 
-size_t gpu_mem_current(MemCategory category) { return current_bytes[category]; }
-size_t gpu_mem_peak(MemCategory category) { return peak_bytes[category]; }
-size_t gpu_mem_peak_total(void) { return peak_total; }
 
 void gpu_memory_report(void) {
     const double mib = 1024.0 * 1024.0;
     log_info("GPU %d memory by category (MiB):   current      peak", device_id);
     for (int c = 0; c < MEM_N_CATEGORIES; c++)
-        log_info("  %-12s %24.2f %9.2f", mem_category_name((MemCategory)c), current_bytes[c] / mib,
-                 peak_bytes[c] / mib);
-    log_info("  %-12s %24.2f %9.2f", "total", current_total / mib, peak_total / mib);
+        log_info("  %-12s %24.2f %9.2f", mem_category_name((MemCategory)c), gpu_mem_current((MemCategory)c) / mib,
+                 gpu_mem_peak((MemCategory)c) / mib);
+    log_info("  %-12s %24.2f %9.2f", "total", gpu_mem_current_total() / mib, gpu_mem_peak_total() / mib);
     // What the CUDA allocator holds: reserved = taken from the driver (what nvidia-smi shows for
     // this process, less the context), used = handed out to us, scratch included.
     uint64_t reserved = 0, reserved_high = 0, used = 0, used_high = 0;

@@ -59,9 +59,14 @@ bool gpu_sync_debug(void);
 // The device's free and total memory now (cudaMemGetInfo).
 void gpu_memory_info(size_t *free_bytes, size_t *total_bytes);
 
+// Device memory by category, as gpu_alloc and gpu_free count it (gpu/memstats.c).
 size_t gpu_mem_current(MemCategory category);
 size_t gpu_mem_peak(MemCategory category);
+size_t gpu_mem_current_total(void);
 size_t gpu_mem_peak_total(void);
+// For the allocators: sign +1 for an allocation of bytes, -1 for its free. With tracing on, draws
+// the "gpu mem <category>" counter.
+void gpu_mem_account(MemCategory category, size_t bytes, int sign);
 // Per category current and peak (our accounting), then what the CUDA allocator reports: the
 // pool's reserved and used bytes (current and high-water marks) and the device's free/total.
 void gpu_memory_report(void);

@@ -13,9 +13,12 @@
 
 #include "chapters/10_trainer/trainer.h"
 #include "common/log.h"
+#include "common/trace.h"
+#include "gpu/activity.h"
 #include "gpu/dist.h"
 #include "gpu/model.h"
 #include "gpu/runtime.h"
+#include "gpu/timeline.h"
 
 typedef struct {
     GpuModel m;
@@ -53,8 +56,11 @@ static void cuda_clip(Strategy *s, double grad_norm, double max_norm) {  // as c
 static void cuda_optimizer_step(Strategy *s, long long step, double lr, const AdamWConfig *cfg) {
     GpuModel *m = &((GpuTraining *)s->impl)->m;
     size_t n = m->table.total_numel;
+    gpu_timeline_begin("adamw", "optimizer");
     if (m->params_bf16) gpu_adamw_step_bf16_copy(m->params, m->params_bf16, m->grads, m->adam_m, m->adam_v, n, step, lr, cfg);
     else gpu_adamw_step(m->params, m->grads, m->adam_m, m->adam_v, n, step, lr, cfg);
+    gpu_timeline_end();
+    gpu_timeline_flush();  // the step's GPU slices onto the trace (with tracing off: nothing)
 }
 
 static float *cuda_state(GpuModel *m, StateKind kind) {
@@ -80,6 +86,7 @@ static void cuda_report_memory(const Strategy *s) { gpu_memory_report(); }
 
 static void cuda_free(Strategy *s) {
     GpuTraining *g = s->impl;
+    gpu_activity_stop();
     gpu_model_free(&g->m);
     gpu_shutdown();
     free(g);
@@ -95,6 +102,16 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     if (o->ac != AC_NONE) fatal_input("--device cuda: no activation checkpointing on the GPU yet (use --ac none)");
 }
 
+// With tracing on: the regions the model marks on "cuda:compute" (always), and every kernel on its
+// stream's track where CUPTI can record them.
+static void start_gpu_timeline(void) {
+    if (!trace_enabled()) return;
+    char why[256];
+    if (gpu_activity_start(why, sizeof why))
+        log_info("GPU timeline: the marked regions, and every kernel, copy and fill per stream (CUPTI)");
+    else log_info("GPU timeline: the marked regions, timed by CUDA events (per-kernel records off: %s)", why);
+}
+
 bool trainer_has_cuda(void) { return true; }
 void trainer_exec_cuda_build(char **argv) { (void)argv; }
 
@@ -108,6 +125,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     char description[256];
     gpu_device_description(description, sizeof description);
     log_info("device: %s; bf16 compute, fp32 master weights and AdamW state", description);
+    start_gpu_timeline();
     model_init_unallocated(&t->model, cfg, ATTN_FLASH);  // the table and shapes, for checkpoints
     GpuTraining *g = calloc(1, sizeof *g);
     gpu_model_init_from(&g->m, cfg, init, GPU_BF16, t->micro, t->T);

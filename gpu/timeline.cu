@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/activity.h"
 #include "gpu/internal.cuh"
 #include "gpu/timeline.h"
 
@@ -65,10 +66,8 @@ void gpu_timeline_end(void) {
     marks.push_back(m);
 }
 
-void gpu_timeline_flush(void) {
-    if (!trace_enabled() || marks.empty()) return;
-    if (!open_regions.empty())
-        fatal("gpu_timeline_flush: region '%s' is still open", marks[open_regions.back()].name.c_str());
+// The marked regions, timed by their events against an anchor recorded now and waited for.
+static void emit_regions(void) {
     size_t anchor = record_event();
     CUDA_CHECK(cudaEventSynchronize(events[anchor]));
     long long anchor_ns = now_ns();
@@ -88,4 +87,15 @@ void gpu_timeline_flush(void) {
     }
     marks.clear();
     events_used = 0;
+}
+
+void gpu_timeline_flush(void) {
+    if (!trace_enabled()) return;
+    if (!open_regions.empty())
+        fatal("gpu_timeline_flush: region '%s' is still open", marks[open_regions.back()].name.c_str());
+    if (!marks.empty()) emit_regions();
+    if (gpu_activity_running()) {  // CUPTI's records of everything finished, every stream's
+        CUDA_CHECK(cudaDeviceSynchronize());
+        gpu_activity_flush();
+    }
 }

@@ -3,7 +3,8 @@
 # (build/tests/emu/train: chapters/10_trainer/train.c linked with gpu/*.cu compiled for the
 # emulator): the single process and DDP on 2 ranks sharing the emulated GPU, against the CPU
 # reference on the same seed and data. Also: the layouts the GPU trainer does not run yet are
-# refused with one line, and build/train says so cleanly when there is no device.
+# refused with one line, and build/train says so cleanly when there is no device. A traced run's
+# GPU timeline (regions, memory counters) and trace-summary's GPU figures.
 # Tolerances (bf16 compute, fp32 master weights):
 #   losses rtol 1e-3: the logits come from bf16 activations (8 significant bits, relative
 #     rounding <= 2^-9 = 2e-3 per stored value), but the mean over 32 tokens averages the
@@ -38,6 +39,54 @@ done
 echo "== GPU DDP vs the single GPU"
 $P --ckpt "$T/gpu_ddp2.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 1e-5
 grep -q "ddp on the GPU: 2 replicas" "$T/gpu_ddp2.log" || { echo "FAIL: gpu_ddp2 did not run DDP"; exit 1; }
+
+echo "== the GPU timeline of a traced run (DDP, 2 steps)"
+# Every step puts the model's marked regions on each rank's "cuda:compute" track (one embedding,
+# head and AdamW region each, a forward and a backward region per block), the device allocator's
+# "gpu mem <category>" counters next to the host's, and trace-summary reports the GPU's time.
+$MPIRUN -np 2 "$EMU_TRAIN" "${common[@]}" --device cuda --dp-replicate 2 --trace-json "$T/gpu.json" > "$T/gpu_trace.log" 2>&1 ||
+    { cat "$T/gpu_trace.log"; echo "FAIL: traced run"; exit 1; }
+grep -q "GPU timeline: the marked regions, timed by CUDA events (per-kernel records off: the CPU emulator has no CUPTI)" \
+    "$T/gpu_trace.log" || { echo "FAIL: the traced run does not say which GPU timeline it records"; exit 1; }
+"$PYTHON" - "$T/gpu.json" <<'PY'
+import json, sys
+from collections import Counter
+doc = json.load(open(sys.argv[1]))
+events = doc["traceEvents"] if isinstance(doc, dict) else doc
+tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
+regions = Counter((e["pid"], e["name"]) for e in events
+                  if e.get("ph") == "X" and tracks.get((e["pid"], e["tid"])) == "cuda:compute")
+steps, layers = 2, 4
+want = {"embedding fwd": 1, "block fwd": layers, "head fwd + loss": 1, "head bwd": 1, "block bwd": layers,
+        "embedding bwd": 1, "adamw": 1}
+problems = [f"rank {r}: {n} '{name}' regions, want {steps * k}" for r in (0, 1) for name, k in want.items()
+            if (n := regions[(r, name)]) != steps * k]
+counters = {e["name"] for e in events if e.get("ph") == "C"}
+problems += [f"no '{c}' counter" for c in ("gpu mem params", "gpu mem activations", "gpu mem optimizer") if c not in counters]
+if problems:
+    sys.exit("FAIL: GPU timeline: " + "; ".join(problems))
+print(f"ok: cuda:compute holds {sum(regions.values()) // 2} regions per rank over {steps} steps; gpu mem counters drawn")
+PY
+"$PYTHON" traces/trace_summary.py "$T/gpu.json" > "$T/gpu_summary.txt"
+grep -q "^GPU of rank 1 (ms): compute " "$T/gpu_summary.txt" || { cat "$T/gpu_summary.txt"; echo "FAIL: no GPU line"; exit 1; }
+echo "ok: trace-summary: $(grep '^GPU of rank 0' "$T/gpu_summary.txt")"
+# trace-summary's GPU figures on a timeline with known answers: a kernel [0, 10) us and an NCCL
+# kernel [5, 20) us on two streams: compute 10, nccl 15, exposed 10 (the part after the kernel).
+"$PYTHON" - "$T/gpu_synthetic.json" <<'PY'
+import json, sys
+meta = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "rank 0"}},
+        {"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": {"name": "cuda:stream 7"}},
+        {"ph": "M", "name": "thread_name", "pid": 0, "tid": 2, "args": {"name": "cuda:stream 13"}}]
+slices = [{"ph": "X", "name": "gemm", "cat": "kernel", "pid": 0, "tid": 1, "ts": 0, "dur": 10},
+          {"ph": "X", "name": "ncclDevKernel_AllReduce", "cat": "nccl", "pid": 0, "tid": 2, "ts": 5, "dur": 15}]
+json.dump({"traceEvents": meta + slices}, open(sys.argv[1], "w"))
+PY
+"$PYTHON" traces/trace_summary.py "$T/gpu_synthetic.json" --json | "$PYTHON" -c '
+import json, sys
+row = json.load(sys.stdin)["ranks"][0]
+got = (row["gpu_compute_us"], row["gpu_comm_us"], row["gpu_exposed_us"])
+sys.exit(0 if got == (10, 15, 10) else f"FAIL: trace-summary GPU figures {got}, want (10, 15, 10)")'
+echo "ok: trace-summary GPU figures on the synthetic timeline: compute 10, nccl 15, exposed 10 us"
 
 # Refused before any work, exit 2 and one line.
 for layout in "--tp 2" "--dp-shard 2" "--pp 2"; do

@@ -26,6 +26,13 @@ slices count once):
             for the activations or gradients of another: the pipeline bubble, even though a
             receive is posted on the comm stream meanwhile)
 
+With --device cuda, the GPU's tracks ("cuda:compute", the regions the model marks; "cuda:stream <id>",
+every kernel, copy and fill CUPTI recorded) give a second set, on the device's own time:
+
+  gpu compute   union of the top-level slices on the "cuda:*" tracks, except NCCL's kernels
+  gpu comm      union of the slices of category "nccl" (NCCL's kernels)
+  gpu exposed   gpu comm time during which no gpu compute runs
+
 Other tracks (data loading, counters) are outside every figure. The total line adds the ranks up
 (overlap from those sums) and gives the wall time from the earliest to the latest slice of any rank.
 Text output is in milliseconds; --json prints microseconds (exact to the nanosecond) for tests.
@@ -86,6 +93,7 @@ def intersection_length(a, b):
 
 WAIT_CATEGORY = "comm-wait"
 PIPELINE_WAIT_CATEGORY = "pipeline-wait"
+GPU_COMM_CATEGORY = "nccl"  # gpu/activity.c's category of NCCL's kernels
 
 
 class Rank:
@@ -93,6 +101,7 @@ class Rank:
         self.rank, self.name = rank, name
         self.compute, self.comm, self.waits, self.pipeline_waits = [], [], [], []  # (begin, end) in ns
         self.comm_by_group = defaultdict(list)  # "cp", "tp", ... -> (begin, end) of its comm track
+        self.gpu_compute, self.gpu_comm = [], []  # the "cuda:*" tracks: kernels and regions; NCCL's kernels
 
     def add(self, track_name, begin, end, depth, category=""):
         # A slice of category "comm-wait" on the compute track (DDP's "ddp wait", FSDP's all-gather
@@ -107,6 +116,10 @@ class Rank:
         elif track_name.startswith("comm:"):
             self.comm.append((begin, end))
             self.comm_by_group[track_name[len("comm:"):]].append((begin, end))
+        elif track_name.startswith("cuda:") and category == GPU_COMM_CATEGORY:
+            self.gpu_comm.append((begin, end))
+        elif track_name.startswith("cuda:") and depth == 0:
+            self.gpu_compute.append((begin, end))
 
 
 def read_pftrace(data):
@@ -203,6 +216,9 @@ def summarize(rank):
     row["exposed_by_group"] = {group: length(subtract(subtract(union(spans), compute), pipeline_waits))
                                for group, spans in sorted(rank.comm_by_group.items())}
     row["overlap_pct"] = overlap_pct(row["comm"], row["exposed"])
+    gpu_compute, gpu_comm = union(rank.gpu_compute), union(rank.gpu_comm)
+    row.update(gpu_compute=length(gpu_compute), gpu_comm=length(gpu_comm),
+               gpu_exposed=length(subtract(gpu_comm, gpu_compute)))
     if not busy:
         row.update(start=0, end=0, span=0, idle=0, bubble=0, bubble_pct=0.0)
         return row
@@ -219,7 +235,7 @@ def summarize(rank):
     return row
 
 
-TIMES = ("compute", "comm", "exposed", "idle", "bubble", "span")
+TIMES = ("compute", "comm", "exposed", "idle", "bubble", "span", "gpu_compute", "gpu_comm", "gpu_exposed")
 US_KEYS = TIMES + ("start", "end", "wall")  # in ns internally; microseconds in --json
 
 
@@ -259,6 +275,12 @@ def print_table(rows, total):
     for row in rows:
         print(table_line(row["rank"], row, row["name"]))
     print(table_line("total", total, f"({total['ranks']} ranks, wall {total['wall'] / 1e6:.3f} ms)"))
+    for row in rows:
+        if row["gpu_compute"] or row["gpu_comm"]:
+            gpu_overlap = overlap_pct(row["gpu_comm"], row["gpu_exposed"])
+            print(f"GPU of rank {row['rank']} (ms): compute {row['gpu_compute'] / 1e6:.3f}, "
+                  f"nccl {row['gpu_comm'] / 1e6:.3f}, nccl exposed {row['gpu_exposed'] / 1e6:.3f}"
+                  + ("" if gpu_overlap is None else f" (overlap {gpu_overlap:.1f}%)"))
     if total["exposed_by_group"]:
         print("exposed comm by group, all ranks (ms): "
               + ", ".join(f"{group} {ns / 1e6:.3f}" for group, ns in total["exposed_by_group"].items()))

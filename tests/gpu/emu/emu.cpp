@@ -329,6 +329,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     return err;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return emu_drain(); }
+cudaError_t cudaDeviceSynchronize(void) { return emu_drain(); }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
     EmuStream *stream = stream_or_compute(s);
     stream->free_at = std::max(stream->free_at, e->sim_done);
@@ -359,18 +360,15 @@ void gpu_device_description(char *out, size_t out_len) {
 }
 }  // extern "C"
 // Device memory is host memory (common/mem.h's, so the host report shows it too), with the device's
-// own per-category count kept apart from the host's, as gpu/runtime.cu keeps it.
+// own per-category count kept apart from the host's (gpu/memstats.c, as for gpu/runtime.cu).
 namespace {
 std::map<void *, std::pair<MemCategory, size_t>> device_allocations;
-size_t device_current[MEM_N_CATEGORIES], device_peak[MEM_N_CATEGORIES], device_total, device_peak_total;
 }  // namespace
 extern "C" {
 void *gpu_alloc(MemCategory category, size_t bytes) {
     void *ptr = mem_alloc(category, bytes);
     device_allocations[ptr] = {category, bytes};
-    device_current[category] += bytes, device_total += bytes;
-    device_peak[category] = std::max(device_peak[category], device_current[category]);
-    device_peak_total = std::max(device_peak_total, device_total);
+    gpu_mem_account(category, bytes, +1);
     return ptr;
 }
 void gpu_free(void *ptr) {  // cudaFreeAsync: after the work queued before it (simplest: all of it)
@@ -378,7 +376,7 @@ void gpu_free(void *ptr) {  // cudaFreeAsync: after the work queued before it (s
     synchronize("gpu_free");
     auto a = device_allocations.find(ptr);
     if (a == device_allocations.end()) fatal("gpu_free: %p was not allocated by gpu_alloc", ptr);
-    device_current[a->second.first] -= a->second.second, device_total -= a->second.second;
+    gpu_mem_account(a->second.first, a->second.second, -1);
     device_allocations.erase(a);
     mem_free(ptr);
 }
@@ -403,13 +401,10 @@ void gpu_memory_info(size_t *free_bytes, size_t *total_bytes) {
     char *end = NULL;
     size_t total = env && *env ? strtoull(env, &end, 10) : (size_t)80 << 30;
     if (end && *end) fatal_input("GPU_EMU_DEVICE_BYTES=%s: expected a number of bytes", env);
-    size_t used = device_total;
+    size_t used = gpu_mem_current_total();
     *total_bytes = total;
     *free_bytes = used < total ? total - used : 0;
 }
-size_t gpu_mem_current(MemCategory category) { return device_current[category]; }
-size_t gpu_mem_peak(MemCategory category) { return device_peak[category]; }
-size_t gpu_mem_peak_total(void) { return device_peak_total; }
 void gpu_memory_report(void) { mem_print_report(); }
 }
 
