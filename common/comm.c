@@ -92,6 +92,7 @@ static struct {
     bool trace;
     int tag_ub;
     Comm *world;
+    int local_rank, local_size;  // among the world's ranks on this host (MPI_COMM_TYPE_SHARED)
     // Messages so far to and from each world rank, the seq of trace flow ids. Worker only.
     uint64_t *sent, *received;
 } stream;
@@ -737,6 +738,11 @@ void comm_init(int *argc, char ***argv, const CommOptions *options) {
     int *world_ranks = checked_calloc((size_t)size, sizeof *world_ranks);
     for (int r = 0; r < size; r++) world_ranks[r] = r;
     stream.world = new_comm(world, "world", world_ranks);
+    MPI_Comm host;  // the ranks that share this host's memory: one node
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+    MPI_Comm_rank(host, &stream.local_rank);
+    MPI_Comm_size(host, &stream.local_size);
+    MPI_Comm_free(&host);
     log_set_rank(stream.world->rank);  // for launchers other than Open MPI's, whose variables log.c reads
     stream.sent = checked_calloc((size_t)size, sizeof *stream.sent);
     stream.received = checked_calloc((size_t)size, sizeof *stream.received);
@@ -782,6 +788,8 @@ Comm *comm_world(void) {
 }
 
 int comm_rank(const Comm *c) { return c->rank; }
+int comm_local_rank(void) { return stream.local_rank; }
+int comm_local_size(void) { return stream.local_size; }
 int comm_size(const Comm *c) { return c->size; }
 const char *comm_name(const Comm *c) { return c->name; }
 

@@ -64,6 +64,10 @@ double comm_timeout(void);
 double comm_timeout_for_step(double slowest_step_seconds);  // waits for queued work, stops the worker, then MPI_Finalize
 
 Comm *comm_world(void);  // named "world"
+// This process among the world's ranks on the same host (node), whatever the launcher's mapping:
+// its index there and how many there are. A rank picks its GPU by it.
+int comm_local_rank(void);
+int comm_local_size(void);
 int comm_rank(const Comm *c);
 int comm_size(const Comm *c);
 const char *comm_name(const Comm *c);

@@ -5,8 +5,9 @@
 // staged through host memory, so ranks may share one GPU). The other layouts are refused until
 // the GPU model has the CPU model's hooks (UnitStorage, TensorParallel).
 //
-// Each rank uses device (local rank mod device count): one rank per GPU under mpirun, or all on
-// one GPU when there is only one.
+// Each rank uses device (local rank mod device count), the local rank being its index among the
+// ranks on its host (comm_local_rank): one rank per GPU under mpirun on every node, whatever the
+// mapping of ranks to nodes, or several ranks sharing a GPU when a node has fewer.
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,7 +121,11 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     char why[256];
     int devices = gpu_device_count(why, sizeof why);
     if (devices == 0) fatal_input("--device cuda: no usable CUDA device (%s)", why);
-    gpu_init(comm_rank(t->mesh->world) % devices);
+    int local = comm_local_rank(), on_host = comm_local_size();
+    gpu_init(local % devices);
+    if (on_host > devices)
+        log_info("%d ranks on this host share its %d GPU%s: each takes GPU (its index on the host mod %d)", on_host,
+                 devices, devices > 1 ? "s" : "", devices);
     if (o->cuda_sync_debug) gpu_set_sync_debug(true);
     char description[256];
     gpu_device_description(description, sizeof description);

@@ -522,8 +522,21 @@ static void run_mesh_only(const Args *a) {
 }
 
 // Returns the number of meshes checked.
+// The tests start every rank on this one host: each one's local rank is its world rank, and the
+// local size is the world size (a launcher's node mapping would change the first, not the count).
+static void test_local_rank(Comm *world) {
+    CHECK(comm_local_size() == comm_size(world), "local size %d, world size %d, all on one host", comm_local_size(),
+          comm_size(world));
+    int32_t sum = comm_local_rank();  // every local rank once: their sum is 0 + 1 + ... + n-1
+    comm_all_reduce(world, &sum, 1, COMM_INT32, COMM_SUM);
+    int n = comm_size(world);
+    CHECK(sum == n * (n - 1) / 2 && comm_local_rank() >= 0 && comm_local_rank() < n,
+          "local ranks sum to %d on %d ranks (this one: %d)", sum, n, comm_local_rank());
+}
+
 static int run_checks(Comm *world, const Args *a) {
     int n = comm_size(world);
+    test_local_rank(world);
     test_reductions(world);
     test_data_movement(world);
     test_async(world);
