@@ -69,10 +69,40 @@ START_TEST(test_cast_definition) {
 }
 END_TEST
 
+// fp8_round_to_grid against the cast and back, bit for bit, over the same sample.
+START_TEST(test_round_to_grid) {
+    static const uint32_t tails[] = {0, 1, 0x3FFF, 0x4000, 0x7FFF};
+    for (int fi = 0; fi < 2; fi++) {
+        Fp8Format f = (Fp8Format)fi;
+        int failures = 0;
+        long checked = 0;
+        for (uint32_t sign = 0; sign < 2; sign++) {
+            for (uint32_t biased = 0; biased <= 255; biased++)  // every exponent: fp32 subnormals, inf and NaN too
+                for (uint32_t top = 0; top < 256; top++)
+                    for (size_t t = 0; t < sizeof tails / sizeof tails[0]; t++) {
+                        uint32_t u = sign << 31 | biased << 23 | top << 15 | tails[t];
+                        float x = float_of(u), want = fp8_to_float(fp8_from_float(x, f), f), got = fp8_round_to_grid(x, f);
+                        uint32_t want_bits, got_bits;
+                        memcpy(&want_bits, &want, 4), memcpy(&got_bits, &got, 4);
+                        if (want_bits != got_bits && failures++ < 5)
+                            printf("%s: fp8_round_to_grid(%.9g = 0x%08x) = 0x%08x, the cast and back 0x%08x\n",
+                                   fp8_format_info(f)->name, x, u, got_bits, want_bits);
+                        checked++;
+                    }
+        }
+        printf("%s: %ld fp32 values rounded to the grid, %d mismatches\n", fp8_format_info(f)->name, checked, failures);
+        fflush(stdout);
+        ck_assert_msg(failures == 0, "%s: fp8_round_to_grid differs from fp8_to_float(fp8_from_float(x))",
+                      fp8_format_info(f)->name);
+    }
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("fp8_cast");
     TCase *tc = tcase_create("fp8_cast");
     tcase_add_test(tc, test_cast_definition);
+    tcase_add_test(tc, test_round_to_grid);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

@@ -12,7 +12,9 @@
 // fp8 -> fp32 is exact (every FP8 value is an fp32 value); NaN gives the NaN cuda_fp8.h gives
 // (0x7FFFFFFF, by way of fp16).
 #pragma once
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef enum { FP8_E4M3, FP8_E5M2 } Fp8Format;
 
@@ -26,3 +28,39 @@ typedef struct {
 const Fp8FormatInfo *fp8_format_info(Fp8Format f);
 uint8_t fp8_from_float(float x, Fp8Format f);
 float fp8_to_float(uint8_t code, Fp8Format f);
+
+// The FP8 value nearest x, as an fp32 value: fp8_to_float(fp8_from_float(x, f), f) bit for bit,
+// without going through the code, for the emulated GEMMs' inner loops (where the pair costs more
+// than the matmul). On the fp32 bits: from the smallest normal up, round the mantissa to the
+// format's bits, ties to even (adding 2^(d-1) - 1 plus the last kept bit, then clearing the d
+// dropped bits; a carry moves into the next binade by itself), and saturate to +-max (also inf);
+// below it, round to the subnormal quantum (an exact scaling by a power of two, then rintf: ties to
+// even). The sign is kept (also on zero); NaN gives fp8_to_float's NaN. tests/test_fp8_cast.c checks
+// it against the pair over the cast's whole sample.
+static inline float fp8_round_to_grid(float x, Fp8Format f) {
+    const int dropped = f == FP8_E4M3 ? 23 - 3 : 23 - 2;
+    const float max = f == FP8_E4M3 ? 448.0f : 57344.0f;
+    const float min_normal = f == FP8_E4M3 ? 0x1p-6f : 0x1p-14f, quanta_per_unit = f == FP8_E4M3 ? 0x1p9f : 0x1p16f;
+    uint32_t u, a, r_bits;
+    memcpy(&u, &x, sizeof u);
+    a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) {
+        uint32_t nan_bits = 0x7FFFFFFFu;
+        float nan;
+        memcpy(&nan, &nan_bits, sizeof nan);
+        return nan;
+    }
+    float magnitude, r;
+    memcpy(&magnitude, &a, sizeof magnitude);
+    if (magnitude >= min_normal) {
+        r_bits = (a + ((1u << (dropped - 1)) - 1) + ((a >> dropped) & 1)) & ~((1u << dropped) - 1);
+        memcpy(&r, &r_bits, sizeof r);
+        if (r > max) r = max;
+    } else {
+        r = rintf(magnitude * quanta_per_unit) / quanta_per_unit;
+    }
+    memcpy(&r_bits, &r, sizeof r_bits);
+    r_bits |= u & 0x80000000u;
+    memcpy(&r, &r_bits, sizeof r);
+    return r;
+}
