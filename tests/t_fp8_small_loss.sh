@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Chapter 9's training check: `small` for 150 steps of the built-in data at make run's settings, in
 # fp32 and with --fp8 under each recipe; each FP8 run's final loss must be within 2% of the fp32
-# run's (torchao's and TransformerEngine's bar for a short run). Prints both losses. The longest test
-# of make test: on 2 idle cores about 2 minutes for the fp32 run and twice that per recipe (the
-# emulation adds two passes over every GEMM operand).
+# run's (the bar the chapter sets for a short run). Prints both losses. One of the longest tests of
+# make test: on 2 idle cores about 40 s for the fp32 run and a minute per recipe (the emulation adds
+# two passes over every GEMM operand).
 #   BUILD=build TEST_TMP=DIR bash tests/t_fp8_small_loss.sh [RECIPE...]   (default: all three)
 set -euo pipefail
 BUILD=${BUILD:-build}

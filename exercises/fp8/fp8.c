@@ -32,16 +32,38 @@ static inline float max_abs(float m, real x) {
     return (a > m || isnan(a)) ? a : m;  // a NaN sticks: the scale must not hide it
 }
 
+static float row_amax(const real *row, int cols) {
+    float m = 0;
+    for (int c = 0; c < cols; c++) m = max_abs(m, row[c]);
+    return m;
+}
+
+// Over the threads: a max is the same in any order (a NaN sticks whichever way), so the result does
+// not depend on how the rows or columns are split.
 void fp8_amax(float *amax, const real *x, int rows, int cols, Fp8Granularity g) {
-    for (int i = 0; i < fp8_n_scales(rows, cols, g); i++) amax[i] = 0;
-    for (int r = 0; r < rows; r++) {
-        const real *row = x + (size_t)r * cols;
-        if (g == FP8_PER_COL) {
-            for (int c = 0; c < cols; c++) amax[c] = max_abs(amax[c], row[c]);
-        } else {
-            float *a = &amax[g == FP8_PER_ROW ? r : 0];
-            for (int c = 0; c < cols; c++) *a = max_abs(*a, row[c]);
+    if (g == FP8_PER_ROW) {
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < rows; r++) amax[r] = row_amax(x + (size_t)r * cols, cols);
+    } else if (g == FP8_PER_COL) {
+        const int block = 64;  // columns per task: each walks every row over its own columns
+#pragma omp parallel for schedule(static)
+        for (int c0 = 0; c0 < cols; c0 += block) {
+            int c1 = c0 + block < cols ? c0 + block : cols;
+            for (int c = c0; c < c1; c++) amax[c] = 0;
+            for (int r = 0; r < rows; r++)
+                for (int c = c0; c < c1; c++) amax[c] = max_abs(amax[c], x[(size_t)r * cols + c]);
         }
+    } else {
+        float m = 0;
+#pragma omp parallel
+        {
+            float mine = 0;
+#pragma omp for schedule(static) nowait
+            for (int r = 0; r < rows; r++) mine = max_abs(mine, row_amax(x + (size_t)r * cols, cols));
+#pragma omp critical
+            m = max_abs(m, mine);
+        }
+        amax[0] = m;
     }
 }
 
@@ -79,15 +101,16 @@ void fp8_dequantize(real *x, const uint8_t *q, int rows, int cols, Fp8Granularit
         }
 }
 
+// The GEMM's operand: the cast and back (fp8_round_to_grid, the same bits as dequantize_one of
+// quantize_one), then the division by the scale.
 void fp8_fake_quantize(real *out, const real *x, int rows, int cols, Fp8Granularity g, const float *scale,
                        Fp8Format f) {
-    build_decode_tables();  // here, before the parallel loop
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) {
             size_t i = (size_t)r * cols + c;
             float s = scale[scale_index(r, c, g)];
-            out[i] = dequantize_one(quantize_one(x[i], s, f), s, f);
+            out[i] = (real)(fp8_round_to_grid((float)x[i] * s, f) / s);
         }
 }
 
