@@ -47,10 +47,9 @@ static double cuda_grad_norm(Strategy *s) {
     return sqrt(gpu_sum_of_squares(m->grads, m->table.total_numel));
 }
 
-static void cuda_clip(Strategy *s, double grad_norm, double max_norm) {  // as clip_by_global_norm
+static void cuda_clip(Strategy *s, double grad_norm, double max_norm) {
     GpuModel *m = &((GpuTraining *)s->impl)->m;
-    if (max_norm <= 0) return;
-    double coef = max_norm / (grad_norm + 1e-6);
+    double coef = clip_coefficient(grad_norm, max_norm);  // clip_by_global_norm's factor
     if (coef < 1) gpu_scale_inplace(m->grads, m->table.total_numel, coef);
 }
 
