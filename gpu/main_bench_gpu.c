@@ -35,10 +35,10 @@ static int largest_batch(const ModelConfig *cfg, GpuPrecision precision, int T) 
     size_t free_bytes, total_bytes;
     gpu_memory_info(&free_bytes, &total_bytes);
     int B = 0;
-    while (B < (1 << 16) && gpu_model_plan_bytes(cfg, precision, B + 1, T) <= 0.9 * free_bytes) B++;
+    while (B < (1 << 16) && gpu_model_plan_bytes(cfg, precision, B + 1, T, AC_NONE) <= 0.9 * free_bytes) B++;
     if (B == 0)
         fatal("out of GPU memory: one sequence of %d tokens needs %.2f MiB, the device has %.2f MiB free", T,
-              gpu_model_plan_bytes(cfg, precision, 1, T) / 1048576.0, free_bytes / 1048576.0);
+              gpu_model_plan_bytes(cfg, precision, 1, T, AC_NONE) / 1048576.0, free_bytes / 1048576.0);
     return B;
 }
 

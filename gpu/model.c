@@ -126,8 +126,16 @@ static void model_buffers(GpuModel *m, size_t *plan) {
     size_t hq = cfg->n_heads * hd, hkv = cfg->n_kv_heads * hd;
 #define ACTS(count) device_buffer(plan, MEM_ACTIVATIONS, (count) * as)
 #define STATS(count) (float *)device_buffer(plan, MEM_ACTIVATIONS, (count) * sizeof(float))
+    // Full activation checkpointing keeps each block's input alone; the rest of a block's activations
+    // live in block 0's set, which every block's forward, and its recomputation before its backward,
+    // reuses.
     for (int l = 0; l < cfg->n_layers; l++) {
         GpuBlockActs *a = &m->blocks[l];
+        if (m->ac == AC_FULL && l > 0) {
+            *a = m->blocks[0];
+            a->x = ACTS(BT * D);
+            continue;
+        }
         a->x = ACTS(BT * D), a->xn1 = ACTS(BT * D), a->h = ACTS(BT * D), a->xn2 = ACTS(BT * D);
         a->q = ACTS(BT * hq), a->attn = ACTS(BT * hq), a->k = ACTS(BT * hkv), a->v = ACTS(BT * hkv);
         a->gate = ACTS(BT * F), a->up = ACTS(BT * F), a->act = ACTS(BT * F);
@@ -147,9 +155,11 @@ static void model_buffers(GpuModel *m, size_t *plan) {
 }
 
 // The model's fields that the buffers' sizes depend on.
-static void model_shape(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T) {
+static void model_shape(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac) {
+    if (ac == AC_SELECTIVE) fatal("gpu_model: AC_SELECTIVE is not implemented (AC_NONE or AC_FULL)");
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
+    m->ac = ac;
     m->table = param_table_build(cfg);
     m->precision = precision;
     m->act_size = precision == GPU_BF16 ? 2 : 4;
@@ -157,9 +167,9 @@ static void model_shape(GpuModel *m, const ModelConfig *cfg, GpuPrecision precis
     m->blocks = mem_alloc(MEM_OTHER, sizeof(GpuBlockActs) * cfg->n_layers);
 }
 
-size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T) {
+size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac) {
     GpuModel m;
-    model_shape(&m, cfg, precision, B, T);
+    model_shape(&m, cfg, precision, B, T, ac);
     size_t plan = 0;
     model_buffers(&m, &plan);
     mem_free(m.blocks);
@@ -169,20 +179,20 @@ size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int 
 
 void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPrecision precision, int B, int T) {
     ParamSource init = param_source_seed(seed);
-    gpu_model_init_from(m, cfg, &init, precision, B, T);
+    gpu_model_init_from(m, cfg, &init, precision, B, T, AC_NONE);
 }
 
 void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
-                         int T) {
+                         int T, ActCheckpoint ac) {
     if (T > cfg->max_seq_len) fatal_input("--seq-len %d: longer than the model's max_seq_len %d", T, cfg->max_seq_len);
-    size_t planned = gpu_model_plan_bytes(cfg, precision, B, T), free_bytes = 0, total_bytes = 0;
+    size_t planned = gpu_model_plan_bytes(cfg, precision, B, T, ac), free_bytes = 0, total_bytes = 0;
     gpu_memory_info(&free_bytes, &total_bytes);
     if (planned > free_bytes)
         fatal("out of GPU memory: the model needs %.2f MiB (%s, batch %d x %d tokens), the device has %.2f MiB free "
               "of %.2f MiB",
               planned / 1048576.0, precision == GPU_BF16 ? "bf16" : "fp32", B, T, free_bytes / 1048576.0,
               total_bytes / 1048576.0);
-    model_shape(m, cfg, precision, B, T);
+    model_shape(m, cfg, precision, B, T, ac);
     model_buffers(m, NULL);
     size_t n = m->table.total_numel;
 
@@ -222,8 +232,12 @@ void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource 
 }
 
 void gpu_model_free(GpuModel *m) {
-    for (int l = 0; l < m->cfg.n_layers; l++) {
+    for (int l = m->cfg.n_layers - 1; l >= 0; l--) {
         GpuBlockActs *a = &m->blocks[l];
+        if (m->ac == AC_FULL && l > 0) {  // its input alone; the rest is block 0's
+            gpu_free(a->x);
+            continue;
+        }
         void *owned[] = {a->x, a->xn1, a->q, a->k, a->v, a->attn, a->h, a->xn2, a->gate, a->up, a->act,
                          a->rstd1, a->rstd2, a->lse};
         for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
@@ -347,6 +361,15 @@ void gpu_model_backward(GpuModel *m, double dloss) {
     gpu_timeline_end();
     // blocks, last to first (model_blocks_backward)
     for (int l = c->n_layers - 1; l >= 0; l--) {
+        // Full AC: the block's activations again, from its saved input, into the shared set (the last
+        // block's are still there from forward). Its output goes to dx_next, which the block's
+        // backward overwrites before reading it. The same kernels on the same input: the same bits.
+        if (m->ac == AC_FULL && l < c->n_layers - 1) {
+            gpu_timeline_begin("block recompute", "recompute");
+            gpu_timeline_arg_int("layer", l);
+            gpu_block_forward(m, l, m->dx_next);
+            gpu_timeline_end();
+        }
         gpu_timeline_begin("block bwd", "backward");
         gpu_timeline_arg_int("layer", l);
         gpu_block_backward(m, l, m->dx, m->dx_next);

@@ -1,7 +1,9 @@
 // model.h: the Llama 3 model of reference_cpu/model.h on one GPU, from the kernels of gpu/ops.h:
 // the same parameter table (flat layout, names, init from the seed), the same block math in the
 // same order, the same loss, AdamW and global-norm clipping. One process, one device: no tensor
-// parallelism, no sharding, no activation checkpointing (those stay with the CPU chapters).
+// parallelism, no sharding (those stay with the CPU chapters). Activation checkpointing: AC_FULL
+// keeps each block's input alone and recomputes the block before its backward (bit-identical
+// gradients); AC_SELECTIVE is refused.
 //
 //   GpuModel m;
 //   gpu_model_init(&m, &cfg, seed, GPU_BF16, B, T);
@@ -25,6 +27,7 @@
 #include "gpu/ops.h"
 #include "reference_cpu/adamw.h"
 #include "reference_cpu/config.h"
+#include "reference_cpu/model.h"  // ActCheckpoint
 #include "reference_cpu/params.h"
 
 #ifdef __cplusplus
@@ -50,6 +53,7 @@ typedef struct {
     GpuPrecision precision;
     size_t act_size;                  // bytes per activation element: 4 (fp32) or 2 (bf16)
     int B, T;
+    ActCheckpoint ac;                 // AC_NONE, or AC_FULL: blocks[l] share block 0's buffers but x
     float *params, *grads, *adam_m, *adam_v;  // (table.total_numel) fp32 on the device
     gpu_bf16 *params_bf16;            // the compute copy (GPU_BF16), else NULL
     RopeTable rope;                   // device copy of reference_cpu's table
@@ -70,11 +74,11 @@ typedef struct {
 void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPrecision precision, int B, int T);
 // The same with the weights from init (params.h: the seed, or a Hugging Face checkpoint).
 void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
-                         int T);
+                         int T, ActCheckpoint ac);
 void gpu_model_free(GpuModel *m);
 // The device memory gpu_model_init will allocate (bytes, as gpu_alloc counts them):
 // init compares it with the device's free memory and stops with both figures when it does not fit.
-size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T);
+size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac);
 void gpu_model_zero_grads(GpuModel *m);
 // After m->params was written other than by gpu_model_step (a broadcast, a loaded checkpoint): the
 // bf16 compute copy is cast again from the fp32 master weights (nothing to do in GPU_FP32).

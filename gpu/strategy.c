@@ -47,10 +47,9 @@ static double cuda_grad_norm(Strategy *s) {
     return sqrt(gpu_sum_of_squares(m->grads, m->table.total_numel));
 }
 
-static void cuda_clip(Strategy *s, double grad_norm, double max_norm) {  // as clip_by_global_norm
+static void cuda_clip(Strategy *s, double grad_norm, double max_norm) {
     GpuModel *m = &((GpuTraining *)s->impl)->m;
-    if (max_norm <= 0) return;
-    double coef = max_norm / (grad_norm + 1e-6);
+    double coef = clip_coefficient(grad_norm, max_norm);  // clip_by_global_norm's factor
     if (coef < 1) gpu_scale_inplace(m->grads, m->table.total_numel, coef);
 }
 
@@ -100,7 +99,8 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
         if (d != MESH_DP_REPLICATE && mesh->degree[d] > 1)
             fatal_input("--device cuda with %s %d: the GPU trainer runs the single process and --dp-replicate (DDP) "
                         "so far", dims[d], mesh->degree[d]);
-    if (o->ac != AC_NONE) fatal_input("--device cuda: no activation checkpointing on the GPU yet (use --ac none)");
+    if (o->ac == AC_SELECTIVE)
+        fatal_input("--device cuda --ac selective: the GPU model recomputes whole blocks only so far (--ac full)");
 }
 
 // With tracing on: the regions the model marks on "cuda:compute" (always), and every kernel on its
@@ -133,7 +133,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     start_gpu_timeline();
     model_init_unallocated(&t->model, cfg, ATTN_FLASH);  // the table and shapes, for checkpoints
     GpuTraining *g = calloc(1, sizeof *g);
-    gpu_model_init_from(&g->m, cfg, init, GPU_BF16, t->micro, t->T);
+    gpu_model_init_from(&g->m, cfg, init, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
     if (t->dp_size > 1) {
         g->dp = t->mesh->dp;
         gpu_model_broadcast(g->dp, &g->m, 0);  // replicas start equal, bf16 copies included

@@ -41,11 +41,15 @@ void scale_inplace(real *x, size_t n, double factor) {
     for (size_t i = 0; i < n; i++) x[i] *= f;
 }
 
+double clip_coefficient(double grad_norm, double max_norm) {
+    if (max_norm <= 0) return 1;
+    double coef = max_norm / (grad_norm + 1e-6);
+    return coef < 1 ? coef : 1;
+}
+
 double clip_by_global_norm(real *grads, size_t n, double grad_norm, double max_norm) {
-    if (max_norm > 0) {
-        double coef = max_norm / (grad_norm + 1e-6);
-        if (coef < 1) scale_inplace(grads, n, coef);
-    }
+    double coef = clip_coefficient(grad_norm, max_norm);
+    if (coef < 1) scale_inplace(grads, n, coef);
     return grad_norm;
 }
 

@@ -25,6 +25,9 @@ void scale_inplace(real *x, size_t n, double factor);
 // As torch.nn.utils.clip_grad_norm_: scales by max_norm / (norm + 1e-6) when that is < 1.
 // Returns the norm before clipping. max_norm <= 0 disables clipping.
 double clip_by_global_norm(real *grads, size_t n, double grad_norm, double max_norm);
+// The factor it scales by: max_norm / (grad_norm + 1e-6) when that is < 1, else 1 (also for
+// max_norm <= 0). Layouts that clip their own buffers (the GPU's) take it from here.
+double clip_coefficient(double grad_norm, double max_norm);
 
 typedef enum { DECAY_COSINE, DECAY_LINEAR, DECAY_CONSTANT } LrDecay;
 #define LR_DECAY_NAMES "cosine|linear|constant"  // in enum order (the trainer's --lr-decay choices)

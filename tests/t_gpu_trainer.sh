@@ -4,7 +4,8 @@
 # emulator): the single process and DDP on 2 ranks sharing the emulated GPU, against the CPU
 # reference on the same seed and data. Also: the layouts the GPU trainer does not run yet are
 # refused with one line, and build/train says so cleanly when there is no device. A traced run's
-# GPU timeline (regions, memory counters) and trace-summary's GPU figures.
+# GPU timeline (regions, memory counters) and trace-summary's GPU figures. Activation
+# checkpointing on the GPU (--ac full) against the run without it.
 # Tolerances (bf16 compute, fp32 master weights):
 #   losses rtol 1e-3: the logits come from bf16 activations (8 significant bits, relative
 #     rounding <= 2^-9 = 2e-3 per stored value), but the mean over 32 tokens averages the
@@ -90,6 +91,35 @@ got = (row["gpu_compute_us"], row["gpu_comm_us"], row["gpu_exposed_us"])
 sys.exit(0 if got == (10, 15, 10) else f"FAIL: trace-summary GPU figures {got}, want (10, 15, 10)")'
 echo "ok: trace-summary GPU figures on the synthetic timeline: compute 10, nccl 15, exposed 10 us"
 
+echo "== activation checkpointing on the GPU (--ac full)"
+# The block's activations recomputed from its saved input by the same kernels: the same bits, so
+# the gradients and the weights after 2 steps equal the run without AC exactly. What it saves: every
+# block but the first keeps only its input x, so the peak of "gpu mem activations" falls by
+# (L - 1) x [(3 D + 2 hq + 2 hkv + 3 F) BT x 2 bytes (bf16) + (2 BT + B H T) x 4 bytes (fp32 stats)]:
+# tiny at batch 2 x 16: 3 x (768 x 32 x 2 + 320 x 4) = 151296 bytes.
+for ac in none full; do
+    "$EMU_TRAIN" "${common[@]}" --device cuda --ac $ac --grad-dump "$T/ac_$ac.grads.safetensors" \
+        --checkpoint-dir "$T/ac_$ac" --trace-json "$T/ac_$ac.json" > "$T/ac_$ac.log" 2>&1 ||
+        { cat "$T/ac_$ac.log"; echo "FAIL: --ac $ac"; exit 1; }
+done
+$P --ckpt "$T/ac_full.grads.safetensors" --ckpt-ref "$T/ac_none.grads.safetensors" --prefix grad. --exact
+$P --ckpt "$T/ac_full/step_000002.safetensors" --ckpt-ref "$T/ac_none/step_000002.safetensors" --exact
+"$PYTHON" - "$T/ac_none.json" "$T/ac_full.json" <<'PY'
+import json, sys
+def read(path):
+    doc = json.load(open(path))
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    peak = max(next(iter(e["args"].values())) for e in events if e.get("ph") == "C" and e["name"] == "gpu mem activations")
+    return peak, sum(1 for e in events if e.get("ph") == "X" and e["name"] == "block recompute")
+(peak_none, rec_none), (peak_full, rec_full) = read(sys.argv[1]), read(sys.argv[2])
+want_saved, want_recomputes = 3 * (768 * 32 * 2 + 320 * 4), 2 * 3  # 2 steps x blocks 2, 1, 0
+if peak_none - peak_full != want_saved or rec_full != want_recomputes or rec_none:
+    sys.exit(f"FAIL: --ac full saved {peak_none - peak_full} bytes of activations (want {want_saved}) with "
+             f"{rec_full} block recomputes (want {want_recomputes}; without AC: {rec_none})")
+print(f"ok: --ac full on the GPU: bit-identical; activation peak {peak_none} -> {peak_full} bytes, "
+      f"{rec_full} block recomputes")
+PY
+
 # Refused before any work, exit 2 and one line.
 for layout in "--tp 2" "--dp-shard 2" "--pp 2"; do
     out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --device cuda $layout 2>&1 >/dev/null) && rc=0 || rc=$?
@@ -98,6 +128,9 @@ for layout in "--tp 2" "--dp-shard 2" "--pp 2"; do
         { echo "FAIL: --device cuda $layout -> rc $rc: $out"; exit 1; }
     echo "ok: --device cuda $layout -> $ours"
 done
+out=$("$EMU_TRAIN" --model tiny --steps 1 --device cuda --ac selective 2>&1 >/dev/null) && rc=0 || rc=$?
+[ "$rc" -eq 2 ] && [[ "$out" == *"--device cuda --ac selective: "* ]] || { echo "FAIL: --ac selective -> rc $rc: $out"; exit 1; }
+echo "ok: --device cuda --ac selective -> $(grep '^train' <<<"$out")"
 # build/train without a usable device (this machine has none, or the build has no CUDA).
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then
     out=$("$BUILD/train" --model tiny --steps 1 --device cuda 2>&1 >/dev/null) && rc=0 || rc=$?

@@ -82,7 +82,8 @@ static void test_first_step(const char *config, int B, int T) {
         bool bf16 = precision == GPU_BF16;
         char name[96];
         GpuModel m;
-        size_t before = device_bytes_in_use(), planned = gpu_model_plan_bytes(&cfg, (GpuPrecision)precision, B, T);
+        size_t before = device_bytes_in_use();
+        size_t planned = gpu_model_plan_bytes(&cfg, (GpuPrecision)precision, B, T, AC_NONE);
         gpu_model_init(&m, &cfg, 42, (GpuPrecision)precision, B, T);
         if (m.table.total_numel != n) fatal("the GPU model's table differs from the reference's");
         snprintf(name, sizeof name, "%s %s memory plan", config, bf16 ? "bf16" : "fp32");
