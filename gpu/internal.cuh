@@ -61,6 +61,18 @@ static inline void gpu_launch_check(const char *kernel, const char *file, int li
               file, line, cudaGetErrorString(err));
 }
 
+// Grid-stride loop over [0, n): each launch covers any n with at most GPU_MAX_BLOCKS_1D blocks.
+#define GRID_STRIDE_LOOP(i, n) \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+// Launches an element-wise kernel over n elements, nothing for n == 0.
+#define LAUNCH_1D(kernel, n, ...)                                                                    \
+    do {                                                                                             \
+        unsigned blocks_ = grid_1d((n), GPU_THREADS_1D, GPU_MAX_BLOCKS_1D);                          \
+        if (blocks_) {                                                                               \
+            GPU_LAUNCH(kernel, blocks_, GPU_THREADS_1D, 0, __VA_ARGS__);                             \
+        }                                                                                            \
+    } while (0)
 
 // Stream-ordered scratch on the compute stream (from the same pool as gpu_alloc, not counted in a
 // category): for small per-call buffers such as attention's D or the loss's partial sums.

@@ -17,19 +17,6 @@
 // prefers that exact non-template match -- the GPU entry point would silently run the CPU op.
 static_assert(sizeof(real) == sizeof(float), "gpu/ needs the fp32 build of reference_cpu (RopeTable holds real)");
 
-// Grid-stride loop over [0, n): each launch covers any n with at most GPU_MAX_BLOCKS_1D blocks.
-#define GRID_STRIDE_LOOP(i, n) \
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
-
-// Launches an element-wise kernel over n elements, nothing for n == 0.
-#define LAUNCH_1D(kernel, n, ...)                                                                    \
-    do {                                                                                             \
-        unsigned blocks_ = grid_1d((n), GPU_THREADS_1D, GPU_MAX_BLOCKS_1D);                          \
-        if (blocks_) {                                                                               \
-            GPU_LAUNCH(kernel, blocks_, GPU_THREADS_1D, 0, __VA_ARGS__);                             \
-        }                                                                                            \
-    } while (0)
-
 #define ROW_THREADS 256  // one block per row for the row-wise ops (RMSNorm, cross-entropy)
 
 // ---- 16-byte vectors for the element-wise kernels ------------------------------------------------

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make test-gpu: everything that needs a CUDA device, in one command. Stops at the first failure.
-#   1. every kernel against its CPU op (tests/gpu/test_gpu_ops), fp32 and bf16;
+#   1. every kernel against its CPU op (tests/gpu/test_gpu_ops), fp32 and bf16; the FP8 casts,
+#      amaxes and cast-back (tests/gpu/test_gpu_fp8) against chapter 9's, bit for bit;
 #   2. compute-sanitizer's memcheck, racecheck and synccheck on the same kernel tests: clean;
 #   3. the model: tiny and small, one step and a loss curve, against the reference
 #      (test_gpu_model), with a traced step whose GPU timeline passes the Perfetto schema check;
@@ -39,6 +40,8 @@ for tool in memcheck racecheck synccheck; do
     run "compute-sanitizer --tool $tool" "$SANITIZER" --tool "$tool" "${extra[@]}" --error-exitcode 99 \
         "$BUILD/tests/gpu/test_gpu_ops"
 done
+
+run test_gpu_fp8 "$BUILD/tests/gpu/test_gpu_fp8"
 
 step "3. the model against the reference, and its GPU timeline"
 run test_gpu_model "$BUILD/tests/gpu/test_gpu_model" --trace "$TMP/gpu_timeline.pftrace"

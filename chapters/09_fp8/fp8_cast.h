@@ -37,7 +37,12 @@ float fp8_to_float(uint8_t code, Fp8Format f);
 // below it, round to the subnormal quantum (an exact scaling by a power of two, then rintf: ties to
 // even). The sign is kept (also on zero); NaN gives fp8_to_float's NaN. tests/test_fp8_cast.c checks
 // it against the pair over the cast's whole sample.
-static inline float fp8_round_to_grid(float x, Fp8Format f) {
+#ifdef __CUDACC__
+#define FP8_HOST_DEVICE __host__ __device__  // gpu/fp8.cu's kernels use it too
+#else
+#define FP8_HOST_DEVICE
+#endif
+static inline FP8_HOST_DEVICE float fp8_round_to_grid(float x, Fp8Format f) {
     const int dropped = f == FP8_E4M3 ? 23 - 3 : 23 - 2;
     const float max = f == FP8_E4M3 ? 448.0f : 57344.0f;
     const float min_normal = f == FP8_E4M3 ? 0x1p-6f : 0x1p-14f, quanta_per_unit = f == FP8_E4M3 ? 0x1p9f : 0x1p16f;

@@ -1,0 +1,35 @@
+// fp8.h: chapter 9's FP8 building blocks on the GPU, with the signatures of chapters/09_fp8/fp8.h's
+// host functions on device pointers (x, q, amax, scale: all device memory). The casts are the
+// hardware's (cuda_fp8.h's __nv_cvt_float_to_fp8 with saturation: cvt.rn.satfinite), which
+// tests/t_fp8_cast.sh shows bit-exact with chapter 9's fp8_from_float; on the CPU emulator they are
+// fp8_from_float itself. The amaxes follow fp8_amax: a NaN sticks, and a max is the same in any
+// order, so the two-stage per-tensor reduction gives the host's value exactly.
+//
+//   gpu_fp8_amax(amax, x, rows, cols, FP8_PER_TENSOR);            // device amax[1]
+//   ... scale[0] = fp8_scale_from_amax(amax, FP8_E4M3, false) ...  // (host, from the downloaded amax)
+//   gpu_fp8_quantize(q, x, rows, cols, FP8_PER_TENSOR, scale, FP8_E4M3);
+//
+// tests/gpu/test_gpu_fp8.c checks every function against the host's, bit for bit.
+#pragma once
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "chapters/09_fp8/fp8.h"
+
+// amax (fp8_n_scales of them) = max |x| over what each scale covers (NaN propagates).
+void gpu_fp8_amax(float *amax, const float *x, int rows, int cols, Fp8Granularity g);
+// q (rows*cols) = fp8(x * scale), to nearest even, saturating.
+void gpu_fp8_quantize(uint8_t *q, const float *x, int rows, int cols, Fp8Granularity g, const float *scale,
+                      Fp8Format f);
+// x (rows*cols) = q / scale.
+void gpu_fp8_dequantize(float *x, const uint8_t *q, int rows, int cols, Fp8Granularity g, const float *scale,
+                        Fp8Format f);
+// out = dequantize(quantize(x)) in one pass (out may be x): what an emulated FP8 GEMM multiplies.
+void gpu_fp8_fake_quantize(float *out, const float *x, int rows, int cols, Fp8Granularity g, const float *scale,
+                           Fp8Format f);
+
+#ifdef __cplusplus
+}
+#endif
