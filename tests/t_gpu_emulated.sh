@@ -59,7 +59,7 @@ for p in "${programs[@]}"; do
     args=()
     [[ "$p" == */test_gpu_model ]] && args=(--trace "$TEST_TMP/gpu_timeline.pftrace")
     out=$("$p" "${args[@]}" 2>&1) || status=$?
-    summary=$(grep -E '^test_gpu_[a-z]+: [0-9]+ checks, [0-9]+ failed$' <<<"$out" || true)
+    summary=$(grep -E '^test_gpu_[a-z0-9]+: [0-9]+ checks, [0-9]+ failed$' <<<"$out" || true)
     if [ "$status" -ne 0 ] || [[ "$summary" != *", 0 failed" ]] || grep -q '^SKIP' <<<"$out"; then
         echo "FAIL: $p (status $status, GPU_EMU_SEED=${GPU_EMU_SEED:-0})"; grep -E '^(FAIL|SKIP)|emulator|error' <<<"$out" | head -20; tail -3 <<<"$out"; exit 1
     fi

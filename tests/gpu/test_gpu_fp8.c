@@ -174,7 +174,5 @@ int main(void) {
     test_casts();
     test_decode();
     test_amax_and_cast_back();
-    gpu_shutdown();
-    printf("%d checks, %d failed\n", n_checks, n_failed);
-    return n_failed ? 1 : 0;
+    return gpu_test_finish("test_gpu_fp8");
 }
