@@ -114,3 +114,21 @@ void gpu_fp8_fake_quantize(float *out, const float *x, int rows, int cols, Fp8Gr
                            Fp8Format f) {
     LAUNCH_1D(fake_quantize_kernel, (size_t)rows * cols, out, x, rows, cols, g, scale, f);
 }
+
+__global__ void quantize_transposed_kernel(uint8_t *q, const float *x, int rows, int cols, const float *scale,
+                                           Fp8Format f) {
+    GRID_STRIDE_LOOP(i, (size_t)rows * cols) {  // i indexes q: (cols, rows)
+        int c = (int)(i / rows), r = (int)(i % rows);
+        q[i] = cast_to_fp8(x[(size_t)r * cols + c] * scale[0], f);
+    }
+}
+
+void gpu_fp8_quantize_transposed(uint8_t *q, const float *x, int rows, int cols, const float *scale, Fp8Format f) {
+    LAUNCH_1D(quantize_transposed_kernel, (size_t)rows * cols, q, x, rows, cols, scale, f);
+}
+
+const char *gpu_fp8_gemm_shape_error(int rows_a, int rows_b, int K) {
+    if (rows_a % 16 || rows_b % 16 || K % 16)
+        return "cuBLASLt's FP8 GEMMs need every dimension a multiple of 16";
+    return NULL;
+}

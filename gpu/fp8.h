@@ -30,6 +30,24 @@ void gpu_fp8_dequantize(float *x, const uint8_t *q, int rows, int cols, Fp8Granu
 void gpu_fp8_fake_quantize(float *out, const float *x, int rows, int cols, Fp8Granularity g, const float *scale,
                            Fp8Format f);
 
+// The cast of the transpose, per tensor: q (cols, rows) = fp8(x^T * scale). The FP8 GEMM takes both
+// operands K-major, so the input-gradient GEMM needs W^T and the weight-gradient GEMM dY^T and X^T.
+void gpu_fp8_quantize_transposed(uint8_t *q, const float *x, int rows, int cols, const float *scale, Fp8Format f);
+
+// The FP8 GEMM: out (rows_a, rows_b) = (a / scale_a) (b / scale_b)^T, a the (rows_a, K) codes of
+// format fa and b the (rows_b, K) codes of fb, both K-major (what Hopper's FP8 tensor cores take:
+// cuBLASLt's "TN"), one scale each (device scalars: the scales the operands were cast with),
+// accumulated in fp32; out (fp32) overwritten, or added to with accumulate. fast_accum: the tensor
+// cores' faster accumulation, for the forward GEMM only (as torchao does). Hopper takes E4M3 x E4M3
+// and E4M3 x E5M2, not E5M2 x E5M2. rows_a, rows_b and K must be multiples of 16 (cuBLASLt's FP8
+// rule); anything else stops the run (the trainer refuses such shapes before it starts). On the CPU
+// emulator (no cuBLASLt): the codes decoded (code / scale) and reference_cpu's fp32 matmul, which is
+// chapter 9's emulation.
+void gpu_fp8_gemm(float *out, const uint8_t *a, Fp8Format fa, const float *scale_a, const uint8_t *b, Fp8Format fb,
+                  const float *scale_b, int rows_a, int rows_b, int K, bool accumulate, bool fast_accum);
+// The rule gpu_fp8_gemm enforces: NULL when (rows_a, rows_b, K) are multiples of 16, else why not.
+const char *gpu_fp8_gemm_shape_error(int rows_a, int rows_b, int K);
+
 #ifdef __cplusplus
 }
 #endif

@@ -66,8 +66,11 @@ static void release(PlanEntry *e) {
 }
 
 // Called by gpu_shutdown (runtime.cu).
+static void release_fp8_plans(void);
+
 void gpu_matmul_shutdown(void) {
     for (int i = 0; i < PLAN_CACHE_SIZE; i++) release(&cache[i]);
+    release_fp8_plans();
     if (handle) {
         CUBLAS_CHECK(cublasLtDestroy(handle));
         gpu_free(workspace);
@@ -215,4 +218,101 @@ extern "C" void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const g
                                          const gpu_bf16 *weight, int M, int K, int N) {
     if (dinp) run(GEMM_BACKWARD_INPUT, M, K, N, inp, weight, dout, dinp, CUDA_R_16BF, CUDA_R_16BF);
     if (dweight) run(GEMM_BACKWARD_WEIGHT, M, K, N, inp, weight, dout, dweight, CUDA_R_16BF, CUDA_R_32F);
+}
+
+// ================================ FP8 GEMMs (gpu/fp8.h) ============================================
+// out (rows_a, rows_b) row-major is the column-major (rows_b, rows_a) matrix b a^T: cuBLASLt's A is our
+// b (op T: its (K, rows_b) column-major storage read as (rows_b, K)), its B our a (op N), the "TN"
+// layout FP8 requires. cuBLASLt scales after the sum: D = alpha * scaleA * scaleB * (A B) + beta C, so
+// its scales are the inverses of the cast scales, computed on the device (the cast scales live there).
+#include "gpu/fp8.h"
+
+typedef struct {
+    bool used;
+    int rows_a, rows_b, K;
+    Fp8Format fa, fb;
+    bool fast_accum;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+    float *inverse_scales;  // device: [0] for cuBLASLt's A (our b), [1] for its B (our a)
+} Fp8Plan;
+#define FP8_PLANS 32
+static Fp8Plan fp8_plans[FP8_PLANS];
+
+static cudaDataType fp8_type(Fp8Format f) { return f == FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
+static const char *fp8_name(Fp8Format f) { return f == FP8_E4M3 ? "e4m3" : "e5m2"; }
+
+static Fp8Plan *fp8_plan(int rows_a, int rows_b, int K, Fp8Format fa, Fp8Format fb, bool fast_accum) {
+    for (int i = 0; i < FP8_PLANS; i++) {
+        Fp8Plan *p = &fp8_plans[i];
+        if (p->used && p->rows_a == rows_a && p->rows_b == rows_b && p->K == K && p->fa == fa && p->fb == fb &&
+            p->fast_accum == fast_accum)
+            return p;
+    }
+    Fp8Plan *p = NULL;
+    for (int i = 0; i < FP8_PLANS && !p; i++)
+        if (!fp8_plans[i].used) p = &fp8_plans[i];
+    if (!p) fatal("gpu_fp8_gemm: more than %d GEMM shapes", FP8_PLANS);
+    memset(p, 0, sizeof *p);
+    p->used = true, p->rows_a = rows_a, p->rows_b = rows_b, p->K = K, p->fa = fa, p->fb = fb;
+    p->fast_accum = fast_accum;
+    p->inverse_scales = (float *)gpu_alloc(MEM_OTHER, 2 * sizeof(float));
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t op_a = CUBLAS_OP_T, op_b = CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
+    const float *scale_a = p->inverse_scales, *scale_b = p->inverse_scales + 1;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof scale_a));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b));
+    int8_t fast = fast_accum ? 1 : 0;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, fp8_type(fb), K, rows_b, K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, fp8_type(fa), K, rows_a, K));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, rows_b, rows_a, rows_b));
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = WORKSPACE_BYTES;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t result;
+    int n_results = 0;
+    CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &n_results));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (n_results == 0)
+        fatal("cuBLASLt has no FP8 algorithm for %s x %s^T, (%d, %d) x (%d, %d)^T", fp8_name(fa), fp8_name(fb),
+              rows_a, K, rows_b, K);
+    p->algo = result.algo;
+    return p;
+}
+
+static void release_fp8_plans(void) {
+    for (int i = 0; i < FP8_PLANS; i++) {
+        Fp8Plan *p = &fp8_plans[i];
+        if (!p->used) continue;
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->a));
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->b));
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p->c));
+        CUBLAS_CHECK(cublasLtMatmulDescDestroy(p->desc));
+        gpu_free(p->inverse_scales);
+        p->used = false;
+    }
+}
+
+__global__ void inverse_scales_kernel(float *inverse, const float *scale_b, const float *scale_a) {
+    inverse[0] = 1.0f / scale_b[0];
+    inverse[1] = 1.0f / scale_a[0];
+}
+
+extern "C" void gpu_fp8_gemm(float *out, const uint8_t *a, Fp8Format fa, const float *scale_a, const uint8_t *b,
+                             Fp8Format fb, const float *scale_b, int rows_a, int rows_b, int K, bool accumulate,
+                             bool fast_accum) {
+    const char *why = gpu_fp8_gemm_shape_error(rows_a, rows_b, K);
+    if (why) fatal("gpu_fp8_gemm (%d, %d) x (%d, %d)^T: %s", rows_a, K, rows_b, K, why);
+    if (fa == FP8_E5M2 && fb == FP8_E5M2) fatal("gpu_fp8_gemm: E5M2 x E5M2 has no Hopper kernel");
+    ensure_handle();
+    Fp8Plan *p = fp8_plan(rows_a, rows_b, K, fa, fb, fast_accum);
+    GPU_LAUNCH(inverse_scales_kernel, 1, 1, 0, p->inverse_scales, scale_b, scale_a);
+    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(handle, p->desc, &alpha, b, p->a, a, p->b, &beta, out, p->c, out, p->c, &p->algo,
+                                workspace, WORKSPACE_BYTES, gpu_stream()));
 }

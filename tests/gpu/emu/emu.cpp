@@ -23,6 +23,7 @@
 #include <numeric>
 #include <vector>
 
+#include "gpu/fp8.h"
 #include "gpu/internal.cuh"
 #include "gpu/numerics.h"
 #include "gpu/ops.h"
@@ -468,6 +469,23 @@ void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *do
         std::vector<float> dx = dinp ? widen(dinp, (size_t)M * K) : std::vector<float>();
         matmul_backward(dinp ? dx.data() : NULL, dweight, dy.data(), x.data(), w.data(), M, K, N);
         if (dinp) narrow(dinp, dx);
+    });
+}
+
+// The FP8 GEMM (gpu/fp8.h): the codes decoded (code / scale, the values chapter 9's emulation
+// multiplies) and reference_cpu's fp32 matmul, out = a b^T; accumulate adds the product. The shape
+// rule is enforced as on a device.
+void gpu_fp8_gemm(float *out, const uint8_t *a, Fp8Format fa, const float *scale_a, const uint8_t *b, Fp8Format fb,
+                  const float *scale_b, int rows_a, int rows_b, int K, bool accumulate, bool fast_accum) {
+    const char *why = gpu_fp8_gemm_shape_error(rows_a, rows_b, K);
+    if (why) fatal("gpu_fp8_gemm (%d, %d) x (%d, %d)^T: %s", rows_a, K, rows_b, K, why);
+    if (fa == FP8_E5M2 && fb == FP8_E5M2) fatal("gpu_fp8_gemm: E5M2 x E5M2 has no Hopper kernel");
+    emu_enqueue(nullptr, matmul_duration(rows_a, K, rows_b), [=] {
+        std::vector<float> x((size_t)rows_a * K), w((size_t)rows_b * K), y((size_t)rows_a * rows_b);
+        fp8_dequantize(x.data(), a, rows_a, K, FP8_PER_TENSOR, scale_a, fa);
+        fp8_dequantize(w.data(), b, rows_b, K, FP8_PER_TENSOR, scale_b, fb);
+        matmul_forward(y.data(), x.data(), w.data(), rows_a, K, rows_b);
+        for (size_t i = 0; i < y.size(); i++) out[i] = accumulate ? out[i] + y[i] : y[i];
     });
 }
 }
