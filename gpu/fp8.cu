@@ -38,11 +38,11 @@ __device__ __forceinline__ float max_abs(float m, float x) {
 // Per row (and stage 1 of per tensor): a block per row, its threads over the columns, then the
 // block's lanes combined by max_abs (a NaN sticks whatever the order).
 #define AMAX_THREADS 256
-__global__ void amax_rows_kernel(float *amax, const float *x, int rows, int cols) {
+template <typename T> __global__ void amax_rows_kernel(float *amax, const T *x, int rows, int cols) {
     __shared__ float partial[AMAX_THREADS];
-    const float *row = x + (size_t)blockIdx.x * cols;
+    const T *row = x + (size_t)blockIdx.x * cols;
     float m = 0;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = max_abs(m, row[c]);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) m = max_abs(m, to_f32(row[c]));
     partial[threadIdx.x] = m;
     __syncthreads();
     for (int half = blockDim.x / 2; half > 0; half /= 2) {
@@ -61,26 +61,32 @@ __global__ void amax_cols_kernel(float *amax, const float *x, int rows, int cols
     amax[c] = m;
 }
 
+// Per tensor, in two stages: each row's amax, then the amax of those.
+template <typename T> static void amax_tensor(float *amax, const T *x, int rows, int cols) {
+    float *per_row = (float *)gpu_scratch_alloc(sizeof(float) * (size_t)rows);
+    GPU_LAUNCH(amax_rows_kernel<T>, rows, AMAX_THREADS, 0, per_row, x, rows, cols);
+    GPU_LAUNCH(amax_rows_kernel<float>, 1, AMAX_THREADS, 0, amax, per_row, 1, rows);
+    gpu_scratch_free(per_row);
+}
+
 void gpu_fp8_amax(float *amax, const float *x, int rows, int cols, Fp8Granularity g) {
     if (rows <= 0 || cols <= 0) return;
     if (g == FP8_PER_COL) {
         GPU_LAUNCH(amax_cols_kernel, (cols + 255) / 256, 256, 0, amax, x, rows, cols);
     } else if (g == FP8_PER_ROW) {
-        GPU_LAUNCH(amax_rows_kernel, rows, AMAX_THREADS, 0, amax, x, rows, cols);
-    } else {  // two stages: each row's amax, then the amax of those
-        float *per_row = (float *)gpu_scratch_alloc(sizeof(float) * (size_t)rows);
-        GPU_LAUNCH(amax_rows_kernel, rows, AMAX_THREADS, 0, per_row, x, rows, cols);
-        GPU_LAUNCH(amax_rows_kernel, 1, AMAX_THREADS, 0, amax, per_row, 1, rows);
-        gpu_scratch_free(per_row);
+        GPU_LAUNCH(amax_rows_kernel<float>, rows, AMAX_THREADS, 0, amax, x, rows, cols);
+    } else {
+        amax_tensor(amax, x, rows, cols);
     }
 }
 
 // ---- casts ---------------------------------------------------------------------------------------
-__global__ void quantize_kernel(uint8_t *q, const float *x, int rows, int cols, Fp8Granularity g, const float *scale,
+template <typename T>
+__global__ void quantize_kernel(uint8_t *q, const T *x, int rows, int cols, Fp8Granularity g, const float *scale,
                                 Fp8Format f) {
     GRID_STRIDE_LOOP(i, (size_t)rows * cols) {
         int r = (int)(i / cols), c = (int)(i % cols);
-        q[i] = cast_to_fp8(x[i] * scale[scale_at(r, c, g)], f);  // fp32 product, then the cast (fp8.c's order)
+        q[i] = cast_to_fp8(to_f32(x[i]) * scale[scale_at(r, c, g)], f);  // fp32 product, then the cast (fp8.c's order)
     }
 }
 
@@ -102,7 +108,7 @@ __global__ void fake_quantize_kernel(float *out, const float *x, int rows, int c
 
 void gpu_fp8_quantize(uint8_t *q, const float *x, int rows, int cols, Fp8Granularity g, const float *scale,
                       Fp8Format f) {
-    LAUNCH_1D(quantize_kernel, (size_t)rows * cols, q, x, rows, cols, g, scale, f);
+    LAUNCH_1D(quantize_kernel<float>, (size_t)rows * cols, q, x, rows, cols, g, scale, f);
 }
 
 void gpu_fp8_dequantize(float *x, const uint8_t *q, int rows, int cols, Fp8Granularity g, const float *scale,
@@ -115,20 +121,97 @@ void gpu_fp8_fake_quantize(float *out, const float *x, int rows, int cols, Fp8Gr
     LAUNCH_1D(fake_quantize_kernel, (size_t)rows * cols, out, x, rows, cols, g, scale, f);
 }
 
-__global__ void quantize_transposed_kernel(uint8_t *q, const float *x, int rows, int cols, const float *scale,
+template <typename T>
+__global__ void quantize_transposed_kernel(uint8_t *q, const T *x, int rows, int cols, const float *scale,
                                            Fp8Format f) {
     GRID_STRIDE_LOOP(i, (size_t)rows * cols) {  // i indexes q: (cols, rows)
         int c = (int)(i / rows), r = (int)(i % rows);
-        q[i] = cast_to_fp8(x[(size_t)r * cols + c] * scale[0], f);
+        q[i] = cast_to_fp8(to_f32(x[(size_t)r * cols + c]) * scale[0], f);
     }
 }
 
 void gpu_fp8_quantize_transposed(uint8_t *q, const float *x, int rows, int cols, const float *scale, Fp8Format f) {
-    LAUNCH_1D(quantize_transposed_kernel, (size_t)rows * cols, q, x, rows, cols, scale, f);
+    LAUNCH_1D(quantize_transposed_kernel<float>, (size_t)rows * cols, q, x, rows, cols, scale, f);
 }
 
 const char *gpu_fp8_gemm_shape_error(int rows_a, int rows_b, int K) {
     if (rows_a % 16 || rows_b % 16 || K % 16)
         return "cuBLASLt's FP8 GEMMs need every dimension a multiple of 16";
     return NULL;
+}
+
+// ---- the GPU model's FP8 linears --------------------------------------------------------------------
+// fp8_scale_from_amax (not rounded to a power of two), on the device: in double, stored as fp32.
+__global__ void tensorwise_scale_kernel(float *scale, const float *amax, double format_max) {
+    double a = amax[0];
+    scale[0] = (float)(format_max / (a > FP8_AMAX_EPS ? a : FP8_AMAX_EPS));
+}
+
+// One operand of a GEMM cast per tensor: its amax and scale on the device, its codes (transposed
+// when the GEMM contracts over its rows).
+template <typename T> struct Cast {
+    uint8_t *codes;
+    float *scale;  // device: [0] the scale, [1] the amax
+};
+
+template <typename T>
+static Cast<T> cast_operand(const T *x, int rows, int cols, Fp8Format f, bool transposed) {
+    Cast<T> c;
+    c.scale = (float *)gpu_scratch_alloc(2 * sizeof(float));
+    c.codes = (uint8_t *)gpu_scratch_alloc((size_t)rows * cols);
+    amax_tensor(c.scale + 1, x, rows, cols);
+    GPU_LAUNCH(tensorwise_scale_kernel, 1, 1, 0, c.scale, c.scale + 1, f == FP8_E4M3 ? 448.0 : 57344.0);
+    if (transposed) LAUNCH_1D(quantize_transposed_kernel<T>, (size_t)rows * cols, c.codes, x, rows, cols, c.scale, f);
+    else LAUNCH_1D(quantize_kernel<T>, (size_t)rows * cols, c.codes, x, rows, cols, FP8_PER_TENSOR, c.scale, f);
+    return c;
+}
+
+template <typename T> static void release(Cast<T> *c) {
+    gpu_scratch_free(c->codes);
+    gpu_scratch_free(c->scale);
+}
+
+// out = (overwrite ? 0 : out) + y, in out's type (one rounding to bf16).
+template <typename T> __global__ void store_kernel(T *out, const float *y, size_t n, bool overwrite) {
+    GRID_STRIDE_LOOP(i, n) out[i] = from_f32<T>(overwrite ? y[i] : to_f32(out[i]) + y[i]);
+}
+
+template <typename T> static void linear_forward(T *out, const T *x, const float *w, int M, int K, int N) {
+    Cast<T> cx = cast_operand(x, M, K, FP8_E4M3, false);
+    Cast<float> cw = cast_operand(w, N, K, FP8_E4M3, false);
+    float *y = (float *)gpu_scratch_alloc(sizeof(float) * (size_t)M * N);
+    gpu_fp8_gemm(y, cx.codes, FP8_E4M3, cx.scale, cw.codes, FP8_E4M3, cw.scale, M, N, K, false, true);
+    LAUNCH_1D(store_kernel<T>, (size_t)M * N, out, y, (size_t)M * N, true);
+    gpu_scratch_free(y);
+    release(&cx), release(&cw);
+}
+
+template <typename T>
+static void linear_backward(T *dx, bool dx_overwrite, float *dw, const T *dy, const T *x, const float *w, int M, int K,
+                            int N) {
+    if (dx) {  // dX (M,K) = dY (M,N) W (N,K): both N-major, W transposed
+        Cast<T> cdy = cast_operand(dy, M, N, FP8_E5M2, false);
+        Cast<float> cwt = cast_operand(w, N, K, FP8_E4M3, true);
+        float *y = (float *)gpu_scratch_alloc(sizeof(float) * (size_t)M * K);
+        gpu_fp8_gemm(y, cdy.codes, FP8_E5M2, cdy.scale, cwt.codes, FP8_E4M3, cwt.scale, M, K, N, false, false);
+        LAUNCH_1D(store_kernel<T>, (size_t)M * K, dx, y, (size_t)M * K, dx_overwrite);
+        gpu_scratch_free(y);
+        release(&cdy), release(&cwt);
+    }
+    if (dw) {  // dW (N,K) += dY^T (N,M) X (M,K): both M-major, both transposed
+        Cast<T> cdyt = cast_operand(dy, M, N, FP8_E5M2, true), cxt = cast_operand(x, M, K, FP8_E4M3, true);
+        gpu_fp8_gemm(dw, cdyt.codes, FP8_E5M2, cdyt.scale, cxt.codes, FP8_E4M3, cxt.scale, N, K, M, true, false);
+        release(&cdyt), release(&cxt);
+    }
+}
+
+void gpu_fp8_linear_forward(void *out, const void *x, const float *w, int M, int K, int N, bool activations_bf16) {
+    if (activations_bf16) linear_forward((bf16 *)out, (const bf16 *)x, w, M, K, N);
+    else linear_forward((float *)out, (const float *)x, w, M, K, N);
+}
+
+void gpu_fp8_linear_backward(void *dx, bool dx_overwrite, float *dw, const void *dy, const void *x, const float *w,
+                             int M, int K, int N, bool activations_bf16) {
+    if (activations_bf16) linear_backward((bf16 *)dx, dx_overwrite, dw, (const bf16 *)dy, (const bf16 *)x, w, M, K, N);
+    else linear_backward((float *)dx, dx_overwrite, dw, (const float *)dy, (const float *)x, w, M, K, N);
 }

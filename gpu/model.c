@@ -2,6 +2,7 @@
 // functions follow block_forward and block_backward line by line, so that the fp32 model computes
 // what the reference computes, op for op, in the same order.
 #include "gpu/model.h"
+#include "gpu/fp8.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -35,6 +36,18 @@ static void matmul_bwd_first(const GpuModel *m, void *dinp, float *dw, const voi
                              const void *w, int M, int K, int N) {
     if (BF16(m)) gpu_matmul_backward_overwrite_bf16(dinp, dw, dout, inp, w, M, K, N);
     else gpu_matmul_backward_overwrite(dinp, dw, dout, inp, w, M, K, N);
+}
+// A block's projection (the weight at offset w_off): with FP8 on, chapter 9's FP8 linear on the fp32
+// master weights (gpu/fp8.h); else the matmul in the model's precision. first: dinp's first writer.
+static void linear_fwd(const GpuModel *m, void *out, const void *inp, size_t w_off, int M, int K, int N) {
+    if (m->fp8) gpu_fp8_linear_forward(out, inp, m->params + w_off, M, K, N, BF16(m));
+    else matmul_fwd(m, out, inp, weight(m, w_off), M, K, N);
+}
+static void linear_bwd(const GpuModel *m, void *dinp, bool first, float *dw, const void *dout, const void *inp,
+                       size_t w_off, int M, int K, int N) {
+    if (m->fp8) gpu_fp8_linear_backward(dinp, first, dw, dout, inp, m->params + w_off, M, K, N, BF16(m));
+    else if (first) matmul_bwd_first(m, dinp, dw, dout, inp, weight(m, w_off), M, K, N);
+    else matmul_bwd(m, dinp, dw, dout, inp, weight(m, w_off), M, K, N);
 }
 static void rmsnorm_fwd(const GpuModel *m, void *out, float *rstd, const void *inp, const void *w) {
     int N = m->B * m->T, C = m->cfg.dim;
@@ -270,19 +283,19 @@ static void gpu_block_forward(const GpuModel *m, int l, void *out) {
     int BT = m->B * m->T, D = c->dim, F = c->ffn_dim, hd = model_head_dim(c);
     int hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
     rmsnorm_fwd(m, a->xn1, a->rstd1, a->x, weight(m, o->attention_norm));
-    matmul_fwd(m, a->q, a->xn1, weight(m, o->wq), BT, D, hq);
-    matmul_fwd(m, a->k, a->xn1, weight(m, o->wk), BT, D, hkv);
-    matmul_fwd(m, a->v, a->xn1, weight(m, o->wv), BT, D, hkv);
+    linear_fwd(m, a->q, a->xn1, o->wq, BT, D, hq);
+    linear_fwd(m, a->k, a->xn1, o->wk, BT, D, hkv);
+    linear_fwd(m, a->v, a->xn1, o->wv, BT, D, hkv);
     rope(m, a->q, c->n_heads, false);
     rope(m, a->k, c->n_kv_heads, false);
     attention_fwd(m, a);
-    matmul_fwd(m, a->h, a->attn, weight(m, o->wo), BT, hq, D);
+    linear_fwd(m, a->h, a->attn, o->wo, BT, hq, D);
     add(m, a->h, a->x, (size_t)BT * D);
     rmsnorm_fwd(m, a->xn2, a->rstd2, a->h, weight(m, o->ffn_norm));
-    matmul_fwd(m, a->gate, a->xn2, weight(m, o->w1), BT, D, F);
-    matmul_fwd(m, a->up, a->xn2, weight(m, o->w3), BT, D, F);
+    linear_fwd(m, a->gate, a->xn2, o->w1, BT, D, F);
+    linear_fwd(m, a->up, a->xn2, o->w3, BT, D, F);
     swiglu_fwd(m, a->act, a->gate, a->up, (size_t)BT * F);
-    matmul_fwd(m, out, a->act, weight(m, o->w2), BT, F, D);
+    linear_fwd(m, out, a->act, o->w2, BT, F, D);
     add(m, out, a->h, (size_t)BT * D);
 }
 
@@ -319,30 +332,30 @@ static void gpu_block_backward(const GpuModel *m, int l, const void *dout, void 
     int hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
     // feed-forward half, in reverse; the residual passes dout straight to dh
     copy(m, m->dh, dout, (size_t)BT * D);
-    matmul_bwd_first(m, m->dact, grad(m, o->w2), dout, a->act, weight(m, o->w2), BT, F, D);
+    linear_bwd(m, m->dact, true, grad(m, o->w2), dout, a->act, o->w2, BT, F, D);
     zero(m, m->dgate, (size_t)BT * F);
     zero(m, m->dup, (size_t)BT * F);
     swiglu_bwd(m, m->dgate, m->dup, m->dact, a->gate, a->up, (size_t)BT * F);
-    matmul_bwd_first(m, m->dxn, NULL, m->dgate, a->xn2, weight(m, o->w1), BT, D, F);
-    matmul_bwd(m, m->dxn, NULL, m->dup, a->xn2, weight(m, o->w3), BT, D, F);
-    matmul_bwd(m, NULL, grad(m, o->w1), m->dgate, a->xn2, weight(m, o->w1), BT, D, F);
-    matmul_bwd(m, NULL, grad(m, o->w3), m->dup, a->xn2, weight(m, o->w3), BT, D, F);
+    linear_bwd(m, m->dxn, true, NULL, m->dgate, a->xn2, o->w1, BT, D, F);
+    linear_bwd(m, m->dxn, false, NULL, m->dup, a->xn2, o->w3, BT, D, F);
+    linear_bwd(m, NULL, false, grad(m, o->w1), m->dgate, a->xn2, o->w1, BT, D, F);
+    linear_bwd(m, NULL, false, grad(m, o->w3), m->dup, a->xn2, o->w3, BT, D, F);
     rmsnorm_bwd(m, m->dh, grad(m, o->ffn_norm), m->dxn, a->h, weight(m, o->ffn_norm), a->rstd2);
     // attention half; dinp starts as the residual's copy of dh
     copy(m, dinp, m->dh, (size_t)BT * D);
-    matmul_bwd_first(m, m->dattn, grad(m, o->wo), m->dh, a->attn, weight(m, o->wo), BT, hq, D);
+    linear_bwd(m, m->dattn, true, grad(m, o->wo), m->dh, a->attn, o->wo, BT, hq, D);
     zero(m, m->dq, (size_t)BT * hq);
     zero(m, m->dk, (size_t)BT * hkv);
     zero(m, m->dv, (size_t)BT * hkv);
     attention_bwd(m, a);
     rope(m, m->dq, c->n_heads, true);
     rope(m, m->dk, c->n_kv_heads, true);
-    matmul_bwd_first(m, m->dxn, NULL, m->dq, a->xn1, weight(m, o->wq), BT, D, hq);
-    matmul_bwd(m, m->dxn, NULL, m->dk, a->xn1, weight(m, o->wk), BT, D, hkv);
-    matmul_bwd(m, m->dxn, NULL, m->dv, a->xn1, weight(m, o->wv), BT, D, hkv);
-    matmul_bwd(m, NULL, grad(m, o->wq), m->dq, a->xn1, weight(m, o->wq), BT, D, hq);
-    matmul_bwd(m, NULL, grad(m, o->wk), m->dk, a->xn1, weight(m, o->wk), BT, D, hkv);
-    matmul_bwd(m, NULL, grad(m, o->wv), m->dv, a->xn1, weight(m, o->wv), BT, D, hkv);
+    linear_bwd(m, m->dxn, true, NULL, m->dq, a->xn1, o->wq, BT, D, hq);
+    linear_bwd(m, m->dxn, false, NULL, m->dk, a->xn1, o->wk, BT, D, hkv);
+    linear_bwd(m, m->dxn, false, NULL, m->dv, a->xn1, o->wv, BT, D, hkv);
+    linear_bwd(m, NULL, false, grad(m, o->wq), m->dq, a->xn1, o->wq, BT, D, hq);
+    linear_bwd(m, NULL, false, grad(m, o->wk), m->dk, a->xn1, o->wk, BT, D, hkv);
+    linear_bwd(m, NULL, false, grad(m, o->wv), m->dv, a->xn1, o->wv, BT, D, hkv);
     rmsnorm_bwd(m, dinp, grad(m, o->attention_norm), m->dxn, a->x, weight(m, o->attention_norm), a->rstd1);
 }
 

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/trace.h"
 #include "gpu/activity.h"
+#include "chapters/09_fp8/fp8.h"
 #include "gpu/dist.h"
 #include "gpu/model.h"
 #include "gpu/runtime.h"
@@ -92,6 +93,28 @@ static void cuda_free(Strategy *s) {
     free(g);
 }
 
+// --fp8 on the GPU: tensorwise, one replica (the amaxes are not reduced across replicas here), and
+// every GEMM dimension a multiple of 16 (cuBLASLt's FP8 rule): the tokens of a micro-batch, the
+// model's width, the heads' widths and the FFN's.
+static void check_fp8(const Trainer *t, const ModelConfig *c, const LayoutOptions *o) {
+    if (o->fp8_recipe != FP8_TENSORWISE)
+        fatal_input("--device cuda --fp8: the GPU's FP8 linears scale tensorwise only so far (not --fp8-recipe %s)",
+                    o->fp8_recipe == FP8_ROWWISE ? "rowwise" : "delayed");
+    if (t->dp_size > 1)
+        fatal_input("--device cuda --fp8 with --dp-replicate %d: the GPU's FP8 amaxes are not reduced across "
+                    "replicas yet (one GPU only)", t->dp_size);
+    int hd = model_head_dim(c);
+    struct {
+        const char *what;
+        int value;
+    } dims[] = {{"tokens per micro-batch", t->micro * t->T}, {"dim", c->dim}, {"n_heads x head_dim", c->n_heads * hd},
+                {"n_kv_heads x head_dim", c->n_kv_heads * hd}, {"ffn_dim", c->ffn_dim}};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i].value % 16)
+            fatal_input("--device cuda --fp8: %s is %d; cuBLASLt's FP8 GEMMs need every dimension a multiple of 16",
+                        dims[i].what, dims[i].value);
+}
+
 static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     const Mesh *mesh = t->mesh;
     const char *dims[] = {"--pp", "--dp-replicate", "--dp-shard", "--cp", "--tp"};
@@ -118,6 +141,7 @@ void trainer_exec_cuda_build(char **argv) { (void)argv; }
 
 Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSource *init, const LayoutOptions *o) {
     refuse_layout(t, o);
+    if (o->fp8) check_fp8(t, cfg, o);
     char why[256];
     int devices = gpu_device_count(why, sizeof why);
     if (devices == 0) fatal_input("--device cuda: no usable CUDA device (%s)", why);
@@ -134,6 +158,8 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     model_init_unallocated(&t->model, cfg, ATTN_FLASH);  // the table and shapes, for checkpoints
     GpuTraining *g = calloc(1, sizeof *g);
     gpu_model_init_from(&g->m, cfg, init, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
+    g->m.fp8 = o->fp8;
+    if (o->fp8) log_info("fp8 on the GPU: wq wk wv wo w1 w2 w3 of every block as FP8 GEMMs (tensorwise)");
     if (t->dp_size > 1) {
         g->dp = t->mesh->dp;
         gpu_model_broadcast(g->dp, &g->m, 0);  // replicas start equal, bf16 copies included

@@ -120,6 +120,44 @@ print(f"ok: --ac full on the GPU: bit-identical; activation peak {peak_none} -> 
       f"{rec_full} block recomputes")
 PY
 
+echo "== FP8 on the GPU (--device cuda --fp8, tensorwise)"
+# Each FP8 GEMM's pieces are checked bit for bit against chapter 9's in tests/gpu/test_gpu_fp8.c.
+# Through the model, bf16 activations change which FP8 code many values round to, so the step-1
+# gradients of two FP8 runs differ as much as FP8 differs from fp32 (measured: the GPU's FP8 against
+# the CPU's FP8 0.11 relative (Frobenius) in the worst tensor, the CPU's FP8 against fp32 0.11):
+# what can be checked is that the GPU's FP8 gradients stay within FP8's noise of the fp32 reference
+# (worst tensor <= 0.15, SQNR >= 16.5 dB), that they are not the bf16 run's (>= 0.02 apart in the
+# worst tensor, against 0.011 between bf16 and fp32: FP8 is on), and the losses of 2 steps within
+# the same 1e-3 as the bf16 GPU run's against the CPU's FP8 run.
+"$BUILD/train" "${common[@]}" --fp8 --grad-dump "$T/cpu_fp8.grads.safetensors" > "$T/cpu_fp8.log" 2>&1
+run gpu_fp8 1 --fp8
+grep -q "fp8 on the GPU: wq wk wv wo w1 w2 w3" "$T/gpu_fp8.log" || { echo "FAIL: --device cuda --fp8 did not say it runs FP8"; exit 1; }
+$P --log "$T/gpu_fp8.log" --log-ref "$T/cpu_fp8.log" --loss-rtol 1e-3
+"$PYTHON" - "$T/gpu_fp8.grads.safetensors" "$T/ref_dump.safetensors" "$T/gpu1.grads.safetensors" <<'PY'
+import sys
+import numpy as np
+sys.path.insert(0, "tests/py")
+import safetensors_io
+def grads(path):
+    tensors = safetensors_io.load(path)
+    tensors = tensors[0] if isinstance(tensors, tuple) else tensors
+    return {k: np.asarray(v, dtype=np.float64) for k, v in tensors.items() if k.startswith("grad.")}
+fp8, ref, bf16 = grads(sys.argv[1]), grads(sys.argv[2]), grads(sys.argv[3])
+def worst(a, b):
+    return max((np.linalg.norm(a[k] - b[k]) / np.linalg.norm(b[k]), k) for k in b)
+(vs_ref, k_ref), (vs_bf16, k_bf16) = worst(fp8, ref), worst(fp8, bf16)
+ok = vs_ref <= 0.15 and vs_bf16 >= 0.02
+print(f"{'ok' if ok else 'FAIL'}: GPU FP8 step-1 gradients: worst {vs_ref:.3f} from fp32 ({k_ref}; bound 0.15), "
+      f"worst {vs_bf16:.3f} from the GPU's bf16 run ({k_bf16}; at least 0.02)")
+sys.exit(0 if ok else 1)
+PY
+for bad in "--seq-len 12|tokens per micro-batch is 24; cuBLASLt's FP8 GEMMs need every dimension a multiple of 16" \
+           "--fp8-recipe rowwise|tensorwise only so far"; do
+    out=$("$EMU_TRAIN" --model tiny --steps 1 --batch 2 --device cuda --fp8 ${bad%%|*} 2>&1 >/dev/null) && rc=0 || rc=$?
+    [ "$rc" -eq 2 ] && [[ "$out" == *"${bad#*|}"* ]] || { echo "FAIL: --device cuda --fp8 ${bad%%|*} -> rc $rc: $out"; exit 1; }
+    echo "ok: --device cuda --fp8 ${bad%%|*} -> $(grep '^train' <<<"$out")"
+done
+
 # Refused before any work, exit 2 and one line.
 for layout in "--tp 2" "--dp-shard 2" "--pp 2"; do
     out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --device cuda $layout 2>&1 >/dev/null) && rc=0 || rc=$?

@@ -512,7 +512,9 @@ static LayoutOptions layout_options(void) {
                            .pp_schedule_dot = opt.pp_schedule_dot,
                            .cp_mode = args_choice_index(CP_MODE_NAMES, opt.cp_mode),
                            .cp_load_balance = strcmp(opt.cp_load_balance, "on") == 0,
-                           .cuda_sync_debug = opt.cuda_sync_debug};
+                           .cuda_sync_debug = opt.cuda_sync_debug,
+                           .fp8 = opt.fp8,
+                           .fp8_recipe = args_choice_index(FP8_RECIPE_NAMES, opt.fp8_recipe)};
 }
 
 // --fp8-all-gather casts what ZeRO-3 gathers; it needs that all-gather, and one cast per weight.
@@ -611,7 +613,6 @@ int main(int argc, char **argv) {
         fatal_input("--fp8-recipe and --fp8-amax-history: need --fp8");
     if (args_given(flags, N_FLAGS, "fp8-amax-history") && strcmp(opt.fp8_recipe, "delayed") != 0)
         fatal_input("--fp8-amax-history: only with --fp8-recipe delayed");
-    if (opt.fp8 && cuda) fatal_input("--fp8: emulated on the CPU only; the GPU model has no FP8 path yet");
     check_fp8_all_gather_flags();
     check_before_work(&cfg, flags);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
@@ -646,12 +647,12 @@ int main(int argc, char **argv) {
     uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.dp_index : 0);
     ParamSource init = init_checkpoint ? hf_param_source(init_checkpoint) : param_source_seed(init_seed);
     LayoutOptions layout = layout_options();
-    if (opt.fp8) fp8_create_for(&t, cfg.n_layers, &layout);
+    if (opt.fp8 && !cuda) fp8_create_for(&t, cfg.n_layers, &layout);  // on the GPU: the GPU model's own
     if (cuda) t.strategy = cuda_strategy_create(&t, &cfg, &init, &layout);
     else trainer_setup_layout(&t, &cfg, attention, &init, &layout);
     if (init_checkpoint) log_info("initial weights from %s", opt.init_from);
     hf_close(init_checkpoint);
-    if (opt.fp8) fp8_install(&t);
+    if (fp8) fp8_install(&t);
     log_checkpointing(&t.model, t.micro, t.T, (ActCheckpoint)layout.ac);
     t.inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
     t.targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.T);
