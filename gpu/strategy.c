@@ -2,8 +2,10 @@
 // the one-GPU model (gpu/model.h): bf16 compute, fp32 master weights, gradients and AdamW moments
 // on the device. With --dp-replicate > 1 it is DDP: each rank runs its slice of the batch and the
 // gradients are averaged over the data-parallel ranks after the last micro-batch (gpu/dist.h,
-// staged through host memory, so ranks may share one GPU). The other layouts are refused until
-// the GPU model has the CPU model's hooks (UnitStorage, TensorParallel).
+// staged through host memory, so ranks may share one GPU). Also --ac full (the GPU model recomputes
+// blocks), --fp8 (one GPU, tensorwise: gpu/fp8.h's linears) and --trace (the GPU's timeline). The
+// other layouts are refused until the GPU model has the CPU model's hooks (UnitStorage,
+// TensorParallel).
 //
 // Each rank uses device (local rank mod device count), the local rank being its index among the
 // ranks on its host (comm_local_rank): one rank per GPU under mpirun on every node, whatever the
@@ -12,11 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chapters/09_fp8/fp8.h"
 #include "chapters/10_trainer/trainer.h"
 #include "common/log.h"
 #include "common/trace.h"
 #include "gpu/activity.h"
-#include "chapters/09_fp8/fp8.h"
 #include "gpu/dist.h"
 #include "gpu/model.h"
 #include "gpu/runtime.h"
