@@ -2,6 +2,10 @@
 #include "gpu/fp8.h"
 #include "gpu/internal.cuh"
 
+extern "C" {
+#include "gpu/dist.h"
+}
+
 #ifndef GPU_EMULATOR
 #include <cuda_fp8.h>
 #endif
@@ -154,12 +158,14 @@ template <typename T> struct Cast {
     float *scale;  // device: [0] the scale, [1] the amax
 };
 
+// reduce_over: the GPUs holding the rest of the tensor (its amax is MAX-reduced over them), or NULL.
 template <typename T>
-static Cast<T> cast_operand(const T *x, int rows, int cols, Fp8Format f, bool transposed) {
+static Cast<T> cast_operand(const T *x, int rows, int cols, Fp8Format f, bool transposed, Comm *reduce_over) {
     Cast<T> c;
     c.scale = (float *)gpu_scratch_alloc(2 * sizeof(float));
     c.codes = (uint8_t *)gpu_scratch_alloc((size_t)rows * cols);
     amax_tensor(c.scale + 1, x, rows, cols);
+    if (reduce_over && comm_size(reduce_over) > 1) gpu_all_reduce(reduce_over, c.scale + 1, 1, COMM_MAX);
     GPU_LAUNCH(tensorwise_scale_kernel, 1, 1, 0, c.scale, c.scale + 1, f == FP8_E4M3 ? 448.0 : 57344.0);
     if (transposed) LAUNCH_1D(quantize_transposed_kernel<T>, (size_t)rows * cols, c.codes, x, rows, cols, c.scale, f);
     else LAUNCH_1D(quantize_kernel<T>, (size_t)rows * cols, c.codes, x, rows, cols, FP8_PER_TENSOR, c.scale, f);
@@ -176,9 +182,10 @@ template <typename T> __global__ void store_kernel(T *out, const float *y, size_
     GRID_STRIDE_LOOP(i, n) out[i] = from_f32<T>(overwrite ? y[i] : to_f32(out[i]) + y[i]);
 }
 
-template <typename T> static void linear_forward(T *out, const T *x, const float *w, int M, int K, int N) {
-    Cast<T> cx = cast_operand(x, M, K, FP8_E4M3, false);
-    Cast<float> cw = cast_operand(w, N, K, FP8_E4M3, false);
+template <typename T>
+static void linear_forward(T *out, const T *x, const float *w, int M, int K, int N, Comm *tokens) {
+    Cast<T> cx = cast_operand(x, M, K, FP8_E4M3, false, tokens);
+    Cast<float> cw = cast_operand(w, N, K, FP8_E4M3, false, (Comm *)NULL);
     float *y = (float *)gpu_scratch_alloc(sizeof(float) * (size_t)M * N);
     gpu_fp8_gemm(y, cx.codes, FP8_E4M3, cx.scale, cw.codes, FP8_E4M3, cw.scale, M, N, K, false, true);
     LAUNCH_1D(store_kernel<T>, (size_t)M * N, out, y, (size_t)M * N, true);
@@ -188,10 +195,10 @@ template <typename T> static void linear_forward(T *out, const T *x, const float
 
 template <typename T>
 static void linear_backward(T *dx, bool dx_overwrite, float *dw, const T *dy, const T *x, const float *w, int M, int K,
-                            int N) {
+                            int N, Comm *tokens) {
     if (dx) {  // dX (M,K) = dY (M,N) W (N,K): both N-major, W transposed
-        Cast<T> cdy = cast_operand(dy, M, N, FP8_E5M2, false);
-        Cast<float> cwt = cast_operand(w, N, K, FP8_E4M3, true);
+        Cast<T> cdy = cast_operand(dy, M, N, FP8_E5M2, false, tokens);
+        Cast<float> cwt = cast_operand(w, N, K, FP8_E4M3, true, (Comm *)NULL);
         float *y = (float *)gpu_scratch_alloc(sizeof(float) * (size_t)M * K);
         gpu_fp8_gemm(y, cdy.codes, FP8_E5M2, cdy.scale, cwt.codes, FP8_E4M3, cwt.scale, M, K, N, false, false);
         LAUNCH_1D(store_kernel<T>, (size_t)M * K, dx, y, (size_t)M * K, dx_overwrite);
@@ -199,19 +206,22 @@ static void linear_backward(T *dx, bool dx_overwrite, float *dw, const T *dy, co
         release(&cdy), release(&cwt);
     }
     if (dw) {  // dW (N,K) += dY^T (N,M) X (M,K): both M-major, both transposed
-        Cast<T> cdyt = cast_operand(dy, M, N, FP8_E5M2, true), cxt = cast_operand(x, M, K, FP8_E4M3, true);
+        Cast<T> cdyt = cast_operand(dy, M, N, FP8_E5M2, true, tokens);
+        Cast<T> cxt = cast_operand(x, M, K, FP8_E4M3, true, tokens);
         gpu_fp8_gemm(dw, cdyt.codes, FP8_E5M2, cdyt.scale, cxt.codes, FP8_E4M3, cxt.scale, N, K, M, true, false);
         release(&cdyt), release(&cxt);
     }
 }
 
-void gpu_fp8_linear_forward(void *out, const void *x, const float *w, int M, int K, int N, bool activations_bf16) {
-    if (activations_bf16) linear_forward((bf16 *)out, (const bf16 *)x, w, M, K, N);
-    else linear_forward((float *)out, (const float *)x, w, M, K, N);
+void gpu_fp8_linear_forward(void *out, const void *x, const float *w, int M, int K, int N, bool activations_bf16,
+                            Comm *tokens) {
+    if (activations_bf16) linear_forward((bf16 *)out, (const bf16 *)x, w, M, K, N, tokens);
+    else linear_forward((float *)out, (const float *)x, w, M, K, N, tokens);
 }
 
 void gpu_fp8_linear_backward(void *dx, bool dx_overwrite, float *dw, const void *dy, const void *x, const float *w,
-                             int M, int K, int N, bool activations_bf16) {
-    if (activations_bf16) linear_backward((bf16 *)dx, dx_overwrite, dw, (const bf16 *)dy, (const bf16 *)x, w, M, K, N);
-    else linear_backward((float *)dx, dx_overwrite, dw, (const float *)dy, (const float *)x, w, M, K, N);
+                             int M, int K, int N, bool activations_bf16, Comm *tokens) {
+    if (activations_bf16)
+        linear_backward((bf16 *)dx, dx_overwrite, dw, (const bf16 *)dy, (const bf16 *)x, w, M, K, N, tokens);
+    else linear_backward((float *)dx, dx_overwrite, dw, (const float *)dy, (const float *)x, w, M, K, N, tokens);
 }

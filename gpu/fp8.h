@@ -52,12 +52,16 @@ const char *gpu_fp8_gemm_shape_error(int rows_a, int rows_b, int K);
 // Chapter 9's FP8 linear with the tensorwise recipe, on activations of the model's type (fp32, or
 // bf16 when activations_bf16 is set) and the fp32 master weights. Each GEMM's operands get dynamic scales from
 // their amaxes, computed on the device as fp8_scale_from_amax does (no wait for the host); inputs and
-// weights E4M3, output gradients E5M2; fast accumulation in the forward only.
+// weights E4M3, output gradients E5M2; fast accumulation in the forward only. tokens: the group of
+// GPUs holding the other tokens of the batch (data parallel), over which the activations' and the
+// output gradients' amaxes are MAX-reduced so that every replica casts with the single process's
+// scales (NULL: one GPU). The weights are the same everywhere: their amax needs no reduction.
 //   out (M,N) = x (M,K) w (N,K)^T                       (overwritten)
 //   dx (M,K) = or += dy (M,N) w;  dw (N,K) += dy^T x    (dx overwritten when dx_overwrite; either NULL)
-void gpu_fp8_linear_forward(void *out, const void *x, const float *w, int M, int K, int N, bool activations_bf16);
+void gpu_fp8_linear_forward(void *out, const void *x, const float *w, int M, int K, int N, bool activations_bf16,
+                            Comm *tokens);
 void gpu_fp8_linear_backward(void *dx, bool dx_overwrite, float *dw, const void *dy, const void *x, const float *w,
-                             int M, int K, int N, bool activations_bf16);
+                             int M, int K, int N, bool activations_bf16, Comm *tokens);
 
 #ifdef __cplusplus
 }

@@ -40,12 +40,12 @@ static void matmul_bwd_first(const GpuModel *m, void *dinp, float *dw, const voi
 // A block's projection (the weight at offset w_off): with FP8 on, chapter 9's FP8 linear on the fp32
 // master weights (gpu/fp8.h); else the matmul in the model's precision. first: dinp's first writer.
 static void linear_fwd(const GpuModel *m, void *out, const void *inp, size_t w_off, int M, int K, int N) {
-    if (m->fp8) gpu_fp8_linear_forward(out, inp, m->params + w_off, M, K, N, BF16(m));
+    if (m->fp8) gpu_fp8_linear_forward(out, inp, m->params + w_off, M, K, N, BF16(m), m->fp8_tokens);
     else matmul_fwd(m, out, inp, weight(m, w_off), M, K, N);
 }
 static void linear_bwd(const GpuModel *m, void *dinp, bool first, float *dw, const void *dout, const void *inp,
                        size_t w_off, int M, int K, int N) {
-    if (m->fp8) gpu_fp8_linear_backward(dinp, first, dw, dout, inp, m->params + w_off, M, K, N, BF16(m));
+    if (m->fp8) gpu_fp8_linear_backward(dinp, first, dw, dout, inp, m->params + w_off, M, K, N, BF16(m), m->fp8_tokens);
     else if (first) matmul_bwd_first(m, dinp, dw, dout, inp, weight(m, w_off), M, K, N);
     else matmul_bwd(m, dinp, dw, dout, inp, weight(m, w_off), M, K, N);
 }

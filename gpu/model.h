@@ -55,6 +55,7 @@ typedef struct {
     int B, T;
     ActCheckpoint ac;                 // AC_NONE, or AC_FULL: blocks[l] share block 0's buffers but x
     bool fp8;                         // the blocks' projections as FP8 linears (gpu/fp8.h; set after init)
+    struct Comm *fp8_tokens;          // with fp8 under data parallelism: the replicas (amaxes reduced), else NULL
     float *params, *grads, *adam_m, *adam_v;  // (table.total_numel) fp32 on the device
     gpu_bf16 *params_bf16;            // the compute copy (GPU_BF16), else NULL
     RopeTable rope;                   // device copy of reference_cpu's table

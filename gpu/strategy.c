@@ -3,7 +3,7 @@
 // on the device. With --dp-replicate > 1 it is DDP: each rank runs its slice of the batch and the
 // gradients are averaged over the data-parallel ranks after the last micro-batch (gpu/dist.h,
 // staged through host memory, so ranks may share one GPU). Also --ac full (the GPU model recomputes
-// blocks), --fp8 (one GPU, tensorwise: gpu/fp8.h's linears) and --trace (the GPU's timeline). The
+// blocks), --fp8 (tensorwise: gpu/fp8.h's linears) and --trace (the GPU's timeline). The
 // other layouts are refused until the GPU model has the CPU model's hooks (UnitStorage,
 // TensorParallel).
 //
@@ -95,16 +95,12 @@ static void cuda_free(Strategy *s) {
     free(g);
 }
 
-// --fp8 on the GPU: tensorwise, one replica (the amaxes are not reduced across replicas here), and
-// every GEMM dimension a multiple of 16 (cuBLASLt's FP8 rule): the tokens of a micro-batch, the
+// --fp8 on the GPU: tensorwise, and every GEMM dimension a multiple of 16 (cuBLASLt's FP8 rule): the tokens of a micro-batch, the
 // model's width, the heads' widths and the FFN's.
 static void check_fp8(const Trainer *t, const ModelConfig *c, const LayoutOptions *o) {
     if (o->fp8_recipe != FP8_TENSORWISE)
         fatal_input("--device cuda --fp8: the GPU's FP8 linears scale tensorwise only so far (not --fp8-recipe %s)",
                     o->fp8_recipe == FP8_ROWWISE ? "rowwise" : "delayed");
-    if (t->dp_size > 1)
-        fatal_input("--device cuda --fp8 with --dp-replicate %d: the GPU's FP8 amaxes are not reduced across "
-                    "replicas yet (one GPU only)", t->dp_size);
     int hd = model_head_dim(c);
     struct {
         const char *what;
@@ -161,6 +157,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     GpuTraining *g = calloc(1, sizeof *g);
     gpu_model_init_from(&g->m, cfg, init, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
     g->m.fp8 = o->fp8;
+    g->m.fp8_tokens = t->dp_size > 1 ? t->mesh->dp : NULL;  // activations' amaxes agree across replicas
     if (o->fp8) log_info("fp8 on the GPU: wq wk wv wo w1 w2 w3 of every block as FP8 GEMMs (tensorwise)");
     if (t->dp_size > 1) {
         g->dp = t->mesh->dp;

@@ -151,6 +151,12 @@ print(f"{'ok' if ok else 'FAIL'}: GPU FP8 step-1 gradients: worst {vs_ref:.3f} f
       f"worst {vs_bf16:.3f} from the GPU's bf16 run ({k_bf16}; at least 0.02)")
 sys.exit(0 if ok else 1)
 PY
+# Under DDP the activations' and output gradients' amaxes are MAX-reduced over the replicas, so each
+# casts with the single GPU's scales: the step-1 gradients equal the single GPU's FP8 ones within
+# 1e-5, as for bf16 DDP (measured 3.4e-6; each replica casting with its own amaxes: 0.1 and more).
+run gpu_fp8_ddp2 2 --fp8 --dp-replicate 2
+echo "== GPU FP8 DDP vs the single GPU's FP8"
+$P --ckpt "$T/gpu_fp8_ddp2.grads.safetensors" --ckpt-ref "$T/gpu_fp8.grads.safetensors" --prefix grad. --param-rtol 1e-5
 for bad in "--seq-len 12|tokens per micro-batch is 24; cuBLASLt's FP8 GEMMs need every dimension a multiple of 16" \
            "--fp8-recipe rowwise|tensorwise only so far"; do
     out=$("$EMU_TRAIN" --model tiny --steps 1 --batch 2 --device cuda --fp8 ${bad%%|*} 2>&1 >/dev/null) && rc=0 || rc=$?
