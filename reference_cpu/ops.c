@@ -4,6 +4,7 @@
 #include "reference_cpu/ops.h"
 
 #include <float.h>
+#include <stdio.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 
 #ifdef HAVE_OPENBLAS
 #include <cblas.h>
+#include <unistd.h>  // execv
 #ifdef REF_FLOAT64
 #define gemm_r cblas_dgemm
 #else
@@ -50,6 +52,63 @@ bool matmul_blas_available(void) {
 }
 void matmul_set_backend(MatmulBackend backend) { matmul_backend = matmul_blas_available() ? backend : MATMUL_LOOP; }
 MatmulBackend matmul_get_backend(void) { return matmul_backend; }
+
+// ---- OpenBLAS's kernels for this CPU --------------------------------------------------------------
+// OpenBLAS (built for every x86 CPU at once, as Debian's is) picks its kernels when the library loads,
+// mostly from the CPU's model number. A virtual machine that hides the model ("Intel(R) Xeon(R)
+// Processor") can make it fall back to its SSE3 kernels ("Prescott") on a CPU with AVX-512: sgemm then
+// runs at a fifth of its speed (64 against 316 GFLOP/s on the 2-core machine this was written on). The
+// choice can only be changed before the library loads, through OPENBLAS_CORETYPE, so this constructor
+// (it runs after OpenBLAS's own, before main) compares OpenBLAS's choice with the instruction sets the
+// CPU reports and, when OpenBLAS chose less, sets OPENBLAS_CORETYPE and runs the program again with the
+// same arguments. An OPENBLAS_CORETYPE the user set is left alone. matmul_blas_kernels() says what ran.
+#if defined(HAVE_OPENBLAS) && defined(__x86_64__) && defined(__GLIBC__)
+#define BLAS_DETECTED_ENV "LLAMA_OPENBLAS_DETECTED"  // what OpenBLAS chose before the restart
+
+// 2: AVX-512 kernels, 1: AVX2 + FMA, 0: older.
+static int blas_core_tier(const char *core) {
+    const char *avx512[] = {"SkylakeX", "Cooperlake", "SapphireRapids"}, *avx2[] = {"Haswell", "Zen"};
+    for (size_t i = 0; i < sizeof avx512 / sizeof avx512[0]; i++)
+        if (strcmp(core, avx512[i]) == 0) return 2;
+    for (size_t i = 0; i < sizeof avx2 / sizeof avx2[0]; i++)
+        if (strcmp(core, avx2[i]) == 0) return 1;
+    return 0;
+}
+static int cpu_tier(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return 2;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+}
+
+// glibc passes the program's argc, argv and environment to constructors.
+__attribute__((constructor)) static void blas_kernels_for_this_cpu(int argc, char **argv, char **envp) {
+    (void)argc, (void)envp;
+    if (getenv("OPENBLAS_CORETYPE")) return;  // the user's choice, or already restarted
+    const char *core = openblas_get_corename(), *names[] = {NULL, "Haswell", "SkylakeX"};
+    int tier = cpu_tier();
+    if (!core || !argv || tier == 0 || blas_core_tier(core) >= tier) return;
+    setenv(BLAS_DETECTED_ENV, core, 1);
+    setenv("OPENBLAS_CORETYPE", names[tier], 1);
+    execv("/proc/self/exe", argv);  // only returns on failure: carry on with OpenBLAS's choice
+    unsetenv("OPENBLAS_CORETYPE");
+}
+
+const char *matmul_blas_kernels(char *out, size_t out_len) {
+    const char *detected = getenv(BLAS_DETECTED_ENV);
+    if (detected)
+        snprintf(out, out_len, "OpenBLAS %s kernels (OPENBLAS_CORETYPE, set for this CPU's instruction sets: "
+                 "the library had chosen %s)", openblas_get_corename(), detected);
+    else snprintf(out, out_len, "OpenBLAS %s kernels", openblas_get_corename());
+    return out;
+}
+#else
+const char *matmul_blas_kernels(char *out, size_t out_len) {
+    snprintf(out, out_len, matmul_blas_available() ? "BLAS" : "no BLAS: the plain loops");
+    return out;
+}
+#endif
 
 // out (M,N) = inp (M,K) . weight (N,K)^T
 static void matmul_forward_loop(real *out, const real *inp, const real *weight, int M, int K, int N) {

@@ -23,6 +23,9 @@ typedef enum { MATMUL_BLAS, MATMUL_LOOP } MatmulBackend;
 void matmul_set_backend(MatmulBackend backend);
 MatmulBackend matmul_get_backend(void);
 bool matmul_blas_available(void);
+// Which BLAS kernels run, for logs: "OpenBLAS SkylakeX kernels", and whether OPENBLAS_CORETYPE was set
+// because the library had chosen kernels below the CPU's instruction sets (reference_cpu/ops.c).
+const char *matmul_blas_kernels(char *out, size_t out_len);
 
 // ---- embedding -------------------------------------------------------------------------------
 // out (N,C) = table[tokens[n]] ; tokens (N) in [0, V)

@@ -44,9 +44,11 @@ int main(int argc, char **argv) {
     }
     qsort(ns, opt.reps, sizeof ns[0], compare_ll);
     double median_s = ns[opt.reps / 2] * 1e-9;
+    char kernels[192];
     printf("sgemm: n=%d reps=%d backend=%s median_ms=%.2f gflops=%.1f\n", opt.n, opt.reps,
            matmul_get_backend() == MATMUL_BLAS ? "blas" : "loop", median_s * 1e3,
            2.0 * opt.n * opt.n * opt.n / median_s * 1e-9);
+    printf("kernels: %s\n", matmul_blas_kernels(kernels, sizeof kernels));
     free(ns);
     mem_free(a);
     mem_free(b);

@@ -607,6 +607,10 @@ int main(int argc, char **argv) {
     ModelConfig cfg = resolve_config(flags, &init_checkpoint);
     print_model_info(&cfg, opt.seq_len);
     if (opt.model_info) return 0;
+    if (matmul_get_backend() == MATMUL_BLAS) {
+        char kernels[192];
+        log_info("matmuls: %s", matmul_blas_kernels(kernels, sizeof kernels));
+    }
     check_pipeline_flags(&cfg, flags);
     check_context_parallel_flags(&cfg, flags);
     if (!opt.fp8 && (args_given(flags, N_FLAGS, "fp8-recipe") || args_given(flags, N_FLAGS, "fp8-amax-history")))
