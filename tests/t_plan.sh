@@ -5,7 +5,8 @@
 #    trainer's track names; --search lists fitting meshes fastest first;
 #  - seed 003's trends hold (throughput per GPU falls with scale, TP 2-4 beats FSDP at 2,048 GPUs);
 #  - every row of chapters/11_at_scale/validation.txt (published throughputs of seeds 000 and 001)
-#    is predicted within the band stated next to it. Deterministic arithmetic: no timing involved.
+#    is predicted within the band stated next to it, and the rows of each table (the name up to its
+#    first "-") are ranked as published. Deterministic arithmetic: no timing involved.
 set -eu
 BUILD=${BUILD:-build}
 PYTHON=${PYTHON:-$BUILD/venv/bin/python}
@@ -69,7 +70,7 @@ else
 fi
 
 # The validation rows.
-fails=0
+fails=0 rows=""
 while read -r name published band flags; do
     case "$name" in ''|'#'*) continue ;; esac
     # shellcheck disable=SC2086
@@ -80,5 +81,17 @@ while read -r name published band flags; do
     else
         echo "FAIL: $name published $published predicted $tps ($err%, band $band)"; fails=1
     fi
+    rows+="$name $published $tps"$'\n'
 done < chapters/11_at_scale/validation.txt
+# The ranking: within each table (the name up to its first '-'), every two rows in the published order.
+if ranking=$(awk '{ fam = $1; sub(/-.*/, "", fam); n++; f[n] = fam; name[n] = $1; pub[n] = $2; pred[n] = $3 }
+        END { bad = 0
+              for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++)
+                  if (f[i] == f[j] && (pub[i] - pub[j]) * (pred[i] - pred[j]) <= 0) {
+                      printf "%s (%d published, %d predicted) vs %s (%d, %d)\n", name[i], pub[i], pred[i], name[j], pub[j], pred[j]; bad = 1 }
+              exit bad }' <<<"$rows"); then
+    echo "ok: every table's rows ranked as published"
+else
+    echo "FAIL: ranked unlike the published rows: $ranking"; fails=1
+fi
 exit $fails
