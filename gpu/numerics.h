@@ -16,6 +16,18 @@
 #include <string.h>
 
 #include "gpu/hd.h"
+#include "reference_cpu/exp_f32.h"
+
+// exp: the device's expf in the kernels; on the host (tests/test_gpu_host.c, the CPU emulator) the
+// reference's own exp (reference_cpu/exp_f32.h), so that a host check of a formula compares the
+// formula and not two exps a last bit apart (SwiGLU's derivative amplifies that bit near its zero).
+GPU_HD float exp_kernel(float x) {
+#ifdef __CUDA_ARCH__
+    return expf(x);
+#else
+    return exp_f32(x);
+#endif
+}
 
 // ---- bf16 ------------------------------------------------------------------------------------------
 // bf16 is the top half of a float: sign, 8 exponent bits, 7 mantissa bits. Same exponent range as
@@ -55,7 +67,7 @@ GPU_HD float f32_from_bf16_bits(uint16_t b) { return f32_from_bits((uint32_t)b <
 GPU_HD float bf16_round(float x) { return f32_from_bf16_bits(bf16_bits_from_f32(x)); }
 
 // ---- SwiGLU: out = silu(gate) * up, silu(g) = g * sigmoid(g) -----------------------------------------
-GPU_HD float sigmoid_f32(float x) { return 1.0f / (1.0f + expf(-x)); }
+GPU_HD float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_kernel(-x)); }
 GPU_HD float swiglu_value(float gate, float up) { return gate * sigmoid_f32(gate) * up; }
 // d/dgate and d/dup of dout * silu(gate) * up; silu'(g) = s(g) (1 + g (1 - s(g))).
 GPU_HD void swiglu_grads(float dout, float gate, float up, float *dgate, float *dup) {
@@ -123,14 +135,14 @@ typedef struct {
 GPU_HD float online_softmax_rescale(OnlineSoftmax *st, float tile_max) {
     float m_new = tile_max > st->m ? tile_max : st->m;
     if (m_new == -INFINITY) return 1.0f;            // still nothing visible: state unchanged
-    float correction = expf(st->m - m_new);         // exp(-inf) = 0 on the first visible tile
+    float correction = exp_kernel(st->m - m_new);         // exp(-inf) = 0 on the first visible tile
     st->l *= correction;
     st->m = m_new;
     return correction;
 }
 // exp(score - m) for a score of the current tile (0 for a masked score, -inf).
 GPU_HD float online_softmax_weight(const OnlineSoftmax *st, float score) {
-    return score == -INFINITY ? 0.0f : expf(score - st->m);
+    return score == -INFINITY ? 0.0f : exp_kernel(score - st->m);
 }
 GPU_HD void online_softmax_add(OnlineSoftmax *st, float tile_weight_sum) { st->l += tile_weight_sum; }
 // The row's log-sum-exp, and an element of its output from the accumulator: -inf and 0 when the
