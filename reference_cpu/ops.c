@@ -89,10 +89,15 @@ __attribute__((constructor)) static void blas_kernels_for_this_cpu(int argc, cha
     const char *core = openblas_get_corename(), *names[] = {NULL, "Haswell", "SkylakeX"};
     int tier = cpu_tier();
     if (!core || !argv || tier == 0 || blas_core_tier(core) >= tier) return;
+    char self[4096];  // the program's own path (not /proc/self/exe, which would rename the process "exe")
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) return;
+    self[len] = 0;
     setenv(BLAS_DETECTED_ENV, core, 1);
     setenv("OPENBLAS_CORETYPE", names[tier], 1);
-    execv("/proc/self/exe", argv);  // only returns on failure: carry on with OpenBLAS's choice
+    execv(self, argv);  // only returns on failure: carry on with OpenBLAS's choice
     unsetenv("OPENBLAS_CORETYPE");
+    unsetenv(BLAS_DETECTED_ENV);
 }
 
 const char *matmul_blas_kernels(char *out, size_t out_len) {
@@ -404,13 +409,33 @@ static void tile_gemm(bool trans_a, bool trans_b, int M, int N, int K, const rea
         }
 }
 
-// True when no key of [j0, j1) is visible to any query of [i0, i1) (the tile pair can be skipped).
+// The smallest and largest position of queries [i0, i1) (keys: k_pos over [j0, j1)).
+static void position_range(const int *pos, int i0, int i1, int *lo, int *hi) {
+    *lo = INT_MAX, *hi = INT_MIN;
+    for (int i = i0; i < i1; i++) {
+        int p = pos ? pos[i] : i;
+        *lo = p < *lo ? p : *lo, *hi = p > *hi ? p : *hi;
+    }
+}
+
+// True when no key of [j0, j1) is visible to any query of [i0, i1) (the tile pair can be skipped):
+// the first key comes after the last query.
 static bool tiles_masked(const AttnShape *s, int i0, int i1, int j0, int j1) {
     if (!s->causal) return false;
-    for (int i = i0; i < i1; i++)
-        for (int j = j0; j < j1; j++)
-            if (attn_visible(s, i, j)) return false;
-    return true;
+    int q_lo, q_hi, k_lo, k_hi;
+    position_range(s->q_pos, i0, i1, &q_lo, &q_hi);
+    position_range(s->k_pos, j0, j1, &k_lo, &k_hi);
+    return k_lo > q_hi;
+}
+
+// True when every key of [j0, j1) is visible to every query of [i0, i1): the last key comes no later
+// than the first query.
+static bool tiles_all_visible(const AttnShape *s, int i0, int i1, int j0, int j1) {
+    if (!s->causal) return true;
+    int q_lo, q_hi, k_lo, k_hi;
+    position_range(s->q_pos, i0, i1, &q_lo, &q_hi);
+    position_range(s->k_pos, j0, j1, &k_lo, &k_hi);
+    return k_hi <= q_lo;
 }
 
 static int tile_end(int start, int n) { return start + ATTN_TILE < n ? start + ATTN_TILE : n; }
@@ -421,9 +446,13 @@ static void tile_scores(real *S, const real *q, const real *k, const AttnShape *
     int hd = s->head_dim, g = h / (s->n_heads / s->n_kv_heads);
     tile_gemm(false, true, i1 - i0, j1 - j0, hd, q_row(q, s, b, i0, h), s->n_heads * hd, kv_row(k, s, b, j0, g),
               s->n_kv_heads * hd, 0, S, ATTN_TILE);
+    bool all_visible = tiles_all_visible(s, i0, i1, j0, j1);  // below the diagonal: no mask to apply
     for (int i = i0; i < i1; i++) {
         real *row = S + (size_t)(i - i0) * ATTN_TILE;
-        for (int j = j0; j < j1; j++) row[j - j0] = attn_visible(s, i, j) ? row[j - j0] * scale : -INFINITY;
+        if (all_visible)
+            for (int j = 0; j < j1 - j0; j++) row[j] *= scale;
+        else
+            for (int j = j0; j < j1; j++) row[j - j0] = attn_visible(s, i, j) ? row[j - j0] * scale : -INFINITY;
     }
 }
 
@@ -452,11 +481,9 @@ void attention_flash_forward(real *out, real *lse, const real *q, const real *k,
                             for (int j = 0; j < j1 - j0; j++) tile_max = row[j] > tile_max ? row[j] : tile_max;
                             real m_old = m[i - i0], m_new = tile_max > m_old ? tile_max : m_old;
                             real correction = m_old == -INFINITY ? 0 : exp_r(m_old - m_new);
-                            real sum = 0;
-                            for (int j = 0; j < j1 - j0; j++) {
-                                row[j] = row[j] == -INFINITY ? 0 : exp_r(row[j] - m_new);
-                                sum += row[j];
-                            }
+                            for (int j = 0; j < j1 - j0; j++) row[j] = row[j] == -INFINITY ? 0 : exp_r(row[j] - m_new);
+                            real sum = 0;  // in key order, apart from the exps above (which vectorise)
+                            for (int j = 0; j < j1 - j0; j++) sum += row[j];
                             l[i - i0] = l[i - i0] * correction + sum;
                             m[i - i0] = m_new;
                             real *o = (real *)q_row(out, s, b, i, h);
@@ -508,6 +535,7 @@ void attention_flash_backward(real *dq, real *dk, real *dv, const real *dout, co
                                       0, dS, ATTN_TILE);
                             for (int i = 0; i < ni; i++) {
                                 real *p = P + (size_t)i * ATTN_TILE, *ds = dS + (size_t)i * ATTN_TILE, L = row_lse[i0 + i];
+#pragma omp simd  // p and ds are different tiles
                                 for (int j = 0; j < nj; j++) {
                                     p[j] = p[j] == -INFINITY || L == -INFINITY ? 0 : exp_r(p[j] - L);
                                     ds[j] = p[j] * (ds[j] - D[i]) * scale;
