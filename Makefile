@@ -86,6 +86,7 @@ LIBCOMMON := $(BUILD)/libcommon.a
 LIBREF32 := $(BUILD)/libref32.a
 LIBREF64 := $(BUILD)/libref64.a
 
+LINK_INPUTS = $< $(filter %.o %.a,$^)  # a program rule: its one source file and the objects and libraries, not what its .d file added (headers, included .c files)
 # tests/test_*.c run in fp32, tests/test64_*.c in the float64 build of the reference.
 TEST32_SRC := $(wildcard tests/test_*.c)
 TEST64_SRC := $(wildcard tests/test64_*.c)
@@ -129,30 +130,30 @@ $(LIBREF64): $(REF64_OBJ)
 	$(AR) rcs $@ $^
 
 $(BUILD)/train: chapters/10_trainer/train.c $(LIBREF32) $(LIBCOMMON)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $(LINK_INPUTS) -o $@ $(LDLIBS)
 $(BUILD)/train64: chapters/10_trainer/train.c $(LIBREF64) $(LIBCOMMON)
-	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) -DREF_FLOAT64 $(LINK_INPUTS) -o $@ $(LDLIBS)
 
 # build/NAME from chapters/*/main_NAME.c
 define chapter_program
 $(BUILD)/$(patsubst main_%.c,%,$(notdir $(1))): $(1) $(LIBREF32) $(LIBCOMMON)
-	$$(CC) $$(CFLAGS) $$^ -o $$@ $$(LDLIBS)
+	$$(CC) $$(CFLAGS) $$(LINK_INPUTS) -o $$@ $$(LDLIBS)
 endef
 $(foreach f,$(CHAPTER_PROGRAM_SRC),$(eval $(call chapter_program,$(f))))
 
 $(BUILD)/tests/test_%: tests/test_%.c $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $^ -o $@ $(CHECK_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(LINK_INPUTS) -o $@ $(CHECK_LIBS) $(LDLIBS)
 $(BUILD)/tests/test64_%: tests/test64_%.c $(LIBREF64) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(CHECK_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) -DREF_FLOAT64 $(LINK_INPUTS) -o $@ $(CHECK_LIBS) $(LDLIBS)
 
 $(BUILD)/tests/hf_driver: tests/hf_driver.c $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $(LINK_INPUTS) -o $@ $(LDLIBS)
 $(BUILD)/tests/hf_driver64: tests/hf_driver.c $(LIBREF64) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DREF_FLOAT64 $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) -DREF_FLOAT64 $(LINK_INPUTS) -o $@ $(LDLIBS)
 
 # ---- GPU (gpu/): built only where nvcc is found; needs no GPU to build -----------------------
 # Kernels (gpu/*.cu) for Hopper (sm_90a, the H100/H200) with warnings as errors; gpu/*.c is C on top
@@ -188,20 +189,20 @@ $(LIBGPU): $(GPU_OBJ)
 	$(AR) rcs $@ $^
 $(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(GPU_CFLAGS) $(LINK_INPUTS) -o $@ $(GPU_LDLIBS) $(LDLIBS)
 # The trainer with the GPU library (--device cuda; build/train hands over to it). $(LIBGPU) comes
 # before the reference's library so that gpu/strategy.c's cuda_strategy_create is the one linked.
 $(BUILD)/train-cuda: chapters/10_trainer/train.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
-	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(GPU_CFLAGS) $(LINK_INPUTS) -o $@ $(GPU_LDLIBS) $(LDLIBS)
 $(BUILD)/%: gpu/main_%.c $(LIBGPU) $(LIBREF32) $(LIBCOMMON)
-	$(CC) $(CFLAGS) $(GPU_CFLAGS) $^ -o $@ $(GPU_LDLIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(GPU_CFLAGS) $(LINK_INPUTS) -o $@ $(GPU_LDLIBS) $(LDLIBS)
 
 # The FP8 cast oracle (chapter 9): cuda_fp8.h's host conversions against chapters/09_fp8/fp8_cast.c,
 # a plain C++ program (no device code), run by tests/t_fp8_cast.sh.
 FP8_ORACLE := $(BUILD)/tests/fp8_oracle
 $(FP8_ORACLE): tests/fp8_oracle.cpp $(BUILD)/obj/f32/chapters/09_fp8/fp8_cast.o
 	@mkdir -p $(dir $@)
-	$(CXX) -O2 -std=c++17 -I. -I$(CUDA_HOME_FOUND)/include $(WARN) -Werror $^ -o $@
+	$(CXX) -O2 -std=c++17 -I. -I$(CUDA_HOME_FOUND)/include $(WARN) -Werror $(LINK_INPUTS) -o $@
 
 all: gpu $(FP8_ORACLE)
 gpu: $(LIBGPU) $(GPU_PROGRAMS)
@@ -238,14 +239,14 @@ $(BUILD)/obj/emu/%.o: gpu/%.c
 	$(CC) $(CFLAGS) -DGPU_EMULATOR -Werror -c $< -o $@
 $(BUILD)/tests/emu/test_emulator: tests/gpu/emu/test_emulator.cpp $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMU_CXXFLAGS) $^ -o $@ $(LDLIBS)
+	$(CXX) $(EMU_CXXFLAGS) $(LINK_INPUTS) -o $@ $(LDLIBS)
 # The trainer with --device cuda on the emulator (tests/t_gpu_trainer.sh).
 $(BUILD)/tests/emu/train: chapters/10_trainer/train.c $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Werror $^ -o $@ -lstdc++ $(LDLIBS)
+	$(CC) $(CFLAGS) -Werror $(LINK_INPUTS) -o $@ -lstdc++ $(LDLIBS)
 $(BUILD)/tests/emu/%: tests/gpu/%.c $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Werror $^ -o $@ -lstdc++ $(LDLIBS)
+	$(CC) $(CFLAGS) -Werror $(LINK_INPUTS) -o $@ -lstdc++ $(LDLIBS)
 
 # ---- the two commands of the README, and the rest ---------------------------------------------
 RUN_FLAGS ?= --model small --steps 150 --batch 4 --seq-len 128 --lr 1e-3 --log-every 10 --trace $(BUILD)/small.pftrace
@@ -274,4 +275,6 @@ deps:
 clean:
 	rm -rf $(BUILD)/obj $(BUILD)/tests $(BUILD)/*.a $(PROGRAMS) $(GPU_PROGRAMS)
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+# Header dependencies (-MMD) of every object and program; a program's .d lists the headers its
+# main file includes, so its link rule takes $(LINK_INPUTS), the prerequisites without them.
+-include $(shell find $(BUILD) -name '*.d' -not -path '$(BUILD)/venv/*' -not -path '$(BUILD)/bench-venv/*' 2>/dev/null)
