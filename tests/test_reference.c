@@ -125,7 +125,9 @@ static void compare_attention(AttnShape s) {
         for (int h = 0; h < s.n_heads; h++)
             for (int i = 0; i < s.Tq; i++) {
                 double sum = 0;
-                for (int j = 0; j <= (s.causal ? i : s.Tk - 1); j++) {
+                for (int j = 0; j < s.Tk; j++) {
+                    int qp = s.q_pos ? s.q_pos[i] : i, kp = s.k_pos ? s.k_pos[j] : j;
+                    if (s.causal && kp > qp) continue;  // invisible (positions: ring attention's chunks)
                     double dot = 0;
                     for (int d = 0; d < s.head_dim; d++)
                         dot += (double)q[(((size_t)b * s.Tq + i) * s.n_heads + h) * s.head_dim + d] *
@@ -140,6 +142,13 @@ static void compare_attention(AttnShape s) {
 START_TEST(test_attention_flash_matches_naive) {
     compare_attention((AttnShape){2, 130, 130, 4, 2, 16, NULL, NULL, true});  // 3 tiles, the last one partial
     compare_attention((AttnShape){1, 20, 75, 2, 2, 8, NULL, NULL, false});
+    // Positions (ring attention's chunks): keys one position behind, so that the second key tile
+    // starts at the first query tile's last position and one pair (63, 63) decides whether the tile
+    // pair is skipped; then queries far ahead of every key (every tile fully visible: no mask).
+    static int q_pos[128], k_pos[128], q_ahead[128];
+    for (int i = 0; i < 128; i++) q_pos[i] = i, k_pos[i] = i - 1, q_ahead[i] = 1000 + i;
+    compare_attention((AttnShape){2, 128, 128, 4, 2, 16, q_pos, k_pos, true});
+    compare_attention((AttnShape){1, 128, 128, 2, 1, 8, q_ahead, k_pos, true});
 }
 END_TEST
 
