@@ -4,12 +4,15 @@
 // barrier that half the block skips must end the run with the emulator's deadlock message
 // (tests/t_gpu_emulated.sh checks that exit); with `fault`, a kernel that traps must be reported, by
 // its name and launch line in sync-debug mode; `schedule` prints a fingerprint of the scheduler's
-// thread order, which GPU_EMU_SEED must change.
+// thread order, which GPU_EMU_SEED must change. Also the emulated mma.m16n8k16 (gpu/mma.cuh) against
+// a plain matrix product, its fragments built here from the PTX ISA's element formulas, and the bf16
+// bit casts it relies on.
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
 #include "gpu/internal.cuh"
+#include "gpu/mma.cuh"
 
 static int failures;
 static void expect(bool ok, const char *what) {
@@ -71,6 +74,27 @@ __global__ void ticket_kernel(int *tickets) {
         __syncthreads();
         if (threadIdx.x == 0) next = 0;
     }
+}
+
+// One warp: d (16x8) = a (16x16) b (16x8), all row-major floats holding bf16 values, through the
+// emulated mma. Each lane gathers its fragment elements by the PTX ISA's formulas, element by
+// element (A: a0..a7, row g for i in {0,1,4,5} else g+8, column 2t + (i & 1) + 8 (i >= 4); B: b0..b3,
+// row 2t + (i & 1) + 8 (i >= 2), column g; C: c0..c3, row g + 8 (i >= 2), column 2t + (i & 1)),
+// element i in register i / 2, half i % 2.
+__global__ void mma_kernel(float *d, const float *a, const float *b) {
+    int lane = (int)threadIdx.x, g = lane / 4, t = lane % 4;
+    uint32_t fa[4] = {0, 0, 0, 0}, fb[2] = {0, 0};
+    for (int i = 0; i < 8; i++) {
+        int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8, col = 2 * t + (i & 1) + (i >= 4 ? 8 : 0);
+        fa[i / 2] |= (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(a[row * 16 + col])) << (16 * (i % 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        int row = 2 * t + (i & 1) + (i >= 2 ? 8 : 0), col = g;
+        fb[i / 2] |= (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(b[row * 8 + col])) << (16 * (i % 2));
+    }
+    float c[4] = {0, 0, 0, 0};
+    mma_bf16_m16n8k16(c, fa, fb);
+    for (int i = 0; i < 4; i++) d[(g + (i >= 2 ? 8 : 0)) * 8 + 2 * t + (i & 1)] = c[i];
 }
 
 int main(int argc, char **argv) {
@@ -143,6 +167,31 @@ int main(int argc, char **argv) {
     ok = true;
     for (int t = 0; t < 96; t++) ok = ok && std::isnan(smem_out[t]) && smem_out[96 + t] == (float)(95 - t);
     expect(ok, "dynamic shared memory: poisoned with NaN, then shared by the block");
+
+    // bf16 bit casts: 1.5 is 0x3fc0, -2 is 0xc000, and back.
+    ok = __bfloat16_as_ushort(__float2bfloat16_rn(1.5f)) == 0x3fc0 &&
+         __bfloat16_as_ushort(__float2bfloat16_rn(-2.0f)) == 0xc000 &&
+         __bfloat162float(__ushort_as_bfloat16(0x3fc0)) == 1.5f;
+    expect(ok, "__bfloat16_as_ushort / __ushort_as_bfloat16: known bits");
+
+    // The emulated mma: small integers (exact in bf16, and their sums of products in fp32), so the
+    // product must match exactly; the values vary along every row and column, so a wrong lane, register
+    // or half changes some element.
+    std::vector<float> ma(16 * 16), mb(16 * 8), md(16 * 8, -1.0f);
+    for (int x = 0; x < 256; x++) ma[x] = (float)((x * 7) % 13 - 6);
+    for (int x = 0; x < 128; x++) mb[x] = (float)((x * 5) % 11 - 5);
+    float *md_ptr = md.data();
+    const float *ma_ptr = ma.data(), *mb_ptr = mb.data();
+    GPU_LAUNCH(mma_kernel, 1, 32, 0, md_ptr, ma_ptr, mb_ptr);
+    gpu_synchronize();
+    ok = true;
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++) {
+            float want = 0;
+            for (int kk = 0; kk < 16; kk++) want += ma[i * 16 + kk] * mb[kk * 8 + j];
+            ok = ok && md[i * 8 + j] == want;
+        }
+    expect(ok, "emulated mma.m16n8k16: the fragments' product is the matrix product");
 
     std::printf("test_emulator: %d failed\n", failures);
     return failures ? 1 : 0;
