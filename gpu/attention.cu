@@ -1,7 +1,8 @@
 // attention.cu: causal GQA attention as FlashAttention-2 (Dao, 2023): tiled, online softmax, the
 // log-sum-exp kept from forward, the probabilities recomputed in backward. fp32 arithmetic on the
-// CUDA cores for both storage types: the readable, checkable version (a tensor-core kernel would
-// replace the two inner products below with mma/wgmma tiles and keep the same structure).
+// CUDA cores for both storage types: the readable, checkable version. The fp32 entry points run it;
+// the bf16 ones run attention_tc.cu's tensor-core kernels (the same structure, the tile products as
+// mma.sync) where those support the shape, and this kernel otherwise and as the _simt variants.
 //
 // Shapes (as reference_cpu): q, out, dq (B,Tq,H,hd); k, v, dk, dv (B,Tk,KV,hd); lse, D (B,H,Tq).
 // Query head h reads kv head g = h / (H/KV). S = scale Q K^T, P = softmax(S) under the causal mask
@@ -29,34 +30,13 @@
 // Causal skipping: a tile pair in which no query position reaches the smallest key position does no
 // work. Positions may be arbitrary (ring attention passes chunks), so the block votes with
 // __syncthreads_or rather than assuming the tiles are ordered.
-#include <limits.h>
-
-#include "gpu/internal.cuh"
-#include "gpu/numerics.h"
-#include "gpu/ops.h"
+#include "gpu/attention.cuh"
 
 #define TPR ATTN_THREADS_PER_ROW
 constexpr int OTHER_PER_THREAD = ATTN_BC / TPR;        // rows of the other tile a thread scores
 constexpr int DIMS_PER_THREAD = ATTN_MAX_HEAD_DIM / TPR;  // accumulator dimensions a thread owns
 static_assert(ATTN_BR == ATTN_BC, "the thread mapping assumes square tiles");
 static_assert(TPR == 4 && ATTN_THREADS % 32 == 0, "a row's lanes must sit in one warp");
-
-struct AttnParams {
-    int B, Tq, Tk, H, KV, hd, group;
-    const int *q_pos, *k_pos;  // device, or NULL for 0..T-1
-    bool causal;
-    float scale;
-};
-
-__device__ __forceinline__ size_t q_offset(const AttnParams &p, int b, int i, int h) {
-    return (((size_t)b * p.Tq + i) * p.H + h) * p.hd;
-}
-__device__ __forceinline__ size_t kv_offset(const AttnParams &p, int b, int j, int g) {
-    return (((size_t)b * p.Tk + j) * p.KV + g) * p.hd;
-}
-__device__ __forceinline__ size_t stat_offset(const AttnParams &p, int b, int h, int i) {
-    return ((size_t)b * p.H + h) * p.Tq + i;
-}
 
 // Rows [r0, r0 + ATTN_BR) of head `head` of a (B, T_len, n_heads, hd) tensor into a shared tile with
 // row stride ld, as float; rows past T_len are zero. Consecutive threads read consecutive elements.
@@ -66,22 +46,6 @@ __device__ void load_tile(float *dst, int ld, const T *src, int b, int r0, int T
         int r = e / hd, d = e % hd, t = r0 + r;
         dst[r * ld + d] = t < T_len ? to_f32(src[(((size_t)b * T_len + t) * n_heads + head) * hd + d]) : 0.0f;
     }
-}
-// Positions of rows [r0, r0 + ATTN_BR); rows past T_len get `outside`, chosen so that they see
-// nothing (queries: INT_MIN) or are seen by nothing (keys: INT_MAX).
-__device__ void load_positions(int *dst, const int *pos, int r0, int T_len, int outside) {
-    for (int r = threadIdx.x; r < ATTN_BR; r += blockDim.x) {
-        int t = r0 + r;
-        dst[r] = t < T_len ? (pos ? pos[t] : t) : outside;
-    }
-}
-// Loads the query tile's positions; returns the largest (every thread gets it).
-__device__ int load_query_positions(int *q_pos_s, const AttnParams &p, int i0) {
-    load_positions(q_pos_s, p.q_pos, i0, p.Tq, INT_MIN);
-    __syncthreads();
-    int max_q_pos = INT_MIN;
-    for (int r = 0; r < ATTN_BR; r++) max_q_pos = max(max_q_pos, q_pos_s[r]);
-    return max_q_pos;
 }
 // The forward and dQ kernels' step to the key tile at j0: its positions, then, unless no query of
 // the block (largest position max_q_pos) can see any of its keys, its K and V. False: skip the tile.
@@ -290,8 +254,7 @@ flash_backward_dkdv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, 
     load_tile(Vs, L.ld, v, b, j0, p.Tk, p.KV, g, p.hd);
     load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX);
     __syncthreads();
-    int min_k_pos = INT_MAX;
-    for (int c = 0; c < ATTN_BC; c++) min_k_pos = min(min_k_pos, k_pos_s[c]);
+    const int min_k_pos = min_key_position(k_pos_s);
 
     float dk_acc[DIMS_PER_THREAD], dv_acc[DIMS_PER_THREAD];  // of this key row, dims sub + 4 dd
 #pragma unroll
@@ -366,20 +329,6 @@ flash_backward_dkdv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, 
 
 // ================================ host side ======================================================
 
-static AttnParams params_of(const AttnShape *s) {
-    if (s->head_dim < 2 || s->head_dim > ATTN_MAX_HEAD_DIM || s->head_dim % 2)
-        fatal("gpu attention: head_dim %d must be even and at most %d", s->head_dim, ATTN_MAX_HEAD_DIM);
-    if (s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads)
-        fatal("gpu attention: n_heads %d must be a multiple of n_kv_heads %d", s->n_heads, s->n_kv_heads);
-    if (s->n_heads > 65535 || s->B > 65535) fatal("gpu attention: B %d and n_heads %d must be < 65536", s->B, s->n_heads);
-    AttnParams p;
-    p.B = s->B, p.Tq = s->Tq, p.Tk = s->Tk, p.H = s->n_heads, p.KV = s->n_kv_heads, p.hd = s->head_dim;
-    p.group = s->n_heads / s->n_kv_heads;
-    p.q_pos = s->q_pos, p.k_pos = s->k_pos, p.causal = s->causal;
-    p.scale = (float)(1.0 / sqrt((double)s->head_dim));  // as reference_cpu
-    return p;
-}
-
 // Opts the kernel into the dynamic shared memory it needs (above the default 48 KB).
 template <typename Kernel>
 static size_t prepare(Kernel kernel, AttnKernel which, int head_dim) {
@@ -390,21 +339,30 @@ static size_t prepare(Kernel kernel, AttnKernel which, int head_dim) {
 
 template <typename T>
 static void launch_attention_forward(T *out, float *lse, const T *q, const T *k, const T *v, const AttnShape *s) {
-    AttnParams p = params_of(s);
+    AttnParams p = attn_params_of(s);
     if (p.B == 0 || p.Tq == 0) return;
     size_t smem = prepare(flash_forward_kernel<T>, ATTN_KERNEL_FORWARD, p.hd);
     dim3 grid((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
     GPU_LAUNCH(flash_forward_kernel<T>, grid, ATTN_THREADS, smem, out, lse, q, k, v, p);
 }
 
+// D = rowsum(dO * O), one warp per row.
+template <typename T> static void launch_dvec(float *dvec, const T *dout, const T *out, const AttnParams &p) {
+    size_t n_rows = (size_t)p.B * p.H * p.Tq;
+    GPU_LAUNCH(attention_dvec_kernel<T>, (unsigned)((n_rows * 32 + 255) / 256), 256, 0, dvec, dout, out, p);
+}
+void attention_dvec_bf16(float *dvec, const bf16 *dout, const bf16 *out, const AttnParams &p) {
+    if (p.B == 0 || p.H == 0 || p.Tq == 0) return;
+    launch_dvec(dvec, dout, out, p);
+}
+
 template <typename T>
 static void launch_attention_backward(T *dq, T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
                                       const T *out, const float *lse, const AttnShape *s) {
-    AttnParams p = params_of(s);
+    AttnParams p = attn_params_of(s);
     if (p.B == 0 || p.Tq == 0 || p.Tk == 0) return;
-    size_t n_rows = (size_t)p.B * p.H * p.Tq;
-    float *dvec = (float *)gpu_scratch_alloc(n_rows * sizeof(float));
-    GPU_LAUNCH(attention_dvec_kernel<T>, (unsigned)((n_rows * 32 + 255) / 256), 256, 0, dvec, dout, out, p);
+    float *dvec = (float *)gpu_scratch_alloc((size_t)p.B * p.H * p.Tq * sizeof(float));
+    launch_dvec(dvec, dout, out, p);
     size_t smem = prepare(flash_backward_dq_kernel<T>, ATTN_KERNEL_BACKWARD_DQ, p.hd);
     dim3 grid_q((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
     GPU_LAUNCH(flash_backward_dq_kernel<T>, grid_q, ATTN_THREADS, smem, dq, dout, q, k, v, lse, dvec, p);
@@ -423,12 +381,12 @@ extern "C" void gpu_attention_backward(float *dq, float *dk, float *dv, const fl
                                        const AttnShape *s) {
     launch_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
 }
-extern "C" void gpu_attention_forward_bf16(gpu_bf16 *out, float *lse, const gpu_bf16 *q, const gpu_bf16 *k,
-                                           const gpu_bf16 *v, const AttnShape *s) {
+extern "C" void gpu_attention_forward_bf16_simt(gpu_bf16 *out, float *lse, const gpu_bf16 *q, const gpu_bf16 *k,
+                                                const gpu_bf16 *v, const AttnShape *s) {
     launch_attention_forward(out, lse, q, k, v, s);
 }
-extern "C" void gpu_attention_backward_bf16(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, const gpu_bf16 *dout,
-                                            const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
-                                            const gpu_bf16 *out, const float *lse, const AttnShape *s) {
+extern "C" void gpu_attention_backward_bf16_simt(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, const gpu_bf16 *dout,
+                                                 const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                                                 const gpu_bf16 *out, const float *lse, const AttnShape *s) {
     launch_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
 }

@@ -85,3 +85,45 @@ GPU_HD AttnSmemLayout attn_smem_layout(AttnKernel kernel, int head_dim) {
 static inline size_t attn_smem_bytes(AttnKernel kernel, int head_dim) {
     return (size_t)attn_smem_layout(kernel, head_dim).words * 4;
 }
+
+// ---- FlashAttention-2 on the tensor cores (gpu/attention_tc.cu) ----------------------------------------
+// The same 64-row tiles (ATTN_BR, ATTN_BC), now with ATTN_TC_WARPS warps per block, each owning 16 of
+// the block's rows: the m of mma.m16n8k16. head_dim must be a multiple of 16 (the k of the
+// instruction), at most ATTN_MAX_HEAD_DIM.
+#define ATTN_TC_WARPS 4
+#define ATTN_TC_THREADS (32 * ATTN_TC_WARPS)
+#define ATTN_TC_ROWS_PER_WARP (ATTN_BR / ATTN_TC_WARPS)
+#define ATTN_TC_PAD 8  // bf16 elements added to every tile row: 16 bytes
+
+// Shared memory of one block, in bytes. The bf16 tiles (64 rows by head_dim) have row stride
+// head_dim + 8 elements: rows of whole 16-byte chunks (the tiles are stored 16 bytes at a time), and
+// for every multiple of 16 up to 128 the lanes of a warp loading a fragment (gpu/mma.cuh) hit 32
+// different banks or share a word (tests/test_gpu_host.c checks it). Then the positions of the
+// tiles' rows (ints) and, for dK/dV, the query tile's lse and D (floats). Offsets are -1 for
+// regions a kernel does not use.
+typedef struct {
+    int ld;               // row stride of the tiles, in bf16 elements
+    int q, dout, k, v;    // (ATTN_BR or ATTN_BC, head_dim) bf16 tiles
+    int q_pos, k_pos;     // positions of the tiles' rows (ints)
+    int lse, dvec;        // per query row (dK/dV only)
+    int bytes;            // total
+} AttnTcSmemLayout;
+
+GPU_HD AttnTcSmemLayout attn_tc_smem_layout(AttnKernel kernel, int head_dim) {
+    AttnTcSmemLayout L;
+    L.ld = head_dim + ATTN_TC_PAD;
+    L.q = L.dout = L.k = L.v = L.q_pos = L.k_pos = L.lse = L.dvec = -1;
+    int tile = ATTN_BR * L.ld * 2, at = 0;  // ATTN_BR == ATTN_BC
+    L.q = at, at += tile;
+    if (kernel != ATTN_KERNEL_FORWARD) L.dout = at, at += tile;
+    L.k = at, at += tile;
+    L.v = at, at += tile;
+    L.q_pos = at, at += ATTN_BR * 4;
+    L.k_pos = at, at += ATTN_BC * 4;
+    if (kernel == ATTN_KERNEL_BACKWARD_DKDV) {
+        L.lse = at, at += ATTN_BR * 4;
+        L.dvec = at, at += ATTN_BR * 4;
+    }
+    L.bytes = at;
+    return L;
+}

@@ -90,6 +90,21 @@ void gpu_attention_forward_bf16(gpu_bf16 *out, float *lse, const gpu_bf16 *q, co
 void gpu_attention_backward_bf16(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, const gpu_bf16 *dout, const gpu_bf16 *q,
                                  const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out, const float *lse,
                                  const AttnShape *s);
+// The bf16 pair runs on the tensor cores (gpu/attention_tc.cu: mma.sync with bf16 operands and fp32
+// accumulators; P and dS rounded to bf16 before their products, as FlashAttention-2) where
+// gpu_attention_bf16_uses_tensor_cores(s) -- head_dim a multiple of 16 -- and every tensor is 16-byte
+// aligned; elsewhere on the CUDA cores in fp32 (gpu/attention.cu), which the _simt pair always runs.
+bool gpu_attention_bf16_uses_tensor_cores(const AttnShape *s);
+void gpu_attention_forward_bf16_simt(gpu_bf16 *out, float *lse, const gpu_bf16 *q, const gpu_bf16 *k,
+                                     const gpu_bf16 *v, const AttnShape *s);
+void gpu_attention_backward_bf16_simt(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, const gpu_bf16 *dout,
+                                      const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out,
+                                      const float *lse, const AttnShape *s);
+// The tensor-core kernels' fragment bookkeeping alone, for tests: one warp loads a and b (16x16 bf16,
+// row-major, device) into mma.m16n8k16 fragments as the kernels do and writes (16x16 fp32, device)
+// c = a b from b as stored (as V in O = P V), c_t = a b from a transposed copy of b (as K in
+// S = Q K^T), and e = bf16(c) b, its A operand taken from c's accumulators (as P in O = P V).
+void gpu_attention_tc_fragment_check(float *c, float *c_t, float *e, const gpu_bf16 *a, const gpu_bf16 *b);
 
 // ---- SwiGLU ---------------------------------------------------------------------------------------------------
 void gpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n);

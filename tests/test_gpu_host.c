@@ -332,6 +332,66 @@ START_TEST(test_attention_smem_layouts) {
 }
 END_TEST
 
+// The tensor-core kernels' layouts (gpu/attention_tc.cu): regions inside the allocation, apart, with
+// no gaps; tiles and tile rows 16-byte aligned (the kernels store 16-byte chunks); within the sm_90
+// opt-in limit; and every fragment load of gpu/mma.cuh free of bank conflicts at every head_dim the
+// kernels take: lanes that hit the same bank read the same 4-byte word.
+static bool conflict_free(const long byte_addr[32]) {
+    for (int a = 0; a < 32; a++)
+        for (int b = a + 1; b < 32; b++) {
+            long wa = byte_addr[a] / 4, wb = byte_addr[b] / 4;
+            if (wa % 32 == wb % 32 && wa != wb) return false;
+        }
+    return true;
+}
+START_TEST(test_attention_tc_smem_layouts) {
+    for (int kernel = ATTN_KERNEL_FORWARD; kernel <= ATTN_KERNEL_BACKWARD_DKDV; kernel++)
+        for (int hd = 16; hd <= ATTN_MAX_HEAD_DIM; hd += 16) {
+            AttnTcSmemLayout L = attn_tc_smem_layout((AttnKernel)kernel, hd);
+            ck_assert_int_eq(L.ld * 2 % 16, 0);
+            int tile = ATTN_BR * L.ld * 2;
+            struct { int at, bytes; const char *name; } r[] = {
+                {L.q, tile, "q"},          {L.dout, tile, "dout"},    {L.k, tile, "k"},
+                {L.v, tile, "v"},          {L.q_pos, ATTN_BR * 4, "q_pos"}, {L.k_pos, ATTN_BC * 4, "k_pos"},
+                {L.lse, ATTN_BR * 4, "lse"}, {L.dvec, ATTN_BR * 4, "dvec"},
+            };
+            int n = sizeof r / sizeof r[0], used = 0;
+            for (int a = 0; a < n; a++) {
+                if (r[a].at < 0) continue;
+                used += r[a].bytes;
+                ck_assert_msg(r[a].at % 16 == 0, "kernel %d hd %d: %s not 16-byte aligned", kernel, hd, r[a].name);
+                ck_assert_msg(r[a].at + r[a].bytes <= L.bytes, "kernel %d hd %d: %s past the end", kernel, hd, r[a].name);
+                for (int b = a + 1; b < n; b++)
+                    if (r[b].at >= 0)
+                        ck_assert_msg(r[a].at + r[a].bytes <= r[b].at || r[b].at + r[b].bytes <= r[a].at,
+                                      "kernel %d hd %d: %s and %s overlap", kernel, hd, r[a].name, r[b].name);
+            }
+            ck_assert_int_eq(used, L.bytes);
+            ck_assert(L.q >= 0 && L.k >= 0 && L.v >= 0 && L.q_pos >= 0 && L.k_pos >= 0);
+            ck_assert(kernel == ATTN_KERNEL_FORWARD ? L.dout < 0 : L.dout >= 0);
+            ck_assert(kernel == ATTN_KERNEL_BACKWARD_DKDV ? L.lse >= 0 && L.dvec >= 0 : L.lse < 0 && L.dvec < 0);
+            ck_assert_int_le(L.bytes, ATTN_SMEM_LIMIT);
+
+            // Lane (g, t) = (l / 4, l % 4). load_frag_a and load_frag_b_from_rows_n: 32-bit words at
+            // element (g + 8 i) ld + 2 t + 8 j; load_frag_b_from_rows_k: 16-bit halves at element
+            // (2 t + i) ld + g (+ 8 ld). Byte addresses are twice the element index.
+            for (int i = 0; i < 2; i++)
+                for (int j = 0; j < 2; j++) {
+                    long rows_n[32], rows_k[32];
+                    for (int l = 0; l < 32; l++) {
+                        int g = l / 4, t = l % 4;
+                        rows_n[l] = 2L * ((g + 8 * i) * L.ld + 2 * t + 8 * j);
+                        rows_k[l] = 2L * ((2 * t + i + 8 * j) * L.ld + g);
+                    }
+                    ck_assert_msg(conflict_free(rows_n), "hd %d: 32-bit fragment load (%d, %d) has bank conflicts", hd, i, j);
+                    ck_assert_msg(conflict_free(rows_k), "hd %d: 16-bit fragment load (%d, %d) has bank conflicts", hd, i, j);
+                }
+        }
+    // Forward at head_dim 64: q, k, v tiles of 64 rows by 72 bf16, then the positions.
+    ck_assert_int_eq(attn_tc_smem_layout(ATTN_KERNEL_FORWARD, 64).bytes, 3 * 64 * 72 * 2 + 2 * 64 * 4);
+}
+END_TEST
+
 // ---- the cuBLASLt plan, executed by a plain column-major GEMM ---------------------------------------
 static float op_at(const float *x, bool trans, int ld, int row, int col) {  // op(X)[row, col]
     return trans ? x[col + (size_t)row * ld] : x[row + (size_t)col * ld];
@@ -416,6 +476,7 @@ int main(void) {
     tcase_add_test(tc, test_attention_row_recurrence_matches_reference);
     tcase_add_test(tc, test_grid_and_alignment);
     tcase_add_test(tc, test_attention_smem_layouts);
+    tcase_add_test(tc, test_attention_tc_smem_layouts);
     tcase_add_test(tc, test_matmul_plan_matches_reference);
     tcase_add_test(tc, test_mfu_formula);
     suite_add_tcase(s, tc);

@@ -1,0 +1,70 @@
+// attention.cuh: what the two FlashAttention-2 implementations share -- attention.cu (fp32 on the
+// CUDA cores, both storage types) and attention_tc.cu (bf16 on the tensor cores): the parameters of
+// a call, where a row lives in the (B, T, heads, head_dim) tensors and in the (B, H, Tq) row
+// statistics, the positions of a tile's rows, and D = rowsum(dO * O) for the backward pass.
+#pragma once
+#include <limits.h>
+#include <math.h>
+
+#include "gpu/internal.cuh"
+#include "gpu/numerics.h"
+#include "gpu/ops.h"
+
+struct AttnParams {
+    int B, Tq, Tk, H, KV, hd, group;
+    const int *q_pos, *k_pos;  // device, or NULL for 0..T-1
+    bool causal;
+    float scale;
+};
+
+// Checks the shape (head_dim even, at most ATTN_MAX_HEAD_DIM; n_heads a multiple of n_kv_heads).
+static inline AttnParams attn_params_of(const AttnShape *s) {
+    if (s->head_dim < 2 || s->head_dim > ATTN_MAX_HEAD_DIM || s->head_dim % 2)
+        fatal("gpu attention: head_dim %d must be even and at most %d", s->head_dim, ATTN_MAX_HEAD_DIM);
+    if (s->n_kv_heads < 1 || s->n_heads % s->n_kv_heads)
+        fatal("gpu attention: n_heads %d must be a multiple of n_kv_heads %d", s->n_heads, s->n_kv_heads);
+    if (s->n_heads > 65535 || s->B > 65535) fatal("gpu attention: B %d and n_heads %d must be < 65536", s->B, s->n_heads);
+    AttnParams p;
+    p.B = s->B, p.Tq = s->Tq, p.Tk = s->Tk, p.H = s->n_heads, p.KV = s->n_kv_heads, p.hd = s->head_dim;
+    p.group = s->n_heads / s->n_kv_heads;
+    p.q_pos = s->q_pos, p.k_pos = s->k_pos, p.causal = s->causal;
+    p.scale = (float)(1.0 / sqrt((double)s->head_dim));  // as reference_cpu
+    return p;
+}
+
+__device__ __forceinline__ size_t q_offset(const AttnParams &p, int b, int i, int h) {
+    return (((size_t)b * p.Tq + i) * p.H + h) * p.hd;
+}
+__device__ __forceinline__ size_t kv_offset(const AttnParams &p, int b, int j, int g) {
+    return (((size_t)b * p.Tk + j) * p.KV + g) * p.hd;
+}
+__device__ __forceinline__ size_t stat_offset(const AttnParams &p, int b, int h, int i) {
+    return ((size_t)b * p.H + h) * p.Tq + i;
+}
+
+// Positions of rows [r0, r0 + ATTN_BR); rows past T_len get `outside`, chosen so that they see
+// nothing (queries: INT_MIN) or are seen by nothing (keys: INT_MAX).
+__device__ inline void load_positions(int *dst, const int *pos, int r0, int T_len, int outside) {
+    for (int r = threadIdx.x; r < ATTN_BR; r += blockDim.x) {
+        int t = r0 + r;
+        dst[r] = t < T_len ? (pos ? pos[t] : t) : outside;
+    }
+}
+// Loads the query tile's positions; returns the largest (every thread gets it). Its barrier also
+// covers whatever the block wrote to shared memory before the call.
+__device__ inline int load_query_positions(int *q_pos_s, const AttnParams &p, int i0) {
+    load_positions(q_pos_s, p.q_pos, i0, p.Tq, INT_MIN);
+    __syncthreads();
+    int max_q_pos = INT_MIN;
+    for (int r = 0; r < ATTN_BR; r++) max_q_pos = max(max_q_pos, q_pos_s[r]);
+    return max_q_pos;
+}
+// The smallest position of a key tile already in shared memory.
+__device__ inline int min_key_position(const int *k_pos_s) {
+    int min_k_pos = INT_MAX;
+    for (int c = 0; c < ATTN_BC; c++) min_k_pos = min(min_k_pos, k_pos_s[c]);
+    return min_k_pos;
+}
+
+// D (B,H,Tq) = rowsum(dO * O) for bf16 tensors, queued on the compute stream (attention.cu).
+void attention_dvec_bf16(float *dvec, const bf16 *dout, const bf16 *out, const AttnParams &p);

@@ -1,0 +1,440 @@
+// attention_tc.cu: FlashAttention-2 (Dao, 2023) for bf16 tensors on the tensor cores: attention.cu's
+// algorithm and tiling -- the same 64-row tiles, online softmax, lse kept, P recomputed in backward,
+// a dQ kernel and a dK/dV kernel, causal tiles skipped by a block vote -- with every tile product
+// done by mma.sync.m16n8k16 (gpu/mma.cuh): bf16 operands, fp32 accumulators.
+//
+// Shapes as attention.cu: q, out, dq (B,Tq,H,hd); k, v, dk, dv (B,Tk,KV,hd); lse, D (B,H,Tq), fp32.
+// head_dim a multiple of 16 (the k of the instruction), at most 128; tensors 16-byte aligned.
+//
+// Tiling. A block holds a 64-row tile (queries in forward and dQ, keys in dK/dV) and streams the
+// other side's 64-row tiles through shared memory, as bf16 with padded rows (launch.h's
+// attn_tc_smem_layout). 4 warps; warp w owns rows 16w .. 16w+15 of the block's tile. For each tile
+// of the other side a warp computes its 16 x 64 block of scores with mma -- 8 accumulator tiles of
+// 16x8, each summed over head_dim/16 k-steps -- and keeps it in registers: lane (g, t) holds rows g
+// and g+8, columns 2t and 2t+1 of each 16x8 tile, so the 4 lanes of a group own two rows together
+// and combine their maxima and sums with two butterfly shuffles. The second product multiplies that
+// 16 x 64 block (rounded to bf16, as FlashAttention-2 does: the accumulators of two adjacent 16x8
+// tiles are already the A fragment of a 16x16 block) by the other tile's 64 x head_dim values into
+// head_dim/8 accumulator tiles of 16x8, also in registers: 16 x head_dim per warp.
+//
+//   forward   grid (Tq/64, H, B)   per key tile: S = Q K^T; mask, scale; online softmax per row
+//             (m, l in fp32, from the fp32 scores); O = O * correction + bf16(P) V.
+//             Writes O / l (bf16) and lse = m + log l (fp32).
+//   backward  D = rowsum(dO * O) (attention.cu's kernel), then
+//     dQ      grid (Tq/64, H, B)   per key tile: S = Q K^T, dP = dO V^T, P = exp(S scale - lse),
+//             dS = P (dP - D) scale, dQ += bf16(dS) K.
+//     dK, dV  grid (Tk/64, KV, B)  per query head of the group, per query tile: S^T = K Q^T and
+//             dP^T = V dO^T (a row per key), P^T, dS^T; dV += bf16(P^T) dO, dK += bf16(dS^T) Q.
+// Each gradient element is summed by one lane of one warp over the tiles in a fixed order (heads,
+// then query tiles, then the instruction's own order inside a tile): two runs are bit-identical.
+//
+// Differences from attention.cu's arithmetic, all FlashAttention-2's: the operands of the second
+// products (P, dS) are rounded to bf16; the sums inside a 16-wide k-step are the tensor core's.
+#include "gpu/attention.cuh"
+#include "gpu/mma.cuh"
+
+constexpr int SCORE_TILES = ATTN_BC / 8;  // 16x8 accumulator tiles across a warp's 16 x 64 scores
+static_assert(ATTN_BR == ATTN_BC && ATTN_TC_ROWS_PER_WARP == 16, "a warp's rows are one m16 fragment");
+
+// 16 bytes: the unit in which tiles move from global to shared memory.
+struct alignas(16) Chunk16 {
+    uint32_t w[4];
+};
+
+// Rows [r0, r0 + 64) of head `head` of a (B, T_len, n_heads, hd) bf16 tensor into a shared tile with
+// row stride ld elements, 8 elements (16 bytes) per access; rows past T_len are zero.
+__device__ void load_tile_tc(bf16 *dst, int ld, const bf16 *src, int b, int r0, int T_len, int n_heads, int head,
+                             int hd) {
+    const int chunks = hd / 8;
+    for (int e = threadIdx.x; e < ATTN_BR * chunks; e += blockDim.x) {
+        int r = e / chunks, c = e % chunks, t = r0 + r;
+        Chunk16 x = {{0u, 0u, 0u, 0u}};
+        if (t < T_len) x = *reinterpret_cast<const Chunk16 *>(src + (((size_t)b * T_len + t) * n_heads + head) * hd + c * 8);
+        *reinterpret_cast<Chunk16 *>(dst + r * ld + c * 8) = x;
+    }
+}
+
+// The forward and dQ kernels' step to the key tile at j0: its positions, then, unless no query of
+// the block (largest position max_q_pos) can see any of its keys, its K and V. False: skip the tile.
+// Either way every thread has passed a barrier after its last read of the previous tile's positions.
+__device__ bool load_key_tile_tc(bf16 *Ks, bf16 *Vs, int *k_pos_s, int ld, const bf16 *k, const bf16 *v,
+                                 const AttnParams &p, int b, int g, int j0, int max_q_pos) {
+    load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX);
+    __syncthreads();
+    if (p.causal && !__syncthreads_or(threadIdx.x < ATTN_BC && k_pos_s[threadIdx.x] <= max_q_pos)) return false;
+    load_tile_tc(Ks, ld, k, b, j0, p.Tk, p.KV, g, p.hd);
+    load_tile_tc(Vs, ld, v, b, j0, p.Tk, p.KV, g, p.hd);
+    __syncthreads();
+    return true;
+}
+
+// Max or sum over the 4 lanes of a group (the lanes sharing accumulator rows); all get the same bits.
+__device__ __forceinline__ float group_max(float x) {
+    for (int o = 1; o < 4; o <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+__device__ __forceinline__ float group_sum(float x) {
+    for (int o = 1; o < 4; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// ---- the two tile products of a warp --------------------------------------------------------------
+// scores (16 x 64) = mine[row0 .. row0+15] other^T: the warp's rows of one tile against all 64 rows
+// of the other, both (64, hd) row-major; scores[n] holds the other tile's rows 8n .. 8n+7.
+template <int HD_MAX>
+__device__ void warp_scores(float scores[SCORE_TILES][4], const bf16 *mine, const bf16 *other, int ld, int row0, int hd) {
+#pragma unroll
+    for (int n = 0; n < SCORE_TILES; n++)
+        for (int e = 0; e < 4; e++) scores[n][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < HD_MAX / 16; ks++) {
+        if (ks * 16 >= hd) break;
+        uint32_t a[4];
+        load_frag_a(a, mine, ld, row0, ks * 16);
+#pragma unroll
+        for (int n = 0; n < SCORE_TILES; n++) {
+            uint32_t bf[2];
+            load_frag_b_from_rows_n(bf, other, ld, n * 8, ks * 16);
+            mma_bf16_m16n8k16(scores[n], a, bf);
+        }
+    }
+}
+// acc (16 x hd) += bf16(weights) (16 x 64) other (64 x hd, row-major): the second product, summed
+// over the 64 rows of `other` in 4 k-steps; acc[n] holds dimensions 8n .. 8n+7.
+template <int HD_MAX>
+__device__ void warp_accumulate(float acc[HD_MAX / 8][4], const float weights[SCORE_TILES][4], const bf16 *other,
+                                int ld, int hd) {
+#pragma unroll
+    for (int kk = 0; kk < ATTN_BC / 16; kk++) {
+        uint32_t a[4];
+        frag_a_from_accumulators(a, weights[2 * kk], weights[2 * kk + 1]);
+#pragma unroll
+        for (int n = 0; n < HD_MAX / 8; n++) {
+            if (n * 8 >= hd) break;
+            uint32_t bf[2];
+            load_frag_b_from_rows_k(bf, other, ld, kk * 16, n * 8);
+            mma_bf16_m16n8k16(acc[n], a, bf);
+        }
+    }
+}
+template <int N> __device__ __forceinline__ void zero(float acc[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; n++)
+        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+}
+// row[d] += acc (or = acc, with `set`) for the lane's columns d = 8n + 2t, 8n + 2t + 1 of
+// accumulator row `half` (0: row g, 1: row g + 8), each rounded to bf16 once.
+template <int HD_MAX>
+__device__ void store_row(bf16 *row, const float acc[HD_MAX / 8][4], int half, int hd, bool set) {
+#pragma unroll
+    for (int n = 0; n < HD_MAX / 8; n++) {
+        if (n * 8 >= hd) break;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            if (e / 2 != half) continue;
+            int d = n * 8 + acc_col(e);
+            row[d] = from_f32<bf16>(set ? acc[n][e] : to_f32(row[d]) + acc[n][e]);
+        }
+    }
+}
+
+#define SMEM_AT(type, offset) reinterpret_cast<type *>(reinterpret_cast<unsigned char *>(smem) + (offset))
+
+// ================================ forward ========================================================
+
+template <int HD_MAX>
+__global__ void __launch_bounds__(ATTN_TC_THREADS)
+flash_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, AttnParams p) {
+    GPU_DYNAMIC_SMEM(Chunk16, smem);
+    const AttnTcSmemLayout L = attn_tc_smem_layout(ATTN_KERNEL_FORWARD, p.hd);
+    bf16 *Qs = SMEM_AT(bf16, L.q), *Ks = SMEM_AT(bf16, L.k), *Vs = SMEM_AT(bf16, L.v);
+    int *q_pos_s = SMEM_AT(int, L.q_pos), *k_pos_s = SMEM_AT(int, L.k_pos);
+    const int i0 = blockIdx.x * ATTN_BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
+    const int row0 = (int)(threadIdx.x / 32) * ATTN_TC_ROWS_PER_WARP;  // the warp's rows of the tile
+
+    load_tile_tc(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
+    const int max_q_pos = load_query_positions(q_pos_s, p, i0);  // its barrier also covers Qs
+
+    OnlineSoftmax st[2] = {{-INFINITY, 0.0f}, {-INFINITY, 0.0f}};  // of the lane's rows g, g + 8
+    float o[HD_MAX / 8][4];  // unnormalised output: sum over keys of exp(s - m) v
+    zero<HD_MAX / 8>(o);
+
+    for (int j0 = 0; j0 < p.Tk; j0 += ATTN_BC) {
+        if (!load_key_tile_tc(Ks, Vs, k_pos_s, L.ld, k, v, p, b, g, j0, max_q_pos)) continue;
+
+        float s[SCORE_TILES][4];  // S = Q K^T, then P: the warp's 16 rows x the tile's 64 keys
+        warp_scores<HD_MAX>(s, Qs, Ks, L.ld, row0, p.hd);
+        float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < SCORE_TILES; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = row0 + acc_row(e), c = n * 8 + acc_col(e);
+                bool visible = i0 + r < p.Tq && j0 + c < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c]);
+                s[n][e] = visible ? s[n][e] * p.scale : -INFINITY;
+                tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
+            }
+        float correction[2], weight_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int half = 0; half < 2; half++) correction[half] = online_softmax_rescale(&st[half], group_max(tile_max[half]));
+#pragma unroll
+        for (int n = 0; n < SCORE_TILES; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[n][e] = online_softmax_weight(&st[e / 2], s[n][e]);
+                weight_sum[e / 2] += s[n][e];
+            }
+#pragma unroll
+        for (int half = 0; half < 2; half++) online_softmax_add(&st[half], group_sum(weight_sum[half]));
+
+        // O = O * correction + bf16(P) V
+#pragma unroll
+        for (int n = 0; n < HD_MAX / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[n][e] *= correction[e / 2];
+        warp_accumulate<HD_MAX>(o, s, Vs, L.ld, p.hd);
+        __syncthreads();  // before the next tile overwrites K, V and the key positions
+    }
+
+#pragma unroll
+    for (int n = 0; n < HD_MAX / 8; n++)
+        for (int e = 0; e < 4; e++) o[n][e] = online_softmax_output(&st[e / 2], o[n][e]);  // O / l, or 0
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int i = i0 + row0 + lane_group() + 8 * half;
+        if (i >= p.Tq) continue;
+        store_row<HD_MAX>(out + q_offset(p, b, i, h), o, half, p.hd, true);
+        if (lane_in_group() == 0) lse[stat_offset(p, b, h, i)] = online_softmax_lse(&st[half]);
+    }
+}
+
+// ================================ backward =======================================================
+
+template <int HD_MAX>
+__global__ void __launch_bounds__(ATTN_TC_THREADS)
+flash_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                            const float *lse, const float *dvec, AttnParams p) {
+    GPU_DYNAMIC_SMEM(Chunk16, smem);
+    const AttnTcSmemLayout L = attn_tc_smem_layout(ATTN_KERNEL_BACKWARD_DQ, p.hd);
+    bf16 *Qs = SMEM_AT(bf16, L.q), *dOs = SMEM_AT(bf16, L.dout), *Ks = SMEM_AT(bf16, L.k), *Vs = SMEM_AT(bf16, L.v);
+    int *q_pos_s = SMEM_AT(int, L.q_pos), *k_pos_s = SMEM_AT(int, L.k_pos);
+    const int i0 = blockIdx.x * ATTN_BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
+    const int row0 = (int)(threadIdx.x / 32) * ATTN_TC_ROWS_PER_WARP;
+
+    load_tile_tc(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
+    load_tile_tc(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
+    const int max_q_pos = load_query_positions(q_pos_s, p, i0);
+    float row_lse[2], row_D[2];  // of the lane's rows g, g + 8; -inf: no gradient (past Tq, or saw no key)
+    for (int half = 0; half < 2; half++) {
+        int i = i0 + row0 + lane_group() + 8 * half;
+        row_lse[half] = i < p.Tq ? lse[stat_offset(p, b, h, i)] : -INFINITY;
+        row_D[half] = i < p.Tq ? dvec[stat_offset(p, b, h, i)] : 0.0f;
+    }
+
+    float acc[HD_MAX / 8][4];  // dQ of the warp's rows
+    zero<HD_MAX / 8>(acc);
+
+    for (int j0 = 0; j0 < p.Tk; j0 += ATTN_BC) {
+        if (!load_key_tile_tc(Ks, Vs, k_pos_s, L.ld, k, v, p, b, g, j0, max_q_pos)) continue;
+
+        float s[SCORE_TILES][4], dp[SCORE_TILES][4];  // S = Q K^T (then dS) and dP = dO V^T
+        warp_scores<HD_MAX>(s, Qs, Ks, L.ld, row0, p.hd);
+        warp_scores<HD_MAX>(dp, dOs, Vs, L.ld, row0, p.hd);
+#pragma unroll
+        for (int n = 0; n < SCORE_TILES; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = row0 + acc_row(e), c = n * 8 + acc_col(e), half = e / 2;
+                bool visible = row_lse[half] != -INFINITY && j0 + c < p.Tk &&
+                               attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c]);
+                float prob = visible ? expf(s[n][e] * p.scale - row_lse[half]) : 0.0f;
+                s[n][e] = prob * (dp[n][e] - row_D[half]) * p.scale;
+            }
+        warp_accumulate<HD_MAX>(acc, s, Ks, L.ld, p.hd);  // dQ += bf16(dS) K
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int i = i0 + row0 + lane_group() + 8 * half;
+        if (i < p.Tq) store_row<HD_MAX>(dq + q_offset(p, b, i, h), acc, half, p.hd, false);
+    }
+}
+
+template <int HD_MAX>
+__global__ void __launch_bounds__(ATTN_TC_THREADS)
+flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                              const float *lse, const float *dvec, AttnParams p) {
+    GPU_DYNAMIC_SMEM(Chunk16, smem);
+    const AttnTcSmemLayout L = attn_tc_smem_layout(ATTN_KERNEL_BACKWARD_DKDV, p.hd);
+    bf16 *Qs = SMEM_AT(bf16, L.q), *dOs = SMEM_AT(bf16, L.dout), *Ks = SMEM_AT(bf16, L.k), *Vs = SMEM_AT(bf16, L.v);
+    int *q_pos_s = SMEM_AT(int, L.q_pos), *k_pos_s = SMEM_AT(int, L.k_pos);
+    float *lse_s = SMEM_AT(float, L.lse), *D_s = SMEM_AT(float, L.dvec);
+    const int j0 = blockIdx.x * ATTN_BC, g = blockIdx.y, b = blockIdx.z;
+    const int row0 = (int)(threadIdx.x / 32) * ATTN_TC_ROWS_PER_WARP;  // the warp's keys of the tile
+
+    load_tile_tc(Ks, L.ld, k, b, j0, p.Tk, p.KV, g, p.hd);
+    load_tile_tc(Vs, L.ld, v, b, j0, p.Tk, p.KV, g, p.hd);
+    load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX);
+    __syncthreads();
+    const int min_k_pos = min_key_position(k_pos_s);
+
+    float dk_acc[HD_MAX / 8][4], dv_acc[HD_MAX / 8][4];  // of the warp's keys
+    zero<HD_MAX / 8>(dk_acc);
+    zero<HD_MAX / 8>(dv_acc);
+
+    for (int h = g * p.group; h < (g + 1) * p.group; h++)
+        for (int i0 = 0; i0 < p.Tq; i0 += ATTN_BR) {
+            load_positions(q_pos_s, p.q_pos, i0, p.Tq, INT_MIN);
+            for (int r = threadIdx.x; r < ATTN_BR; r += blockDim.x) {
+                bool valid = i0 + r < p.Tq;
+                lse_s[r] = valid ? lse[stat_offset(p, b, h, i0 + r)] : -INFINITY;
+                D_s[r] = valid ? dvec[stat_offset(p, b, h, i0 + r)] : 0.0f;
+            }
+            __syncthreads();
+            if (p.causal && !__syncthreads_or(threadIdx.x < ATTN_BR && q_pos_s[threadIdx.x] >= min_k_pos)) continue;
+            load_tile_tc(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
+            load_tile_tc(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
+            __syncthreads();
+
+            float st[SCORE_TILES][4], dpt[SCORE_TILES][4];  // S^T = K Q^T (then P^T), dP^T = V dO^T (then dS^T)
+            warp_scores<HD_MAX>(st, Ks, Qs, L.ld, row0, p.hd);
+            warp_scores<HD_MAX>(dpt, Vs, dOs, L.ld, row0, p.hd);
+#pragma unroll
+            for (int n = 0; n < SCORE_TILES; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = row0 + acc_row(e), r = n * 8 + acc_col(e);  // a row per key, a column per query
+                    bool visible = j0 + key < p.Tk && lse_s[r] != -INFINITY &&
+                                   attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[key]);
+                    float prob = visible ? expf(st[n][e] * p.scale - lse_s[r]) : 0.0f;
+                    st[n][e] = prob;
+                    dpt[n][e] = prob * (dpt[n][e] - D_s[r]) * p.scale;
+                }
+            warp_accumulate<HD_MAX>(dv_acc, st, dOs, L.ld, p.hd);  // dV += bf16(P^T) dO
+            warp_accumulate<HD_MAX>(dk_acc, dpt, Qs, L.ld, p.hd);  // dK += bf16(dS^T) Q
+            __syncthreads();  // before the next query tile overwrites Q, dO, lse, D and the positions
+        }
+
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        int j = j0 + row0 + lane_group() + 8 * half;
+        if (j >= p.Tk) continue;
+        store_row<HD_MAX>(dk + kv_offset(p, b, j, g), dk_acc, half, p.hd, false);
+        store_row<HD_MAX>(dv + kv_offset(p, b, j, g), dv_acc, half, p.hd, false);
+    }
+}
+
+// ================================ the fragments alone, for tests ====================================
+
+// One warp (gpu_attention_tc_fragment_check in ops.h): a and b (16x16, row-major) into shared tiles,
+// b also transposed; c = a b through load_frag_b_from_rows_k, c_t = a b through
+// load_frag_b_from_rows_n on b^T, e = bf16(c) b with c's accumulators as the A fragment.
+constexpr int CHECK_LD = 24;  // as a head_dim 16 tile: 16 + ATTN_TC_PAD
+__global__ void mma_fragment_check_kernel(float *c, float *c_t, float *e, const bf16 *a, const bf16 *b) {
+    GPU_DYNAMIC_SMEM(Chunk16, smem);
+    bf16 *As = SMEM_AT(bf16, 0), *Bs = As + 16 * CHECK_LD, *Bt = Bs + 16 * CHECK_LD;
+    for (int x = threadIdx.x; x < 256; x += blockDim.x) {
+        int row = x / 16, col = x % 16;
+        As[row * CHECK_LD + col] = a[x];
+        Bs[row * CHECK_LD + col] = b[x];
+        Bt[col * CHECK_LD + row] = b[x];
+    }
+    __syncthreads();
+    uint32_t fa[4];
+    load_frag_a(fa, As, CHECK_LD, 0, 0);
+    float acc[2][4], acc_t[2][4], acc_e[2][4];
+    zero<2>(acc);
+    zero<2>(acc_t);
+    zero<2>(acc_e);
+    for (int n = 0; n < 2; n++) {
+        uint32_t fb[2], fbt[2];
+        load_frag_b_from_rows_k(fb, Bs, CHECK_LD, 0, n * 8);
+        mma_bf16_m16n8k16(acc[n], fa, fb);
+        load_frag_b_from_rows_n(fbt, Bt, CHECK_LD, n * 8, 0);
+        mma_bf16_m16n8k16(acc_t[n], fa, fbt);
+    }
+    uint32_t fc[4];
+    frag_a_from_accumulators(fc, acc[0], acc[1]);
+    for (int n = 0; n < 2; n++) {
+        uint32_t fb[2];
+        load_frag_b_from_rows_k(fb, Bs, CHECK_LD, 0, n * 8);
+        mma_bf16_m16n8k16(acc_e[n], fc, fb);
+    }
+    for (int n = 0; n < 2; n++)
+        for (int el = 0; el < 4; el++) {
+            int at = acc_row(el) * 16 + n * 8 + acc_col(el);
+            c[at] = acc[n][el], c_t[at] = acc_t[n][el], e[at] = acc_e[n][el];
+        }
+}
+
+// ================================ host side ======================================================
+
+static bool tc_supported(const AttnShape *s) {
+    return s->head_dim >= 16 && s->head_dim <= ATTN_MAX_HEAD_DIM && s->head_dim % 16 == 0;
+}
+static bool aligned16(const void *ptr) { return (uintptr_t)ptr % 16 == 0; }
+
+template <typename Kernel>
+static size_t prepare_tc(Kernel kernel, AttnKernel which, int head_dim) {
+    size_t bytes = (size_t)attn_tc_smem_layout(which, head_dim).bytes;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return bytes;
+}
+
+// HD_MAX: the accumulators' size in registers, 64 or 128 (head_dim up to it).
+template <int HD_MAX>
+static void launch_forward_tc(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnParams &p) {
+    size_t smem = prepare_tc(flash_forward_tc_kernel<HD_MAX>, ATTN_KERNEL_FORWARD, p.hd);
+    dim3 grid((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
+    GPU_LAUNCH(flash_forward_tc_kernel<HD_MAX>, grid, ATTN_TC_THREADS, smem, out, lse, q, k, v, p);
+}
+template <int HD_MAX>
+static void launch_backward_tc(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
+                               const bf16 *v, const float *lse, const float *dvec, const AttnParams &p) {
+    size_t smem = prepare_tc(flash_backward_dq_tc_kernel<HD_MAX>, ATTN_KERNEL_BACKWARD_DQ, p.hd);
+    dim3 grid_q((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
+    GPU_LAUNCH(flash_backward_dq_tc_kernel<HD_MAX>, grid_q, ATTN_TC_THREADS, smem, dq, dout, q, k, v, lse, dvec, p);
+    smem = prepare_tc(flash_backward_dkdv_tc_kernel<HD_MAX>, ATTN_KERNEL_BACKWARD_DKDV, p.hd);
+    dim3 grid_kv((p.Tk + ATTN_BC - 1) / ATTN_BC, p.KV, p.B);
+    GPU_LAUNCH(flash_backward_dkdv_tc_kernel<HD_MAX>, grid_kv, ATTN_TC_THREADS, smem, dk, dv, dout, q, k, v, lse,
+               dvec, p);
+}
+
+extern "C" bool gpu_attention_bf16_uses_tensor_cores(const AttnShape *s) { return tc_supported(s); }
+
+extern "C" void gpu_attention_forward_bf16(gpu_bf16 *out, float *lse, const gpu_bf16 *q, const gpu_bf16 *k,
+                                           const gpu_bf16 *v, const AttnShape *s) {
+    if (!tc_supported(s) || !aligned16(out) || !aligned16(q) || !aligned16(k) || !aligned16(v)) {
+        gpu_attention_forward_bf16_simt(out, lse, q, k, v, s);
+        return;
+    }
+    AttnParams p = attn_params_of(s);
+    if (p.B == 0 || p.Tq == 0) return;
+    if (p.hd <= 64) launch_forward_tc<64>(out, lse, q, k, v, p);
+    else launch_forward_tc<128>(out, lse, q, k, v, p);
+}
+
+extern "C" void gpu_attention_backward_bf16(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, const gpu_bf16 *dout,
+                                            const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                                            const gpu_bf16 *out, const float *lse, const AttnShape *s) {
+    const void *tensors[] = {dq, dk, dv, dout, q, k, v, out};
+    bool aligned = true;
+    for (const void *t : tensors) aligned = aligned && aligned16(t);
+    if (!tc_supported(s) || !aligned) {
+        gpu_attention_backward_bf16_simt(dq, dk, dv, dout, q, k, v, out, lse, s);
+        return;
+    }
+    AttnParams p = attn_params_of(s);
+    if (p.B == 0 || p.Tq == 0 || p.Tk == 0) return;
+    float *dvec = (float *)gpu_scratch_alloc((size_t)p.B * p.H * p.Tq * sizeof(float));
+    attention_dvec_bf16(dvec, dout, out, p);
+    if (p.hd <= 64) launch_backward_tc<64>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
+    else launch_backward_tc<128>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
+    gpu_scratch_free(dvec);
+}
+
+extern "C" void gpu_attention_tc_fragment_check(float *c, float *c_t, float *e, const gpu_bf16 *a,
+                                                const gpu_bf16 *b) {
+    GPU_LAUNCH(mma_fragment_check_kernel, 1, 32, 3 * 16 * CHECK_LD * sizeof(bf16), c, c_t, e, a, b);
+}
