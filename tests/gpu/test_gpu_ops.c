@@ -622,10 +622,12 @@ static void test_clipping(void) {
 
 // ================================ attention ======================================================
 
+enum { POS_NONE, POS_SCATTERED, POS_KEYS_LATER };
 typedef struct {
     const char *name;
     int B, Tq, Tk, H, KV, hd;
-    bool causal, positions;
+    bool causal;
+    int positions;  // POS_NONE (0..T-1), POS_SCATTERED (make_positions), POS_KEYS_LATER (below)
 } AttnCase;
 
 static size_t q_elems(const AttnShape *s) { return (size_t)s->B * s->Tq * s->n_heads * s->head_dim; }
@@ -639,11 +641,24 @@ static void make_positions(int *q_pos, int *k_pos, int Tq, int Tk) {
     for (int j = 0; j < Tk; j++) k_pos[j] = Tk - 1 - j;
 }
 
+// lse: -inf where the row saw no key, on both sides (compared, then zeroed in both copies so that
+// the fp32 rule sees only the finite ones).
+static void check_lse(const char *name, float *got, float *want, size_t n, double tol) {
+    size_t inf_mismatch = 0;
+    for (size_t r = 0; r < n; r++)
+        if (isinf(want[r]) || isinf(got[r])) {
+            inf_mismatch += !(isinf(want[r]) && isinf(got[r]) && want[r] < 0 && got[r] < 0);
+            got[r] = want[r] = 0;
+        }
+    if (inf_mismatch) report(name, false, "%zu rows -inf on one side only", inf_mismatch);
+    else check_fp32(name, got, want, n, tol);
+}
+
 static void test_attention_f32(const AttnCase *c) {
     int *q_pos = malloc(sizeof(int) * c->Tq), *k_pos = malloc(sizeof(int) * c->Tk);
     make_positions(q_pos, k_pos, c->Tq, c->Tk);
     AttnShape s = {c->B, c->Tq, c->Tk, c->H, c->KV, c->hd, NULL, NULL, c->causal};
-    if (c->positions) s.q_pos = q_pos, s.k_pos = k_pos;
+    if (c->positions == POS_SCATTERED) s.q_pos = q_pos, s.k_pos = k_pos;
     size_t nq = q_elems(&s), nk = kv_elems(&s), nr = row_elems(&s);
     float *q = host_normal(nq, 1.0, 70), *k = host_normal(nk, 1.0, 71), *v = host_normal(nk, 1.0, 72);
     float *dout = host_normal(nq, 1.0, 73), *dq0 = host_normal(nq, 0.1, 74), *dk0 = host_normal(nk, 0.1, 75);
@@ -655,7 +670,7 @@ static void test_attention_f32(const AttnCase *c) {
 
     int *d_qpos = dev_ints(q_pos, c->Tq), *d_kpos = dev_ints(k_pos, c->Tk);
     AttnShape ds = s;  // the same shape with device positions
-    if (c->positions) ds.q_pos = d_qpos, ds.k_pos = d_kpos;
+    if (c->positions == POS_SCATTERED) ds.q_pos = d_qpos, ds.k_pos = d_kpos;
     float *d_q = dev_f32(q, nq), *d_k = dev_f32(k, nk), *d_v = dev_f32(v, nk), *d_dout = dev_f32(dout, nq);
     float *d_out = dev_f32_poisoned(nq), *d_lse = dev_f32_poisoned(nr);
     float *d_dq = dev_f32(dq0, nq), *d_dk = dev_f32(dk0, nk), *d_dv = dev_f32(dv0, nk);
@@ -667,16 +682,8 @@ static void test_attention_f32(const AttnCase *c) {
     char name[96];
     snprintf(name, sizeof name, "attention f32 %s out", c->name);
     check_fp32(name, out, out_ref, nq, 1e-4);
-    // lse: -inf where the row saw no key, on both sides; else fp32 rule.
-    size_t inf_mismatch = 0;
-    for (size_t r = 0; r < nr; r++)
-        if (isinf(lse_ref[r]) || isinf(lse[r])) {
-            inf_mismatch += !(isinf(lse_ref[r]) && isinf(lse[r]));
-            lse[r] = lse_ref[r] = 0;  // compared; leave the finite ones to check_fp32
-        }
     snprintf(name, sizeof name, "attention f32 %s lse", c->name);
-    if (inf_mismatch) report(name, false, "%zu rows -inf on one side only", inf_mismatch);
-    else check_fp32(name, lse, lse_ref, nr, 1e-5);
+    check_lse(name, lse, lse_ref, nr, 1e-5);
     snprintf(name, sizeof name, "attention f32 %s dq", c->name);
     check_fp32(name, dq, dq_ref, nq, 1e-4);
     snprintf(name, sizeof name, "attention f32 %s dk", c->name);
@@ -691,62 +698,71 @@ static void test_attention_f32(const AttnCase *c) {
     gpu_free(d_out), gpu_free(d_lse), gpu_free(d_dq), gpu_free(d_dk), gpu_free(d_dv);
 }
 
-// Attention the plain bf16 way, as PyTorch eager runs softmax(Q K^T * scale) V on bf16 tensors with
-// K, V expanded over the group: every op's output rounded to bf16 (matmuls accumulate in fp32,
+// ---- bf16 attention: the tensor-core kernels (and the CUDA-core ones they replace) ---------------
+
+// Attention the plain bf16 way, as PyTorch eager runs softmax(Q K^T * scale + mask) V on bf16 tensors
+// with K, V expanded over the group: every op's output rounded to bf16 (matmuls accumulate in fp32,
 // softmax computes in fp32), then autograd in the same ops; the expanded K, V gradients are summed
-// over the group's heads in fp32 and rounded once. Causal, positions 0..T-1.
+// over the group's heads in fp32 and rounded once. The mask is s's (causal by its host positions, or
+// none); a row that sees no key gets P = 0 (as the reference: output 0, no gradient).
 static void attention_plain_bf16(float *out, float *dq, float *dk, float *dv, const float *q, const float *k,
                                  const float *v, const float *dout, const AttnShape *s) {
-    int B = s->B, T = s->Tq, H = s->n_heads, KV = s->n_kv_heads, hd = s->head_dim, group = H / KV;
+    int B = s->B, Tq = s->Tq, Tk = s->Tk, H = s->n_heads, KV = s->n_kv_heads, hd = s->head_dim, group = H / KV;
     float scale = (float)(1.0 / sqrt((double)hd));
     size_t nk = kv_elems(s);
-    float *P = malloc(sizeof(float) * T * T), *dS = malloc(sizeof(float) * T * T);
+    float *P = malloc(sizeof(float) * Tq * Tk), *dS = malloc(sizeof(float) * Tq * Tk), *dp = malloc(sizeof(float) * Tk);
+    bool *vis = malloc(sizeof(bool) * Tq * Tk);
     float *dk_heads = calloc(nk * group, sizeof(float)), *dv_heads = calloc(nk * group, sizeof(float));
-#define Q_AT(x, b, i, h) ((x) + (((size_t)(b) * T + (i)) * H + (h)) * hd)
-#define KV_AT(x, b, j, g) ((x) + (((size_t)(b) * T + (j)) * KV + (g)) * hd)
+    for (int i = 0; i < Tq; i++)
+        for (int j = 0; j < Tk; j++)
+            vis[(size_t)i * Tk + j] = !s->causal || (s->k_pos ? s->k_pos[j] : j) <= (s->q_pos ? s->q_pos[i] : i);
+#define Q_AT(x, b, i, h) ((x) + (((size_t)(b) * Tq + (i)) * H + (h)) * hd)
+#define KV_AT(x, b, j, g) ((x) + (((size_t)(b) * Tk + (j)) * KV + (g)) * hd)
+#define VIS(i, j) vis[(size_t)(i) * Tk + (j)]
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
             int g = h / group;
-            for (int i = 0; i < T; i++) {  // P row i: S = bf16(bf16(q.k) * scale), softmax in fp32
-                float m = -INFINITY;
-                for (int j = 0; j <= i; j++) {
+            for (int i = 0; i < Tq; i++) {  // P row i: S = bf16(bf16(q.k) * scale), softmax in fp32
+                float *p_row = P + (size_t)i * Tk, m = -INFINITY, sum = 0;
+                for (int j = 0; j < Tk; j++) {
+                    if (!VIS(i, j)) continue;
                     float dot = 0;
                     for (int d = 0; d < hd; d++) dot += Q_AT(q, b, i, h)[d] * KV_AT(k, b, j, g)[d];
-                    P[(size_t)i * T + j] = bf16_round(bf16_round(dot) * scale);
-                    m = fmaxf(m, P[(size_t)i * T + j]);
+                    p_row[j] = bf16_round(bf16_round(dot) * scale);
+                    m = fmaxf(m, p_row[j]);
                 }
-                float sum = 0;
-                for (int j = 0; j <= i; j++) sum += expf(P[(size_t)i * T + j] - m);
-                for (int j = 0; j < T; j++) P[(size_t)i * T + j] = j <= i ? bf16_round(expf(P[(size_t)i * T + j] - m) / sum) : 0;
+                for (int j = 0; j < Tk; j++)
+                    if (VIS(i, j)) sum += expf(p_row[j] - m);
+                for (int j = 0; j < Tk; j++) p_row[j] = VIS(i, j) ? bf16_round(expf(p_row[j] - m) / sum) : 0;
                 for (int d = 0; d < hd; d++) {  // O = bf16(P V)
                     float acc = 0;
-                    for (int j = 0; j <= i; j++) acc += P[(size_t)i * T + j] * KV_AT(v, b, j, g)[d];
+                    for (int j = 0; j < Tk; j++) acc += p_row[j] * KV_AT(v, b, j, g)[d];
                     Q_AT(out, b, i, h)[d] = bf16_round(acc);
                 }
             }
-            for (int i = 0; i < T; i++) {  // dP = bf16(dO V^T); dS = bf16(softmax backward); bf16(dS * scale)
-                float dp[4096], rowsum = 0;
-                for (int j = 0; j <= i; j++) {
+            for (int i = 0; i < Tq; i++) {  // dP = bf16(dO V^T); dS = bf16(softmax backward); bf16(dS * scale)
+                float rowsum = 0;
+                for (int j = 0; j < Tk; j++) {
                     float acc = 0;
                     for (int d = 0; d < hd; d++) acc += Q_AT(dout, b, i, h)[d] * KV_AT(v, b, j, g)[d];
                     dp[j] = bf16_round(acc);
-                    rowsum += P[(size_t)i * T + j] * dp[j];
+                    rowsum += P[(size_t)i * Tk + j] * dp[j];
                 }
-                for (int j = 0; j < T; j++)
-                    dS[(size_t)i * T + j] = j <= i ? bf16_round(bf16_round(P[(size_t)i * T + j] * (dp[j] - rowsum)) * scale) : 0;
+                for (int j = 0; j < Tk; j++)
+                    dS[(size_t)i * Tk + j] = bf16_round(bf16_round(P[(size_t)i * Tk + j] * (dp[j] - rowsum)) * scale);
             }
-            for (int i = 0; i < T; i++)  // dQ = bf16(dS K)
+            for (int i = 0; i < Tq; i++)  // dQ = bf16(dS K)
                 for (int d = 0; d < hd; d++) {
                     float acc = 0;
-                    for (int j = 0; j <= i; j++) acc += dS[(size_t)i * T + j] * KV_AT(k, b, j, g)[d];
+                    for (int j = 0; j < Tk; j++) acc += dS[(size_t)i * Tk + j] * KV_AT(k, b, j, g)[d];
                     Q_AT(dq, b, i, h)[d] = bf16_round(acc);
                 }
-            for (int j = 0; j < T; j++)  // per head: dK_h = bf16(dS^T Q), dV_h = bf16(P^T dO)
+            for (int j = 0; j < Tk; j++)  // per head: dK_h = bf16(dS^T Q), dV_h = bf16(P^T dO)
                 for (int d = 0; d < hd; d++) {
                     float acc_k = 0, acc_v = 0;
-                    for (int i = j; i < T; i++) {
-                        acc_k += dS[(size_t)i * T + j] * Q_AT(q, b, i, h)[d];
-                        acc_v += P[(size_t)i * T + j] * Q_AT(dout, b, i, h)[d];
+                    for (int i = 0; i < Tq; i++) {
+                        acc_k += dS[(size_t)i * Tk + j] * Q_AT(q, b, i, h)[d];
+                        acc_v += P[(size_t)i * Tk + j] * Q_AT(dout, b, i, h)[d];
                     }
                     size_t at = (size_t)(h % group) * nk + (KV_AT(dk, b, j, g) - dk) + d;
                     dk_heads[at] = bf16_round(acc_k);
@@ -760,15 +776,84 @@ static void attention_plain_bf16(float *out, float *dq, float *dk, float *dv, co
     }
 #undef Q_AT
 #undef KV_AT
-    free(P), free(dS), free(dk_heads), free(dv_heads);
+#undef VIS
+    free(P), free(dS), free(dp), free(vis), free(dk_heads), free(dv_heads);
+}
+
+// The positions of an AttnCase (host arrays, both allocated; unused for POS_NONE).
+static void case_positions(const AttnCase *c, int *q_pos, int *k_pos) {
+    if (c->positions == POS_KEYS_LATER) {  // a ring-attention chunk from later in the sequence: nothing visible
+        for (int i = 0; i < c->Tq; i++) q_pos[i] = i;
+        for (int j = 0; j < c->Tk; j++) k_pos[j] = c->Tq + 100 + j;
+    } else {
+        make_positions(q_pos, k_pos, c->Tq, c->Tk);
+    }
+}
+
+// Host copies of one bf16 attention's results.
+typedef struct {
+    float *out, *lse, *dq, *dk, *dv;
+} AttnResults;
+static void free_results(AttnResults *r) { free(r->out), free(r->lse), free(r->dq), free(r->dk), free(r->dv); }
+
+// Forward, then backward on the forward's own out and lse, of the bf16 API (tensor cores where
+// supported) or of the _simt pair, on the host bf16 values given (s: host positions). The gradients
+// accumulate into dq0, dk0, dv0 (NULL: zeros). Outputs start as NaN.
+static AttnResults run_attention_bf16(bool simt, const AttnShape *s, const float *q, const float *k, const float *v,
+                                      const float *dout, const float *dq0, const float *dk0, const float *dv0) {
+    size_t nq = q_elems(s), nk = kv_elems(s), nr = row_elems(s);
+    AttnShape ds = *s;  // with device positions
+    int *d_qpos = s->q_pos ? dev_ints(s->q_pos, s->Tq) : NULL, *d_kpos = s->k_pos ? dev_ints(s->k_pos, s->Tk) : NULL;
+    ds.q_pos = d_qpos, ds.k_pos = d_kpos;
+    float *zeros = calloc(nq > nk ? nq : nk, sizeof(float));
+    gpu_bf16 *d_q = dev_bf16(q, nq), *d_k = dev_bf16(k, nk), *d_v = dev_bf16(v, nk), *d_dout = dev_bf16(dout, nq);
+    gpu_bf16 *d_out = dev_bf16_poisoned(nq);
+    gpu_bf16 *d_dq = dev_bf16(dq0 ? dq0 : zeros, nq), *d_dk = dev_bf16(dk0 ? dk0 : zeros, nk);
+    gpu_bf16 *d_dv = dev_bf16(dv0 ? dv0 : zeros, nk);
+    float *d_lse = dev_f32_poisoned(nr);
+    if (simt) {
+        gpu_attention_forward_bf16_simt(d_out, d_lse, d_q, d_k, d_v, &ds);
+        gpu_attention_backward_bf16_simt(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse, &ds);
+    } else {
+        gpu_attention_forward_bf16(d_out, d_lse, d_q, d_k, d_v, &ds);
+        gpu_attention_backward_bf16(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse, &ds);
+    }
+    AttnResults r = {from_dev_bf16(d_out, nq), from_dev_f32(d_lse, nr), from_dev_bf16(d_dq, nq),
+                     from_dev_bf16(d_dk, nk), from_dev_bf16(d_dv, nk)};
+    free(zeros);
+    gpu_free(d_qpos), gpu_free(d_kpos), gpu_free(d_q), gpu_free(d_k), gpu_free(d_v), gpu_free(d_dout);
+    gpu_free(d_out), gpu_free(d_lse), gpu_free(d_dq), gpu_free(d_dk), gpu_free(d_dv);
+    return r;
+}
+
+// The tensor-core kernels against the CUDA-core ones on the same inputs: norm-wise within
+// TC_VS_SIMT_TOL. Both compute in fp32 from the same bf16 values; they differ by the roundings
+// each stores (one per output element on each side, at most 2^-8 relative) and by the TC kernel's
+// rounding of P and dS to bf16 before its second products (2^-8 relative per term; two chained
+// products for dQ and dK), and the order of the sums: 4 unit roundoffs, 2^-6. (The emulator
+// measures 0.12 to 0.18 of it; a masking, indexing or rescaling bug moves results by O(1).)
+#define TC_VS_SIMT_TOL 0x1p-6
+static void check_vs_simt(const char *name, const float *tc, const float *simt, size_t n) {
+    double e = rel_l2(tc, simt, n);
+    report(name, e <= TC_VS_SIMT_TOL, "||tc - simt||/||simt|| = %.3g (bound %.3g)", e, TC_VS_SIMT_TOL);
 }
 
 static void test_attention_bf16(const AttnCase *c) {
-    AttnShape s = {c->B, c->Tq, c->Tk, c->H, c->KV, c->hd, NULL, NULL, true};
+    int *q_pos = malloc(sizeof(int) * c->Tq), *k_pos = malloc(sizeof(int) * c->Tk);
+    case_positions(c, q_pos, k_pos);
+    AttnShape s = {c->B, c->Tq, c->Tk, c->H, c->KV, c->hd, NULL, NULL, c->causal};
+    if (c->positions != POS_NONE) s.q_pos = q_pos, s.k_pos = k_pos;
     size_t nq = q_elems(&s), nk = kv_elems(&s), nr = row_elems(&s);
     float *q = host_normal(nq, 1.0, 80), *k = host_normal(nk, 1.0, 81), *v = host_normal(nk, 1.0, 82);
     float *dout = host_normal(nq, 1.0, 83);
+    float *dq0 = host_normal(nq, 0.1, 84), *dk0 = host_normal(nk, 0.1, 85), *dv0 = host_normal(nk, 0.1, 86);
     round_to_bf16(q, nq), round_to_bf16(k, nk), round_to_bf16(v, nk), round_to_bf16(dout, nq);
+    round_to_bf16(dq0, nq), round_to_bf16(dk0, nk), round_to_bf16(dv0, nk);
+    char name[128];
+    snprintf(name, sizeof name, "attention bf16 %s on tensor cores", c->name);
+    bool tc = gpu_attention_bf16_uses_tensor_cores(&s);
+    report(name, tc, "head_dim %d", c->hd);
+
     // Reference: fp32 on the same bf16 values (its own error is ~1e-6, far below bf16's ~1e-3).
     float *out_ref = malloc(sizeof(float) * nq), *lse_ref = malloc(sizeof(float) * nr);
     float *dq_ref = calloc(nq, sizeof(float)), *dk_ref = calloc(nk, sizeof(float)), *dv_ref = calloc(nk, sizeof(float));
@@ -778,32 +863,122 @@ static void test_attention_bf16(const AttnCase *c) {
     float *dk_base = malloc(sizeof(float) * nk), *dv_base = malloc(sizeof(float) * nk);
     attention_plain_bf16(out_base, dq_base, dk_base, dv_base, q, k, v, dout, &s);
 
-    gpu_bf16 *d_q = dev_bf16(q, nq), *d_k = dev_bf16(k, nk), *d_v = dev_bf16(v, nk), *d_dout = dev_bf16(dout, nq);
-    gpu_bf16 *d_out = dev_bf16_poisoned(nq);
-    float *d_lse = dev_f32_poisoned(nr), *zeros = calloc(nq > nk ? nq : nk, sizeof(float));
-    gpu_bf16 *d_dq = dev_bf16(zeros, nq), *d_dk = dev_bf16(zeros, nk), *d_dv = dev_bf16(zeros, nk);  // += into 0
-    gpu_attention_forward_bf16(d_out, d_lse, d_q, d_k, d_v, &s);
-    gpu_attention_backward_bf16(d_dq, d_dk, d_dv, d_dout, d_q, d_k, d_v, d_out, d_lse, &s);
-    float *out = from_dev_bf16(d_out, nq), *lse = from_dev_f32(d_lse, nr), *dq = from_dev_bf16(d_dq, nq);
-    float *dk = from_dev_bf16(d_dk, nk), *dv = from_dev_bf16(d_dv, nk);
+    // Against the reference, gradients from zero; then twice from dq0, dk0, dv0, and the SIMT kernels too.
+    AttnResults r = run_attention_bf16(false, &s, q, k, v, dout, NULL, NULL, NULL);
+    AttnResults r1 = run_attention_bf16(false, &s, q, k, v, dout, dq0, dk0, dv0);
+    AttnResults r2 = run_attention_bf16(false, &s, q, k, v, dout, dq0, dk0, dv0);
+    AttnResults simt = run_attention_bf16(true, &s, q, k, v, dout, dq0, dk0, dv0);
 
-    char name[96];
-    snprintf(name, sizeof name, "attention bf16 %s out (FA rule)", c->name);
-    check_fa_rule(name, out, out_base, out_ref, nq);
-    snprintf(name, sizeof name, "attention bf16 %s lse (fp32)", c->name);
-    check_fp32(name, lse, lse_ref, nr, 1e-5);
-    snprintf(name, sizeof name, "attention bf16 %s dq (FA rule)", c->name);
-    check_fa_rule(name, dq, dq_base, dq_ref, nq);
-    snprintf(name, sizeof name, "attention bf16 %s dk (FA rule)", c->name);
-    check_fa_rule(name, dk, dk_base, dk_ref, nk);
-    snprintf(name, sizeof name, "attention bf16 %s dv (FA rule)", c->name);
-    check_fa_rule(name, dv, dv_base, dv_ref, nk);
+    if (c->positions == POS_KEYS_LATER) {
+        // No query sees a key: the reference's output is 0, its lse -inf, its gradients 0 -- exactly.
+        float *zeros = calloc(nq, sizeof(float));
+        snprintf(name, sizeof name, "attention bf16 %s out = 0", c->name);
+        check_exact(name, r.out, zeros, nq);
+        size_t finite = 0;
+        for (size_t i = 0; i < nr; i++) finite += !(isinf(r.lse[i]) && r.lse[i] < 0);
+        snprintf(name, sizeof name, "attention bf16 %s lse = -inf", c->name);
+        report(name, finite == 0, "%zu of %zu rows not -inf", finite, nr);
+        snprintf(name, sizeof name, "attention bf16 %s dq unchanged", c->name);
+        check_exact(name, r1.dq, dq0, nq);
+        snprintf(name, sizeof name, "attention bf16 %s dk unchanged", c->name);
+        check_exact(name, r1.dk, dk0, nk);
+        snprintf(name, sizeof name, "attention bf16 %s dv unchanged", c->name);
+        check_exact(name, r1.dv, dv0, nk);
+        free(zeros);
+    } else {
+        snprintf(name, sizeof name, "attention bf16 %s out (FA rule)", c->name);
+        check_fa_rule(name, r.out, out_base, out_ref, nq);
+        snprintf(name, sizeof name, "attention bf16 %s lse (fp32)", c->name);
+        float *lse_ref_copy = host_copy(lse_ref, nr), *lse_copy = host_copy(r.lse, nr);
+        check_lse(name, lse_copy, lse_ref_copy, nr, 1e-5);
+        free(lse_ref_copy), free(lse_copy);
+        snprintf(name, sizeof name, "attention bf16 %s dq (FA rule)", c->name);
+        check_fa_rule(name, r.dq, dq_base, dq_ref, nq);
+        snprintf(name, sizeof name, "attention bf16 %s dk (FA rule)", c->name);
+        check_fa_rule(name, r.dk, dk_base, dk_ref, nk);
+        snprintf(name, sizeof name, "attention bf16 %s dv (FA rule)", c->name);
+        check_fa_rule(name, r.dv, dv_base, dv_ref, nk);
 
-    free(q), free(k), free(v), free(dout), free(out_ref), free(lse_ref), free(dq_ref), free(dk_ref), free(dv_ref);
-    free(out_base), free(dq_base), free(dk_base), free(dv_base), free(zeros);
-    free(out), free(lse), free(dq), free(dk), free(dv);
-    gpu_free(d_q), gpu_free(d_k), gpu_free(d_v), gpu_free(d_dout), gpu_free(d_out), gpu_free(d_lse);
-    gpu_free(d_dq), gpu_free(d_dk), gpu_free(d_dv);
+        snprintf(name, sizeof name, "attention bf16 %s out vs simt", c->name);
+        check_vs_simt(name, r1.out, simt.out, nq);
+        snprintf(name, sizeof name, "attention bf16 %s lse vs simt (fp32)", c->name);
+        float *lse_simt = host_copy(simt.lse, nr), *lse_tc = host_copy(r1.lse, nr);
+        check_lse(name, lse_tc, lse_simt, nr, 1e-5);
+        free(lse_simt), free(lse_tc);
+        snprintf(name, sizeof name, "attention bf16 %s dq += vs simt", c->name);
+        check_vs_simt(name, r1.dq, simt.dq, nq);
+        snprintf(name, sizeof name, "attention bf16 %s dk += vs simt", c->name);
+        check_vs_simt(name, r1.dk, simt.dk, nk);
+        snprintf(name, sizeof name, "attention bf16 %s dv += vs simt", c->name);
+        check_vs_simt(name, r1.dv, simt.dv, nk);
+    }
+    // Determinism: a second run gives the same bits (the -inf lse of rows that see nothing included).
+    const struct { const char *what; const float *a, *b; size_t n; } same[] = {
+        {"out", r1.out, r2.out, nq}, {"lse", r1.lse, r2.lse, nr}, {"dq", r1.dq, r2.dq, nq},
+        {"dk", r1.dk, r2.dk, nk},    {"dv", r1.dv, r2.dv, nk},
+    };
+    for (size_t t = 0; t < sizeof same / sizeof same[0]; t++) {
+        snprintf(name, sizeof name, "attention bf16 %s %s run twice", c->name, same[t].what);
+        check_exact(name, same[t].a, same[t].b, same[t].n);
+    }
+
+    free(q_pos), free(k_pos), free(q), free(k), free(v), free(dout), free(dq0), free(dk0), free(dv0);
+    free(out_ref), free(lse_ref), free(dq_ref), free(dk_ref), free(dv_ref);
+    free(out_base), free(dq_base), free(dk_base), free(dv_base);
+    free_results(&r), free_results(&r1), free_results(&r2), free_results(&simt);
+}
+
+// A head_dim the tensor cores do not take (not a multiple of 16): the bf16 API must run the
+// CUDA-core kernels, bit for bit.
+static void test_attention_bf16_fallback(void) {
+    AttnShape s = {1, 40, 40, 2, 1, 24, NULL, NULL, true};
+    size_t nq = q_elems(&s), nk = kv_elems(&s), nr = row_elems(&s);
+    float *q = host_normal(nq, 1.0, 87), *k = host_normal(nk, 1.0, 88), *v = host_normal(nk, 1.0, 89);
+    float *dout = host_normal(nq, 1.0, 90);
+    bool tc = gpu_attention_bf16_uses_tensor_cores(&s);
+    report("attention bf16 hd24 not on tensor cores", !tc, "head_dim %d", s.head_dim);
+    AttnResults api = run_attention_bf16(false, &s, q, k, v, dout, NULL, NULL, NULL);
+    AttnResults simt = run_attention_bf16(true, &s, q, k, v, dout, NULL, NULL, NULL);
+    check_exact("attention bf16 hd24 out = simt's", api.out, simt.out, nq);
+    check_exact("attention bf16 hd24 lse = simt's", api.lse, simt.lse, nr);
+    check_exact("attention bf16 hd24 dq = simt's", api.dq, simt.dq, nq);
+    check_exact("attention bf16 hd24 dk = simt's", api.dk, simt.dk, nk);
+    check_exact("attention bf16 hd24 dv = simt's", api.dv, simt.dv, nk);
+    free(q), free(k), free(v), free(dout);
+    free_results(&api), free_results(&simt);
+}
+
+// The fragment bookkeeping of the tensor-core kernels (gpu/mma.cuh) against plain matrix products,
+// exactly: small integers are exact in bf16, and so are their products and sums in fp32 (|c| <= 16 *
+// 4 * 4 = 256 stays exact when c is rounded to bf16 for e). A wrong lane, register or half anywhere
+// in the loads, the accumulator-to-operand reuse or the (emulated) instruction moves some element.
+static void test_mma_fragments(void) {
+    float a[256], b[256], c_ref[256], e_ref[256];
+    for (int x = 0; x < 256; x++) {
+        a[x] = (float)((int)rng_below(91, 1, x, 9) - 4);  // -4 .. 4
+        b[x] = (float)((int)rng_below(91, 2, x, 9) - 4);
+    }
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            float sum = 0;
+            for (int kk = 0; kk < 16; kk++) sum += a[i * 16 + kk] * b[kk * 16 + j];
+            c_ref[i * 16 + j] = sum;
+        }
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            float sum = 0;
+            for (int kk = 0; kk < 16; kk++) sum += c_ref[i * 16 + kk] * b[kk * 16 + j];
+            e_ref[i * 16 + j] = sum;
+        }
+    gpu_bf16 *d_a = dev_bf16(a, 256), *d_b = dev_bf16(b, 256);
+    float *d_c = dev_f32_poisoned(256), *d_ct = dev_f32_poisoned(256), *d_e = dev_f32_poisoned(256);
+    gpu_attention_tc_fragment_check(d_c, d_ct, d_e, d_a, d_b);
+    float *c = from_dev_f32(d_c, 256), *ct = from_dev_f32(d_ct, 256), *e = from_dev_f32(d_e, 256);
+    check_exact("mma fragments: a b, b as stored (as V)", c, c_ref, 256);
+    check_exact("mma fragments: a b, b transposed (as K)", ct, c_ref, 256);
+    check_exact("mma fragments: bf16(a b) b, A from C (as P)", e, e_ref, 256);
+    free(c), free(ct), free(e);
+    gpu_free(d_a), gpu_free(d_b), gpu_free(d_c), gpu_free(d_ct), gpu_free(d_e);
 }
 
 int main(void) {
@@ -822,18 +997,26 @@ int main(void) {
     test_adamw_clipped();
     test_clipping();
     const AttnCase f32_cases[] = {
-        {"causal GQA 2x130 H8/KV2 hd64", 2, 130, 130, 8, 2, 64, true, false},
-        {"full Tq70 Tk130 H4/KV4 hd32", 2, 70, 130, 4, 4, 32, false, false},
-        {"causal 1x200 H4/KV1 hd128", 1, 200, 200, 4, 1, 128, true, false},
-        {"causal positions Tq50 Tk150 hd64", 2, 50, 150, 4, 2, 64, true, true},
-        {"tiny 4x32 H8/KV4 hd8", 4, 32, 32, 8, 4, 8, true, false},
+        {"causal GQA 2x130 H8/KV2 hd64", 2, 130, 130, 8, 2, 64, true, POS_NONE},
+        {"full Tq70 Tk130 H4/KV4 hd32", 2, 70, 130, 4, 4, 32, false, POS_NONE},
+        {"causal 1x200 H4/KV1 hd128", 1, 200, 200, 4, 1, 128, true, POS_NONE},
+        {"causal positions Tq50 Tk150 hd64", 2, 50, 150, 4, 2, 64, true, POS_SCATTERED},
+        {"tiny 4x32 H8/KV4 hd8", 4, 32, 32, 8, 4, 8, true, POS_NONE},
     };
     for (size_t i = 0; i < sizeof f32_cases / sizeof f32_cases[0]; i++) test_attention_f32(&f32_cases[i]);
+    test_mma_fragments();
+    // T not a multiple of 64 (3 tiles, the last of 2 rows), causal ones with whole tiles skipped.
     const AttnCase bf16_cases[] = {
-        {"causal GQA 2x256 H8/KV2 hd64", 2, 256, 256, 8, 2, 64, true, false},
-        {"causal 1x192 H4/KV2 hd128", 1, 192, 192, 4, 2, 128, true, false},
+        {"causal GQA 2x130 H4/KV2 hd32", 2, 130, 130, 4, 2, 32, true, POS_NONE},
+        {"full Tq70 Tk130 H2/KV2 hd16", 1, 70, 130, 2, 2, 16, false, POS_NONE},
+        {"causal 1x130 H2/KV1 hd64", 1, 130, 130, 2, 1, 64, true, POS_NONE},
+        {"causal positions Tq60 Tk130 hd64", 1, 60, 130, 4, 2, 64, true, POS_SCATTERED},
+        {"causal 1x100 H2/KV2 hd96", 1, 100, 100, 2, 2, 96, true, POS_NONE},
+        {"causal 1x130 H4/KV2 hd128", 1, 130, 130, 4, 2, 128, true, POS_NONE},
+        {"keys after queries Tq64 Tk70 hd32", 1, 64, 70, 2, 1, 32, true, POS_KEYS_LATER},
     };
     for (size_t i = 0; i < sizeof bf16_cases / sizeof bf16_cases[0]; i++) test_attention_bf16(&bf16_cases[i]);
+    test_attention_bf16_fallback();
 
     return gpu_test_finish("test_gpu_ops");
 }
