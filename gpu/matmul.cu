@@ -9,6 +9,10 @@
 //   fp32:  A, B, C in fp32, CUBLAS_COMPUTE_32F: true fp32 arithmetic (no TF32), the reference path.
 //   bf16:  A, B in bf16 on the tensor cores, CUBLAS_COMPUTE_32F accumulation; out and dinp stored
 //          bf16, dweight stored and accumulated (beta = 1) in fp32.
+// Two fused forms for the GPU model: the residual in the epilogue (D = A B + C with C the residual
+// and D the output: cuBLASLt reads C and writes D, so out = residual + inp W^T costs no add kernel
+// and, in bf16, one rounding instead of two), and strided batches (several products of one shape in
+// one launch: W1 and W3, whose weights sit at a fixed distance in the parameter table).
 #include <cublasLt.h>
 #include <math.h>
 #include <stdlib.h>
@@ -39,6 +43,8 @@ typedef struct {
     int kind, M, K, N;
     cudaDataType ab_type, c_type;
     unsigned align_a, align_b, align_c;
+    int batch;
+    long long stride_a, stride_b, stride_c;
 } PlanKey;
 typedef struct {
     PlanKey key;
@@ -89,6 +95,31 @@ static bool autotune(void) {
 }
 
 static size_t dtype_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
+
+// The bytes a plan's C spans: its (m, n) with leading dimension ldc, for every product of the batch.
+static size_t c_extent_bytes(const GemmPlan *p, cudaDataType c_type) {
+    return ((size_t)(p->batch - 1) * p->stride_c + (size_t)p->ldc * p->n) * dtype_bytes(c_type);
+}
+
+// What cuBLASLt may assume of every product's operand in a batch: the base's alignment, and the
+// stride's when the batch moves the pointer on.
+static unsigned batch_alignment(const void *base, long long stride, cudaDataType t) {
+    unsigned a = ptr_alignment((uintptr_t)base);
+    if (stride) {
+        unsigned s = ptr_alignment((uintptr_t)(stride * (long long)dtype_bytes(t)));
+        if (s < a) a = s;
+    }
+    return a;
+}
+
+static void set_batch(cublasLtMatrixLayout_t layout, int count, long long stride) {
+    if (count == 1) return;
+    int32_t n = count;
+    int64_t offset = stride;
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof n));
+    CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offset,
+                                                  sizeof offset));
+}
 
 // The fastest of the n candidates, each run once to warm up and then AUTOTUNE_RUNS times between two
 // events, with beta = 0 into a scratch output (the real one may be accumulating). Candidates that
@@ -141,6 +172,9 @@ static PlanEntry *plan_for(const PlanKey *key, const GemmPlan *p, const void *A,
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->a, key->ab_type, p->a_rows, p->a_cols, p->lda));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->b, key->ab_type, p->b_rows, p->b_cols, p->ldb));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->c, key->c_type, p->m, p->n, p->ldc));
+    set_batch(e->a, p->batch, p->stride_a);
+    set_batch(e->b, p->batch, p->stride_b);
+    set_batch(e->c, p->batch, p->stride_c);  // C and D share this layout
 
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -159,22 +193,26 @@ static PlanEntry *plan_for(const PlanKey *key, const GemmPlan *p, const void *A,
     if (n_results == 0)
         fatal("cuBLASLt has no algorithm for the %s matmul M=%d K=%d N=%d", key->kind == GEMM_FORWARD ? "forward"
               : key->kind == GEMM_BACKWARD_INPUT ? "input-gradient" : "weight-gradient", key->M, key->K, key->N);
-    int chosen = n_results > 1 ? fastest(e, results, n_results, A, B, (size_t)p->ldc * p->n * dtype_bytes(key->c_type))
-                               : 0;
+    int chosen = n_results > 1 ? fastest(e, results, n_results, A, B, c_extent_bytes(p, key->c_type)) : 0;
     e->algo = results[chosen].algo;
     e->used = true;
     return e;
 }
 
-// C = op(A) op(B) (+ C when backward, unless overwrite), with A, B, C the plan's choice of (inp,
-// weight, dout, c).
-static void run(GemmKind kind, int M, int K, int N, const void *inp, const void *weight, const void *dout, void *c,
-                cudaDataType ab_type, cudaDataType c_type, bool overwrite = false) {
-    GemmPlan p = gemm_plan(kind, M, K, N);
-    if (overwrite) p.beta = 0;
-    if (p.m == 0 || p.n == 0) return;
-    if (p.k == 0) {  // an empty sum: forward writes zeros, backward adds nothing
-        if (p.beta == 0) gpu_fill_bytes(c, 0, (size_t)p.m * p.n * (c_type == CUDA_R_32F ? 4 : 2));
+// D = op(A) op(B) + beta C for each product of the plan's batch, with A and B the plan's choice of
+// (inp, weight, dout), D = d, and C = c_in (the residual) if given, else d itself.
+static void run(GemmKind kind, const GemmPlan &p, int M, int K, int N, const void *inp, const void *weight,
+                const void *dout, const void *c_in, void *d, cudaDataType ab_type, cudaDataType c_type) {
+    if (!c_in) c_in = d;
+    if (p.m == 0 || p.n == 0 || p.batch == 0) return;
+    size_t c_bytes = dtype_bytes(c_type);
+    if (p.k == 0) {  // an empty sum: D = beta C (zeros, the residual, or D left as it is)
+        for (int b = 0; b < p.batch; b++) {
+            char *db = (char *)d + b * p.stride_c * c_bytes;
+            const char *cb = (const char *)c_in + b * p.stride_c * c_bytes;
+            if (p.beta == 0) gpu_fill_bytes(db, 0, (size_t)p.m * p.n * c_bytes);
+            else if (cb != db) gpu_copy(db, cb, (size_t)p.m * p.n * c_bytes);
+        }
         return;
     }
     ensure_handle();
@@ -184,12 +222,22 @@ static void run(GemmKind kind, int M, int K, int N, const void *inp, const void 
     PlanKey key;
     memset(&key, 0, sizeof key);  // padding bytes too: keys are compared with memcmp
     key.kind = kind, key.M = M, key.K = K, key.N = N, key.ab_type = ab_type, key.c_type = c_type;
-    key.align_a = ptr_alignment((uintptr_t)A), key.align_b = ptr_alignment((uintptr_t)B);
-    key.align_c = ptr_alignment((uintptr_t)c);
+    key.align_a = batch_alignment(A, p.stride_a, ab_type), key.align_b = batch_alignment(B, p.stride_b, ab_type);
+    unsigned align_c = batch_alignment(c_in, p.stride_c, c_type), align_d = batch_alignment(d, p.stride_c, c_type);
+    key.align_c = align_c < align_d ? align_c : align_d;
+    key.batch = p.batch, key.stride_a = p.stride_a, key.stride_b = p.stride_b, key.stride_c = p.stride_c;
     PlanEntry *e = plan_for(&key, &p, A, B);
     float alpha = 1.0f, beta = p.beta;
-    CUBLAS_CHECK(cublasLtMatmul(handle, e->desc, &alpha, A, e->a, B, e->b, &beta, c, e->c, c, e->c, &e->algo,
+    CUBLAS_CHECK(cublasLtMatmul(handle, e->desc, &alpha, A, e->a, B, e->b, &beta, c_in, e->c, d, e->c, &e->algo,
                                 workspace, WORKSPACE_BYTES, gpu_stream()));
+}
+
+// One product, C = D: forward overwrites, backward accumulates unless overwrite.
+static void run(GemmKind kind, int M, int K, int N, const void *inp, const void *weight, const void *dout, void *c,
+                cudaDataType ab_type, cudaDataType c_type, bool overwrite = false) {
+    GemmPlan p = gemm_plan(kind, M, K, N);
+    if (overwrite) p.beta = 0;
+    run(kind, p, M, K, N, inp, weight, dout, NULL, c, ab_type, c_type);
 }
 
 extern "C" void gpu_matmul_forward(float *out, const float *inp, const float *weight, int M, int K, int N) {
@@ -218,6 +266,55 @@ extern "C" void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const g
                                          const gpu_bf16 *weight, int M, int K, int N) {
     if (dinp) run(GEMM_BACKWARD_INPUT, M, K, N, inp, weight, dout, dinp, CUDA_R_16BF, CUDA_R_16BF);
     if (dweight) run(GEMM_BACKWARD_WEIGHT, M, K, N, inp, weight, dout, dweight, CUDA_R_16BF, CUDA_R_32F);
+}
+
+// ---- the fused forms -------------------------------------------------------------------------------------
+// out = residual + inp W^T: the residual is cuBLASLt's C, the output its D (beta = 1).
+extern "C" void gpu_matmul_forward_residual(float *out, const float *residual, const float *inp, const float *weight,
+                                            int M, int K, int N) {
+    run(GEMM_FORWARD, gemm_plan_residual(M, K, N), M, K, N, inp, weight, NULL, residual, out, CUDA_R_32F, CUDA_R_32F);
+}
+extern "C" void gpu_matmul_forward_residual_bf16(gpu_bf16 *out, const gpu_bf16 *residual, const gpu_bf16 *inp,
+                                                 const gpu_bf16 *weight, int M, int K, int N) {
+    run(GEMM_FORWARD, gemm_plan_residual(M, K, N), M, K, N, inp, weight, NULL, residual, out, CUDA_R_16BF,
+        CUDA_R_16BF);
+}
+
+static GemmBatch batch_of(int count, long long inp_stride, long long weight_stride, long long dout_stride,
+                          long long out_stride) {
+    GemmBatch b;
+    b.count = count;
+    b.stride[GEMM_INP] = inp_stride, b.stride[GEMM_WEIGHT] = weight_stride, b.stride[GEMM_DOUT] = dout_stride;
+    b.out_stride = out_stride;
+    return b;
+}
+extern "C" void gpu_matmul_forward_batched(float *out, const float *inp, const float *weight, int M, int K, int N,
+                                           int batch, long long out_stride, long long inp_stride,
+                                           long long weight_stride) {
+    GemmBatch b = batch_of(batch, inp_stride, weight_stride, 0, out_stride);
+    run(GEMM_FORWARD, gemm_plan_batched(GEMM_FORWARD, M, K, N, &b), M, K, N, inp, weight, NULL, NULL, out,
+        CUDA_R_32F, CUDA_R_32F);
+}
+extern "C" void gpu_matmul_forward_batched_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M,
+                                                int K, int N, int batch, long long out_stride, long long inp_stride,
+                                                long long weight_stride) {
+    GemmBatch b = batch_of(batch, inp_stride, weight_stride, 0, out_stride);
+    run(GEMM_FORWARD, gemm_plan_batched(GEMM_FORWARD, M, K, N, &b), M, K, N, inp, weight, NULL, NULL, out,
+        CUDA_R_16BF, CUDA_R_16BF);
+}
+extern "C" void gpu_matmul_backward_weight_batched(float *dweight, const float *dout, const float *inp, int M, int K,
+                                                   int N, int batch, long long dweight_stride, long long dout_stride,
+                                                   long long inp_stride) {
+    GemmBatch b = batch_of(batch, inp_stride, 0, dout_stride, dweight_stride);
+    run(GEMM_BACKWARD_WEIGHT, gemm_plan_batched(GEMM_BACKWARD_WEIGHT, M, K, N, &b), M, K, N, inp, NULL, dout, NULL,
+        dweight, CUDA_R_32F, CUDA_R_32F);
+}
+extern "C" void gpu_matmul_backward_weight_batched_bf16(float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
+                                                        int M, int K, int N, int batch, long long dweight_stride,
+                                                        long long dout_stride, long long inp_stride) {
+    GemmBatch b = batch_of(batch, inp_stride, 0, dout_stride, dweight_stride);
+    run(GEMM_BACKWARD_WEIGHT, gemm_plan_batched(GEMM_BACKWARD_WEIGHT, M, K, N, &b), M, K, N, inp, NULL, dout, NULL,
+        dweight, CUDA_R_16BF, CUDA_R_32F);
 }
 
 // ================================ FP8 GEMMs (gpu/fp8.h) ============================================

@@ -10,8 +10,11 @@
 //                A = weight stored (K,N), op N;             B = dout stored (N,M), op N
 //   weight grad  dW (N,K) += dout^T (N,M) inp  ->  dW^T (K,N) = inp^T (K,M) . dout (M,N)
 //                A = inp stored (K,M), op N;                B = dout stored (N,M), op T
-// A pure function, so tests/test_gpu_host.c runs the plan through a plain column-major GEMM on
-// the host and compares with reference_cpu's matmul_forward / matmul_backward.
+// Two variants for the fused GEMMs of the GPU model (gpu/model.c): a strided batch of such products
+// (W1 and W3 in one launch, gemm_plan_batched) and the forward with the residual added in the GEMM's
+// epilogue (gemm_plan_residual: beta = 1 with C the residual, D the output).
+// Pure functions, so tests/test_gpu_host.c runs the plans through a plain column-major GEMM on the
+// host and compares with reference_cpu's matmul_forward / matmul_backward.
 #pragma once
 #include <stdbool.h>
 
@@ -26,6 +29,8 @@ typedef struct {
     int b_rows, b_cols, ldb;
     int ldc;                  // C is (m, n) with leading dimension ldc
     float beta;               // 0: overwrite (forward); 1: accumulate (backward, as reference_cpu)
+    int batch;                // products in a strided batch (1: one product)
+    long long stride_a, stride_b, stride_c;  // elements between one product's A, B, C and the next's
 } GemmPlan;
 
 static inline GemmPlan gemm_plan(GemmKind kind, int M, int K, int N) {
@@ -48,5 +53,34 @@ static inline GemmPlan gemm_plan(GemmKind kind, int M, int K, int N) {
         p.m = K, p.n = N, p.k = M, p.ldc = K, p.beta = 1;
         break;
     }
+    p.batch = 1, p.stride_a = p.stride_b = p.stride_c = 0;
+    return p;
+}
+
+// ---- strided batches and residuals ---------------------------------------------------------------------
+// A strided batch of `count` products of one shape (cuBLASLt's batch count and strided-batch offsets):
+// product b reads each operand at its base + b * its stride and writes its output at base + b *
+// out_stride (strides in elements; a stride of 0 hands every product the same operand, as W1 and W3
+// share their input xn). Unbatched: count 1, every stride 0.
+typedef struct {
+    int count;
+    long long stride[3];   // by GemmOperand: inp, weight, dout
+    long long out_stride;  // out, dinp or dweight
+} GemmBatch;
+
+// The plan of one product of the batch, with the batch strides of A, B and C: A and B take the
+// strides of the operands the plan chose for them.
+static inline GemmPlan gemm_plan_batched(GemmKind kind, int M, int K, int N, const GemmBatch *b) {
+    GemmPlan p = gemm_plan(kind, M, K, N);
+    p.batch = b->count;
+    p.stride_a = b->stride[p.a], p.stride_b = b->stride[p.b], p.stride_c = b->out_stride;
+    return p;
+}
+
+// The forward with a residual in the epilogue: D = op(A) op(B) + C, C the residual and D the output
+// (two tensors: cuBLASLt reads C and writes D), so out = residual + inp W^T in one GEMM.
+static inline GemmPlan gemm_plan_residual(int M, int K, int N) {
+    GemmPlan p = gemm_plan(GEMM_FORWARD, M, K, N);
+    p.beta = 1;
     return p;
 }

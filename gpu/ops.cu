@@ -274,6 +274,76 @@ static void launch_rope(T *x, const RopeTable *t, const int *positions, int B, i
     LAUNCH_1D(rope_kernel<T>, n_pairs, x, t->cos, t->sin, positions, T_len, n_heads, half, n_pairs, sign);
 }
 
+// ---- the fused QKV projection's split and merge ----
+// fused (B*T, n_heads + 2 n_kv_heads, hd): a token's q heads, k heads, v heads (what one GEMM with
+// [wq; wk; wv] writes). Thread per pair (2i, 2i+1) of one head of one token, over the fused heads:
+// q and k heads are rotated (sign 1) or rotated back (sign -1, the transpose), v heads copied.
+// split: q, k, v <- fused; merge: fused <- q, k, v. Every element is written once (overwrite).
+//
+// The choice, and its cost: attention's kernels take contiguous q, k, v (B,T,heads,hd), so the fused
+// GEMM's output is split once, with RoPE folded in. This kernel reads and writes each fused element
+// once (B T (hq + 2 hkv) of each), where the two in-place RoPE kernels it replaces read and wrote
+// B T (hq + hkv): the extra traffic is v's copy, B T hkv read and written; the fused buffer is one
+// scratch the blocks share (its gradient reuses it in backward). Strided views would save v's copy
+// but need a row stride in every attention kernel.
+template <typename T>
+__global__ void qkv_rope_kernel(T *fused, T *q, T *k, T *v, bool merge, const float *cos_table,
+                                const float *sin_table, const int *positions, int T_len, int n_heads, int n_kv_heads,
+                                int half, size_t n_pairs, float sign) {
+    int heads = n_heads + 2 * n_kv_heads, hd = 2 * half;
+    GRID_STRIDE_LOOP(idx, n_pairs) {
+        int i = (int)(idx % half);
+        size_t fused_row = idx / half;  // (token, fused head) flattened
+        int h = (int)(fused_row % heads);
+        size_t token = fused_row / heads;
+        T *part;
+        if (h < n_heads) part = q + (token * n_heads + h) * hd;
+        else if (h < n_heads + n_kv_heads) part = k + (token * n_kv_heads + (h - n_heads)) * hd;
+        else part = v + (token * n_kv_heads + (h - n_heads - n_kv_heads)) * hd;
+        T *from = merge ? part + 2 * i : fused + fused_row * hd + 2 * i;
+        T *to = merge ? fused + fused_row * hd + 2 * i : part + 2 * i;
+        float x0 = to_f32(from[0]), x1 = to_f32(from[1]);
+        if (h < n_heads + n_kv_heads) {
+            int t = (int)(token % T_len);
+            int pos = positions ? positions[t] : t;
+            rope_rotate_pair(&x0, &x1, cos_table[(size_t)pos * half + i], sign * sin_table[(size_t)pos * half + i]);
+        }
+        to[0] = from_f32<T>(x0);
+        to[1] = from_f32<T>(x1);
+    }
+}
+
+template <typename T>
+static void launch_qkv_rope(T *fused, T *q, T *k, T *v, bool merge, const RopeTable *t, const int *positions, int B,
+                            int T_len, int n_heads, int n_kv_heads) {
+    int half = t->head_dim / 2;
+    size_t n_pairs = (size_t)B * T_len * (n_heads + 2 * n_kv_heads) * half;
+    LAUNCH_1D(qkv_rope_kernel<T>, n_pairs, fused, q, k, v, merge, t->cos, t->sin, positions, T_len, n_heads,
+              n_kv_heads, half, n_pairs, merge ? -1.0f : 1.0f);
+}
+
+extern "C" void gpu_qkv_split_rope(float *q, float *k, float *v, const float *qkv, const RopeTable *t,
+                                   const int *positions, int B, int T, int n_heads, int n_kv_heads) {
+    launch_qkv_rope(const_cast<float *>(qkv), q, k, v, false, t, positions, B, T, n_heads, n_kv_heads);
+}
+extern "C" void gpu_qkv_merge_rope_backward(float *dqkv, const float *dq, const float *dk, const float *dv,
+                                            const RopeTable *t, const int *positions, int B, int T, int n_heads,
+                                            int n_kv_heads) {
+    launch_qkv_rope(dqkv, const_cast<float *>(dq), const_cast<float *>(dk), const_cast<float *>(dv), true, t,
+                    positions, B, T, n_heads, n_kv_heads);
+}
+extern "C" void gpu_qkv_split_rope_bf16(gpu_bf16 *q, gpu_bf16 *k, gpu_bf16 *v, const gpu_bf16 *qkv,
+                                        const RopeTable *t, const int *positions, int B, int T, int n_heads,
+                                        int n_kv_heads) {
+    launch_qkv_rope(const_cast<gpu_bf16 *>(qkv), q, k, v, false, t, positions, B, T, n_heads, n_kv_heads);
+}
+extern "C" void gpu_qkv_merge_rope_backward_bf16(gpu_bf16 *dqkv, const gpu_bf16 *dq, const gpu_bf16 *dk,
+                                                 const gpu_bf16 *dv, const RopeTable *t, const int *positions, int B,
+                                                 int T, int n_heads, int n_kv_heads) {
+    launch_qkv_rope(dqkv, const_cast<gpu_bf16 *>(dq), const_cast<gpu_bf16 *>(dk), const_cast<gpu_bf16 *>(dv), true, t,
+                    positions, B, T, n_heads, n_kv_heads);
+}
+
 extern "C" RopeTable gpu_rope_table_upload(const RopeTable *host) {
     RopeTable t = *host;
     size_t bytes = sizeof(float) * (size_t)host->max_pos * (host->head_dim / 2);
@@ -386,9 +456,11 @@ typedef struct {
 } LossSum;
 
 // One block: each thread sums its rows n = tid, tid + blockDim, ... in order, then a fixed tree.
+// Writes the sums to *result (for the host), or the mean to *loss (left on the device): NaN if a
+// target was out of range, 0 if every target is ignored.
 template <typename T>
-__global__ void cross_entropy_loss_kernel(LossSum *result, const float *lse, const T *logits, const int *targets,
-                                          int N, int V) {
+__global__ void cross_entropy_loss_kernel(LossSum *result, double *loss, const float *lse, const T *logits,
+                                          const int *targets, int N, int V) {
     __shared__ double total_scratch[32];
     __shared__ int count_scratch[32];
     __shared__ int bad_row;
@@ -408,11 +480,12 @@ __global__ void cross_entropy_loss_kernel(LossSum *result, const float *lse, con
     }
     total = block_sum(total, total_scratch);
     count = block_sum(count, count_scratch);  // its barriers also order the atomicMin before the read
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0 && result) {
         result->total = total;
         result->n_valid = count;
         result->bad_row = bad_row;
     }
+    if (threadIdx.x == 0 && loss) *loss = bad_row != INT_MAX ? (double)NAN : count ? total / count : 0.0;
 }
 
 template <typename T>
@@ -421,11 +494,23 @@ static double launch_cross_entropy_forward(float *lse, const T *logits, const in
     GPU_LAUNCH(cross_entropy_lse_kernel<T>, N, ROW_THREADS, 0, lse, logits, V);
     LossSum *d_sum = (LossSum *)gpu_scratch_alloc(sizeof(LossSum));
     LossSum sum;
-    GPU_LAUNCH(cross_entropy_loss_kernel<T>, 1, 1024, 0, d_sum, lse, logits, targets, N, V);
+    GPU_LAUNCH(cross_entropy_loss_kernel<T>, 1, 1024, 0, d_sum, (double *)NULL, lse, logits, targets, N, V);
     gpu_download(&sum, d_sum, sizeof sum);
     gpu_scratch_free(d_sum);
     if (sum.bad_row != INT_MAX) fatal("cross-entropy: the target of row %d is outside [0, %d)", sum.bad_row, V);
     return sum.n_valid ? sum.total / sum.n_valid : 0.0;
+}
+
+// The same two kernels, the mean left in *loss (device): nothing comes back to the host.
+template <typename T>
+static void launch_cross_entropy_forward_into(double *loss, float *lse, const T *logits, const int *targets, int N,
+                                              int V) {
+    if (N == 0) {
+        gpu_fill_bytes(loss, 0, sizeof(double));  // all-zero bytes: 0.0
+        return;
+    }
+    GPU_LAUNCH(cross_entropy_lse_kernel<T>, N, ROW_THREADS, 0, lse, logits, V);
+    GPU_LAUNCH(cross_entropy_loss_kernel<T>, 1, 1024, 0, (LossSum *)NULL, loss, lse, logits, targets, N, V);
 }
 
 __global__ void count_valid_targets_kernel(int *n_valid, const int *targets, int N) {
@@ -465,6 +550,14 @@ static void launch_cross_entropy_backward(T *dlogits, const T *logits, const flo
 
 extern "C" double gpu_cross_entropy_forward(float *lse, const float *logits, const int *targets, int N, int V) {
     return launch_cross_entropy_forward(lse, logits, targets, N, V);
+}
+extern "C" void gpu_cross_entropy_forward_into(double *loss, float *lse, const float *logits, const int *targets,
+                                               int N, int V) {
+    launch_cross_entropy_forward_into(loss, lse, logits, targets, N, V);
+}
+extern "C" void gpu_cross_entropy_forward_into_bf16(double *loss, float *lse, const gpu_bf16 *logits,
+                                                    const int *targets, int N, int V) {
+    launch_cross_entropy_forward_into(loss, lse, logits, targets, N, V);
 }
 extern "C" void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
                                            int N, int V, double dloss) {

@@ -3,7 +3,8 @@
 // into their gradient outputs, IGNORE_INDEX targets, positions for causal masking, -inf lse for a
 // query row that sees no key. Every pointer is a device pointer (gpu_alloc), except the RopeTable
 // and AttnShape structs themselves, which are host structs holding device pointers. Each call is
-// queued on gpu_stream() and returns at once; only cross_entropy_forward waits, to return the loss.
+// queued on gpu_stream() and returns at once; only cross_entropy_forward waits, to return the loss
+// (gpu_cross_entropy_forward_into leaves it on the device instead).
 //
 // Two storage types:
 //   float  (no suffix): fp32 in, fp32 arithmetic, fp32 out. The path tests compare with the
@@ -50,6 +51,29 @@ void gpu_matmul_backward_overwrite_bf16(gpu_bf16 *dinp, float *dweight, const gp
 void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp,
                               const gpu_bf16 *weight, int M, int K, int N);
 
+// The fused forms the GPU model uses (gpu/model.c), the same conventions:
+// out (M,N) = residual (M,N) + inp . weight^T: the residual added in the GEMM's epilogue (cuBLASLt's
+// beta = 1 with C = residual, D = out; out must not overlap residual unless it is residual), one
+// rounding per stored element in bf16.
+void gpu_matmul_forward_residual(float *out, const float *residual, const float *inp, const float *weight, int M,
+                                 int K, int N);
+void gpu_matmul_forward_residual_bf16(gpu_bf16 *out, const gpu_bf16 *residual, const gpu_bf16 *inp,
+                                      const gpu_bf16 *weight, int M, int K, int N);
+// A strided batch of `batch` products in one launch: product b reads inp + b inp_stride and
+// weight + b weight_stride and writes out + b out_stride (strides in elements; 0 gives every product
+// the same operand).  out[b] (M,N) = inp[b] (M,K) . weight[b] (N,K)^T.
+void gpu_matmul_forward_batched(float *out, const float *inp, const float *weight, int M, int K, int N, int batch,
+                                long long out_stride, long long inp_stride, long long weight_stride);
+void gpu_matmul_forward_batched_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K, int N,
+                                     int batch, long long out_stride, long long inp_stride, long long weight_stride);
+// dweight[b] (N,K) += dout[b]^T (N,M) . inp[b] (M,K), strided as above; dweight fp32 in both variants.
+void gpu_matmul_backward_weight_batched(float *dweight, const float *dout, const float *inp, int M, int K, int N,
+                                        int batch, long long dweight_stride, long long dout_stride,
+                                        long long inp_stride);
+void gpu_matmul_backward_weight_batched_bf16(float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp, int M, int K,
+                                             int N, int batch, long long dweight_stride, long long dout_stride,
+                                             long long inp_stride);
+
 // ---- embedding ------------------------------------------------------------------------------------------
 void gpu_embedding_forward(float *out, const int *tokens, const float *table, int N, int C);
 void gpu_embedding_backward(float *dtable, const float *dout, const int *tokens, int N, int C);
@@ -78,6 +102,20 @@ void gpu_rope_forward(float *x, const RopeTable *t, const int *positions, int B,
 void gpu_rope_backward(float *dx, const RopeTable *t, const int *positions, int B, int T, int n_heads);
 void gpu_rope_forward_bf16(gpu_bf16 *x, const RopeTable *t, const int *positions, int B, int T, int n_heads);
 void gpu_rope_backward_bf16(gpu_bf16 *dx, const RopeTable *t, const int *positions, int B, int T, int n_heads);
+// The fused QKV projection's output and gradient. qkv (B,T,n_heads + 2 n_kv_heads,head_dim) is what
+// one GEMM with [wq; wk; wv] writes: each token's q heads, then its k heads, then its v heads.
+// Split: q (B,T,n_heads,hd) = rope(q part), k (B,T,n_kv_heads,hd) = rope(k part), v = the v part,
+// overwritten: the contiguous tensors attention takes. Merge (backward, the transpose): dqkv =
+// [rope^T(dq) | rope^T(dk) | dv], overwritten: the gradient the fused GEMMs take.
+void gpu_qkv_split_rope(float *q, float *k, float *v, const float *qkv, const RopeTable *t, const int *positions,
+                        int B, int T, int n_heads, int n_kv_heads);
+void gpu_qkv_merge_rope_backward(float *dqkv, const float *dq, const float *dk, const float *dv, const RopeTable *t,
+                                 const int *positions, int B, int T, int n_heads, int n_kv_heads);
+void gpu_qkv_split_rope_bf16(gpu_bf16 *q, gpu_bf16 *k, gpu_bf16 *v, const gpu_bf16 *qkv, const RopeTable *t,
+                             const int *positions, int B, int T, int n_heads, int n_kv_heads);
+void gpu_qkv_merge_rope_backward_bf16(gpu_bf16 *dqkv, const gpu_bf16 *dq, const gpu_bf16 *dk, const gpu_bf16 *dv,
+                                      const RopeTable *t, const int *positions, int B, int T, int n_heads,
+                                      int n_kv_heads);
 
 // ---- attention: FlashAttention-2 (tiled, online softmax, lse kept, P recomputed in backward) --------------
 // s->q_pos and s->k_pos are device pointers (or NULL). head_dim <= 128 and even; n_heads a multiple
@@ -122,6 +160,12 @@ void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float
 double gpu_cross_entropy_forward_bf16(float *lse, const gpu_bf16 *logits, const int *targets, int N, int V);
 void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
                                      const int *targets, int N, int V, double dloss);
+// The same loss left on the device: *loss (one device double) = the mean, queued, no wait. A target
+// outside [0, V) other than IGNORE_INDEX makes it NaN (naming the row would need a wait: check the
+// targets where they come from, on the host).
+void gpu_cross_entropy_forward_into(double *loss, float *lse, const float *logits, const int *targets, int N, int V);
+void gpu_cross_entropy_forward_into_bf16(double *loss, float *lse, const gpu_bf16 *logits, const int *targets, int N,
+                                         int V);
 
 // ---- element-wise -------------------------------------------------------------------------------------------
 void gpu_add_inplace(float *x, const float *y, size_t n);  // x += y

@@ -19,6 +19,7 @@ typedef struct {
 } Allocation;
 static Allocation *allocations;
 static size_t n_allocations, cap_allocations;
+static void free_staging(void);  // gpu_upload_queued's pinned buffers
 
 int gpu_device_count(char *why, size_t why_len) {
     int n = 0;
@@ -53,6 +54,7 @@ void gpu_shutdown(void) {
     if (!initialized) return;
     gpu_matmul_shutdown();
     CUDA_CHECK(cudaStreamSynchronize(compute_stream));
+    free_staging();
     CUDA_CHECK(cudaStreamDestroy(compute_stream));
     free(allocations);
     allocations = NULL;
@@ -67,7 +69,6 @@ cudaStream_t gpu_stream(void) {
     return compute_stream;
 }
 
-void gpu_synchronize(void) { CUDA_CHECK(cudaStreamSynchronize(gpu_stream())); }
 
 void gpu_device_description(char *out, size_t out_len) {
     cudaDeviceProp prop;
@@ -119,13 +120,66 @@ void *gpu_scratch_alloc(size_t bytes) {
 }
 void gpu_scratch_free(void *ptr) { CUDA_CHECK(cudaFreeAsync(ptr, gpu_stream())); }
 
+static long long host_waits;
+long long gpu_host_waits(void) { return host_waits; }
+
+void gpu_synchronize(void) {
+    host_waits++;
+    CUDA_CHECK(cudaStreamSynchronize(gpu_stream()));
+}
+
 void gpu_upload(void *device_dst, const void *host_src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, gpu_stream()));
+    host_waits++;
     CUDA_CHECK(cudaStreamSynchronize(compute_stream));  // pageable host memory: the copy may be staged
 }
 void gpu_download(void *host_dst, const void *device_src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, gpu_stream()));
+    host_waits++;
     CUDA_CHECK(cudaStreamSynchronize(compute_stream));
+}
+
+// gpu_upload_queued's ring of pinned buffers, each with the event recorded after its last copy.
+typedef struct {
+    void *host;  // pinned (cudaMallocHost), `bytes` long
+    size_t bytes;
+    cudaEvent_t copied;
+    bool pending;  // a copy from it was queued
+} Staging;
+static Staging staging[GPU_UPLOAD_SLOTS];
+static int next_slot;
+
+void gpu_upload_queued(void *device_dst, const void *host_src, size_t bytes) {
+    Staging *s = &staging[next_slot];
+    next_slot = (next_slot + 1) % GPU_UPLOAD_SLOTS;
+    if (s->pending) {
+        cudaError_t state = cudaEventQuery(s->copied);
+        if (state == cudaErrorNotReady) {  // its copy has not run yet: wait for it
+            (void)cudaGetLastError();      // "not ready" is a state, not an error for the next launch check
+            host_waits++;
+            state = cudaEventSynchronize(s->copied);
+        }
+        CUDA_CHECK(state);  // a fault in the work before the copy surfaces here
+    }
+    if (!s->copied) CUDA_CHECK(cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming));
+    if (s->bytes < bytes) {  // grows to the largest upload (a batch's tokens: once)
+        if (s->host) CUDA_CHECK(cudaFreeHost(s->host));
+        CUDA_CHECK(cudaMallocHost(&s->host, bytes));
+        s->bytes = bytes;
+    }
+    memcpy(s->host, host_src, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(device_dst, s->host, bytes, cudaMemcpyHostToDevice, gpu_stream()));
+    CUDA_CHECK(cudaEventRecord(s->copied, gpu_stream()));
+    s->pending = true;
+}
+
+static void free_staging(void) {
+    for (int i = 0; i < GPU_UPLOAD_SLOTS; i++) {
+        if (staging[i].host) CUDA_CHECK(cudaFreeHost(staging[i].host));
+        if (staging[i].copied) CUDA_CHECK(cudaEventDestroy(staging[i].copied));
+        memset(&staging[i], 0, sizeof staging[i]);
+    }
+    next_slot = 0;
 }
 void gpu_fill_bytes(void *device_dst, int byte, size_t bytes) {
     CUDA_CHECK(cudaMemsetAsync(device_dst, byte, bytes, gpu_stream()));

@@ -45,6 +45,18 @@ void gpu_free(void *ptr);  // NULL is fine
 // Blocking copies (they wait for the work queued before them on the compute stream).
 void gpu_upload(void *device_dst, const void *host_src, size_t bytes);
 void gpu_download(void *host_dst, const void *device_src, size_t bytes);
+// A queued upload: host_src is copied at once into pinned staging memory (so it may be reused as
+// soon as this returns) and the copy to the device is queued on the compute stream, without waiting
+// for the work queued before it. The staging is a ring of GPU_UPLOAD_SLOTS buffers; a slot is
+// reused only once its earlier copy has run, so the host waits only when it is that many uploads
+// ahead of the device (counted by gpu_host_waits).
+#define GPU_UPLOAD_SLOTS 4
+void gpu_upload_queued(void *device_dst, const void *host_src, size_t bytes);
+// How many times this process's host has waited for the compute stream so far: every gpu_upload,
+// gpu_download and gpu_synchronize, and gpu_upload_queued when its staging slot was still in use.
+// (The GPU timeline's flush and the NCCL stream's waits are not counted.) Tests and benchmarks
+// count a step's host syncs with it.
+long long gpu_host_waits(void);
 void gpu_fill_bytes(void *device_dst, int byte, size_t bytes);  // queued memset
 void gpu_copy(void *device_dst, const void *device_src, size_t bytes);  // queued device-to-device copy
 

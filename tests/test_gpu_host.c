@@ -397,17 +397,24 @@ static float op_at(const float *x, bool trans, int ld, int row, int col) {  // o
     return trans ? x[col + (size_t)row * ld] : x[row + (size_t)col * ld];
 }
 
-// C = op(A) op(B) + beta C, column-major, as BLAS defines it; sums in double.
-static void gemm_colmajor(const GemmPlan *p, const float *A, const float *B, float *C) {
-    for (int j = 0; j < p->n; j++)
-        for (int i = 0; i < p->m; i++) {
-            double sum = 0;
-            for (int l = 0; l < p->k; l++)
-                sum += (double)op_at(A, p->trans_a, p->lda, i, l) * op_at(B, p->trans_b, p->ldb, l, j);
-            float *c = &C[i + (size_t)j * p->ldc];
-            *c = (float)(sum + p->beta * *c);
-        }
+// D = op(A) op(B) + beta C, column-major, as BLAS defines it (cuBLASLt's C and D may be two
+// tensors), for every product of the plan's strided batch; sums in double.
+static void gemm_colmajor_into(const GemmPlan *p, const float *A, const float *B, const float *C, float *D) {
+    for (int b = 0; b < p->batch; b++) {
+        const float *Ab = A + b * p->stride_a, *Bb = B + b * p->stride_b, *Cb = C + b * p->stride_c;
+        float *Db = D + b * p->stride_c;
+        for (int j = 0; j < p->n; j++)
+            for (int i = 0; i < p->m; i++) {
+                double sum = 0;
+                for (int l = 0; l < p->k; l++)
+                    sum += (double)op_at(Ab, p->trans_a, p->lda, i, l) * op_at(Bb, p->trans_b, p->ldb, l, j);
+                size_t at = i + (size_t)j * p->ldc;
+                Db[at] = (float)(sum + p->beta * Cb[at]);
+            }
+    }
 }
+// C = op(A) op(B) + beta C.
+static void gemm_colmajor(const GemmPlan *p, const float *A, const float *B, float *C) { gemm_colmajor_into(p, A, B, C, C); }
 
 static size_t operand_elements(GemmOperand o, int M, int K, int N) {
     return o == GEMM_INP ? (size_t)M * K : o == GEMM_WEIGHT ? (size_t)N * K : (size_t)M * N;
@@ -445,6 +452,72 @@ START_TEST(test_matmul_plan_matches_reference) {
 }
 END_TEST
 
+// A strided batch of two products: every operand at a stride of its own (each a little more than the
+// operand, so the batches leave gaps; all different, so a stride taken from the wrong operand reads
+// the wrong data), against reference_cpu's matmuls on each product's operands. The gaps of the
+// output stay as they were. Then a shared operand (stride 0), as W1 and W3 share their input.
+static void check_batched_plan(GemmKind kind, int M, int K, int N, const long long stride[3], const char *name) {
+    const int count = 2;
+    size_t size[3] = {[GEMM_INP] = (size_t)M * K, [GEMM_WEIGHT] = (size_t)N * K, [GEMM_DOUT] = (size_t)M * N};
+    GemmOperand out_like = kind == GEMM_FORWARD ? GEMM_DOUT : kind == GEMM_BACKWARD_INPUT ? GEMM_INP : GEMM_WEIGHT;
+    size_t n_out = size[out_like];
+    GemmBatch batch = {.count = count, .stride = {stride[0], stride[1], stride[2]}, .out_stride = (long long)n_out + 5};
+    float *tensor[3];
+    for (int o = 0; o < 3; o++) tensor[o] = new_normal(size[o] + stride[o] * (count - 1), 1.0, 50 + o);
+    size_t out_total = n_out + batch.out_stride * (count - 1);
+    float *got = new_normal(out_total, 1.0, 53), *want = malloc(out_total * sizeof(float));
+    memcpy(want, got, out_total * sizeof(float));  // the gaps stay; backward accumulates into the rest
+    GemmPlan p = gemm_plan_batched(kind, M, K, N, &batch);
+    gemm_colmajor(&p, tensor[p.a], tensor[p.b], got);
+    for (int b = 0; b < count; b++) {
+        const float *inp = tensor[GEMM_INP] + b * stride[GEMM_INP], *w = tensor[GEMM_WEIGHT] + b * stride[GEMM_WEIGHT];
+        const float *dout = tensor[GEMM_DOUT] + b * stride[GEMM_DOUT];
+        float *out = want + b * batch.out_stride;
+        if (kind == GEMM_FORWARD) matmul_forward(out, inp, w, M, K, N);
+        else if (kind == GEMM_BACKWARD_INPUT) matmul_backward(out, NULL, dout, inp, w, M, K, N);
+        else matmul_backward(NULL, out, dout, inp, w, M, K, N);
+    }
+    expect_close(name, got, want, out_total, FP32_ORDER_RTOL, FP32_ORDER_ATOL);
+    for (int o = 0; o < 3; o++) free(tensor[o]);
+    free(got), free(want);
+}
+
+START_TEST(test_matmul_plan_batched) {
+    int M = 37, K = 29, N = 23;
+    const long long distinct[3] = {[GEMM_INP] = 37 * 29 + 1, [GEMM_WEIGHT] = 23 * 29 + 2, [GEMM_DOUT] = 37 * 23 + 3};
+    check_batched_plan(GEMM_FORWARD, M, K, N, distinct, "batched plan forward");
+    check_batched_plan(GEMM_BACKWARD_INPUT, M, K, N, distinct, "batched plan input gradient");
+    check_batched_plan(GEMM_BACKWARD_WEIGHT, M, K, N, distinct, "batched plan weight gradient");
+    // gpu/model.c's two: W1|W3 forward (input shared, weights w3 - w1 apart: the weight, then w2's
+    // transpose-shaped gap of the same size) and their weight gradients (the same, dout batched).
+    const long long w13_forward[3] = {[GEMM_INP] = 0, [GEMM_WEIGHT] = 2 * 23 * 29, [GEMM_DOUT] = 0};
+    const long long w13_weight[3] = {[GEMM_INP] = 0, [GEMM_WEIGHT] = 0, [GEMM_DOUT] = 37 * 23};
+    check_batched_plan(GEMM_FORWARD, M, K, N, w13_forward, "batched plan W1|W3 forward");
+    check_batched_plan(GEMM_BACKWARD_WEIGHT, M, K, N, w13_weight, "batched plan W1|W3 weight gradient");
+}
+END_TEST
+
+// The residual in the epilogue: D = op(A) op(B) + C with C the residual and D the output, a poisoned
+// tensor of its own: must equal matmul_forward then the residual's add.
+START_TEST(test_matmul_plan_residual) {
+    int M = 37, K = 29, N = 23;
+    size_t ny = (size_t)M * N;
+    float *inp = new_normal((size_t)M * K, 1.0, 60), *weight = new_normal((size_t)N * K, 1.0, 61);
+    float *residual = new_normal(ny, 1.0, 62), *got = malloc(ny * sizeof(float)), *want = malloc(ny * sizeof(float));
+    float *residual_before = malloc(ny * sizeof(float));
+    memcpy(residual_before, residual, ny * sizeof(float));
+    for (size_t i = 0; i < ny; i++) got[i] = NAN;
+    GemmPlan p = gemm_plan_residual(M, K, N);
+    const float *tensor[] = {[GEMM_INP] = inp, [GEMM_WEIGHT] = weight, [GEMM_DOUT] = NULL};
+    gemm_colmajor_into(&p, tensor[p.a], tensor[p.b], residual, got);
+    matmul_forward(want, inp, weight, M, K, N);
+    for (size_t i = 0; i < ny; i++) want[i] += residual[i];
+    expect_close("plan forward + residual", got, want, ny, FP32_ORDER_RTOL, FP32_ORDER_ATOL);
+    expect_equal_bits("residual left as it was", residual, residual_before, ny);
+    free(inp), free(weight), free(residual), free(got), free(want), free(residual_before);
+}
+END_TEST
+
 // ---- MFU ----------------------------------------------------------------------------------------------------
 START_TEST(test_mfu_formula) {
     ModelConfig c;
@@ -478,6 +551,8 @@ int main(void) {
     tcase_add_test(tc, test_attention_smem_layouts);
     tcase_add_test(tc, test_attention_tc_smem_layouts);
     tcase_add_test(tc, test_matmul_plan_matches_reference);
+    tcase_add_test(tc, test_matmul_plan_batched);
+    tcase_add_test(tc, test_matmul_plan_residual);
     tcase_add_test(tc, test_mfu_formula);
     suite_add_tcase(s, tc);
     return run_suite(s);

@@ -268,6 +268,69 @@ static void test_matmul(bool bf16) {
     free(ady), free(ax), free(aw), free(dx_bound), free(dw_bound), free(y), free(dx), free(dw);
 }
 
+// The fused forms of gpu/model.c: the residual in the GEMM's epilogue (out = r + x W^T, against the
+// reference's matmul then add), a strided batch of two forward products whose weights sit a gap
+// apart (W1 and W3 with w2 between them) and share their input, and the batched weight gradient into
+// the same layout, whose gap must stay untouched. Same sum bounds as above; the residual adds one
+// rounding (fp32: 2^-22 |ref| covers both roundings; bf16: one rounding of the stored sum).
+static void test_matmul_fused(bool bf16) {
+    int M = 67, K = 72, N = 40, batch = 2;
+    enum { W_OFFSET = 8 };  // read 32 (fp32) or 16 (bf16) bytes aligned, as in test_matmul
+    long long w_stride = 2LL * N * K;  // one weight, then a gap of the same size (w2), then the next
+    size_t nx = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N, nw_all = W_OFFSET + w_stride + nw;
+    float *x = host_normal(nx, 1.0, 60), *w = host_normal(nw_all, 0.05, 61), *r = host_normal(ny, 1.0, 62);
+    float *dy = host_normal(batch * ny, 1.0, 63), *dw0 = host_normal(nw_all, 0.1, 64);
+    if (bf16) round_to_bf16(x, nx), round_to_bf16(w, nw_all), round_to_bf16(r, ny), round_to_bf16(dy, batch * ny);
+    const float *w_host = w + W_OFFSET;
+    // References: the reference's matmul then add; each product of the batch on its own.
+    float *res_ref = malloc(sizeof(float) * ny), *res_bound = sum_bound_forward(x, w_host, M, K, N);
+    matmul_forward(res_ref, x, w_host, M, K, N);
+    for (size_t i = 0; i < ny; i++) res_ref[i] += r[i];
+    float *bat_ref = malloc(sizeof(float) * batch * ny), *bat_bound = malloc(sizeof(float) * batch * ny);
+    float *dw_ref = host_copy(dw0, nw_all), *dw_bound = host_abs(dw0, nw_all);
+    float *ax = host_abs(x, nx), *ady = host_abs(dy, batch * ny);
+    for (int b = 0; b < batch; b++) {
+        matmul_forward(bat_ref + b * ny, x, w_host + b * w_stride, M, K, N);
+        float *bound = sum_bound_forward(x, w_host + b * w_stride, M, K, N);
+        memcpy(bat_bound + b * ny, bound, sizeof(float) * ny);
+        free(bound);
+        matmul_backward(NULL, dw_ref + W_OFFSET + b * w_stride, dy + b * ny, x, NULL, M, K, N);
+        matmul_backward(NULL, dw_bound + W_OFFSET + b * w_stride, ady + b * ny, ax, NULL, M, K, N);
+    }
+    float *res, *bat, *dw;
+    if (!bf16) {
+        float *d_x = dev_f32(x, nx), *d_w = dev_f32(w, nw_all), *d_r = dev_f32(r, ny), *d_dy = dev_f32(dy, batch * ny);
+        float *d_res = dev_f32_poisoned(ny), *d_bat = dev_f32_poisoned(batch * ny), *d_dw = dev_f32(dw0, nw_all);
+        gpu_matmul_forward_residual(d_res, d_r, d_x, d_w + W_OFFSET, M, K, N);
+        gpu_matmul_forward_batched(d_bat, d_x, d_w + W_OFFSET, M, K, N, batch, (long long)ny, 0, w_stride);
+        gpu_matmul_backward_weight_batched(d_dw + W_OFFSET, d_dy, d_x, M, K, N, batch, w_stride, (long long)ny, 0);
+        res = from_dev_f32(d_res, ny), bat = from_dev_f32(d_bat, batch * ny), dw = from_dev_f32(d_dw, nw_all);
+        gpu_free(d_x), gpu_free(d_w), gpu_free(d_r), gpu_free(d_dy), gpu_free(d_res), gpu_free(d_bat), gpu_free(d_dw);
+    } else {
+        gpu_bf16 *d_x = dev_bf16(x, nx), *d_w = dev_bf16(w, nw_all), *d_r = dev_bf16(r, ny);
+        gpu_bf16 *d_dy = dev_bf16(dy, batch * ny), *d_res = dev_bf16_poisoned(ny);
+        gpu_bf16 *d_bat = dev_bf16_poisoned(batch * ny);
+        float *d_dw = dev_f32(dw0, nw_all);
+        gpu_matmul_forward_residual_bf16(d_res, d_r, d_x, d_w + W_OFFSET, M, K, N);
+        gpu_matmul_forward_batched_bf16(d_bat, d_x, d_w + W_OFFSET, M, K, N, batch, (long long)ny, 0, w_stride);
+        gpu_matmul_backward_weight_batched_bf16(d_dw + W_OFFSET, d_dy, d_x, M, K, N, batch, w_stride, (long long)ny, 0);
+        res = from_dev_bf16(d_res, ny), bat = from_dev_bf16(d_bat, batch * ny), dw = from_dev_f32(d_dw, nw_all);
+        gpu_free(d_x), gpu_free(d_w), gpu_free(d_r), gpu_free(d_dy), gpu_free(d_res), gpu_free(d_bat), gpu_free(d_dw);
+    }
+    const char *tag = bf16 ? "bf16" : "f32";
+    char name[80];
+    snprintf(name, sizeof name, "matmul %s forward + residual (sum bound)", tag);
+    check_elementwise(name, res, res_ref, ny, bf16 ? 0x1p-8 : 0x1p-22, 0, res_bound, (K + 2) * 0x1p-23);
+    snprintf(name, sizeof name, "matmul %s forward, batch of 2 (sum bound)", tag);
+    check_elementwise(name, bat, bat_ref, batch * ny, bf16 ? 0x1p-8 : 0x1p-23, 0, bat_bound, (K + 2) * 0x1p-23);
+    // The whole weight-gradient buffer: the two gradients within the sum bound, the gap and the
+    // leading offset untouched (their bound is |dw0| 2^-23 alone: only exact values pass).
+    snprintf(name, sizeof name, "matmul %s dweight, batch of 2 (sum bound)", tag);
+    check_elementwise(name, dw, dw_ref, nw_all, 0x1p-23, 0, dw_bound, (M + 2) * 0x1p-23);
+    free(x), free(w), free(r), free(dy), free(dw0), free(res_ref), free(res_bound), free(bat_ref), free(bat_bound);
+    free(dw_ref), free(dw_bound), free(ax), free(ady), free(res), free(bat), free(dw);
+}
+
 // ================================ embedding ======================================================
 
 static void test_embedding(void) {
@@ -419,6 +482,83 @@ static void test_rope(bool bf16) {
     rope_table_free(&host_table);
 }
 
+// The fused QKV layout (B,T,H + 2 KV,hd) split into q, k (rotated) and v, and merged back from their
+// gradients (rotated back): against the reference's copies and rope_forward / rope_backward. v is a
+// copy (exact); q and k follow RoPE's rule.
+static void test_qkv_split_merge(bool bf16) {
+    int B = 2, T = 37, H = 4, KV = 2, hd = 32;
+    RopeTable host_table = rope_table_build(128, hd, 500000.0, 8.0, 1.0, 4.0, 64);
+    RopeTable table = gpu_rope_table_upload(&host_table);
+    int positions[37];
+    for (int t = 0; t < T; t++) positions[t] = (int)rng_below(7, 5, t, 128);
+    int *d_positions = dev_ints(positions, T);
+    size_t tokens = (size_t)B * T, nq = tokens * H * hd, nk = tokens * KV * hd, nf = nq + 2 * nk;
+    size_t row = (size_t)(H + 2 * KV) * hd;  // one token's fused heads
+    for (int with_positions = 0; with_positions < 2; with_positions++) {
+        const int *pos = with_positions ? positions : NULL, *d_pos = with_positions ? d_positions : NULL;
+        float *fused = host_normal(nf, 1.0, 70 + with_positions), *parts = host_normal(nf, 1.0, 72 + with_positions);
+        if (bf16) round_to_bf16(fused, nf), round_to_bf16(parts, nf);
+        const float *dq = parts, *dk = parts + nq, *dv = parts + nq + nk;
+        // split reference: the token's q heads, k heads, v heads copied out, then RoPE on q and k
+        float *q_ref = malloc(sizeof(float) * nq), *k_ref = malloc(sizeof(float) * nk), *v_ref = malloc(sizeof(float) * nk);
+        for (size_t t = 0; t < tokens; t++) {
+            memcpy(q_ref + t * H * hd, fused + t * row, sizeof(float) * H * hd);
+            memcpy(k_ref + t * KV * hd, fused + t * row + H * hd, sizeof(float) * KV * hd);
+            memcpy(v_ref + t * KV * hd, fused + t * row + (H + KV) * hd, sizeof(float) * KV * hd);
+        }
+        rope_forward(q_ref, &host_table, pos, B, T, H);
+        rope_forward(k_ref, &host_table, pos, B, T, KV);
+        // merge reference: dq, dk rotated back, then each token's heads laid out as the fused GEMM's
+        float *dq_rot = host_copy(dq, nq), *dk_rot = host_copy(dk, nk), *merged_ref = malloc(sizeof(float) * nf);
+        rope_backward(dq_rot, &host_table, pos, B, T, H);
+        rope_backward(dk_rot, &host_table, pos, B, T, KV);
+        for (size_t t = 0; t < tokens; t++) {
+            memcpy(merged_ref + t * row, dq_rot + t * H * hd, sizeof(float) * H * hd);
+            memcpy(merged_ref + t * row + H * hd, dk_rot + t * KV * hd, sizeof(float) * KV * hd);
+            memcpy(merged_ref + t * row + (H + KV) * hd, dv + t * KV * hd, sizeof(float) * KV * hd);
+        }
+        float *q, *k, *v, *merged;
+        if (!bf16) {
+            float *d_fused = dev_f32(fused, nf), *d_parts = dev_f32(parts, nf), *d_out = dev_f32_poisoned(nf);
+            float *d_merged = dev_f32_poisoned(nf);
+            gpu_qkv_split_rope(d_out, d_out + nq, d_out + nq + nk, d_fused, &table, d_pos, B, T, H, KV);
+            gpu_qkv_merge_rope_backward(d_merged, d_parts, d_parts + nq, d_parts + nq + nk, &table, d_pos, B, T, H, KV);
+            float *out = from_dev_f32(d_out, nf);
+            merged = from_dev_f32(d_merged, nf);
+            q = out, k = out + nq, v = out + nq + nk;
+            gpu_free(d_fused), gpu_free(d_parts), gpu_free(d_out), gpu_free(d_merged);
+        } else {
+            gpu_bf16 *d_fused = dev_bf16(fused, nf), *d_parts = dev_bf16(parts, nf), *d_out = dev_bf16_poisoned(nf);
+            gpu_bf16 *d_merged = dev_bf16_poisoned(nf);
+            gpu_qkv_split_rope_bf16(d_out, d_out + nq, d_out + nq + nk, d_fused, &table, d_pos, B, T, H, KV);
+            gpu_qkv_merge_rope_backward_bf16(d_merged, d_parts, d_parts + nq, d_parts + nq + nk, &table, d_pos, B, T,
+                                             H, KV);
+            float *out = from_dev_bf16(d_out, nf);
+            merged = from_dev_bf16(d_merged, nf);
+            q = out, k = out + nq, v = out + nq + nk;
+            gpu_free(d_fused), gpu_free(d_parts), gpu_free(d_out), gpu_free(d_merged);
+        }
+        const char *tag = bf16 ? "bf16" : "f32", *with = with_positions ? " (positions)" : "";
+        char name[80];
+        snprintf(name, sizeof name, "qkv split %s q%s", tag, with);
+        if (bf16) check_bf16_norm(name, q, q_ref, nq);
+        else check_fp32(name, q, q_ref, nq, 1e-5);
+        snprintf(name, sizeof name, "qkv split %s k%s", tag, with);
+        if (bf16) check_bf16_norm(name, k, k_ref, nk);
+        else check_fp32(name, k, k_ref, nk, 1e-5);
+        snprintf(name, sizeof name, "qkv split %s v%s", tag, with);
+        check_exact(name, v, v_ref, nk);
+        snprintf(name, sizeof name, "qkv merge %s dqkv%s", tag, with);
+        if (bf16) check_bf16_norm(name, merged, merged_ref, nf);
+        else check_fp32(name, merged, merged_ref, nf, 1e-5);
+        free(fused), free(parts), free(q_ref), free(k_ref), free(v_ref), free(dq_rot), free(dk_rot), free(merged_ref);
+        free(q), free(merged);
+    }
+    gpu_free(d_positions);
+    gpu_rope_table_free(&table);
+    rope_table_free(&host_table);
+}
+
 // ================================ SwiGLU, add ====================================================
 
 static void test_elementwise(bool bf16) {
@@ -500,9 +640,21 @@ static void test_cross_entropy(bool bf16) {
 
     int *d_targets = dev_ints(targets, N), *d_ignored = dev_ints(ignored, N);
     float *d_lse = dev_f32_poisoned(N), *lse = malloc(sizeof(float) * N), *dl, *dl_untouched;
-    double loss, loss_ignored;
+    double loss, loss_ignored, loss_queued[3];  // left on the device: targets, all ignored, one out of range
+    int *bad = malloc(sizeof(int) * N);
+    memcpy(bad, targets, sizeof(int) * N);
+    bad[N / 2] = V;
+    int *d_bad = dev_ints(bad, N);
+    double *d_loss = gpu_alloc(MEM_OTHER, 3 * sizeof(double));
+    float *d_lse2 = dev_f32_poisoned(N);
+    long long waits_queued = 0;
     if (!bf16) {
         float *d_logits = dev_f32(logits, n), *d_dl = dev_f32(dl0, n), *d_dl2 = dev_f32(dl0, n);
+        long long waits = gpu_host_waits();
+        gpu_cross_entropy_forward_into(d_loss, d_lse2, d_logits, d_targets, N, V);
+        gpu_cross_entropy_forward_into(d_loss + 1, d_lse2, d_logits, d_ignored, N, V);
+        gpu_cross_entropy_forward_into(d_loss + 2, d_lse2, d_logits, d_bad, N, V);
+        waits_queued = gpu_host_waits() - waits;
         loss = gpu_cross_entropy_forward(d_lse, d_logits, d_targets, N, V);
         gpu_download(lse, d_lse, sizeof(float) * N);
         gpu_cross_entropy_backward(d_dl, d_logits, d_lse, d_targets, N, V, 1.7);
@@ -512,6 +664,11 @@ static void test_cross_entropy(bool bf16) {
         gpu_free(d_logits), gpu_free(d_dl), gpu_free(d_dl2);
     } else {
         gpu_bf16 *d_logits = dev_bf16(logits, n), *d_dl = dev_bf16(dl0, n), *d_dl2 = dev_bf16(dl0, n);
+        long long waits = gpu_host_waits();
+        gpu_cross_entropy_forward_into_bf16(d_loss, d_lse2, d_logits, d_targets, N, V);
+        gpu_cross_entropy_forward_into_bf16(d_loss + 1, d_lse2, d_logits, d_ignored, N, V);
+        gpu_cross_entropy_forward_into_bf16(d_loss + 2, d_lse2, d_logits, d_bad, N, V);
+        waits_queued = gpu_host_waits() - waits;
         loss = gpu_cross_entropy_forward_bf16(d_lse, d_logits, d_targets, N, V);
         gpu_download(lse, d_lse, sizeof(float) * N);
         gpu_cross_entropy_backward_bf16(d_dl, d_logits, d_lse, d_targets, N, V, 1.7);
@@ -533,9 +690,16 @@ static void test_cross_entropy(bool bf16) {
     snprintf(name, sizeof name, "cross-entropy %s all targets ignored", tag);
     report(name, loss_ignored == 0.0 && untouched, "loss %g, gradients untouched: %s", loss_ignored,
            untouched ? "yes" : "no");
+    // The loss left on the device: the same kernels as the blocking call, so the same bits; no wait
+    // to queue it; NaN for a target out of range (the blocking call would stop the run).
+    gpu_download(loss_queued, d_loss, sizeof loss_queued);
+    snprintf(name, sizeof name, "cross-entropy %s loss left on the device", tag);
+    report(name, loss_queued[0] == loss && loss_queued[1] == 0.0 && isnan(loss_queued[2]) && waits_queued == 0,
+           "%.9f (blocking call %.9f), all ignored %g, a bad target %g, %lld host waits to queue (want 0)",
+           loss_queued[0], loss, loss_queued[1], loss_queued[2], waits_queued);
     free(logits), free(dl0), free(targets), free(ignored), free(lse_ref), free(dl_ref), free(lse), free(dl);
-    free(dl_untouched);
-    gpu_free(d_targets), gpu_free(d_ignored), gpu_free(d_lse);
+    free(dl_untouched), free(bad);
+    gpu_free(d_targets), gpu_free(d_ignored), gpu_free(d_lse), gpu_free(d_bad), gpu_free(d_loss), gpu_free(d_lse2);
 }
 
 // ================================ AdamW ==========================================================
@@ -1004,8 +1168,10 @@ int main(void) {
     test_casts();
     for (int bf16 = 0; bf16 < 2; bf16++) {
         test_matmul(bf16);
+        test_matmul_fused(bf16);
         test_rmsnorm(bf16);
         test_rope(bf16);
+        test_qkv_split_merge(bf16);
         test_elementwise(bf16);
         test_cross_entropy(bf16);
     }

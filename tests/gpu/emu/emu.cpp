@@ -20,6 +20,7 @@
 #include <ucontext.h>
 
 #include <map>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -345,6 +346,14 @@ static void synchronize(const char *where) {
     cudaError_t err = emu_drain();
     if (err != cudaSuccess) fatal("CUDA error at %s (emulated): %s", where, cudaGetErrorString(err));
 }
+// The waits a device makes too (a blocking copy, gpu_synchronize), counted as gpu/runtime.cu counts
+// them for gpu_host_waits. The emulator's other synchronisations (gpu_free, gpu_scratch_free) stand
+// for stream-ordered frees, which a device does not wait for.
+static long long host_waits;
+static void host_wait(const char *where) {
+    host_waits++;
+    synchronize(where);
+}
 
 extern "C" {
 int gpu_device_count(char *why, size_t why_len) { return 1; }
@@ -355,7 +364,8 @@ void gpu_shutdown(void) {
     initialized = false;
 }
 bool gpu_initialized(void) { return initialized; }
-void gpu_synchronize(void) { synchronize("gpu_synchronize"); }
+void gpu_synchronize(void) { host_wait("gpu_synchronize"); }
+long long gpu_host_waits(void) { return host_waits; }
 void gpu_device_description(char *out, size_t out_len) {
     snprintf(out, out_len, "CPU emulation of gpu/*.cu (tests/gpu/emu); matmuls are reference_cpu's");
 }
@@ -382,12 +392,19 @@ void gpu_free(void *ptr) {  // cudaFreeAsync: after the work queued before it (s
     mem_free(ptr);
 }
 void gpu_upload(void *device_dst, const void *host_src, size_t bytes) {
-    synchronize("gpu_upload");
+    host_wait("gpu_upload");
     memcpy(device_dst, host_src, bytes);
 }
 void gpu_download(void *host_dst, const void *device_src, size_t bytes) {
-    synchronize("gpu_download");
+    host_wait("gpu_download");
     memcpy(host_dst, device_src, bytes);
+}
+// The host array is copied at once (the device's pinned staging), the copy to the device queued: it
+// runs in stream order, after the work queued before it, and the host never waits (the emulator's
+// staging is a fresh buffer per upload, so no slot is ever busy).
+void gpu_upload_queued(void *device_dst, const void *host_src, size_t bytes) {
+    auto staged = std::make_shared<std::vector<char>>((const char *)host_src, (const char *)host_src + bytes);
+    emu_enqueue(nullptr, emu_copy_duration(bytes), [=] { memcpy(device_dst, staged->data(), bytes); });
 }
 void gpu_fill_bytes(void *device_dst, int byte, size_t bytes) {
     emu_enqueue(nullptr, emu_copy_duration(bytes), [=] { memset(device_dst, byte, bytes); });
@@ -469,6 +486,66 @@ void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *do
         std::vector<float> dx = dinp ? widen(dinp, (size_t)M * K) : std::vector<float>();
         matmul_backward(dinp ? dx.data() : NULL, dweight, dy.data(), x.data(), w.data(), M, K, N);
         if (dinp) narrow(dinp, dx);
+    });
+}
+
+// The fused forms. out = residual + inp W^T: the product in fp32, then the residual added and the
+// sum stored (one rounding in bf16), as cuBLASLt's epilogue computes alpha A B + beta C.
+void gpu_matmul_forward_residual(float *out, const float *residual, const float *inp, const float *weight, int M,
+                                 int K, int N) {
+    emu_enqueue(nullptr, matmul_duration(M, K, N), [=] {
+        std::vector<float> y((size_t)M * N);
+        matmul_forward(y.data(), inp, weight, M, K, N);
+        for (size_t i = 0; i < y.size(); i++) out[i] = residual[i] + y[i];
+    });
+}
+void gpu_matmul_forward_residual_bf16(gpu_bf16 *out, const gpu_bf16 *residual, const gpu_bf16 *inp,
+                                      const gpu_bf16 *weight, int M, int K, int N) {
+    emu_enqueue(nullptr, matmul_duration(M, K, N), [=] {
+        std::vector<float> x = widen(inp, (size_t)M * K), w = widen(weight, (size_t)N * K), y((size_t)M * N);
+        std::vector<float> r = widen(residual, (size_t)M * N);
+        matmul_forward(y.data(), x.data(), w.data(), M, K, N);
+        for (size_t i = 0; i < y.size(); i++) y[i] = r[i] + y[i];
+        narrow(out, y);
+    });
+}
+// Strided batches: the products one after another, each at its strides, as one queued operation.
+void gpu_matmul_forward_batched(float *out, const float *inp, const float *weight, int M, int K, int N, int batch,
+                                long long out_stride, long long inp_stride, long long weight_stride) {
+    emu_enqueue(nullptr, batch * matmul_duration(M, K, N), [=] {
+        for (int b = 0; b < batch; b++)
+            matmul_forward(out + b * out_stride, inp + b * inp_stride, weight + b * weight_stride, M, K, N);
+    });
+}
+void gpu_matmul_forward_batched_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K, int N,
+                                     int batch, long long out_stride, long long inp_stride, long long weight_stride) {
+    emu_enqueue(nullptr, batch * matmul_duration(M, K, N), [=] {
+        for (int b = 0; b < batch; b++) {
+            std::vector<float> x = widen(inp + b * inp_stride, (size_t)M * K),
+                               w = widen(weight + b * weight_stride, (size_t)N * K), y((size_t)M * N);
+            matmul_forward(y.data(), x.data(), w.data(), M, K, N);
+            narrow(out + b * out_stride, y);
+        }
+    });
+}
+void gpu_matmul_backward_weight_batched(float *dweight, const float *dout, const float *inp, int M, int K, int N,
+                                        int batch, long long dweight_stride, long long dout_stride,
+                                        long long inp_stride) {
+    emu_enqueue(nullptr, batch * matmul_duration(M, K, N), [=] {
+        for (int b = 0; b < batch; b++)
+            matmul_backward(NULL, dweight + b * dweight_stride, dout + b * dout_stride, inp + b * inp_stride, NULL, M,
+                            K, N);
+    });
+}
+void gpu_matmul_backward_weight_batched_bf16(float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp, int M, int K,
+                                             int N, int batch, long long dweight_stride, long long dout_stride,
+                                             long long inp_stride) {
+    emu_enqueue(nullptr, batch * matmul_duration(M, K, N), [=] {
+        for (int b = 0; b < batch; b++) {
+            std::vector<float> dy = widen(dout + b * dout_stride, (size_t)M * N),
+                               x = widen(inp + b * inp_stride, (size_t)M * K);
+            matmul_backward(NULL, dweight + b * dweight_stride, dy.data(), x.data(), NULL, M, K, N);
+        }
     });
 }
 
