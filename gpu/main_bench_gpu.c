@@ -1,7 +1,8 @@
 // main_bench_gpu.c -> build/bench_gpu: training steps of a Llama-shaped model on one GPU (gpu/model.h):
-// zero grads, forward with the loss, backward, clip, AdamW, on a fixed random batch. Prints
-// tokens/s, achieved TFLOP/s and MFU (gpu/mfu.h) over the steps after the warm-up, and the memory
-// report. scripts/bench_gpu.sh runs it next to PyTorch; without a CUDA device it prints SKIP.
+// zero grads, forward with the loss, backward, clip, AdamW, on a fixed random batch, each step queued
+// without a host wait (the loss is read only in the warm-up and at the end). Prints tokens/s,
+// achieved TFLOP/s and MFU (gpu/mfu.h) over the steps after the warm-up, the host waits per measured
+// step (gpu_host_waits: 0 unless the host ran GPU_UPLOAD_SLOTS uploads ahead), and the memory report. scripts/bench_gpu.sh runs it next to PyTorch; without a CUDA device it prints SKIP.
 //
 //   build/bench_gpu --model llama3_1b --batch 4 --seq-len 2048 --steps 12
 //   build/bench_gpu --model llama3_1b --batch 0 --seq-len 8192      # the largest batch that fits
@@ -144,24 +145,26 @@ int main(int argc, char **argv) {
     AdamWConfig adam = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
     if (opt.trace) trace_init(0, "rank 0 [gpu 0]");
     int host = trace_track("compute");
-    long long t0 = 0;
-    double loss = 0;
+    long long t0 = 0, waits0 = 0;
     for (int step = 1; step <= opt.steps; step++) {
         if (step == opt.warmup + 1) {
             gpu_synchronize();
             t0 = now_ns();
+            waits0 = gpu_host_waits();
         }
         trace_begin(host, "step", "step");
         trace_arg_int(host, "step", step);
         gpu_model_zero_grads(&m);
-        loss = gpu_model_forward(&m, inputs, targets);
+        gpu_model_forward_queued(&m, inputs, targets);
         gpu_model_backward(&m, 1.0);
         gpu_model_step(&m, step, 3e-4, &adam, 1.0);
         trace_end(host);
-        if (step <= opt.warmup) printf("warm-up step %d: loss %.4f\n", step, loss);
+        if (step <= opt.warmup) printf("warm-up step %d: loss %.4f\n", step, gpu_model_loss(&m));
     }
+    long long waits = gpu_host_waits() - waits0;
     gpu_synchronize();
     double seconds = (now_ns() - t0) * 1e-9;
+    double loss = gpu_model_loss(&m);
     if (opt.trace) {
         gpu_timeline_flush();
         if (!trace_write_pftrace(opt.trace)) fatal("could not write %s", opt.trace);
@@ -171,8 +174,9 @@ int main(int argc, char **argv) {
     Throughput t = throughput((double)BT * measured, seconds, flops_per_token, opt.peak_tflops * 1e12);
     Throughput titan = throughput((double)BT * measured, seconds, flops_titan, opt.peak_tflops * 1e12);
     printf("timing: steps=%d measured=%d mean_step_ms=%.3f tokens_per_s=%.1f tflops=%.2f mfu=%.4f mfu_titan=%.4f "
-           "last_loss=%.4f\n",
-           opt.steps, measured, seconds * 1e3 / measured, t.tokens_per_s, t.flops_per_s / 1e12, t.mfu, titan.mfu, loss);
+           "last_loss=%.4f host_waits_per_step=%.2f\n",
+           opt.steps, measured, seconds * 1e3 / measured, t.tokens_per_s, t.flops_per_s / 1e12, t.mfu, titan.mfu, loss,
+           (double)waits / measured);
     gpu_memory_report();
     gpu_model_free(&m);
     gpu_shutdown();

@@ -1,6 +1,12 @@
 // model.c: reference_cpu/model.c's forward and backward on the GPU (see model.h). The block
-// functions follow block_forward and block_backward line by line, so that the fp32 model computes
-// what the reference computes, op for op, in the same order.
+// functions follow block_forward and block_backward, so that the fp32 model computes what the
+// reference computes, in the same order for every element; where several of the reference's calls
+// become one launch, the launch sums each element in the order the calls did (a fused GEMM's inner
+// dimension is the calls' inner dimensions one after another, a batch is the calls side by side, a
+// residual epilogue adds what the add kernel added). tests/test_gpu_model_host.c checks that bit for
+// bit with reference_cpu's plain-loop matmuls, whose order is defined (one product after another
+// over the inner dimension); cuBLASLt sums in blocks of its own choosing, as OpenBLAS does, and
+// tests/gpu/test_gpu_model.c bounds the difference.
 #include "gpu/model.h"
 #include "gpu/fp8.h"
 
@@ -87,12 +93,41 @@ static void swiglu_bwd(const GpuModel *m, void *dgate, void *dup, const void *do
     if (BF16(m)) gpu_swiglu_backward_bf16(dgate, dup, dout, gate, up, n);
     else gpu_swiglu_backward(dgate, dup, dout, gate, up, n);
 }
+// Pointer arithmetic on activations, whose element size is m->act_size.
+static void *act_at(const GpuModel *m, void *base, size_t elements) { return (char *)base + elements * m->act_size; }
+
+static void matmul_fwd_residual(const GpuModel *m, void *out, const void *residual, const void *inp, const void *w,
+                                int M, int K, int N) {
+    if (BF16(m)) gpu_matmul_forward_residual_bf16(out, residual, inp, w, M, K, N);
+    else gpu_matmul_forward_residual(out, residual, inp, w, M, K, N);
+}
+static void matmul_fwd_batched(const GpuModel *m, void *out, const void *inp, const void *w, int M, int K, int N,
+                               int batch, long long out_stride, long long inp_stride, long long w_stride) {
+    if (BF16(m)) gpu_matmul_forward_batched_bf16(out, inp, w, M, K, N, batch, out_stride, inp_stride, w_stride);
+    else gpu_matmul_forward_batched(out, inp, w, M, K, N, batch, out_stride, inp_stride, w_stride);
+}
+static void matmul_bwd_weight_batched(const GpuModel *m, float *dw, const void *dout, const void *inp, int M, int K,
+                                      int N, int batch, long long dw_stride, long long dout_stride,
+                                      long long inp_stride) {
+    if (BF16(m)) gpu_matmul_backward_weight_batched_bf16(dw, dout, inp, M, K, N, batch, dw_stride, dout_stride, inp_stride);
+    else gpu_matmul_backward_weight_batched(dw, dout, inp, M, K, N, batch, dw_stride, dout_stride, inp_stride);
+}
+static void qkv_split_rope(const GpuModel *m, GpuBlockActs *a) {
+    const ModelConfig *c = &m->cfg;
+    if (BF16(m)) gpu_qkv_split_rope_bf16(a->q, a->k, a->v, m->qkv, &m->rope, NULL, m->B, m->T, c->n_heads, c->n_kv_heads);
+    else gpu_qkv_split_rope(a->q, a->k, a->v, m->qkv, &m->rope, NULL, m->B, m->T, c->n_heads, c->n_kv_heads);
+}
+static void qkv_merge_rope_bwd(const GpuModel *m) {
+    const ModelConfig *c = &m->cfg;
+    if (BF16(m))
+        gpu_qkv_merge_rope_backward_bf16(m->qkv, m->dq, m->dk, m->dv, &m->rope, NULL, m->B, m->T, c->n_heads, c->n_kv_heads);
+    else gpu_qkv_merge_rope_backward(m->qkv, m->dq, m->dk, m->dv, &m->rope, NULL, m->B, m->T, c->n_heads, c->n_kv_heads);
+}
 static void add(const GpuModel *m, void *x, const void *y, size_t n) {
     if (BF16(m)) gpu_add_inplace_bf16(x, y, n);
     else gpu_add_inplace(x, y, n);
 }
 static void zero(const GpuModel *m, void *x, size_t n) { gpu_fill_bytes(x, 0, n * m->act_size); }
-static void copy(const GpuModel *m, void *dst, const void *src, size_t n) { gpu_copy(dst, src, n * m->act_size); }
 
 // ---- init --------------------------------------------------------------------------------------------------
 static size_t offset_of(const ParamTable *t, const char *name) {
@@ -151,19 +186,25 @@ static void model_buffers(GpuModel *m, size_t *plan) {
         }
         a->x = ACTS(BT * D), a->xn1 = ACTS(BT * D), a->h = ACTS(BT * D), a->xn2 = ACTS(BT * D);
         a->q = ACTS(BT * hq), a->attn = ACTS(BT * hq), a->k = ACTS(BT * hkv), a->v = ACTS(BT * hkv);
-        a->gate = ACTS(BT * F), a->up = ACTS(BT * F), a->act = ACTS(BT * F);
+        a->gate = ACTS(2 * BT * F), a->act = ACTS(BT * F);  // gate, then up: the batched GEMM's outputs
+        a->up = plan ? NULL : act_at(m, a->gate, BT * F);
         a->rstd1 = STATS(BT), a->rstd2 = STATS(BT), a->lse = STATS((size_t)m->B * cfg->n_heads * m->T);
     }
     m->x_final = ACTS(BT * D), m->xn_final = ACTS(BT * D);
     m->logits = ACTS(BT * V), m->dlogits = ACTS(BT * V);
     m->rstd_final = STATS(BT), m->lse_final = STATS(BT);
-    m->dx = ACTS(BT * D), m->dx_next = ACTS(BT * D), m->dxn = ACTS(BT * D), m->dh = ACTS(BT * D);
-    m->dq = ACTS(BT * hq), m->dattn = ACTS(BT * hq), m->dk = ACTS(BT * hkv), m->dv = ACTS(BT * hkv);
-    m->dgate = ACTS(BT * F), m->dup = ACTS(BT * F), m->dact = ACTS(BT * F);
+    m->qkv = ACTS(BT * (hq + 2 * hkv));
+    m->dx = ACTS(BT * D), m->dxn = ACTS(BT * D);
+    m->dq = ACTS(BT * (hq + 2 * hkv)), m->dattn = ACTS(BT * hq);  // dq, then dk, then dv: one zero-fill
+    m->dk = plan ? NULL : act_at(m, m->dq, BT * hq);
+    m->dv = plan ? NULL : act_at(m, m->dk, BT * hkv);
+    m->dgate = ACTS(2 * BT * F), m->dact = ACTS(BT * F);  // dgate, then dup: one zero-fill, one batched GEMM
+    m->dup = plan ? NULL : act_at(m, m->dgate, BT * F);
 #undef ACTS
 #undef STATS
     m->inputs = device_buffer(plan, MEM_OTHER, sizeof(int) * BT);
     m->targets = device_buffer(plan, MEM_OTHER, sizeof(int) * BT);
+    m->loss = device_buffer(plan, MEM_OTHER, sizeof(double));
     m->grad_sum_sq = device_buffer(plan, MEM_OTHER, sizeof(double));
 }
 
@@ -238,6 +279,10 @@ void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource 
         o->w1 = block_offset(&m->table, l, "feed_forward.w1.weight");
         o->w2 = block_offset(&m->table, l, "feed_forward.w2.weight");
         o->w3 = block_offset(&m->table, l, "feed_forward.w3.weight");
+        // The fused QKV GEMM reads [wq; wk; wv] as one (hq + 2 hkv, D) weight, and its gradient likewise.
+        size_t hd = model_head_dim(cfg), D = cfg->dim;
+        if (o->wk != o->wq + cfg->n_heads * hd * D || o->wv != o->wk + cfg->n_kv_heads * hd * D)
+            fatal("gpu model: layer %d's wq, wk, wv are not adjacent in the parameter table", l);
     }
     m->tok_embeddings = offset_of(&m->table, "tok_embeddings.weight");
     m->norm = offset_of(&m->table, "norm.weight");
@@ -251,14 +296,14 @@ void gpu_model_free(GpuModel *m) {
             gpu_free(a->x);
             continue;
         }
-        void *owned[] = {a->x, a->xn1, a->q, a->k, a->v, a->attn, a->h, a->xn2, a->gate, a->up, a->act,
+        void *owned[] = {a->x, a->xn1, a->q, a->k, a->v, a->attn, a->h, a->xn2, a->gate, a->act,  // up: in gate's
                          a->rstd1, a->rstd2, a->lse};
         for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
     }
     void *owned[] = {m->params, m->grads, m->adam_m, m->adam_v, m->params_bf16, m->x_final, m->xn_final,
-                     m->logits, m->rstd_final, m->lse_final, m->dx, m->dx_next, m->dxn, m->dh, m->dq, m->dk,
-                     m->dv, m->dattn, m->dgate, m->dup, m->dact, m->dlogits, m->inputs, m->targets,
-                     m->grad_sum_sq};
+                     m->logits, m->rstd_final, m->lse_final, m->qkv, m->dx, m->dxn,
+                     m->dq /* and dk, dv */, m->dattn, m->dgate /* and dup */, m->dact, m->dlogits, m->inputs,
+                     m->targets, m->loss, m->grad_sum_sq};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
     gpu_rope_table_free(&m->rope);
     mem_free(m->blocks);
@@ -274,36 +319,85 @@ void gpu_model_refresh_compute_copy(GpuModel *m) {
 void gpu_model_zero_grads(GpuModel *m) { gpu_fill_bytes(m->grads, 0, sizeof(float) * m->table.total_numel); }
 
 // ---- forward -----------------------------------------------------------------------------------------------
+// The fused launches (fp32 and bf16) and, with FP8 linears on, reference_cpu's separate calls: an FP8
+// linear casts its weight with that weight's own tensorwise scale, so [wq; wk; wv] or W1|W3 as one
+// operand would change the scales; and the FP8 GEMM's output is stored by a kernel of its own, which
+// takes no residual.
+
+// q, k (rotated) and v from xn1. Fused: one GEMM with [wq; wk; wv] into m->qkv (BT, hq + 2 hkv),
+// then one kernel that splits it with RoPE (gpu/ops.h; its cost: v's copy, see ops.cu).
+static void qkv_forward(const GpuModel *m, const GpuBlockOffsets *o, GpuBlockActs *a) {
+    const ModelConfig *c = &m->cfg;
+    int BT = m->B * m->T, D = c->dim, hd = model_head_dim(c), hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
+    if (m->fp8) {
+        linear_fwd(m, a->q, a->xn1, o->wq, BT, D, hq);
+        linear_fwd(m, a->k, a->xn1, o->wk, BT, D, hkv);
+        linear_fwd(m, a->v, a->xn1, o->wv, BT, D, hkv);
+        rope(m, a->q, c->n_heads, false);
+        rope(m, a->k, c->n_kv_heads, false);
+        return;
+    }
+    matmul_fwd(m, m->qkv, a->xn1, weight(m, o->wq), BT, D, hq + 2 * hkv);
+    qkv_split_rope(m, a);
+}
+
+// out = residual + inp W^T (W at w_off): the add in the GEMM's epilogue, or a separate add after an
+// FP8 linear.
+static void linear_fwd_residual(const GpuModel *m, void *out, const void *residual, const void *inp, size_t w_off,
+                                int M, int K, int N) {
+    if (m->fp8) {
+        linear_fwd(m, out, inp, w_off, M, K, N);
+        add(m, out, residual, (size_t)M * N);
+        return;
+    }
+    matmul_fwd_residual(m, out, residual, inp, weight(m, w_off), M, K, N);
+}
+
+// gate = xn2 W1^T and up = xn2 W3^T: one strided batch of two products (the weights w3 - w1 apart
+// in the table, the outputs BT F apart, the input shared).
+static void gate_up_forward(const GpuModel *m, const GpuBlockOffsets *o, GpuBlockActs *a) {
+    int BT = m->B * m->T, D = m->cfg.dim, F = m->cfg.ffn_dim;
+    if (m->fp8) {
+        linear_fwd(m, a->gate, a->xn2, o->w1, BT, D, F);
+        linear_fwd(m, a->up, a->xn2, o->w3, BT, D, F);
+        return;
+    }
+    long long w_stride = (long long)o->w3 - (long long)o->w1;
+    matmul_fwd_batched(m, a->gate, a->xn2, weight(m, o->w1), BT, D, F, 2, (long long)BT * F, 0, w_stride);
+}
+
 // As block_forward: h = x + wo(attention(rope(wq n1), rope(wk n1), wv n1)), n1 = rmsnorm(x);
 //                out = h + w2(silu(w1 n2) * w3 n2), n2 = rmsnorm(h)
 static void gpu_block_forward(const GpuModel *m, int l, void *out) {
     const GpuBlockOffsets *o = &m->offsets[l];
     GpuBlockActs *a = &m->blocks[l];
     const ModelConfig *c = &m->cfg;
-    int BT = m->B * m->T, D = c->dim, F = c->ffn_dim, hd = model_head_dim(c);
-    int hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
+    int BT = m->B * m->T, D = c->dim, F = c->ffn_dim, hq = c->n_heads * model_head_dim(c);
     rmsnorm_fwd(m, a->xn1, a->rstd1, a->x, weight(m, o->attention_norm));
-    linear_fwd(m, a->q, a->xn1, o->wq, BT, D, hq);
-    linear_fwd(m, a->k, a->xn1, o->wk, BT, D, hkv);
-    linear_fwd(m, a->v, a->xn1, o->wv, BT, D, hkv);
-    rope(m, a->q, c->n_heads, false);
-    rope(m, a->k, c->n_kv_heads, false);
+    qkv_forward(m, o, a);
     attention_fwd(m, a);
-    linear_fwd(m, a->h, a->attn, o->wo, BT, hq, D);
-    add(m, a->h, a->x, (size_t)BT * D);
+    linear_fwd_residual(m, a->h, a->x, a->attn, o->wo, BT, hq, D);
     rmsnorm_fwd(m, a->xn2, a->rstd2, a->h, weight(m, o->ffn_norm));
-    linear_fwd(m, a->gate, a->xn2, o->w1, BT, D, F);
-    linear_fwd(m, a->up, a->xn2, o->w3, BT, D, F);
+    gate_up_forward(m, o, a);
     swiglu_fwd(m, a->act, a->gate, a->up, (size_t)BT * F);
-    linear_fwd(m, out, a->act, o->w2, BT, F, D);
-    add(m, out, a->h, (size_t)BT * D);
+    linear_fwd_residual(m, out, a->h, a->act, o->w2, BT, F, D);
 }
 
-double gpu_model_forward(GpuModel *m, const int *inputs, const int *targets) {
+// The host has the targets: a bad one stops the run here, naming it, which the queued loss could
+// only report as NaN.
+static void check_targets(const GpuModel *m, const int *targets) {
+    int BT = m->B * m->T, V = m->cfg.vocab_size;
+    for (int n = 0; n < BT; n++)
+        if (targets[n] != IGNORE_INDEX && (targets[n] < 0 || targets[n] >= V))
+            fatal("cross-entropy: the target of row %d is outside [0, %d)", n, V);
+}
+
+void gpu_model_forward_queued(GpuModel *m, const int *inputs, const int *targets) {
     const ModelConfig *c = &m->cfg;
     int BT = m->B * m->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
-    gpu_upload(m->inputs, inputs, sizeof(int) * BT);
-    gpu_upload(m->targets, targets, sizeof(int) * BT);
+    check_targets(m, targets);
+    gpu_upload_queued(m->inputs, inputs, sizeof(int) * BT);
+    gpu_upload_queued(m->targets, targets, sizeof(int) * BT);
     gpu_timeline_begin("embedding fwd", "forward");
     if (BF16(m)) gpu_embedding_forward_bf16(m->blocks[0].x, m->inputs, weight(m, m->tok_embeddings), BT, D);
     else gpu_embedding_forward(m->blocks[0].x, m->inputs, weight(m, m->tok_embeddings), BT, D);
@@ -317,46 +411,83 @@ double gpu_model_forward(GpuModel *m, const int *inputs, const int *targets) {
     gpu_timeline_begin("head fwd + loss", "forward");
     rmsnorm_fwd(m, m->xn_final, m->rstd_final, m->x_final, weight(m, m->norm));
     matmul_fwd(m, m->logits, m->xn_final, weight(m, m->output), BT, D, V);
-    gpu_timeline_end();  // before the loss's wait, which the region would otherwise not include
-    return BF16(m) ? gpu_cross_entropy_forward_bf16(m->lse_final, m->logits, m->targets, BT, V)
-                   : gpu_cross_entropy_forward(m->lse_final, m->logits, m->targets, BT, V);
+    if (BF16(m)) gpu_cross_entropy_forward_into_bf16(m->loss, m->lse_final, m->logits, m->targets, BT, V);
+    else gpu_cross_entropy_forward_into(m->loss, m->lse_final, m->logits, m->targets, BT, V);
+    gpu_timeline_end();
+}
+
+double gpu_model_loss(const GpuModel *m) {
+    double loss;
+    gpu_download(&loss, m->loss, sizeof loss);
+    return loss;
+}
+
+double gpu_model_forward(GpuModel *m, const int *inputs, const int *targets) {
+    gpu_model_forward_queued(m, inputs, targets);
+    return gpu_model_loss(m);
 }
 
 // ---- backward ----------------------------------------------------------------------------------------------
-// As block_backward: dout is the gradient of the block output; writes the input's gradient to dinp.
-static void gpu_block_backward(const GpuModel *m, int l, const void *dout, void *dinp) {
+// dxn = dqkv [wq; wk; wv] (overwriting) and d[wq; wk; wv] += dqkv^T xn1, from dq, dk, dv (rotated
+// back): fused, one merge kernel into m->qkv (reused: forward is done with it) and one GEMM of each
+// kind over hq + 2 hkv outputs. The input gradient's inner dimension runs over q's, then k's, then
+// v's columns, as the reference's three accumulating calls do.
+static void qkv_backward(const GpuModel *m, const GpuBlockOffsets *o, const GpuBlockActs *a) {
+    const ModelConfig *c = &m->cfg;
+    int BT = m->B * m->T, D = c->dim, hd = model_head_dim(c), hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
+    if (m->fp8) {
+        rope(m, m->dq, c->n_heads, true);
+        rope(m, m->dk, c->n_kv_heads, true);
+        linear_bwd(m, m->dxn, true, NULL, m->dq, a->xn1, o->wq, BT, D, hq);
+        linear_bwd(m, m->dxn, false, NULL, m->dk, a->xn1, o->wk, BT, D, hkv);
+        linear_bwd(m, m->dxn, false, NULL, m->dv, a->xn1, o->wv, BT, D, hkv);
+        linear_bwd(m, NULL, false, grad(m, o->wq), m->dq, a->xn1, o->wq, BT, D, hq);
+        linear_bwd(m, NULL, false, grad(m, o->wk), m->dk, a->xn1, o->wk, BT, D, hkv);
+        linear_bwd(m, NULL, false, grad(m, o->wv), m->dv, a->xn1, o->wv, BT, D, hkv);
+        return;
+    }
+    qkv_merge_rope_bwd(m);
+    matmul_bwd_first(m, m->dxn, grad(m, o->wq), m->qkv, a->xn1, weight(m, o->wq), BT, D, hq + 2 * hkv);
+}
+
+// dxn = dgate W1 (overwriting) + dup W3: two GEMMs, the first writer with beta = 0 (a sum of two
+// products with different weights is not a strided batch); dW1, dW3 += (dgate, dup)^T xn2: one
+// strided batch of two products (the gradients w3 - w1 apart, as the weights).
+static void gate_up_backward(const GpuModel *m, const GpuBlockOffsets *o, const GpuBlockActs *a) {
+    int BT = m->B * m->T, D = m->cfg.dim, F = m->cfg.ffn_dim;
+    linear_bwd(m, m->dxn, true, NULL, m->dgate, a->xn2, o->w1, BT, D, F);
+    linear_bwd(m, m->dxn, false, NULL, m->dup, a->xn2, o->w3, BT, D, F);
+    if (m->fp8) {
+        linear_bwd(m, NULL, false, grad(m, o->w1), m->dgate, a->xn2, o->w1, BT, D, F);
+        linear_bwd(m, NULL, false, grad(m, o->w3), m->dup, a->xn2, o->w3, BT, D, F);
+        return;
+    }
+    long long stride = (long long)o->w3 - (long long)o->w1;
+    matmul_bwd_weight_batched(m, grad(m, o->w1), m->dgate, a->xn2, BT, D, F, 2, stride, (long long)BT * F, 0);
+}
+
+// As block_backward. dx (BT, D) holds the gradient of the block's output on entry and of its input on
+// return: each residual passes the gradient through unchanged, so each half adds its branch's input
+// gradient (its norm's backward) to dx in place, where the reference copies dout to dh and dh to
+// dinp before adding the same values.
+static void gpu_block_backward(const GpuModel *m, int l, void *dx) {
     const GpuBlockOffsets *o = &m->offsets[l];
     const GpuBlockActs *a = &m->blocks[l];
     const ModelConfig *c = &m->cfg;
     int BT = m->B * m->T, D = c->dim, F = c->ffn_dim, hd = model_head_dim(c);
     int hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
-    // feed-forward half, in reverse; the residual passes dout straight to dh
-    copy(m, m->dh, dout, (size_t)BT * D);
-    linear_bwd(m, m->dact, true, grad(m, o->w2), dout, a->act, o->w2, BT, F, D);
-    zero(m, m->dgate, (size_t)BT * F);
-    zero(m, m->dup, (size_t)BT * F);
+    // feed-forward half, in reverse: w2's gradients read dx before the ffn norm's backward adds to it
+    linear_bwd(m, m->dact, true, grad(m, o->w2), dx, a->act, o->w2, BT, F, D);
+    zero(m, m->dgate, 2 * (size_t)BT * F);  // dgate and dup: SwiGLU's backward accumulates
     swiglu_bwd(m, m->dgate, m->dup, m->dact, a->gate, a->up, (size_t)BT * F);
-    linear_bwd(m, m->dxn, true, NULL, m->dgate, a->xn2, o->w1, BT, D, F);
-    linear_bwd(m, m->dxn, false, NULL, m->dup, a->xn2, o->w3, BT, D, F);
-    linear_bwd(m, NULL, false, grad(m, o->w1), m->dgate, a->xn2, o->w1, BT, D, F);
-    linear_bwd(m, NULL, false, grad(m, o->w3), m->dup, a->xn2, o->w3, BT, D, F);
-    rmsnorm_bwd(m, m->dh, grad(m, o->ffn_norm), m->dxn, a->h, weight(m, o->ffn_norm), a->rstd2);
-    // attention half; dinp starts as the residual's copy of dh
-    copy(m, dinp, m->dh, (size_t)BT * D);
-    linear_bwd(m, m->dattn, true, grad(m, o->wo), m->dh, a->attn, o->wo, BT, hq, D);
-    zero(m, m->dq, (size_t)BT * hq);
-    zero(m, m->dk, (size_t)BT * hkv);
-    zero(m, m->dv, (size_t)BT * hkv);
+    gate_up_backward(m, o, a);
+    rmsnorm_bwd(m, dx, grad(m, o->ffn_norm), m->dxn, a->h, weight(m, o->ffn_norm), a->rstd2);  // dx is dh now
+    // attention half
+    linear_bwd(m, m->dattn, true, grad(m, o->wo), dx, a->attn, o->wo, BT, hq, D);
+    zero(m, m->dq, (size_t)BT * (hq + 2 * hkv));  // dq, dk, dv: attention's backward accumulates
     attention_bwd(m, a);
-    rope(m, m->dq, c->n_heads, true);
-    rope(m, m->dk, c->n_kv_heads, true);
-    linear_bwd(m, m->dxn, true, NULL, m->dq, a->xn1, o->wq, BT, D, hq);
-    linear_bwd(m, m->dxn, false, NULL, m->dk, a->xn1, o->wk, BT, D, hkv);
-    linear_bwd(m, m->dxn, false, NULL, m->dv, a->xn1, o->wv, BT, D, hkv);
-    linear_bwd(m, NULL, false, grad(m, o->wq), m->dq, a->xn1, o->wq, BT, D, hq);
-    linear_bwd(m, NULL, false, grad(m, o->wk), m->dk, a->xn1, o->wk, BT, D, hkv);
-    linear_bwd(m, NULL, false, grad(m, o->wv), m->dv, a->xn1, o->wv, BT, D, hkv);
-    rmsnorm_bwd(m, dinp, grad(m, o->attention_norm), m->dxn, a->x, weight(m, o->attention_norm), a->rstd1);
+    qkv_backward(m, o, a);
+    rmsnorm_bwd(m, dx, grad(m, o->attention_norm), m->dxn, a->x, weight(m, o->attention_norm), a->rstd1);
 }
 
 void gpu_model_backward(GpuModel *m, double dloss) {
@@ -364,32 +495,30 @@ void gpu_model_backward(GpuModel *m, double dloss) {
     int BT = m->B * m->T, D = c->dim, V = c->vocab_size;
     // head: loss -> logits -> final norm (model_head_backward)
     gpu_timeline_begin("head bwd", "backward");
-    zero(m, m->dlogits, (size_t)BT * V);
+    zero(m, m->dlogits, (size_t)BT * V);  // cross-entropy's backward accumulates
     if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
     else gpu_cross_entropy_backward(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
     matmul_bwd_first(m, m->dxn, NULL, m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
     matmul_bwd(m, NULL, grad(m, m->output), m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
-    zero(m, m->dx, (size_t)BT * D);
+    zero(m, m->dx, (size_t)BT * D);  // RMSNorm's backward accumulates
     rmsnorm_bwd(m, m->dx, grad(m, m->norm), m->dxn, m->x_final, weight(m, m->norm), m->rstd_final);
     gpu_timeline_end();
-    // blocks, last to first (model_blocks_backward)
+    // blocks, last to first (model_blocks_backward), each updating m->dx in place
     for (int l = c->n_layers - 1; l >= 0; l--) {
         // Full AC: the block's activations again, from its saved input, into the shared set (the last
-        // block's are still there from forward). Its output goes to dx_next, which the block's
-        // backward overwrites before reading it. The same kernels on the same input: the same bits.
+        // block's are still there from forward). Its output, unread, goes to x_final, which the head's
+        // backward has read already and the next forward writes again. The same kernels on the same
+        // input: the same bits.
         if (m->ac == AC_FULL && l < c->n_layers - 1) {
             gpu_timeline_begin("block recompute", "recompute");
             gpu_timeline_arg_int("layer", l);
-            gpu_block_forward(m, l, m->dx_next);
+            gpu_block_forward(m, l, m->x_final);
             gpu_timeline_end();
         }
         gpu_timeline_begin("block bwd", "backward");
         gpu_timeline_arg_int("layer", l);
-        gpu_block_backward(m, l, m->dx, m->dx_next);
+        gpu_block_backward(m, l, m->dx);
         gpu_timeline_end();
-        void *swap = m->dx;
-        m->dx = m->dx_next;
-        m->dx_next = swap;
     }
     // the lookup (model_embed_backward); tied: after the output projection's contribution, as the reference
     gpu_timeline_begin("embedding bwd", "backward");

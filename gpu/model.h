@@ -8,10 +8,23 @@
 //   GpuModel m;
 //   gpu_model_init(&m, &cfg, seed, GPU_BF16, B, T);
 //   gpu_model_zero_grads(&m);
-//   double loss = gpu_model_forward(&m, inputs, targets);   // host token arrays (B*T)
+//   gpu_model_forward_queued(&m, inputs, targets);         // host token arrays (B*T); no wait
 //   gpu_model_backward(&m, 1.0);
 //   gpu_model_step(&m, step, lr, &adam, 1.0);              // clip to 1.0, then AdamW, on the device
-//   double norm = gpu_model_grad_norm(&m);                 // only when it is logged: a wait
+//   double loss = gpu_model_loss(&m);                      // only when it is logged: a wait
+//   double norm = gpu_model_grad_norm(&m);                 // likewise
+//
+// That step makes no host wait until the loss or the norm is read (gpu_host_waits counts them).
+// gpu_model_forward is the queued forward followed by gpu_model_loss: one wait, for callers that
+// want the number at once (the trainer's --device cuda, gpu/strategy.c).
+//
+// The block, as launched (fp32 and bf16; with FP8 linears, m->fp8, the separate projections and
+// add kernels of reference_cpu's block_forward, since each FP8 linear casts its own weight with its
+// own scale): one GEMM for [wq; wk; wv] (adjacent in the table) whose output a split kernel turns
+// into q and k with RoPE and v; one strided-batched GEMM for W1 and W3 (two products, weights
+// w3 - w1 apart, outputs gate and up adjacent); the two residual adds in the epilogues of the wo and
+// w2 GEMMs. Backward mirrors it, and adds each half's input gradient into dx in place (the
+// residuals pass the output's gradient through), with no copy.
 //
 // With tracing on (common/trace.h), each piece -- embedding, every block, the head, forward and
 // backward, and the optimizer step -- is a slice on the GPU timeline (gpu/timeline.h), named as
@@ -41,7 +54,8 @@ typedef struct {
     size_t attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3;
 } GpuBlockOffsets;
 
-// What one block keeps from forward for backward (device; activation dtype, stats fp32).
+// What one block keeps from forward for backward (device; activation dtype, stats fp32). gate and
+// up are one (2, BT, F) buffer, up = gate + BT F elements: the batched W1|W3 GEMM's two outputs.
 typedef struct {
     void *x, *xn1, *q, *k, *v, *attn, *h, *xn2, *gate, *up, *act;
     float *rstd1, *rstd2, *lse;
@@ -64,9 +78,12 @@ typedef struct {
     GpuBlockActs *blocks;             // (n_layers)
     void *x_final, *xn_final, *logits;
     float *rstd_final, *lse_final;
-    // backward scratch, shared by the blocks
-    void *dx, *dx_next, *dxn, *dh, *dq, *dk, *dv, *dattn, *dgate, *dup, *dact, *dlogits;
+    void *qkv;                        // (BT, hq + 2 hkv): the fused QKV GEMM's output, then its gradient
+    // backward scratch, shared by the blocks. dx: the residual stream's gradient, updated in place
+    // block by block. dq, dk, dv are one buffer (one zero-fill), and so are dgate, dup (dup = dgate + BT F).
+    void *dx, *dxn, *dq, *dk, *dv, *dattn, *dgate, *dup, *dact, *dlogits;
     int *inputs, *targets;            // device copies of the last batch (B*T)
+    double *loss;                     // device: the last forward's mean loss
     double *grad_sum_sq;              // device: the last step's gradient sum of squares
 } GpuModel;
 
@@ -85,7 +102,13 @@ void gpu_model_zero_grads(GpuModel *m);
 // After m->params was written other than by gpu_model_step (a broadcast, a loaded checkpoint): the
 // bf16 compute copy is cast again from the fp32 master weights (nothing to do in GPU_FP32).
 void gpu_model_refresh_compute_copy(GpuModel *m);
-// inputs, targets: host arrays of B*T tokens. Returns the mean loss (waits for the stream).
+// inputs, targets: host arrays of B*T tokens (the targets checked on the host: one outside [0, V)
+// other than IGNORE_INDEX stops the run). Queues the forward pass, the batch's upload included
+// (gpu_upload_queued), and leaves the mean loss in m->loss on the device: no wait for the stream.
+void gpu_model_forward_queued(GpuModel *m, const int *inputs, const int *targets);
+// The last forward's mean loss (waits for the stream: call it when the loss is logged).
+double gpu_model_loss(const GpuModel *m);
+// gpu_model_forward_queued, then gpu_model_loss: returns the mean loss, after one wait.
 double gpu_model_forward(GpuModel *m, const int *inputs, const int *targets);
 // Accumulates d(dloss * loss)/d(params) into m->grads, for the batch of the last forward.
 void gpu_model_backward(GpuModel *m, double dloss);

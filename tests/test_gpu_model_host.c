@@ -27,6 +27,7 @@ void gpu_upload(void *device_dst, const void *host_src, size_t bytes) { memcpy(d
 void gpu_download(void *host_dst, const void *device_src, size_t bytes) { memcpy(host_dst, device_src, bytes); }
 void gpu_fill_bytes(void *device_dst, int byte, size_t bytes) { memset(device_dst, byte, bytes); }
 void gpu_copy(void *device_dst, const void *device_src, size_t bytes) { memcpy(device_dst, device_src, bytes); }
+void gpu_upload_queued(void *device_dst, const void *host_src, size_t bytes) { memcpy(device_dst, host_src, bytes); }
 void gpu_memory_info(size_t *free_bytes, size_t *total_bytes) { *free_bytes = *total_bytes = (size_t)1 << 40; }
 
 // The GPU timeline is not under test here (tracing is off, as gpu/timeline.cu's calls would be).
@@ -56,6 +57,50 @@ void gpu_matmul_backward_overwrite(float *dinp, float *dw, const float *dout, co
                                    int K, int N) {
     memset(dinp, 0, sizeof(float) * M * K);
     matmul_backward(dinp, dw, dout, inp, w, M, K, N);
+}
+// The fused forms as the reference's calls they replace: the product, then the residual's add; the
+// products of a batch one after another.
+void gpu_matmul_forward_residual(float *out, const float *residual, const float *inp, const float *w, int M, int K,
+                                 int N) {
+    matmul_forward(out, inp, w, M, K, N);
+    add_inplace(out, residual, (size_t)M * N);
+}
+void gpu_matmul_forward_batched(float *out, const float *inp, const float *w, int M, int K, int N, int batch,
+                                long long out_stride, long long inp_stride, long long w_stride) {
+    for (int b = 0; b < batch; b++) matmul_forward(out + b * out_stride, inp + b * inp_stride, w + b * w_stride, M, K, N);
+}
+void gpu_matmul_backward_weight_batched(float *dw, const float *dout, const float *inp, int M, int K, int N, int batch,
+                                        long long dw_stride, long long dout_stride, long long inp_stride) {
+    for (int b = 0; b < batch; b++)
+        matmul_backward(NULL, dw + b * dw_stride, dout + b * dout_stride, inp + b * inp_stride, NULL, M, K, N);
+}
+// qkv (B*T, H + 2 KV, hd) <-> q (B*T, H, hd), k, v (B*T, KV, hd): the heads of one token, copied.
+static void qkv_copy(float *qkv, float *q, float *k, float *v, size_t tokens, int H, int KV, int hd, bool merge) {
+    int heads = H + 2 * KV;
+    for (size_t t = 0; t < tokens; t++)
+        for (int h = 0; h < heads; h++) {
+            float *part = h < H ? q + (t * H + h) * hd
+                        : h < H + KV ? k + (t * KV + h - H) * hd : v + (t * KV + h - H - KV) * hd;
+            float *fused = qkv + (t * heads + h) * hd;
+            if (merge) memcpy(fused, part, sizeof(float) * hd);
+            else memcpy(part, fused, sizeof(float) * hd);
+        }
+}
+void gpu_qkv_split_rope(float *q, float *k, float *v, const float *qkv, const RopeTable *t, const int *positions,
+                        int B, int T, int H, int KV) {
+    qkv_copy((float *)qkv, q, k, v, (size_t)B * T, H, KV, t->head_dim, false);
+    rope_forward(q, t, positions, B, T, H);
+    rope_forward(k, t, positions, B, T, KV);
+}
+void gpu_qkv_merge_rope_backward(float *dqkv, const float *dq, const float *dk, const float *dv, const RopeTable *t,
+                                 const int *positions, int B, int T, int H, int KV) {
+    size_t nq = (size_t)B * T * H * t->head_dim, nk = (size_t)B * T * KV * t->head_dim;
+    float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk);
+    memcpy(q, dq, sizeof(float) * nq), memcpy(k, dk, sizeof(float) * nk);
+    rope_backward(q, t, positions, B, T, H);
+    rope_backward(k, t, positions, B, T, KV);
+    qkv_copy(dqkv, q, k, (float *)dv, (size_t)B * T, H, KV, t->head_dim, true);
+    free(q), free(k);
 }
 void gpu_embedding_forward(float *out, const int *tokens, const float *table, int N, int C) {
     embedding_forward(out, tokens, table, N, C);
@@ -93,6 +138,9 @@ double gpu_cross_entropy_forward(float *lse, const float *logits, const int *tar
 void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets, int N,
                                 int V, double dloss) {
     cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
+}
+void gpu_cross_entropy_forward_into(double *loss, float *lse, const float *logits, const int *targets, int N, int V) {
+    *loss = cross_entropy_forward(lse, logits, targets, N, V);
 }
 void gpu_add_inplace(float *x, const float *y, size_t n) { add_inplace(x, y, n); }
 double gpu_sum_of_squares(const float *x, size_t n) { return sum_of_squares(x, n); }
@@ -136,6 +184,46 @@ void gpu_matmul_backward_overwrite_bf16(gpu_bf16 *dinp, float *dw, const gpu_bf1
                                         const gpu_bf16 *w, int M, int K, int N) {
     memset(dinp, 0, sizeof(gpu_bf16) * M * K);
     gpu_matmul_backward_bf16(dinp, dw, dout, inp, w, M, K, N);
+}
+// The fused forms: one rounding per stored output, as the kernels (the residual added in fp32).
+void gpu_matmul_forward_residual_bf16(gpu_bf16 *out, const gpu_bf16 *residual, const gpu_bf16 *inp, const gpu_bf16 *w,
+                                      int M, int K, int N) {
+    float *x = widen(inp, (size_t)M * K), *fw = widen(w, (size_t)N * K), *r = widen(residual, (size_t)M * N);
+    float *y = scratch((size_t)M * N);
+    matmul_forward(y, x, fw, M, K, N);
+    add_inplace(y, r, (size_t)M * N);
+    narrow(out, y, (size_t)M * N);
+    free(x), free(fw), free(r);
+}
+void gpu_matmul_forward_batched_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *w, int M, int K, int N,
+                                     int batch, long long out_stride, long long inp_stride, long long w_stride) {
+    for (int b = 0; b < batch; b++)
+        gpu_matmul_forward_bf16(out + b * out_stride, inp + b * inp_stride, w + b * w_stride, M, K, N);
+}
+void gpu_matmul_backward_weight_batched_bf16(float *dw, const gpu_bf16 *dout, const gpu_bf16 *inp, int M, int K, int N,
+                                             int batch, long long dw_stride, long long dout_stride,
+                                             long long inp_stride) {
+    for (int b = 0; b < batch; b++) {
+        float *dy = widen(dout + b * dout_stride, (size_t)M * N), *x = widen(inp + b * inp_stride, (size_t)M * K);
+        matmul_backward(NULL, dw + b * dw_stride, dy, x, NULL, M, K, N);
+        free(dy), free(x);
+    }
+}
+void gpu_qkv_split_rope_bf16(gpu_bf16 *q, gpu_bf16 *k, gpu_bf16 *v, const gpu_bf16 *qkv, const RopeTable *t,
+                             const int *positions, int B, int T, int H, int KV) {
+    size_t nq = (size_t)B * T * H * t->head_dim, nk = (size_t)B * T * KV * t->head_dim;
+    float *fqkv = widen(qkv, nq + 2 * nk), *fq = scratch(nq), *fk = scratch(nk), *fv = scratch(nk);
+    gpu_qkv_split_rope(fq, fk, fv, fqkv, t, positions, B, T, H, KV);
+    narrow(q, fq, nq), narrow(k, fk, nk), narrow(v, fv, nk);
+    free(fqkv);
+}
+void gpu_qkv_merge_rope_backward_bf16(gpu_bf16 *dqkv, const gpu_bf16 *dq, const gpu_bf16 *dk, const gpu_bf16 *dv,
+                                      const RopeTable *t, const int *positions, int B, int T, int H, int KV) {
+    size_t nq = (size_t)B * T * H * t->head_dim, nk = (size_t)B * T * KV * t->head_dim;
+    float *fq = widen(dq, nq), *fk = widen(dk, nk), *fv = widen(dv, nk), *fqkv = scratch(nq + 2 * nk);
+    gpu_qkv_merge_rope_backward(fqkv, fq, fk, fv, t, positions, B, T, H, KV);
+    narrow(dqkv, fqkv, nq + 2 * nk);
+    free(fq), free(fk), free(fv);
 }
 void gpu_embedding_forward_bf16(gpu_bf16 *out, const int *tokens, const gpu_bf16 *table, int N, int C) {
     int V = 0;  // rows the table needs: the largest token + 1
@@ -214,6 +302,10 @@ double gpu_cross_entropy_forward_bf16(float *lse, const gpu_bf16 *logits, const 
     double loss = cross_entropy_forward(lse, x, targets, N, V);
     free(x);
     return loss;
+}
+void gpu_cross_entropy_forward_into_bf16(double *loss, float *lse, const gpu_bf16 *logits, const int *targets, int N,
+                                         int V) {
+    *loss = gpu_cross_entropy_forward_bf16(lse, logits, targets, N, V);
 }
 void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
                                      const int *targets, int N, int V, double dloss) {
@@ -350,6 +442,7 @@ void gpu_fp8_linear_backward(void *dx, bool dx_overwrite, float *dw, const void 
 }
 
 int main(void) {
+    matmul_set_backend(MATMUL_LOOP);
     Suite *s = suite_create("gpu model on the host");
     TCase *tc = tcase_create("gpu model");
     tcase_set_timeout(tc, 300);

@@ -5,7 +5,9 @@
 //       reference_cpu's model_forward/model_backward on the same seed and batch; the bf16 model's too,
 //       with a bf16-sized bound.
 //   10 steps, tiny: the loss curve (fixed batch, clipping at 1.0, AdamW) of the fp32 and bf16 GPU
-//       models against the reference's.
+//       models against the reference's, each step queued (gpu_model_forward_queued) and its loss
+//       read afterwards: the host must not wait for the stream before the loss is read, and reading
+//       it must be one wait (gpu_host_waits).
 //
 // Tolerances, and why:
 //   fp32 loss       1e-5 relative: the same ops in the same order; only summation orders inside the
@@ -141,15 +143,27 @@ static void test_loss_curve(const char *config, int B, int T) {
         gpu_model_init(&m, &cfg, 42, (GpuPrecision)precision, B, T);
         double loss[CURVE_STEPS], worst = 0;
         int worst_step = 0;
+        long long most_step_waits = 0, most_loss_waits = 0, fewest_loss_waits = 1 << 30;
         for (int s = 0; s < CURVE_STEPS; s++) {
+            long long waits = gpu_host_waits();
             gpu_model_zero_grads(&m);
-            loss[s] = gpu_model_forward(&m, inputs, targets);
+            gpu_model_forward_queued(&m, inputs, targets);
             gpu_model_backward(&m, 1.0);
             gpu_model_step(&m, s + 1, lr, &adam, max_norm);
+            long long step_waits = gpu_host_waits() - waits;
+            loss[s] = gpu_model_loss(&m);
+            long long loss_waits = gpu_host_waits() - waits - step_waits;
+            if (step_waits > most_step_waits) most_step_waits = step_waits;
+            if (loss_waits > most_loss_waits) most_loss_waits = loss_waits;
+            if (loss_waits < fewest_loss_waits) fewest_loss_waits = loss_waits;
             double e = fabs(loss[s] - ref_loss[s]) / fabs(ref_loss[s]);
             if (!(e <= worst)) worst = e, worst_step = s + 1;
         }
         char name[96];
+        snprintf(name, sizeof name, "%s %s host waits per step", config, bf16 ? "bf16" : "fp32");
+        report(name, most_step_waits == 0 && most_loss_waits == 1 && fewest_loss_waits == 1,
+               "at most %lld before the loss is read (want 0), %lld to %lld to read it (want 1)", most_step_waits,
+               fewest_loss_waits, most_loss_waits);
         double tol = bf16 ? 3e-2 : 1e-4;
         snprintf(name, sizeof name, "%s %s %d-step loss curve", config, bf16 ? "bf16" : "fp32", CURVE_STEPS);
         report(name, worst <= tol && loss[CURVE_STEPS - 1] < loss[0] - 0.1,
