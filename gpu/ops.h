@@ -3,8 +3,7 @@
 // into their gradient outputs, IGNORE_INDEX targets, positions for causal masking, -inf lse for a
 // query row that sees no key. Every pointer is a device pointer (gpu_alloc), except the RopeTable
 // and AttnShape structs themselves, which are host structs holding device pointers. Each call is
-// queued on gpu_stream() and returns at once; only cross_entropy_forward waits, to return the loss
-// (gpu_cross_entropy_forward_into leaves it on the device instead).
+// queued on gpu_stream() and returns at once; only cross_entropy_forward waits, to return the loss.
 //
 // Two storage types:
 //   float  (no suffix): fp32 in, fp32 arithmetic, fp32 out. The path tests compare with the

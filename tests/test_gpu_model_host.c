@@ -5,7 +5,12 @@
 // kernels do. So:
 //   fp32: the GPU model must reproduce the reference model bit for bit (loss, every gradient, 10
 //         steps of clipping and AdamW): the same ops in the same order, the right tensor offsets,
-//         the tied output projection, the residual copies, the zeroing, the buffer swaps.
+//         the tied output projection, the zeroing, and the fused launches (one QKV GEMM and its
+//         split, the W1|W3 batch's strides, the residual epilogues, dx updated in place). The fused
+//         forms here are the reference calls they replace (a batch: its products one after another;
+//         an epilogue: the product, then the add), and both models run reference_cpu's plain-loop
+//         matmuls, whose per-element order makes one GEMM over q's, k's and v's columns equal to
+//         the reference's three chained ones (see main).
 //   bf16: the bf16 wiring (2-byte activations, the bf16 weight copy AdamW refreshes, fp32 gradients)
 //         trains like the fp32 reference within bf16's error.
 // What this cannot see is the kernels themselves: tests/gpu/ on a GPU.
