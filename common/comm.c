@@ -17,6 +17,10 @@
 //
 // Reductions never use MPI's own: each element is folded locally in rank order (x0 + x1 + ... +
 // x(n-1)), which makes float sums bit-identical on every rank and in every run (COMM.md).
+//
+// Device buffers. An operation whose buffers the registered device backend calls device memory
+// never reaches the worker: comm_start hands it to the backend (gpu/: NCCL, or staging through host
+// memory), and the handle only carries the backend's own handle for comm_wait and comm_test.
 #include "comm.h"
 
 #include <limits.h>
@@ -50,6 +54,7 @@ struct Comm {
     uint64_t id;       // the same on every member: a hash of the name and the world ranks
     uint64_t collectives_started;  // worker only; the arrival count the timeout report compares
     Comm *next_live;   // the live communicators, which the worker looks questions up in
+    void *device_state;  // what the device backend's attach returned for this group (main thread)
 };
 
 typedef enum {
@@ -77,6 +82,9 @@ struct CommHandle {
     uint64_t collective_number;  // collectives: 1 for the first on its Comm (0 for point to point)
     bool done;           // under stream.lock
     CommHandle *next;
+    // An operation on device buffers: the backend that runs it and its handle; never queued here.
+    const CommDeviceBackend *backend;
+    void *device_op;
 };
 
 static struct {
@@ -95,6 +103,11 @@ static struct {
     int local_rank, local_size;  // among the world's ranks on this host (MPI_COMM_TYPE_SHARED)
     // Messages so far to and from each world rank, the seq of trace flow ids. Worker only.
     uint64_t *sent, *received;
+    // The device backend, and every live group in the order it was made (main thread only): the
+    // order in which a new backend is attached to them, the same on every rank.
+    const CommDeviceBackend *device;
+    Comm **groups;
+    int n_groups, cap_groups;
 } stream;
 
 static void *checked_calloc(size_t n, size_t size) {
@@ -209,12 +222,14 @@ static void free_handle(CommHandle *h) {
 
 void comm_wait(CommHandle *h) {
     if (!h) return;
-    wait_done(h);
+    if (h->device_op) h->backend->wait(h->device_op);  // the backend's meaning: see comm.h
+    else wait_done(h);
     free_handle(h);
 }
 
 bool comm_test(CommHandle *h) {
     if (!h) return true;
+    if (h->device_op) return h->backend->test(h->device_op);
     pthread_mutex_lock(&stream.lock);
     bool done = h->done;
     pthread_mutex_unlock(&stream.lock);
@@ -714,6 +729,9 @@ static void *worker_main(void *unused) {
 // Setup
 // ================================================================================================
 
+static void add_group(Comm *c);
+static void remove_group(Comm *c);
+
 void comm_init(int *argc, char ***argv, const CommOptions *options) {
     if (stream.started) fatal("comm_init: called twice");
     CommOptions o = options ? *options : (CommOptions){0};
@@ -738,6 +756,7 @@ void comm_init(int *argc, char ***argv, const CommOptions *options) {
     int *world_ranks = checked_calloc((size_t)size, sizeof *world_ranks);
     for (int r = 0; r < size; r++) world_ranks[r] = r;
     stream.world = new_comm(world, "world", world_ranks);
+    add_group(stream.world);
     MPI_Comm host;  // the ranks that share this host's memory: one node
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
     MPI_Comm_rank(host, &stream.local_rank);
@@ -767,6 +786,7 @@ double comm_timeout_for_step(double slowest_step_seconds) {
 
 void comm_finalize(void) {
     if (!stream.started) return;
+    comm_set_device_backend(NULL);  // gpu/ normally has done so already, before its device went
     comm_wait(enqueue(new_op(OP_STOP, "finalize", stream.world)));
     pthread_join(stream.worker, NULL);
     stream.started = false;
@@ -776,6 +796,9 @@ void comm_finalize(void) {
     MPI_Comm_free(&stream.control);
     free(stream.sent);
     free(stream.received);
+    free(stream.groups);
+    stream.groups = NULL;
+    stream.n_groups = stream.cap_groups = 0;
     pthread_cond_destroy(&stream.finished);
     pthread_cond_destroy(&stream.queued);
     pthread_mutex_destroy(&stream.lock);
@@ -807,14 +830,52 @@ Comm *comm_split(Comm *parent, int color, int key, const char *name) {
     wait_done(h);
     Comm *c = h->split_result;
     free_handle(h);
+    add_group(c);
+    if (stream.device) c->device_state = stream.device->attach(c);  // every member is here: collective
     return c;
 }
 
 void comm_free(Comm *c) {
     if (!c) return;
     if (c == stream.world) fatal("comm_free: the world communicator is freed by comm_finalize()");
+    if (stream.device) stream.device->detach(c, c->device_state);
+    remove_group(c);
     comm_wait(enqueue(new_op(OP_FREE, "free", c)));
 }
+
+// ---- the device backend ----------------------------------------------------------------------------
+
+static void add_group(Comm *c) {
+    if (stream.n_groups == stream.cap_groups) {
+        stream.cap_groups = stream.cap_groups ? 2 * stream.cap_groups : 16;
+        stream.groups = realloc(stream.groups, (size_t)stream.cap_groups * sizeof *stream.groups);
+        if (!stream.groups) fatal("comm: out of memory");
+    }
+    stream.groups[stream.n_groups++] = c;
+}
+
+static void remove_group(Comm *c) {
+    int i = 0;
+    while (i < stream.n_groups && stream.groups[i] != c) i++;
+    if (i == stream.n_groups) fatal("comm_free: group %s is not live", c->name);
+    memmove(&stream.groups[i], &stream.groups[i + 1], (size_t)(stream.n_groups - i - 1) * sizeof *stream.groups);
+    stream.n_groups--;
+}
+
+// Attaching is collective over each group (NCCL makes a communicator per group), and every rank
+// made its groups in the same order (comm_split is collective over the parent), so attaching in
+// creation order meets the other members group by group.
+void comm_set_device_backend(const CommDeviceBackend *backend) {
+    if (!stream.started) fatal("comm_set_device_backend before comm_init()");
+    for (int i = stream.n_groups - 1; stream.device && i >= 0; i--) {
+        stream.device->detach(stream.groups[i], stream.groups[i]->device_state);
+        stream.groups[i]->device_state = NULL;
+    }
+    stream.device = backend;
+    for (int i = 0; backend && i < stream.n_groups; i++) stream.groups[i]->device_state = backend->attach(stream.groups[i]);
+}
+
+const CommDeviceBackend *comm_device_backend(void) { return stream.device; }
 
 // ================================================================================================
 // Starting operations (on the caller's thread: misuse is caught here, before anything is queued)
@@ -824,61 +885,32 @@ static void check_rank(const char *op, const Comm *c, int r, const char *what) {
     if (r < 0 || r >= c->size) fatal("comm: %s on group %s: %s %d is not in [0, %d)", op, c->name, what, r, c->size);
 }
 
-static CommHandle *new_collective(OpKind kind, const char *name, Comm *c, const void *send, void *recv, size_t count,
-                                  CommDtype dtype) {
-    CommHandle *h = new_op(kind, name, c);
-    comm_bytes(dtype, count);  // checks the dtype and the size
-    if (count > SIZE_MAX / (size_t)c->size) fatal("comm: %s: %zu elements x %d ranks overflow", name, count, c->size);
-    if (count && (!send || !recv)) fatal("comm: %s on group %s: NULL buffer for %zu elements", name, c->name, count);
-    h->send = send;
-    h->recv = recv;
-    h->count = count;
-    h->dtype = dtype;
-    return h;
+static void check_reduce(const CommCall *call) {
+    if (call->op != COMM_SUM && call->op != COMM_AVG && call->op != COMM_MAX)
+        fatal("comm: %s: unknown reduce op %d", call->name, (int)call->op);
+    if (call->dtype == COMM_BYTE) fatal("comm: %s: bytes cannot be reduced", call->name);
+    if (call->op == COMM_AVG && call->dtype == COMM_INT32)
+        fatal("comm: %s: AVG needs a float dtype, not INT32", call->name);
 }
 
-static void set_reduce(CommHandle *h, CommReduceOp op) {
-    if (op != COMM_SUM && op != COMM_AVG && op != COMM_MAX) fatal("comm: %s: unknown reduce op %d", h->name, (int)op);
-    if (h->dtype == COMM_BYTE) fatal("comm: %s: bytes cannot be reduced", h->name);
-    if (op == COMM_AVG && h->dtype == COMM_INT32) fatal("comm: %s: AVG needs a float dtype, not INT32", h->name);
-    h->reduce = op;
+static void check_collective(const CommCall *call) {
+    const Comm *c = call->comm;
+    comm_bytes(call->dtype, call->count);  // checks the dtype and the size
+    if (call->count > SIZE_MAX / (size_t)c->size)
+        fatal("comm: %s: %zu elements x %d ranks overflow", call->name, call->count, c->size);
+    if (call->count && (!call->send || !call->recv))
+        fatal("comm: %s on group %s: NULL buffer for %zu elements", call->name, c->name, call->count);
+    if (call->kind == COMM_CALL_ALL_REDUCE || call->kind == COMM_CALL_REDUCE_SCATTER) check_reduce(call);
+    if (call->kind == COMM_CALL_BROADCAST) check_rank(call->name, c, call->root, "root");
 }
 
-CommHandle *comm_all_reduce_start(Comm *c, void *buf, size_t count, CommDtype dtype, CommReduceOp op) {
-    CommHandle *h = new_collective(OP_ALL_REDUCE, "all_reduce", c, buf, buf, count, dtype);
-    set_reduce(h, op);
-    return enqueue(h);
-}
-
-CommHandle *comm_reduce_scatter_start(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype,
-                                      CommReduceOp op) {
-    CommHandle *h = new_collective(OP_REDUCE_SCATTER, "reduce_scatter", c, send, recv, count, dtype);
-    set_reduce(h, op);
-    return enqueue(h);
-}
-
-CommHandle *comm_all_gather_start(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype) {
-    return enqueue(new_collective(OP_ALL_GATHER, "all_gather", c, send, recv, count, dtype));
-}
-
-CommHandle *comm_broadcast_start(Comm *c, void *buf, size_t count, CommDtype dtype, int root) {
-    CommHandle *h = new_collective(OP_BROADCAST, "broadcast", c, buf, buf, count, dtype);
-    check_rank(h->name, c, root, "root");
-    h->root = root;
-    return enqueue(h);
-}
-
-CommHandle *comm_all_to_all_start(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype) {
-    return enqueue(new_collective(OP_ALL_TO_ALL, "all_to_all", c, send, recv, count, dtype));
-}
-
-CommHandle *comm_barrier_start(Comm *c) { return enqueue(new_op(OP_BARRIER, "barrier", c)); }
-
-static CommHandle *start_p2p(Comm *c, const CommP2P *ops, int n_ops, const char *name) {
-    CommHandle *h = new_op(OP_P2P, name, c);
-    if (n_ops < 0 || (n_ops && !ops)) fatal("comm: %s on group %s: bad list of %d transfers", name, c->name, n_ops);
-    for (int i = 0; i < n_ops; i++) {
-        const CommP2P *t = &ops[i];
+static void check_p2p(const CommCall *call) {
+    const Comm *c = call->comm;
+    const char *name = call->name;
+    if (call->n_p2p < 0 || (call->n_p2p && !call->p2p))
+        fatal("comm: %s on group %s: bad list of %d transfers", name, c->name, call->n_p2p);
+    for (int i = 0; i < call->n_p2p; i++) {
+        const CommP2P *t = &call->p2p[i];
         if (t->kind != COMM_SEND && t->kind != COMM_RECV) fatal("comm: %s: transfer %d has unknown kind %d", name, i, (int)t->kind);
         check_rank(name, c, t->peer, "peer");
         comm_bytes(t->dtype, t->count);
@@ -886,11 +918,115 @@ static CommHandle *start_p2p(Comm *c, const CommP2P *ops, int n_ops, const char 
         if (t->tag < 0 || t->tag > stream.tag_ub)
             fatal("comm: %s on group %s: tag %d is not in [0, %d]", name, c->name, t->tag, stream.tag_ub);
     }
-    h->p2p = checked_calloc((size_t)n_ops, sizeof *h->p2p);
-    if (n_ops) memcpy(h->p2p, ops, (size_t)n_ops * sizeof *ops);
-    h->seq = checked_calloc((size_t)n_ops, sizeof *h->seq);
-    h->n_p2p = n_ops;
+}
+
+// ---- device or host ---------------------------------------------------------------------------------
+
+// How many of call's buffers are device memory, of how many buffers. Those of empty transfers
+// count for neither side, so that an empty operation (or transfer) goes where its peers' does
+// whatever pointer each rank passes: MPI for an empty operation, the device for an empty transfer
+// in a batch that moves data.
+static void count_device_buffers(const CommCall *call, int *device, int *buffers) {
+    *device = *buffers = 0;
+    bool p2p = call->kind == COMM_CALL_P2P;
+    int n = p2p ? call->n_p2p : 2;
+    for (int i = 0; i < n; i++) {
+        const void *b = p2p ? call->p2p[i].buf : i == 0 ? call->send : call->recv;
+        if ((p2p ? call->p2p[i].count : call->count) == 0) continue;
+        (*buffers)++;
+        *device += stream.device->is_device(b);
+    }
+}
+
+// True when the device backend takes call: all its buffers are device memory.
+static bool on_device(const CommCall *call) {
+    if (!stream.device) return false;
+    int device, buffers;
+    count_device_buffers(call, &device, &buffers);
+    if (device > 0 && device < buffers)
+        fatal("comm: %s on group %s: %d of its %d buffers are device memory and the others host memory; "
+              "one operation's buffers must all be on one side",
+              call->name, call->comm->name, device, buffers);
+    return device > 0;
+}
+
+static CommHandle *start_on_device(const CommCall *call) {
+    CommHandle *h = new_op(OP_P2P, call->name, call->comm);  // kind unused: never queued
+    h->backend = stream.device;
+    h->device_op = stream.device->start(call, call->comm->device_state);
+    if (!h->device_op) fatal("comm: %s: the %s backend returned no handle", call->name, stream.device->name);
+    return h;
+}
+
+// ---- on the comm stream (MPI) -----------------------------------------------------------------------
+
+static CommHandle *start_p2p_on_host(const CommCall *call) {
+    CommHandle *h = new_op(OP_P2P, call->name, call->comm);
+    h->p2p = checked_calloc((size_t)call->n_p2p, sizeof *h->p2p);
+    if (call->n_p2p) memcpy(h->p2p, call->p2p, (size_t)call->n_p2p * sizeof *call->p2p);
+    h->seq = checked_calloc((size_t)call->n_p2p, sizeof *h->seq);
+    h->n_p2p = call->n_p2p;
     return enqueue(h);
+}
+
+static CommHandle *start_on_host(const CommCall *call) {
+    static const OpKind kinds[] = {[COMM_CALL_ALL_REDUCE] = OP_ALL_REDUCE, [COMM_CALL_REDUCE_SCATTER] = OP_REDUCE_SCATTER,
+                                   [COMM_CALL_ALL_GATHER] = OP_ALL_GATHER, [COMM_CALL_BROADCAST] = OP_BROADCAST,
+                                   [COMM_CALL_ALL_TO_ALL] = OP_ALL_TO_ALL};
+    if (call->kind == COMM_CALL_P2P) return start_p2p_on_host(call);
+    CommHandle *h = new_op(kinds[call->kind], call->name, call->comm);
+    h->send = call->send;
+    h->recv = call->recv;
+    h->count = call->count;
+    h->dtype = call->dtype;
+    h->reduce = call->op;
+    h->root = call->root;
+    return enqueue(h);
+}
+
+CommHandle *comm_start(const CommCall *call) {
+    if (!call) fatal("comm_start: NULL call");
+    const char *name = call->name ? call->name : "operation";
+    if (!stream.started) fatal("comm: %s before comm_init()", name);
+    if (!call->comm) fatal("comm: %s on a NULL communicator", name);
+    if ((unsigned)call->kind > COMM_CALL_P2P) fatal("comm: %s: unknown kind %d", name, (int)call->kind);
+    CommCall checked = *call;
+    checked.name = name;
+    if (checked.kind == COMM_CALL_P2P) check_p2p(&checked);
+    else check_collective(&checked);
+    return on_device(&checked) ? start_on_device(&checked) : start_on_host(&checked);
+}
+
+CommHandle *comm_all_reduce_start(Comm *c, void *buf, size_t count, CommDtype dtype, CommReduceOp op) {
+    return comm_start(&(CommCall){.kind = COMM_CALL_ALL_REDUCE, .name = "all_reduce", .comm = c, .send = buf,
+                                  .recv = buf, .count = count, .dtype = dtype, .op = op});
+}
+
+CommHandle *comm_reduce_scatter_start(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype,
+                                      CommReduceOp op) {
+    return comm_start(&(CommCall){.kind = COMM_CALL_REDUCE_SCATTER, .name = "reduce_scatter", .comm = c,
+                                  .send = send, .recv = recv, .count = count, .dtype = dtype, .op = op});
+}
+
+CommHandle *comm_all_gather_start(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype) {
+    return comm_start(&(CommCall){.kind = COMM_CALL_ALL_GATHER, .name = "all_gather", .comm = c, .send = send,
+                                  .recv = recv, .count = count, .dtype = dtype});
+}
+
+CommHandle *comm_broadcast_start(Comm *c, void *buf, size_t count, CommDtype dtype, int root) {
+    return comm_start(&(CommCall){.kind = COMM_CALL_BROADCAST, .name = "broadcast", .comm = c, .send = buf,
+                                  .recv = buf, .count = count, .dtype = dtype, .root = root});
+}
+
+CommHandle *comm_all_to_all_start(Comm *c, const void *send, void *recv, size_t count, CommDtype dtype) {
+    return comm_start(&(CommCall){.kind = COMM_CALL_ALL_TO_ALL, .name = "all_to_all", .comm = c, .send = send,
+                                  .recv = recv, .count = count, .dtype = dtype});
+}
+
+CommHandle *comm_barrier_start(Comm *c) { return enqueue(new_op(OP_BARRIER, "barrier", c)); }
+
+static CommHandle *start_p2p(Comm *c, const CommP2P *ops, int n_ops, const char *name) {
+    return comm_start(&(CommCall){.kind = COMM_CALL_P2P, .name = name, .comm = c, .p2p = ops, .n_p2p = n_ops});
 }
 
 CommHandle *comm_batch_start(Comm *c, const CommP2P *ops, int n_ops) { return start_p2p(c, ops, n_ops, "batch"); }

@@ -1,10 +1,12 @@
-// comm.h: the communicator every parallel module talks to. Backend-neutral: today Open MPI on host
-// memory; the GPU chapter adds NCCL behind the same calls.
+// comm.h: the communicator every parallel module talks to. Backend-neutral: Open MPI on host
+// memory, and on device (GPU) memory whatever backend gpu/ registers (NCCL, or MPI staged through
+// host memory): the same calls take either kind of buffer (see "Device buffers" below).
 //
 // Streams. Each rank has a compute stream (its main thread) and a comm stream: one worker thread
 // that runs queued operations one after another, in the order they were started (like a CUDA
 // stream with NCCL on it). `*_start` queues an operation and returns a handle at once; comm_wait()
-// blocks until that operation has finished. Compute on the main thread therefore really overlaps
+// blocks until that operation has finished (on host buffers; on device buffers it orders the GPU's
+// compute stream after it instead: see "device buffers" at the end). Compute on the main thread therefore really overlaps
 // communication, and the timeline shows it. The blocking forms are start + wait.
 //
 //   CommHandle *h = comm_all_reduce_start(dp, grads, n, COMM_FLOAT32, COMM_AVG);
@@ -114,7 +116,7 @@ CommHandle *comm_batch_start(Comm *c, const CommP2P *ops, int n_ops);
 CommHandle *comm_send_start(Comm *c, const void *buf, size_t count, CommDtype dtype, int peer, int tag);
 CommHandle *comm_recv_start(Comm *c, void *buf, size_t count, CommDtype dtype, int peer, int tag);
 
-// Blocks until the operation finished; frees the handle. NULL is fine.
+// Blocks until the operation finished; frees the handle. NULL is fine. (Device buffers: see below.)
 void comm_wait(CommHandle *h);
 bool comm_test(CommHandle *h);  // true once finished (the handle still needs comm_wait)
 
@@ -129,3 +131,64 @@ void comm_send(Comm *c, const void *buf, size_t count, CommDtype dtype, int peer
 void comm_recv(Comm *c, void *buf, size_t count, CommDtype dtype, int peer, int tag);
 void comm_sendrecv(Comm *c, const void *send, size_t send_count, int dst, void *recv, size_t recv_count, int src,
                    CommDtype dtype, int tag);
+
+// ---- device buffers -------------------------------------------------------------------------------
+// Every call above except the barrier also takes device buffers (GPU memory from gpu_alloc) once
+// gpu/ has registered a device backend (gpu/comm_device.h: gpu_comm_backend_init, after gpu_init).
+// comm.c asks the backend whether the buffers are device memory, and hands such an operation to the
+// backend instead of running MPI on it: NCCL (a GPU per rank) or MPI staged through pinned host
+// memory (ranks may share a GPU). One operation's buffers are all host or all device memory.
+//
+// What the calls mean on device buffers (the compute stream is gpu/'s gpu_stream()):
+//   *_start    the operation reads its inputs as the compute-stream work queued before the call
+//              leaves them: it is ordered after that work.
+//   comm_wait  the compute-stream work queued after the call is ordered after the operation, so it
+//              sees the results. The host is not promised them: read a result on the host through
+//              the compute stream (gpu_download waits for it). NCCL: an event the compute stream
+//              waits for, the host does not block. Staged: the host blocks until the MPI part has
+//              finished, then the copy to the device is queued on the compute stream.
+//   comm_test  true once the transfer itself has finished (comm_wait will not block the host).
+// Device operations run one after another in the order they were started, as host ones do, so an
+// operation reads what an earlier one writes even before that one was waited for (FSDP's
+// reduce-scatter, then an all-reduce of its result). Host and device operations are ordered
+// against each other only by comm_wait. Buffers belong to the operation from start to comm_wait.
+// The blocking forms are start + wait here too: on NCCL they return before the data has moved.
+// The timeout covers the MPI part of a staged operation; a peer that never joins an NCCL
+// operation hangs the device (and the next host wait for it).
+
+// An operation as data: what each *_start call above describes, and what a backend receives.
+typedef enum {
+    COMM_CALL_ALL_REDUCE, COMM_CALL_REDUCE_SCATTER, COMM_CALL_ALL_GATHER, COMM_CALL_BROADCAST,
+    COMM_CALL_ALL_TO_ALL, COMM_CALL_P2P
+} CommCallKind;
+typedef struct {
+    CommCallKind kind;
+    const char *name;    // "all_reduce", "send", "sendrecv", ...: for messages and trace slices
+    Comm *comm;
+    const void *send;    // collectives; in place (all_reduce, broadcast): send == recv
+    void *recv;
+    size_t count;        // elements, as in the calls above
+    CommDtype dtype;
+    CommReduceOp op;     // all_reduce, reduce_scatter
+    int root;            // broadcast
+    const CommP2P *p2p;  // COMM_CALL_P2P: the transfers (a batch, a send, a recv); only valid
+    int n_p2p;           // during the start call
+} CommCall;
+// Checks call and starts it, on MPI or on the device backend: every *_start above is this.
+CommHandle *comm_start(const CommCall *call);
+
+// A device backend: a table of functions, so that common/ is built without CUDA.
+typedef struct {
+    const char *name;                                    // "nccl", "staged": for logs
+    bool (*is_device)(const void *ptr);                  // does ptr point into device memory?
+    void *(*attach)(Comm *c);                            // c's state for the backend; collective over c
+    void (*detach)(Comm *c, void *group_state);          // c is being freed (or the backend replaced)
+    void *(*start)(const CommCall *call, void *group_state);  // queues call; returns its handle
+    bool (*test)(void *op);                              // comm_test
+    void (*wait)(void *op);                              // comm_wait's meaning above; frees op
+} CommDeviceBackend;
+// Registers backend (NULL: none): the previous one is detached from every live group and the new
+// one attached to each, in the order the groups were created; groups split later are attached when
+// comm_split makes them. Collective over the world: every rank calls it, with the same backend.
+void comm_set_device_backend(const CommDeviceBackend *backend);
+const CommDeviceBackend *comm_device_backend(void);  // NULL: none
