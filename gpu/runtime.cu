@@ -189,6 +189,36 @@ void gpu_copy(void *device_dst, const void *device_src, size_t bytes) {
     CUDA_CHECK(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, gpu_stream()));
 }
 
+void gpu_download_async(void *pinned_dst, const void *device_src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(pinned_dst, device_src, bytes, cudaMemcpyDeviceToHost, gpu_stream()));
+}
+void gpu_upload_async(void *device_dst, const void *pinned_src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpyAsync(device_dst, pinned_src, bytes, cudaMemcpyHostToDevice, gpu_stream()));
+}
+
+void *gpu_host_alloc(size_t bytes) {
+    void *ptr = NULL;
+    cudaError_t err = cudaMallocHost(&ptr, bytes ? bytes : 1);
+    if (err != cudaSuccess) fatal("out of pinned host memory allocating %.2f MiB: %s", bytes / 1048576.0, cudaGetErrorString(err));
+    return ptr;
+}
+void gpu_host_free(void *ptr) {
+    if (!ptr) return;
+    if (initialized) gpu_synchronize();  // a queued copy may still read or write it
+    CUDA_CHECK(cudaFreeHost(ptr));
+}
+
+// Plain malloc'd memory is cudaMemoryTypeUnregistered, pinned host memory cudaMemoryTypeHost.
+bool gpu_is_device_pointer(const void *ptr) {
+    cudaPointerAttributes a;
+    cudaError_t err = cudaPointerGetAttributes(&a, ptr);
+    if (err != cudaSuccess) {  // runtimes before 11 said so for unregistered host memory
+        cudaGetLastError();
+        return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
 void gpu_memory_info(size_t *free_bytes, size_t *total_bytes) { CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes)); }
 
 

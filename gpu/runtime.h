@@ -59,6 +59,19 @@ void gpu_upload_queued(void *device_dst, const void *host_src, size_t bytes);
 long long gpu_host_waits(void);
 void gpu_fill_bytes(void *device_dst, int byte, size_t bytes);  // queued memset
 void gpu_copy(void *device_dst, const void *device_src, size_t bytes);  // queued device-to-device copy
+// Queued copies between the device and pinned host memory (gpu_host_alloc), on the compute stream,
+// without waiting: the download's bytes are on the host once the stream has passed it
+// (gpu_synchronize), and the upload reads its source when the stream gets to it, so that memory
+// must stay unchanged until then. What the staged communication backend moves data with.
+void gpu_download_async(void *pinned_dst, const void *device_src, size_t bytes);
+void gpu_upload_async(void *device_dst, const void *pinned_src, size_t bytes);
+// Page-locked host memory (cudaMallocHost): the device copies it by DMA, without the driver's own
+// staging, and the copies above can run asynchronously. Exits with a message on failure.
+void *gpu_host_alloc(size_t bytes);
+void gpu_host_free(void *ptr);  // NULL is fine; waits for the compute stream first (if any)
+// Whether ptr points into device memory (gpu_alloc's, the scratch's, or any other CUDA device or
+// managed allocation): how common/comm.c tells device buffers from host ones.
+bool gpu_is_device_pointer(const void *ptr);
 
 // Sync-debug mode: the compute stream is synchronised after every kernel launch, so that a fault
 // inside a kernel ends the run naming that kernel and the file:line of its launch (otherwise it

@@ -317,6 +317,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return emu_drain(); }
+cudaError_t cudaEventQuery(cudaEvent_t) { return emu_drain(); }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
     *ms = (float)((end->ns - start->ns) * 1e-6);
     return cudaSuccess;
@@ -374,11 +375,15 @@ void gpu_device_description(char *out, size_t out_len) {
 // own per-category count kept apart from the host's (gpu/memstats.c, as for gpu/runtime.cu).
 namespace {
 std::map<void *, std::pair<MemCategory, size_t>> device_allocations;
+// Every live piece of device memory, gpu_alloc's and the scratch's (base -> bytes): what
+// gpu_is_device_pointer looks pointers up in.
+std::map<const char *, size_t> device_ranges;
 }  // namespace
 extern "C" {
 void *gpu_alloc(MemCategory category, size_t bytes) {
     void *ptr = mem_alloc(category, bytes);
     device_allocations[ptr] = {category, bytes};
+    device_ranges[(const char *)ptr] = bytes;
     gpu_mem_account(category, bytes, +1);
     return ptr;
 }
@@ -389,6 +394,7 @@ void gpu_free(void *ptr) {  // cudaFreeAsync: after the work queued before it (s
     if (a == device_allocations.end()) fatal("gpu_free: %p was not allocated by gpu_alloc", ptr);
     gpu_mem_account(a->second.first, a->second.second, -1);
     device_allocations.erase(a);
+    device_ranges.erase((const char *)ptr);
     mem_free(ptr);
 }
 void gpu_upload(void *device_dst, const void *host_src, size_t bytes) {
@@ -409,6 +415,31 @@ void gpu_upload_queued(void *device_dst, const void *host_src, size_t bytes) {
 void gpu_fill_bytes(void *device_dst, int byte, size_t bytes) {
     emu_enqueue(nullptr, emu_copy_duration(bytes), [=] { memset(device_dst, byte, bytes); });
 }
+// Queued like the device's copies: the bytes move when the queue reaches them.
+void gpu_download_async(void *pinned_dst, const void *device_src, size_t bytes) {
+    emu_enqueue(nullptr, emu_copy_duration(bytes), [=] { memcpy(pinned_dst, device_src, bytes); });
+}
+void gpu_upload_async(void *device_dst, const void *pinned_src, size_t bytes) {
+    emu_enqueue(nullptr, emu_copy_duration(bytes), [=] { memcpy(device_dst, pinned_src, bytes); });
+}
+void *gpu_host_alloc(size_t bytes) {
+    void *ptr = calloc(bytes ? bytes : 1, 1);
+    if (!ptr) fatal("out of pinned host memory allocating %.2f MiB", bytes / 1048576.0);
+    return ptr;
+}
+void gpu_host_free(void *ptr) {
+    if (!ptr) return;
+    synchronize("gpu_host_free");
+    free(ptr);
+}
+// The emulated device's memory is host memory: device pointers are those inside the allocations.
+bool gpu_is_device_pointer(const void *ptr) {
+    const char *p = (const char *)ptr;
+    auto after = device_ranges.upper_bound(p);  // the first allocation above p
+    if (after == device_ranges.begin()) return false;
+    auto a = std::prev(after);
+    return p < a->first + std::max(a->second, (size_t)1);
+}
 void gpu_copy(void *device_dst, const void *device_src, size_t bytes) {
     emu_enqueue(nullptr, emu_copy_duration(bytes), [=] { memcpy(device_dst, device_src, bytes); });
 }
@@ -427,9 +458,14 @@ void gpu_memory_report(void) { mem_print_report(); }
 }
 
 cudaStream_t gpu_stream(void) { return &compute_stream; }
-void *gpu_scratch_alloc(size_t bytes) { return mem_alloc(MEM_OTHER, bytes); }
+void *gpu_scratch_alloc(size_t bytes) {
+    void *ptr = mem_alloc(MEM_OTHER, bytes);
+    device_ranges[(const char *)ptr] = bytes;
+    return ptr;
+}
 void gpu_scratch_free(void *ptr) {
     synchronize("gpu_scratch_free");
+    device_ranges.erase((const char *)ptr);
     mem_free(ptr);
 }
 void gpu_matmul_shutdown(void) {}
