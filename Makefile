@@ -165,12 +165,13 @@ ifneq ($(NVCC),)
 NVCCFLAGS := -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -lineinfo -I. -MMD -MP \
   -Xcompiler -Wall,-Wextra -Werror all-warnings
 GPU_PROGRAM_SRC := $(wildcard gpu/main_*.c)
-# The NCCL communicator (gpu/nccl.cu) and its test only where NCCL was found.
-NO_NCCL_SRC := $(if $(HAVE_NCCL),,gpu/nccl.cu tests/gpu/test_gpu_nccl.c)
+# The NCCL communicator (gpu/nccl.cu) and its test only where NCCL was found; gpu/no_nccl.c (no NCCL
+# backend: device buffers are staged) elsewhere.
+NO_NCCL_SRC := $(if $(HAVE_NCCL),gpu/no_nccl.c,gpu/nccl.cu tests/gpu/test_gpu_nccl.c)
 # The per-kernel timeline from CUPTI where it was found; gpu/no_cupti.c (off, saying why) elsewhere.
 NOT_CUPTI_SRC := $(if $(HAVE_CUPTI),gpu/no_cupti.c,gpu/cupti.c)
 GPU_OBJ := $(patsubst %.cu,$(BUILD)/obj/%.o,$(filter-out $(NO_NCCL_SRC),$(wildcard gpu/*.cu))) \
-  $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out $(GPU_PROGRAM_SRC) $(NOT_CUPTI_SRC),$(wildcard gpu/*.c)))
+  $(patsubst %.c,$(BUILD)/obj/%.o,$(filter-out $(GPU_PROGRAM_SRC) $(NOT_CUPTI_SRC) $(NO_NCCL_SRC),$(wildcard gpu/*.c)))
 LIBGPU := $(BUILD)/libgpu.a
 GPU_CFLAGS := -I$(CUDA_HOME_FOUND)/include -I$(CUDA_HOME_FOUND)/extras/CUPTI/include -Werror
 GPU_LDLIBS := -L$(CUDA_HOME_FOUND)/lib64 -Wl,-rpath,$(CUDA_HOME_FOUND)/lib64 -lcublasLt -lcudart -lstdc++ \
@@ -221,8 +222,11 @@ endif
 # gpu/*.cu compiled as C++ against the emulator's cuda_runtime.h (threads as fibers, real barriers),
 # linked with the GPU test programs: build/tests/emu/test_gpu_* run tests/gpu/'s checks here.
 EMU_CXXFLAGS := -std=c++17 -O2 -I tests/gpu/emu/include -I. -DGPU_EMULATOR $(WARN) -Wno-unknown-pragmas -Werror -MMD -MP
+# The emulator has its own NCCL (tests/gpu/emu/nccl.cpp: ranks are processes, data goes through
+# shared memory), so gpu/nccl.cu is built and gpu/no_nccl.c is not.
 EMU_OBJ := $(patsubst gpu/%.cu,$(BUILD)/obj/emu/%.o,$(filter-out gpu/matmul.cu gpu/runtime.cu,$(wildcard gpu/*.cu))) \
-  $(BUILD)/obj/emu/emu.o $(patsubst gpu/%.c,$(BUILD)/obj/emu/%.o,$(filter-out gpu/main_%.c gpu/cupti.c,$(wildcard gpu/*.c)))
+  $(BUILD)/obj/emu/emu.o $(BUILD)/obj/emu/emu_nccl.o \
+  $(patsubst gpu/%.c,$(BUILD)/obj/emu/%.o,$(filter-out gpu/main_%.c gpu/cupti.c gpu/no_nccl.c,$(wildcard gpu/*.c)))
 EMU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/emu/%,$(wildcard tests/gpu/test_*.c)) \
   $(BUILD)/tests/emu/test_emulator $(BUILD)/tests/emu/train
 ifneq ($(shell command -v $(CXX) 2>/dev/null),)
@@ -232,6 +236,9 @@ $(BUILD)/obj/emu/%.o: gpu/%.cu
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -x c++ -c $< -o $@
 $(BUILD)/obj/emu/emu.o: tests/gpu/emu/emu.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(BUILD)/obj/emu/emu_nccl.o: tests/gpu/emu/nccl.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 $(BUILD)/obj/emu/%.o: gpu/%.c

@@ -68,6 +68,7 @@ void *emu_dynamic_smem();
 typedef int cudaError_t;
 #define cudaSuccess 0
 #define cudaErrorLaunchFailure 719
+#define cudaErrorNotReady 600
 // Streams: each launch, copy, event record and NCCL call is queued on its stream with a simulated
 // duration, and nothing runs until the host synchronises (a stream, an event, a blocking copy, a
 // free). Then the queued work runs one operation at a time in the order of its simulated
@@ -105,6 +106,9 @@ inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return c
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
+// Nothing runs until the host drains the queue, so asking whether an event has completed runs the
+// queue first: the answer is always "complete" (or the sticky error).
+cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
