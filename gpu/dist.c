@@ -1,42 +1,26 @@
-// dist.c: device collectives staged through host memory (dist.h).
+// dist.c: device collectives through comm.h (dist.h). The staging through host memory that lived
+// here is the staged device backend now (comm_staged.c), so there is one implementation of it.
 #include "gpu/dist.h"
 
-#include <stdlib.h>
-
 #include "common/log.h"
-#include "gpu/runtime.h"
+#include "gpu/comm_device.h"
 
-// One staging buffer, grown as needed and kept: a training loop calls with the same sizes.
-static float *staging;
-static size_t staging_count;
-
-static float *stage(size_t count) {
-    if (count > staging_count) {
-        free(staging);
-        staging = malloc(sizeof(float) * count);
-        if (!staging) fatal("out of host memory staging %zu floats for a GPU collective", count);
-        staging_count = count;
-    }
-    return staging;
+// Without a device backend comm.c would take the device pointer for host memory.
+static void require_backend(const char *what) {
+    if (!comm_device_backend()) fatal("%s on device memory: no device backend (call gpu_comm_backend_init)", what);
 }
 
 void gpu_all_reduce(Comm *c, float *device_buf, size_t count, CommReduceOp op) {
-    if (comm_size(c) == 1) return;  // a sum, average or max over one rank is the buffer itself
-    float *host = stage(count);
-    gpu_download(host, device_buf, sizeof(float) * count);
-    comm_all_reduce(c, host, count, COMM_FLOAT32, op);
-    gpu_upload(device_buf, host, sizeof(float) * count);
+    require_backend("gpu_all_reduce");
+    comm_all_reduce(c, device_buf, count, COMM_FLOAT32, op);
 }
 
 void gpu_broadcast(Comm *c, float *device_buf, size_t count, int root) {
-    if (comm_size(c) == 1) return;
-    float *host = stage(count);
-    if (comm_rank(c) == root) gpu_download(host, device_buf, sizeof(float) * count);
-    comm_broadcast(c, host, count, COMM_FLOAT32, root);
-    if (comm_rank(c) != root) gpu_upload(device_buf, host, sizeof(float) * count);
+    require_backend("gpu_broadcast");
+    comm_broadcast(c, device_buf, count, COMM_FLOAT32, root);
 }
 
 void gpu_model_broadcast(Comm *c, GpuModel *m, int root) {
     gpu_broadcast(c, m->params, m->table.total_numel, root);
-    gpu_model_refresh_compute_copy(m);
+    gpu_model_refresh_compute_copy(m);  // queued after the broadcast's wait: it reads the new weights
 }

@@ -1,5 +1,5 @@
-// test_gpu_ddp.c: data parallelism on the GPU through the MPI backend (gpu/dist.h), against the
-// single-process reference. Run under mpirun; `make test-gpu` runs it on 4 ranks sharing the GPU
+// test_gpu_ddp.c: data parallelism on the GPU through comm.h's device backend (gpu/dist.h; ranks that
+// share a GPU get the staged one, MPI through host memory), against the single-process reference. Run under mpirun; `make test-gpu` runs it on 4 ranks sharing the GPU
 // (rank r uses device r % devices), t_gpu_emulated on the CPU emulator. Alone it is a world of one.
 //
 //   step 1: each rank runs the fp32 GPU model on its B/N sequences of the global batch; the
@@ -16,6 +16,7 @@
 
 #include "common/comm.h"
 #include "common/rng.h"
+#include "gpu/comm_device.h"
 #include "gpu/dist.h"
 #include "gpu/model.h"
 #include "gpu/numerics.h"
@@ -63,6 +64,7 @@ static void check_bf16_broadcast(Comm *world, const ModelConfig *cfg) {
 
 int main(int argc, char **argv) {
     if (!gpu_test_start_ranks("test_gpu_ddp", &argc, &argv, false)) return 0;
+    gpu_comm_backend_init(GPU_COMM_AUTO);
     Comm *world = comm_world();
     int rank = comm_rank(world), size = comm_size(world);
 
@@ -155,6 +157,7 @@ int main(int argc, char **argv) {
     comm_broadcast(world, &failed, 1, COMM_INT32, 0);
     if (rank == 0) printf("test_gpu_ddp: %d checks, %d failed\n", n_checks, failed);
     gpu_model_free(&m);
+    gpu_comm_backend_shutdown();
     gpu_shutdown();
     if (rank == 0) {
         model_acts_free(&acts);
