@@ -1,8 +1,9 @@
 // strategy.c: `--device cuda`, the trainer's contract (chapters/10_trainer/trainer.h) filled in by
 // the one-GPU model (gpu/model.h): bf16 compute, fp32 master weights, gradients and AdamW moments
 // on the device. With --dp-replicate > 1 it is DDP: each rank runs its slice of the batch and the
-// gradients are averaged over the data-parallel ranks after the last micro-batch (gpu/dist.h,
-// staged through host memory, so ranks may share one GPU). Also --ac full (the GPU model recomputes
+// gradients are averaged over the data-parallel ranks after the last micro-batch: comm.h's
+// all-reduce on the device buffer, which the device backend runs (gpu/comm_device.h: NCCL with a GPU
+// per rank, else staged through host memory, so ranks may share one GPU). Also --ac full (the GPU model recomputes
 // blocks), --fp8 (tensorwise: gpu/fp8.h's linears) and --trace (the GPU's timeline). The
 // other layouts are refused until the GPU model has the CPU model's hooks (UnitStorage,
 // TensorParallel).
@@ -19,6 +20,7 @@
 #include "common/log.h"
 #include "common/trace.h"
 #include "gpu/activity.h"
+#include "gpu/comm_device.h"
 #include "gpu/dist.h"
 #include "gpu/model.h"
 #include "gpu/runtime.h"
@@ -39,7 +41,8 @@ static double cuda_forward_backward(Strategy *s, const StepBatch *b) {
         gpu_model_backward(&g->m, 1.0 / b->n_micro);
         loss_sum += loss;
     }
-    if (g->dp) gpu_all_reduce(g->dp, g->m.grads, g->m.table.total_numel, COMM_AVG);
+    // The optimizer's kernels, queued after the wait, read the average.
+    if (g->dp) comm_all_reduce(g->dp, g->m.grads, g->m.table.total_numel, COMM_FLOAT32, COMM_AVG);
     return loss_sum / b->n_micro;
 }
 
@@ -91,6 +94,7 @@ static void cuda_free(Strategy *s) {
     GpuTraining *g = s->impl;
     gpu_activity_stop();
     gpu_model_free(&g->m);
+    gpu_comm_backend_shutdown();
     gpu_shutdown();
     free(g);
 }
@@ -149,6 +153,8 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
         log_info("%d ranks on this host share its %d GPU%s: each takes GPU (its index on the host mod %d)", on_host,
                  devices, devices > 1 ? "s" : "", devices);
     if (o->cuda_sync_debug) gpu_set_sync_debug(true);
+    gpu_comm_backend_init(GPU_COMM_AUTO);  // collective: every rank creates the strategy
+    log_info("comm on device buffers: %s (%s)", gpu_comm_backend_name(), gpu_comm_backend_reason());
     char description[256];
     gpu_device_description(description, sizeof description);
     log_info("device: %s; bf16 compute, fp32 master weights and AdamW state", description);
@@ -162,8 +168,8 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     if (t->dp_size > 1) {
         g->dp = t->mesh->dp;
         gpu_model_broadcast(g->dp, &g->m, 0);  // replicas start equal, bf16 copies included
-        log_info("ddp on the GPU: %d replicas, gradients averaged after the last micro-batch (staged through host "
-                 "memory)", t->dp_size);
+        log_info("ddp on the GPU: %d replicas, gradients averaged after the last micro-batch (%s backend)",
+                 t->dp_size, gpu_comm_backend_name());
     }
     Strategy *s = calloc(1, sizeof *s);
     *s = (Strategy){.name = "cuda", .model = &t->model, .impl = g, .forward_backward = cuda_forward_backward,

@@ -40,8 +40,11 @@ done
 echo "== GPU DDP vs the single GPU"
 $P --ckpt "$T/gpu_ddp2.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 1e-5
 grep -q "ddp on the GPU: 2 replicas" "$T/gpu_ddp2.log" || { echo "FAIL: gpu_ddp2 did not run DDP"; exit 1; }
-# Both ranks run on this host, which has the emulator's one GPU: the local rank count says so.
+# Both ranks run on this host, which has the emulator's one GPU: the local rank count says so, and
+# the gradients' all-reduce goes through the staged backend (NCCL needs a GPU per rank).
 grep -q "2 ranks on this host share its 1 GPU" "$T/gpu_ddp2.log" || { echo "FAIL: gpu_ddp2 did not count 2 local ranks"; exit 1; }
+grep -q "comm on device buffers: staged (ranks share a GPU)" "$T/gpu_ddp2.log" ||
+    { echo "FAIL: gpu_ddp2 did not choose the staged backend"; grep "comm on device" "$T/gpu_ddp2.log"; exit 1; }
 
 echo "== the GPU timeline of a traced run (DDP, 2 steps)"
 # Every step puts the model's marked regions on each rank's "cuda:compute" track (one embedding,
