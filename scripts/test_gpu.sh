@@ -7,7 +7,10 @@
 #      (test_gpu_model), with a traced step whose GPU timeline passes the Perfetto schema check;
 #   4. NCCL with a world of one rank (test_gpu_nccl, where NCCL was found), the stream-ordering
 #      check included;
-#   5. data parallelism on 4 ranks sharing the GPU (test_gpu_ddp under mpirun).
+#   5. data parallelism on 4 ranks sharing the GPU (test_gpu_ddp under mpirun);
+#   6. common/comm.h on device buffers (test_gpu_comm): the NCCL backend on one rank and, under
+#      mpirun, on a rank per GPU where the machine has several; the staged backend on 4 ranks
+#      sharing the GPU.
 # GPU_TEST_REQUIRE_DEVICE=1 (set by make test-gpu): without a device the programs stop with
 # "no CUDA device: <why>" instead of printing SKIP, so this can never pass on a machine without one.
 set -euo pipefail
@@ -59,5 +62,13 @@ fi
 
 step "5. data parallelism, 4 ranks on the one GPU"
 run "test_gpu_ddp on 4 ranks" $MPIRUN -np 4 "$BUILD/tests/gpu/test_gpu_ddp"
+
+step "6. comm.h on device buffers: NCCL and staged"
+run "test_gpu_comm, NCCL, one rank" env LLAMA_GPU_COMM=nccl "$BUILD/tests/gpu/test_gpu_comm"
+devices=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ "${devices:-0}" -gt 1 ]; then
+    run "test_gpu_comm, NCCL, $devices ranks" $MPIRUN -x LLAMA_GPU_COMM=nccl -np "$devices" "$BUILD/tests/gpu/test_gpu_comm"
+fi
+run "test_gpu_comm, staged, 4 ranks on one GPU" $MPIRUN -x LLAMA_GPU_COMM=staged -np 4 "$BUILD/tests/gpu/test_gpu_comm"
 
 echo; echo "test-gpu: all passed"

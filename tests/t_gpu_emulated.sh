@@ -6,8 +6,9 @@
 # in simulated-time order (so a missing event wait between streams shows). Every check must pass. First the emulator's own test: known
 # answers, a missing barrier caught, a divergent barrier ending as a deadlock, a faulting kernel
 # named in sync-debug mode (LLAMA_CUDA_SYNC_DEBUG=1), the seed changing the order. Needs a C++ compiler
-# (else SKIP). Then test_gpu_ddp on 4 ranks (DDP through the MPI backend, one emulated GPU), and
-# last the GPU timeline of a traced step against the Perfetto schema.
+# (else SKIP). Then test_gpu_ddp on 4 ranks (DDP through the staged backend, one emulated GPU),
+# test_gpu_comm (comm.h on device buffers) through each backend on 1, 2 and 4 ranks, and last the
+# GPU timeline of a traced step against the Perfetto schema.
 set -euo pipefail
 BUILD=${BUILD:-build}
 EMU=$BUILD/tests/emu
@@ -66,13 +67,33 @@ for p in "${programs[@]}"; do
     echo "ok: $p on the CPU emulator: $summary"
 done
 
-# Data parallelism through the MPI backend, 4 ranks sharing the (emulated) GPU.
+# Data parallelism through comm.h's device backend (staged: 4 ranks sharing the emulated GPU).
 MPIRUN=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
 status=0
 out=$(timeout 300 $MPIRUN -np 4 "$EMU/test_gpu_ddp" 2>&1) || status=$?
 summary=$(grep -E '^test_gpu_ddp: [0-9]+ checks, 0 failed$' <<<"$out" || true)
 [ "$status" -eq 0 ] && [ -n "$summary" ] || { echo "FAIL: 4-rank test_gpu_ddp (status $status)"; tail -20 <<<"$out"; exit 1; }
 echo "ok: $EMU/test_gpu_ddp on 4 ranks: $summary"
+
+# comm.h on device buffers through each backend, forced by LLAMA_GPU_COMM (the emulated NCCL lets
+# ranks share the one device), on 1, 2 and 4 ranks: every call against the same call on host buffers,
+# the ordering against kernels, the order between operations.
+for np in 1 2 4; do
+    for backend in nccl staged; do
+        status=0
+        out=$(LLAMA_GPU_COMM=$backend timeout 300 $MPIRUN -x LLAMA_GPU_COMM -np $np "$EMU/test_gpu_comm" 2>&1) || status=$?
+        summary=$(grep -E '^test_gpu_comm: [0-9]+ checks, 0 failed$' <<<"$out" || true)
+        [ "$status" -eq 0 ] && [ -n "$summary" ] && grep -q "^backend: $backend (LLAMA_GPU_COMM=$backend)" <<<"$out" ||
+            { echo "FAIL: test_gpu_comm, $backend backend on $np ranks (status $status)"; grep -E '^(FAIL|backend)|error' <<<"$out" | head -20; tail -3 <<<"$out"; exit 1; }
+        echo "ok: $EMU/test_gpu_comm, $backend backend on $np ranks: $summary"
+    done
+done
+# One operation from device into host memory is refused with comm.c's message.
+status=0
+out=$("$EMU/test_gpu_comm" mixed 2>&1) || status=$?
+[ "$status" -eq 1 ] && grep -q 'buffers are device memory and the others host memory' <<<"$out" ||
+    { echo "FAIL: an all-gather from device into host memory was not refused (status $status): $(tail -2 <<<"$out")"; exit 1; }
+echo "ok: device and host buffers in one operation: $(grep -o 'comm: all_gather.*' <<<"$out")"
 
 # The traced step's GPU timeline, next to the host's slices, against the Perfetto schema: one
 # process track, "compute" and "cuda:compute".
