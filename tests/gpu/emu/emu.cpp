@@ -359,7 +359,15 @@ static void host_wait(const char *where) {
 extern "C" {
 int gpu_device_count(char *why, size_t why_len) { return 1; }
 static bool initialized;
-void gpu_init(int device) { initialized = true; }
+// The matmuls are reference_cpu's plain loops (MATMUL_LOOP): each output element is summed in k
+// order whatever the shape, so splitting a batch over ranks (DDP, FP8's amaxes) changes no bit and
+// the emulated GPU's data-parallel runs can be compared with its single run at fp32 rounding.
+// (OpenBLAS blocks a matmul by its shape: with its AVX-512 kernels a half batch rounds differently,
+// bf16 storage turns that into a 2^-8 step now and then, and the comparison would measure OpenBLAS.)
+void gpu_init(int device) {
+    initialized = true;
+    matmul_set_backend(MATMUL_LOOP);
+}
 void gpu_shutdown(void) {
     synchronize("gpu_shutdown");
     initialized = false;
@@ -368,7 +376,7 @@ bool gpu_initialized(void) { return initialized; }
 void gpu_synchronize(void) { host_wait("gpu_synchronize"); }
 long long gpu_host_waits(void) { return host_waits; }
 void gpu_device_description(char *out, size_t out_len) {
-    snprintf(out, out_len, "CPU emulation of gpu/*.cu (tests/gpu/emu); matmuls are reference_cpu's");
+    snprintf(out, out_len, "CPU emulation of gpu/*.cu (tests/gpu/emu); matmuls are reference_cpu's loops");
 }
 }  // extern "C"
 // Device memory is host memory (common/mem.h's, so the host report shows it too), with the device's
