@@ -264,14 +264,7 @@ flash_backward_dkdv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, 
 
     for (int h = g * p.group; h < (g + 1) * p.group; h++)
         for (int i0 = 0; i0 < p.Tq; i0 += ATTN_BR) {
-            load_positions(q_pos_s, p.q_pos, i0, p.Tq, INT_MIN);
-            for (int r = threadIdx.x; r < ATTN_BR; r += blockDim.x) {
-                bool valid = i0 + r < p.Tq;
-                lse_s[r] = valid ? lse[stat_offset(p, b, h, i0 + r)] : -INFINITY;
-                D_s[r] = valid ? dvec[stat_offset(p, b, h, i0 + r)] : 0.0f;
-            }
-            __syncthreads();
-            if (p.causal && !__syncthreads_or(threadIdx.x < ATTN_BR && q_pos_s[threadIdx.x] >= min_k_pos)) continue;
+            if (!load_query_tile_stats(q_pos_s, lse_s, D_s, p, lse, dvec, b, h, i0, min_k_pos)) continue;
             load_tile(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
             load_tile(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
             __syncthreads();

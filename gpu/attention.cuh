@@ -66,5 +66,22 @@ __device__ inline int min_key_position(const int *k_pos_s) {
     return min_k_pos;
 }
 
+// The dK/dV kernels' step to query tile i0 of head h: its positions, lse and D (rows past Tq: -inf
+// and 0) into shared memory. False, on every thread, when the tile can be skipped: causal, and no
+// query of it reaches the block's first key (min_k_pos). Either way every thread has passed a
+// barrier after writing them.
+__device__ inline bool load_query_tile_stats(int *q_pos_s, float *lse_s, float *D_s, const AttnParams &p,
+                                             const float *lse, const float *dvec, int b, int h, int i0,
+                                             int min_k_pos) {
+    load_positions(q_pos_s, p.q_pos, i0, p.Tq, INT_MIN);
+    for (int r = threadIdx.x; r < ATTN_BR; r += blockDim.x) {
+        bool valid = i0 + r < p.Tq;
+        lse_s[r] = valid ? lse[stat_offset(p, b, h, i0 + r)] : -INFINITY;
+        D_s[r] = valid ? dvec[stat_offset(p, b, h, i0 + r)] : 0.0f;
+    }
+    __syncthreads();
+    return !p.causal || __syncthreads_or(threadIdx.x < ATTN_BR && q_pos_s[threadIdx.x] >= min_k_pos);
+}
+
 // D (B,H,Tq) = rowsum(dO * O) for bf16 tensors, queued on the compute stream (attention.cu).
 void attention_dvec_bf16(float *dvec, const bf16 *dout, const bf16 *out, const AttnParams &p);
