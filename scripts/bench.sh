@@ -11,8 +11,8 @@
 #   torch <debian>    the project venv's PyTorch ($PYTHON, Debian's 1.13): the oracle's matmul attention
 #
 # The programs run one after another in each of BENCH_ROUNDS rounds (interleaved, so a load change on
-# a shared machine hits them alike); each figure is the median over rounds of that program's mean step
-# time. The table gives ms/step, model GFLOP/s (model_flops_per_token x tokens/s, as MFU counts them),
+# a shared machine hits them alike); each figure is the fastest round's mean step time of that program
+# (other work only ever adds time, so the fastest round is the one the machine least disturbed). The table gives ms/step, model GFLOP/s (model_flops_per_token x tokens/s, as MFU counts them),
 # that rate as a % of the sgemm rate, and time / C time (> 1: the C reference is faster).
 #
 # Without network (no PyPI) the torch 2.x lines are skipped with a message; the exit status is nonzero
@@ -104,17 +104,18 @@ for ((r = 1; r <= ROUNDS; r++)); do
     done
 done
 
-median() { sort -g "$1" | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-c_ms=$(median "$LOG/p0.ms")
+fastest() { sort -g "$1" | head -1; }  # ms: the smallest; sgemm GFLOP/s: see below
+largest() { sort -g "$1" | tail -1; }
+c_ms=$(fastest "$LOG/p0.ms")
 
 echo
-echo "model $MODEL, batch $BATCH, seq $SEQ, $STEPS steps (mean over the measured ones; median of $ROUNDS round(s)), threads $THREADS"
+echo "model $MODEL, batch $BATCH, seq $SEQ, $STEPS steps (mean over the measured ones; the fastest of $ROUNDS round(s)), threads $THREADS"
 echo "model FLOPs/token $flops_per_token; sgemm: OpenBLAS 2048^3 on $THREADS threads, measured before each program"
 printf "%-26s %10s %10s %13s %8s %9s %9s\n" "" "ms/step" "tokens/s" "model GFLOP/s" "sgemm" "% sgemm" "time / C"
 for i in "${!programs[@]}"; do
     [ -s "$LOG/p$i.ms" ] || continue
-    awk -v name="${programs[$i]%%|*}" -v ms="$(median "$LOG/p$i.ms")" -v c="$c_ms" -v tokens=$((BATCH * SEQ)) \
-        -v fpt="$flops_per_token" -v sgemm="$(median "$LOG/p$i.sgemm")" 'BEGIN {
+    awk -v name="${programs[$i]%%|*}" -v ms="$(fastest "$LOG/p$i.ms")" -v c="$c_ms" -v tokens=$((BATCH * SEQ)) \
+        -v fpt="$flops_per_token" -v sgemm="$(largest "$LOG/p$i.sgemm")" 'BEGIN {
         tps = tokens / (ms / 1e3); gf = tps * fpt / 1e9
         printf "%-26s %10.1f %10.1f %13.1f %8.1f %8.1f%% %9.2f\n", name, ms, tps, gf, sgemm, 100 * gf / sgemm, ms / c
     }'
