@@ -29,6 +29,7 @@
 #include <stdbool.h>
 
 #include "common/comm.h"
+#include "common/mem.h"
 #include "reference_cpu/adamw.h"
 #include "reference_cpu/model.h"
 
@@ -51,6 +52,30 @@ typedef struct {
     void *ctx;
 } FsdpWeightCodec;
 
+// Where the shards, the gathered units and the gradient buffers live, and the few operations the
+// module does on them itself (everything else is comm.h's, which takes host and device buffers
+// alike). NULL in FsdpOptions: host memory, fsdp_host_memory. gpu/fsdp_device.c gives the device's
+// (gpu_alloc, gpu_copy, the AdamW and sum-of-squares kernels), so the same module shards the GPU
+// model: the all-gathers and reduce-scatters below are the same comm.h calls on device buffers.
+typedef struct {
+    const char *name;                                            // "host", "device"
+    bool on_device;                                              // init and checkpoints go through upload/download
+    void *(*alloc)(MemCategory category, size_t bytes);          // zeroed
+    void (*free)(void *p);                                       // NULL is fine
+    void (*copy)(void *dst, const void *src, size_t bytes);      // within this memory
+    void (*zero)(void *p, size_t bytes);
+    void (*upload)(void *dst, const void *host_src, size_t bytes);   // host -> this memory
+    void (*download)(void *host_dst, const void *src, size_t bytes); // this memory -> host
+    void (*add)(real *acc, const real *x, size_t n);             // acc += x
+    void (*scale)(real *x, size_t n, double factor);             // x *= factor (clipping)
+    void (*adamw)(real *params, const real *grads, real *m, real *v, size_t n, long long step, double lr,
+                  const AdamWConfig *cfg);
+    // The sum of squares of x (n); NULL: the host's sum_of_squares_by_tp_split, which also knows
+    // tensor parallelism's replicated norm weights (the device's table is refused with tp).
+    double (*sum_of_squares)(const real *x, size_t n);
+} FsdpMemory;
+extern const FsdpMemory fsdp_host_memory;
+
 typedef enum { RESHARD_DEFAULT, RESHARD_ALWAYS, RESHARD_NEVER } ReshardPolicy;
 #define RESHARD_POLICY_NAMES "default|always|never"  // in enum order (--reshard-after-forward)
 
@@ -61,6 +86,7 @@ typedef struct {
                               //   block, which backward needs first (as torchtitan does)
     bool prefetch;            // stage 3: all-gather the next unit while this one computes
     const FsdpWeightCodec *codec;  // stage 3: how the weights travel (NULL: fp32); must outlive the Fsdp
+    const FsdpMemory *memory;      // where the buffers live (NULL: fsdp_host_memory); must outlive the Fsdp
 } FsdpOptions;
 
 struct FsdpUnit {
@@ -91,6 +117,7 @@ struct Fsdp {
     bool sync;                 // this backward ends the step (the last micro-batch)
     int frontier;              // stage 3 prefetch: the furthest unit gathered ahead in this pass
     real *staging;             // (max S) stages 1-2: this rank's shard, sent by the all-gather
+    const FsdpMemory *mem;     // options.memory, or &fsdp_host_memory
 };
 
 // ZeRO's slices, shared with the pipeline's ZeRO-1 (chapter 7). A buffer of numel elements padded to

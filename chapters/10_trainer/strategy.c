@@ -158,7 +158,7 @@ static void fsdp_release(Strategy *s) { fsdp_free(s->impl); }
 
 static Strategy *sharded_create(Trainer *t, const LayoutOptions *o, const ParamSource *init) {
     Mesh *mesh = t->mesh;
-    FsdpOptions options = {o->zero_stage, (ReshardPolicy)o->reshard, o->overlap, o->weight_codec};
+    FsdpOptions options = {o->zero_stage, (ReshardPolicy)o->reshard, o->overlap, o->weight_codec, NULL};  // host memory
     Comm *replicate = mesh->degree[MESH_DP_REPLICATE] > 1 ? mesh->dim[MESH_DP_REPLICATE] : NULL;
     Comm *tp_group = mesh->degree[MESH_TP] > 1 ? mesh->dim[MESH_TP] : NULL;
     Fsdp *f = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, tp_group, &options, init);
