@@ -23,10 +23,27 @@
 // (params, or params_bf16), gradients always accumulate into the fp32 m->grads.
 #define BF16(m) ((m)->precision == GPU_BF16)
 
-static const void *weight(const GpuModel *m, size_t offset) {
-    return BF16(m) ? (const void *)(m->params_bf16 + offset) : (const void *)(m->params + offset);
+// The unit holding flat offset `offset`: weights and gradients are read through its view (model.h,
+// GpuUnitView), the whole model's buffers or a unit's gathered weights alike. A scan of the
+// n_layers + 2 ranges, which a block's few lookups make negligible next to its kernels.
+static const GpuUnitView *view_of(const GpuModel *m, size_t offset) {
+    for (int i = 0; i < m->cfg.n_layers + 2; i++) {
+        const GpuUnitView *v = &m->units[i];
+        if (offset >= v->offset && offset < v->offset + v->numel) return v;
+    }
+    fatal("gpu model: offset %zu is in no unit", offset);
 }
-static float *grad(const GpuModel *m, size_t offset) { return m->grads + offset; }
+static const void *weight(const GpuModel *m, size_t offset) {
+    const GpuUnitView *v = view_of(m, offset);
+    if (!v->weights) fatal("gpu model: the unit at offset %zu is read outside its storage's params/params_done", offset);
+    size_t i = offset - v->offset;
+    return BF16(m) ? (const void *)((const gpu_bf16 *)v->weights + i) : (const void *)((const float *)v->weights + i);
+}
+static float *grad(const GpuModel *m, size_t offset) {
+    const GpuUnitView *v = view_of(m, offset);
+    if (!v->grads) fatal("gpu model: the gradients at offset %zu were asked for outside backward", offset);
+    return v->grads + (offset - v->offset);
+}
 
 static void matmul_fwd(const GpuModel *m, void *out, const void *inp, const void *w, int M, int K, int N) {
     if (BF16(m)) gpu_matmul_forward_bf16(out, inp, w, M, K, N);
@@ -151,14 +168,17 @@ static void *device_buffer(size_t *plan, MemCategory category, size_t bytes) {
     return NULL;
 }
 
-static void model_buffers(GpuModel *m, size_t *plan) {
+// sharded: no weights, gradients or moments (their storage holds them).
+static void model_buffers(GpuModel *m, size_t *plan, bool sharded) {
     const ModelConfig *cfg = &m->cfg;
     size_t n = m->table.total_numel, as = m->act_size;
-    m->params = device_buffer(plan, MEM_PARAMS, sizeof(float) * n);
-    m->grads = device_buffer(plan, MEM_GRADS, sizeof(float) * n);
-    m->adam_m = device_buffer(plan, MEM_OPTIMIZER, sizeof(float) * n);
-    m->adam_v = device_buffer(plan, MEM_OPTIMIZER, sizeof(float) * n);
-    if (BF16(m)) m->params_bf16 = device_buffer(plan, MEM_PARAMS, sizeof(uint16_t) * n);
+    if (!sharded) {
+        m->params = device_buffer(plan, MEM_PARAMS, sizeof(float) * n);
+        m->grads = device_buffer(plan, MEM_GRADS, sizeof(float) * n);
+        m->adam_m = device_buffer(plan, MEM_OPTIMIZER, sizeof(float) * n);
+        m->adam_v = device_buffer(plan, MEM_OPTIMIZER, sizeof(float) * n);
+        if (BF16(m)) m->params_bf16 = device_buffer(plan, MEM_PARAMS, sizeof(uint16_t) * n);
+    }
     size_t rope_bytes = sizeof(float) * (size_t)cfg->max_seq_len * (model_head_dim(cfg) / 2);
     if (plan) {  // gpu_rope_table_upload's cos and sin
         device_buffer(plan, MEM_OTHER, rope_bytes), device_buffer(plan, MEM_OTHER, rope_bytes);
@@ -225,7 +245,7 @@ size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int 
     GpuModel m;
     model_shape(&m, cfg, precision, B, T, ac);
     size_t plan = 0;
-    model_buffers(&m, &plan);
+    model_buffers(&m, &plan, false);
     mem_free(m.blocks);
     param_table_free(&m.table);
     return plan;
@@ -236,8 +256,8 @@ void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPreci
     gpu_model_init_from(m, cfg, &init, precision, B, T, AC_NONE);
 }
 
-void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
-                         int T, ActCheckpoint ac) {
+// Stops before allocating anything if the planned buffers do not fit in the device's free memory.
+static void check_plan(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac) {
     if (T > cfg->max_seq_len) fatal_input("--seq-len %d: longer than the model's max_seq_len %d", T, cfg->max_seq_len);
     size_t planned = gpu_model_plan_bytes(cfg, precision, B, T, ac), free_bytes = 0, total_bytes = 0;
     gpu_memory_info(&free_bytes, &total_bytes);
@@ -246,26 +266,12 @@ void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource 
               "of %.2f MiB",
               planned / 1048576.0, precision == GPU_BF16 ? "bf16" : "fp32", B, T, free_bytes / 1048576.0,
               total_bytes / 1048576.0);
-    model_shape(m, cfg, precision, B, T, ac);
-    model_buffers(m, NULL);
-    size_t n = m->table.total_numel;
+}
 
-    // The reference's weights: element j of parameter p is a pure function of (init, p, j), so the
-    // ranges can be filled in parallel.
-    float *host = mem_alloc(MEM_OTHER, sizeof(float) * n);
-    for (int i = 0; i < m->table.count; i++) {
-        const ParamInfo *p = &m->table.items[i];
-        const size_t chunk = 1 << 20;
-#pragma omp parallel for schedule(dynamic, 1)
-        for (size_t first = 0; first < p->numel; first += chunk) {
-            size_t count = p->numel - first < chunk ? p->numel - first : chunk;
-            param_source_fill(init, p, 0, 1, first, count, host + p->offset + first);
-        }
-    }
-    gpu_upload(m->params, host, sizeof(float) * n);
-    mem_free(host);
-    gpu_model_refresh_compute_copy(m);
-
+// The block offsets, the units' ranges and their default views (the whole model's buffers; NULL when
+// sharded: storage fills them unit by unit).
+static void model_layout(GpuModel *m) {
+    const ModelConfig *cfg = &m->cfg;
     int L = cfg->n_layers;
     m->offsets = mem_alloc(MEM_OTHER, sizeof(GpuBlockOffsets) * L);
     for (int l = 0; l < L; l++) {
@@ -287,6 +293,53 @@ void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource 
     m->tok_embeddings = offset_of(&m->table, "tok_embeddings.weight");
     m->norm = offset_of(&m->table, "norm.weight");
     m->output = cfg->tied ? m->tok_embeddings : offset_of(&m->table, "output.weight");
+    m->units = mem_alloc(MEM_OTHER, sizeof(GpuUnitView) * (L + 2));
+    for (int i = 0; i < m->table.count; i++) {  // each unit is one contiguous range of the table
+        const ParamInfo *p = &m->table.items[i];
+        GpuUnitView *v = &m->units[p->layer + 1];
+        if (v->numel == 0 || p->offset < v->offset) v->offset = p->offset;
+        v->numel += p->numel;
+    }
+    for (int u = 0; u < L + 2; u++) {
+        GpuUnitView *v = &m->units[u];
+        if (!m->params) continue;
+        v->weights = BF16(m) ? (const void *)(m->params_bf16 + v->offset) : (const void *)(m->params + v->offset);
+        v->grads = m->grads + v->offset;
+    }
+}
+
+void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
+                         int T, ActCheckpoint ac) {
+    check_plan(cfg, precision, B, T, ac);
+    model_shape(m, cfg, precision, B, T, ac);
+    model_buffers(m, NULL, false);
+    size_t n = m->table.total_numel;
+
+    // The reference's weights: element j of parameter p is a pure function of (init, p, j), so the
+    // ranges can be filled in parallel.
+    float *host = mem_alloc(MEM_OTHER, sizeof(float) * n);
+    for (int i = 0; i < m->table.count; i++) {
+        const ParamInfo *p = &m->table.items[i];
+        const size_t chunk = 1 << 20;
+#pragma omp parallel for schedule(dynamic, 1)
+        for (size_t first = 0; first < p->numel; first += chunk) {
+            size_t count = p->numel - first < chunk ? p->numel - first : chunk;
+            param_source_fill(init, p, 0, 1, first, count, host + p->offset + first);
+        }
+    }
+    gpu_upload(m->params, host, sizeof(float) * n);
+    mem_free(host);
+    gpu_model_refresh_compute_copy(m);
+
+    model_layout(m);
+}
+
+void gpu_model_init_sharded(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
+                            ActCheckpoint ac) {
+    check_plan(cfg, precision, B, T, ac);  // the whole model's buffers: more than this needs, an upper bound
+    model_shape(m, cfg, precision, B, T, ac);
+    model_buffers(m, NULL, true);
+    model_layout(m);
 }
 
 void gpu_model_free(GpuModel *m) {
@@ -308,15 +361,59 @@ void gpu_model_free(GpuModel *m) {
     gpu_rope_table_free(&m->rope);
     mem_free(m->blocks);
     mem_free(m->offsets);
+    mem_free(m->units);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }
 
 void gpu_model_refresh_compute_copy(GpuModel *m) {
-    if (BF16(m)) gpu_cast_f32_to_bf16(m->params_bf16, m->params, m->table.total_numel);
+    if (BF16(m) && m->params_bf16) gpu_cast_f32_to_bf16(m->params_bf16, m->params, m->table.total_numel);
 }
 
-void gpu_model_zero_grads(GpuModel *m) { gpu_fill_bytes(m->grads, 0, sizeof(float) * m->table.total_numel); }
+void gpu_model_zero_grads(GpuModel *m) {
+    if (m->grads) gpu_fill_bytes(m->grads, 0, sizeof(float) * m->table.total_numel);  // sharded: the storage's
+}
+
+// ---- unit storage: where each unit's weights and gradients are (model.h, GpuUnitView) ---------------------
+// Without storage the views are the whole model's buffers and these do nothing. With it, a unit's
+// weights are asked for before the unit runs and released after, as reference_cpu's model does, and
+// in GPU_BF16 cast to a bf16 copy of the unit alone. The cast: FSDP gathers the fp32 master shards
+// (the module's all-gather, the same as the CPU's) and each rank rounds the unit to bf16 here, which
+// gives the same bf16 weights the one-GPU model's AdamW writes into params_bf16 (both round to
+// nearest even), so a sharded step computes what the single GPU computes. Gathering bf16 instead
+// (torchtitan's mixed-precision policy) would halve the all-gather's bytes, but the module would then
+// gather a different type than it keeps; its weight codec (FsdpWeightCodec) is where that belongs.
+static void unit_begin(GpuModel *m, int unit, ModelPass pass) {
+    if (!m->storage.params) return;
+    GpuUnitView *v = &m->units[unit + 1];
+    const float *full = m->storage.params(m->storage.ctx, unit, pass);
+    if (!BF16(m)) {
+        v->weights = full;
+        return;
+    }
+    v->cast = gpu_alloc(MEM_PARAMS, sizeof(gpu_bf16) * v->numel);
+    gpu_cast_f32_to_bf16(v->cast, full, v->numel);
+    v->weights = v->cast;
+}
+
+static void unit_end(GpuModel *m, int unit, ModelPass pass) {
+    if (!m->storage.params) return;
+    GpuUnitView *v = &m->units[unit + 1];
+    gpu_free(v->cast);  // stream-ordered: after the kernels that read it
+    v->cast = NULL;
+    v->weights = NULL;
+    if (m->storage.params_done) m->storage.params_done(m->storage.ctx, unit, pass);
+}
+
+// Where backward accumulates the unit's gradients, until grads_ready.
+static void unit_grads_begin(GpuModel *m, int unit) {
+    if (m->storage.grads) m->units[unit + 1].grads = m->storage.grads(m->storage.ctx, unit);
+}
+
+static void unit_grads_ready(GpuModel *m, int unit) {
+    if (m->storage.grads) m->units[unit + 1].grads = NULL;
+    if (m->grads_ready) m->grads_ready(unit, m->grads_ready_ctx);
+}
 
 // ---- forward -----------------------------------------------------------------------------------------------
 // The fused launches (fp32 and bf16) and, with FP8 linears on, reference_cpu's separate calls: an FP8
@@ -395,22 +492,31 @@ static void check_targets(const GpuModel *m, const int *targets) {
 void gpu_model_forward_queued(GpuModel *m, const int *inputs, const int *targets) {
     const ModelConfig *c = &m->cfg;
     int BT = m->B * m->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
+    if (m->fp8 && !m->params) fatal("gpu model: the FP8 linears read m->params, which a sharded model has not");
     check_targets(m, targets);
     gpu_upload_queued(m->inputs, inputs, sizeof(int) * BT);
     gpu_upload_queued(m->targets, targets, sizeof(int) * BT);
     gpu_timeline_begin("embedding fwd", "forward");
+    unit_begin(m, LAYER_EMBEDDING, PASS_FORWARD);
     if (BF16(m)) gpu_embedding_forward_bf16(m->blocks[0].x, m->inputs, weight(m, m->tok_embeddings), BT, D);
     else gpu_embedding_forward(m->blocks[0].x, m->inputs, weight(m, m->tok_embeddings), BT, D);
+    unit_end(m, LAYER_EMBEDDING, PASS_FORWARD);
     gpu_timeline_end();
     for (int l = 0; l < L; l++) {
         gpu_timeline_begin("block fwd", "forward");
         gpu_timeline_arg_int("layer", l);
+        unit_begin(m, l, PASS_FORWARD);
         gpu_block_forward(m, l, l + 1 < L ? m->blocks[l + 1].x : m->x_final);
+        unit_end(m, l, PASS_FORWARD);
         gpu_timeline_end();
     }
     gpu_timeline_begin("head fwd + loss", "forward");
+    unit_begin(m, L, PASS_FORWARD);
+    if (c->tied) unit_begin(m, LAYER_EMBEDDING, PASS_FORWARD);  // the output projection is tok_embeddings
     rmsnorm_fwd(m, m->xn_final, m->rstd_final, m->x_final, weight(m, m->norm));
     matmul_fwd(m, m->logits, m->xn_final, weight(m, m->output), BT, D, V);
+    if (c->tied) unit_end(m, LAYER_EMBEDDING, PASS_FORWARD);
+    unit_end(m, L, PASS_FORWARD);
     if (BF16(m)) gpu_cross_entropy_forward_into_bf16(m->loss, m->lse_final, m->logits, m->targets, BT, V);
     else gpu_cross_entropy_forward_into(m->loss, m->lse_final, m->logits, m->targets, BT, V);
     gpu_timeline_end();
@@ -492,9 +598,12 @@ static void gpu_block_backward(const GpuModel *m, int l, void *dx) {
 
 void gpu_model_backward(GpuModel *m, double dloss) {
     const ModelConfig *c = &m->cfg;
-    int BT = m->B * m->T, D = c->dim, V = c->vocab_size;
+    int BT = m->B * m->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
     // head: loss -> logits -> final norm (model_head_backward)
     gpu_timeline_begin("head bwd", "backward");
+    unit_begin(m, L, PASS_BACKWARD);
+    unit_grads_begin(m, L);
+    if (c->tied) unit_begin(m, LAYER_EMBEDDING, PASS_BACKWARD), unit_grads_begin(m, LAYER_EMBEDDING);
     zero(m, m->dlogits, (size_t)BT * V);  // cross-entropy's backward accumulates
     if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
     else gpu_cross_entropy_backward(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
@@ -502,13 +611,18 @@ void gpu_model_backward(GpuModel *m, double dloss) {
     matmul_bwd(m, NULL, grad(m, m->output), m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
     zero(m, m->dx, (size_t)BT * D);  // RMSNorm's backward accumulates
     rmsnorm_bwd(m, m->dx, grad(m, m->norm), m->dxn, m->x_final, weight(m, m->norm), m->rstd_final);
+    if (c->tied) unit_end(m, LAYER_EMBEDDING, PASS_BACKWARD);
+    unit_end(m, L, PASS_BACKWARD);
     gpu_timeline_end();
+    unit_grads_ready(m, L);  // tied: the output weight's gradient is tok_embeddings', ready with the embedding
     // blocks, last to first (model_blocks_backward), each updating m->dx in place
     for (int l = c->n_layers - 1; l >= 0; l--) {
         // Full AC: the block's activations again, from its saved input, into the shared set (the last
         // block's are still there from forward). Its output, unread, goes to x_final, which the head's
         // backward has read already and the next forward writes again. The same kernels on the same
         // input: the same bits.
+        unit_begin(m, l, PASS_BACKWARD);
+        unit_grads_begin(m, l);
         if (m->ac == AC_FULL && l < c->n_layers - 1) {
             gpu_timeline_begin("block recompute", "recompute");
             gpu_timeline_arg_int("layer", l);
@@ -518,17 +632,22 @@ void gpu_model_backward(GpuModel *m, double dloss) {
         gpu_timeline_begin("block bwd", "backward");
         gpu_timeline_arg_int("layer", l);
         gpu_block_backward(m, l, m->dx);
+        unit_end(m, l, PASS_BACKWARD);
         gpu_timeline_end();
+        unit_grads_ready(m, l);
     }
     // the lookup (model_embed_backward); tied: after the output projection's contribution, as the reference
     gpu_timeline_begin("embedding bwd", "backward");
+    if (!c->tied) unit_grads_begin(m, LAYER_EMBEDDING);  // tied: since the head's backward
     if (BF16(m)) gpu_embedding_backward_bf16(grad(m, m->tok_embeddings), m->dx, m->inputs, BT, D);
     else gpu_embedding_backward(grad(m, m->tok_embeddings), m->dx, m->inputs, BT, D);
     gpu_timeline_end();
+    unit_grads_ready(m, LAYER_EMBEDDING);
 }
 
 // ---- optimizer step ----------------------------------------------------------------------------------------
 void gpu_model_step(GpuModel *m, long long step, double lr, const AdamWConfig *adam, double max_norm) {
+    if (!m->params) fatal("gpu_model_step: a sharded model steps through its storage (chapter 3's module)");
     size_t n = m->table.total_numel;
     gpu_timeline_begin("optimizer", "optimizer");
     gpu_sum_of_squares_into(m->grad_sum_sq, m->grads, n);

@@ -61,6 +61,18 @@ typedef struct {
     float *rstd1, *rstd2, *lse;
 } GpuBlockActs;
 
+// Where the blocks read one unit's weights and write its gradients (the table's units: index
+// unit + 1, the embedding first). Without storage: views into params (or params_bf16) and grads,
+// set once. With storage (m->storage, as reference_cpu's UnitStorage): set when the unit starts
+// and dropped when it ends; in GPU_BF16 the unit's fp32 weights are cast into `cast`, a bf16 copy of
+// that unit alone, which lives as long as the view.
+typedef struct {
+    size_t offset, numel;  // the unit's range in the flat layout
+    const void *weights;   // the unit's first weight in the compute precision (bf16 or fp32)
+    float *grads;          // the unit's first gradient (fp32)
+    gpu_bf16 *cast;        // with storage in GPU_BF16: the bf16 copy of the unit's weights, else NULL
+} GpuUnitView;
+
 typedef struct {
     ModelConfig cfg;
     ParamTable table;
@@ -85,6 +97,14 @@ typedef struct {
     int *inputs, *targets;            // device copies of the last batch (B*T)
     double *loss;                     // device: the last forward's mean loss
     double *grad_sum_sq;              // device: the last step's gradient sum of squares
+    GpuUnitView *units;               // (n_layers + 2), host: embedding, blocks, head
+    // Sharded (gpu_model_init_sharded): params, grads, adam_m, adam_v and params_bf16 are NULL and the
+    // units' fp32 weights and gradients come from storage, device pointers (chapter 3's FSDP module on
+    // device memory installs it, gpu/strategy.c); grads_ready is called as each unit's gradients are
+    // final, in reference_cpu's order (head, blocks last to first, embedding).
+    UnitStorage storage;
+    GradsReadyHook grads_ready;
+    void *grads_ready_ctx;
 } GpuModel;
 
 // Builds the table, initialises the weights exactly as model_init does (on the host, then copied),
@@ -94,6 +114,11 @@ void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPreci
 // The same with the weights from init (params.h: the seed, or a Hugging Face checkpoint).
 void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
                          int T, ActCheckpoint ac);
+// The same shapes and activations without the weights, gradients and optimizer state (NULL): for
+// storage that shards them. The caller sets m->storage (and grads_ready) before the first forward;
+// forward and backward then work, gpu_model_step and the fp8 linears do not (they need m->params).
+void gpu_model_init_sharded(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
+                            ActCheckpoint ac);
 void gpu_model_free(GpuModel *m);
 // The device memory gpu_model_init will allocate (bytes, as gpu_alloc counts them):
 // init compares it with the device's free memory and stops with both figures when it does not fit.
