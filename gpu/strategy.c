@@ -4,9 +4,17 @@
 // gradients are averaged over the data-parallel ranks after the last micro-batch: comm.h's
 // all-reduce on the device buffer, which the device backend runs (gpu/comm_device.h: NCCL with a GPU
 // per rank, else staged through host memory, so ranks may share one GPU). Also --ac full (the GPU model recomputes
-// blocks), --fp8 (tensorwise: gpu/fp8.h's linears) and --trace (the GPU's timeline). The
-// other layouts are refused until the GPU model has the CPU model's hooks (UnitStorage,
-// TensorParallel).
+// blocks), --fp8 (tensorwise: gpu/fp8.h's linears) and --trace (the GPU's timeline).
+//
+// With --dp-shard N it is ZeRO-1/2/3 (and HSDP with --dp-replicate too): chapter 3's module itself
+// (chapters/03_fsdp/fsdp.h), given device memory (gpu/fsdp_device.h), on the GPU model built without
+// its own weights (gpu_model_init_sharded). fsdp_create installs its UnitStorage and grads-ready hook
+// on the trainer's Model, as it does for the CPU model; this file hands the same two to the GPU
+// model, which asks for each unit's fp32 weights before the unit runs (stage 3: the all-gather,
+// prefetched) and casts them to bf16, and reports each unit's gradients as they are final (stages
+// 2-3: the reduce-scatter). The optimizer step, the norm, clipping and the checkpoint gather/load are
+// the module's functions. The tensor-parallel layouts (--tp, --pp, --cp) are refused until the GPU
+// model has the CPU model's TensorParallel and pipeline hooks.
 //
 // Each rank uses device (local rank mod device count), the local rank being its index among the
 // ranks on its host (comm_local_rank): one rank per GPU under mpirun on every node, whatever the
@@ -22,13 +30,15 @@
 #include "gpu/activity.h"
 #include "gpu/comm_device.h"
 #include "gpu/dist.h"
+#include "gpu/fsdp_device.h"
 #include "gpu/model.h"
 #include "gpu/runtime.h"
 #include "gpu/timeline.h"
 
 typedef struct {
     GpuModel m;
-    Comm *dp;  // NULL: one replica
+    Comm *dp;    // DDP: the replicas; NULL with one replica, or sharded
+    Fsdp *fsdp;  // --dp-shard: chapter 3's module on device memory; NULL otherwise
 } GpuTraining;
 
 static double cuda_forward_backward(Strategy *s, const StepBatch *b) {
@@ -90,8 +100,62 @@ static void cuda_load_full(Strategy *s, StateKind kind, const real *local_flat) 
 
 static void cuda_report_memory(const Strategy *s) { gpu_memory_report(); }
 
+// ---- sharded: ZeRO-1/2/3 and HSDP through chapter 3's module --------------------------------------------
+// As chapters/10_trainer/strategy.c's microbatch_loop with the module's hooks around each backward.
+static double sharded_forward_backward(Strategy *s, const StepBatch *b) {
+    GpuTraining *g = s->impl;
+    size_t rows = (size_t)b->micro * b->T;
+    double loss_sum = 0;
+    for (int mb = 0; mb < b->n_micro; mb++) {
+        double loss = gpu_model_forward(&g->m, b->inputs + mb * rows, b->targets + mb * rows);
+        if (!isfinite(loss)) fatal("step %lld: loss is %g; stopping (try a lower --lr)", b->step, loss);
+        fsdp_begin_backward(g->fsdp, mb == b->n_micro - 1);
+        gpu_model_backward(&g->m, 1.0 / b->n_micro);
+        fsdp_end_backward(g->fsdp);
+        loss_sum += loss;
+    }
+    return loss_sum / b->n_micro;
+}
+
+static Fsdp *fsdp_of(const Strategy *s) { return ((GpuTraining *)s->impl)->fsdp; }
+static void sharded_zero_grads(Strategy *s) { fsdp_zero_grads(fsdp_of(s)); }
+static double sharded_grad_norm(Strategy *s) { return fsdp_grad_norm(fsdp_of(s)); }
+static void sharded_clip(Strategy *s, double grad_norm, double max_norm) { fsdp_clip(fsdp_of(s), grad_norm, max_norm); }
+static void sharded_optimizer_step(Strategy *s, long long step, double lr, const AdamWConfig *cfg) {
+    gpu_timeline_begin("adamw", "optimizer");
+    fsdp_adamw_step(fsdp_of(s), step, lr, cfg);  // stages 1-2: and the updated weights' all-gather
+    gpu_timeline_end();
+    gpu_timeline_flush();
+}
+static void sharded_gather_full(Strategy *s, StateKind kind, real *local_flat) {
+    fsdp_gather_full(fsdp_of(s), kind, local_flat);
+}
+// The bf16 compute copy needs nothing: each unit is cast from its fp32 weights whenever it runs.
+static void sharded_load_full(Strategy *s, StateKind kind, const real *local_flat) {
+    fsdp_load_full(fsdp_of(s), kind, local_flat);
+}
+
+// The module over the shard group (dp_shard; HSDP: averaged over dp_replicate too), its storage and
+// grads-ready hook handed to the GPU model. Every rank asks init for its shards only.
+static void create_sharded(GpuTraining *g, Trainer *t, const ModelConfig *cfg, const ParamSource *init,
+                           const LayoutOptions *o) {
+    Mesh *mesh = t->mesh;
+    gpu_model_init_sharded(&g->m, cfg, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
+    FsdpOptions options = {o->zero_stage, (ReshardPolicy)o->reshard, o->overlap, NULL, &gpu_fsdp_memory};
+    Comm *replicate = mesh->degree[MESH_DP_REPLICATE] > 1 ? mesh->dim[MESH_DP_REPLICATE] : NULL;
+    g->fsdp = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, NULL, &options, init);
+    g->m.storage = t->model.storage;
+    g->m.grads_ready = t->model.grads_ready;
+    g->m.grads_ready_ctx = t->model.grads_ready_ctx;
+    log_info("%s on the GPU: zero stage %d over %d shards%s (chapter 3's module on device buffers, %s backend); "
+             "fp32 shards gathered, each unit cast to bf16 where it runs",
+             replicate ? "hsdp" : "fsdp", o->zero_stage, comm_size(mesh->dp_shard_cp),
+             replicate ? " x replicated" : "", gpu_comm_backend_name());
+}
+
 static void cuda_free(Strategy *s) {
     GpuTraining *g = s->impl;
+    fsdp_free(g->fsdp);  // NULL is fine
     gpu_activity_stop();
     gpu_model_free(&g->m);
     gpu_comm_backend_shutdown();
@@ -121,9 +185,12 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     const Mesh *mesh = t->mesh;
     const char *dims[] = {"--pp", "--dp-replicate", "--dp-shard", "--cp", "--tp"};
     for (int d = 0; d < MESH_N_DIMS; d++)
-        if (d != MESH_DP_REPLICATE && mesh->degree[d] > 1)
-            fatal_input("--device cuda with %s %d: the GPU trainer runs the single process and --dp-replicate (DDP) "
-                        "so far", dims[d], mesh->degree[d]);
+        if (d != MESH_DP_REPLICATE && d != MESH_DP_SHARD && mesh->degree[d] > 1)
+            fatal_input("--device cuda with %s %d: the GPU trainer runs the single process, --dp-replicate (DDP) and "
+                        "--dp-shard (ZeRO-1/2/3, HSDP) so far", dims[d], mesh->degree[d]);
+    if (mesh->degree[MESH_DP_SHARD] > 1 && o->fp8)
+        fatal_input("--device cuda --fp8 with --dp-shard %d: the GPU's FP8 linears read the whole fp32 model, which "
+                    "sharding leaves on no rank (drop --fp8, or use --dp-replicate)", mesh->degree[MESH_DP_SHARD]);
     if (o->ac == AC_SELECTIVE)
         fatal_input("--device cuda --ac selective: the GPU model recomputes whole blocks only so far (--ac full)");
 }
@@ -159,8 +226,18 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     gpu_device_description(description, sizeof description);
     log_info("device: %s; bf16 compute, fp32 master weights and AdamW state", description);
     start_gpu_timeline();
-    model_init_unallocated(&t->model, cfg, ATTN_FLASH);  // the table and shapes, for checkpoints
+    model_init_unallocated(&t->model, cfg, ATTN_FLASH);  // the table and shapes, for checkpoints (and FSDP's units)
     GpuTraining *g = calloc(1, sizeof *g);
+    if (t->mesh->degree[MESH_DP_SHARD] > 1) {
+        create_sharded(g, t, cfg, init, o);
+        Strategy *s = calloc(1, sizeof *s);
+        *s = (Strategy){.name = "cuda-fsdp", .model = &t->model, .impl = g,
+                        .forward_backward = sharded_forward_backward, .zero_grads = sharded_zero_grads,
+                        .grad_norm = sharded_grad_norm, .clip = sharded_clip, .optimizer_step = sharded_optimizer_step,
+                        .gather_full = sharded_gather_full, .load_full = sharded_load_full,
+                        .report_memory = cuda_report_memory, .free = cuda_free};
+        return s;
+    }
     gpu_model_init_from(&g->m, cfg, init, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
     g->m.fp8 = o->fp8;
     g->m.fp8_tokens = t->dp_size > 1 ? t->mesh->dp : NULL;  // activations' amaxes agree across replicas
