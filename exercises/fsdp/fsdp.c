@@ -12,7 +12,22 @@
 static FsdpUnit *unit_of(Fsdp *f, int unit) { return &f->units[unit + 1]; }  // embedding (-1) is first
 static int n_ranks(const Fsdp *f) { return comm_size(f->shard_group); }
 static size_t padded(const FsdpUnit *u, const Fsdp *f) { return u->shard * (size_t)n_ranks(f); }
-static real *alloc_real(MemCategory category, size_t n) { return mem_alloc(category, sizeof(real) * n); }
+static real *alloc_real(const Fsdp *f, MemCategory category, size_t n) {
+    return f->mem->alloc(category, sizeof(real) * n);
+}
+
+// ---- the memory the buffers live in ------------------------------------------------------------------
+// The host's operations. Every buffer the module allocates goes through f->mem, so the same logic runs
+// on the device's table (gpu/fsdp_device.c) with nothing else changed: comm.h takes both kinds of buffer.
+static void host_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void host_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+static void host_add(real *acc, const real *x, size_t n) {
+    for (size_t i = 0; i < n; i++) acc[i] += x[i];
+}
+const FsdpMemory fsdp_host_memory = {.name = "host", .on_device = false, .alloc = mem_alloc, .free = mem_free,
+                                     .copy = host_copy, .zero = host_zero, .upload = host_copy,
+                                     .download = host_copy, .add = host_add, .scale = scale_inplace,
+                                     .adamw = adamw_step, .sum_of_squares = NULL};
 
 // A slice on the compute track for the time the main thread waits on the comm stream: this is the
 // exposed communication trace-summary reports.
@@ -30,7 +45,7 @@ static void wait_exposed(CommHandle *h, const char *what, int unit) {
 // encoded shard is gathered into everyone's encoded bytes, decoded when the gather is awaited.
 static void start_gather(Fsdp *f, FsdpUnit *u) {
     if (u->full) return;  // gathered already, or in flight
-    u->full = alloc_real(MEM_PARAMS, padded(u, f));
+    u->full = alloc_real(f, MEM_PARAMS, padded(u, f));
     const FsdpWeightCodec *codec = f->options.codec;
     if (!codec) {
         u->gather = comm_all_gather_start(f->shard_group, u->params_shard, u->full, u->shard, COMM_REAL);
@@ -59,17 +74,17 @@ static void await_gather(Fsdp *f, FsdpUnit *u) {
     free_wire(u);
 }
 
-static void release_full(FsdpUnit *u) {
-    mem_free(u->full);
+static void release_full(const Fsdp *f, FsdpUnit *u) {
+    f->mem->free(u->full);
     u->full = NULL;
 }
 
 // A gather nobody will use (the end of backward, teardown): waited for and dropped with the weights.
-static void drop_gather(FsdpUnit *u) {
+static void drop_gather(const Fsdp *f, FsdpUnit *u) {
     comm_wait(u->gather);
     u->gather = NULL;
     free_wire(u);
-    release_full(u);
+    release_full(f, u);
 }
 
 // The unit that runs after `idx` in this pass, whose all-gather can start now, or -1. Forward
@@ -96,14 +111,14 @@ static void storage_params_done(void *ctx, int unit, ModelPass pass) {
     FsdpUnit *u = unit_of(f, unit);
     if (f->options.stage < 3) return;
     if (pass == PASS_FORWARD && !u->reshard_after_forward) return;  // backward uses it soon
-    release_full(u);
+    release_full(f, u);
 }
 
 // ---- gradients: reduce-scatter each unit as soon as its backward ends ----------------------------
 static real *storage_grads(void *ctx, int unit) {
     Fsdp *f = ctx;
     FsdpUnit *u = unit_of(f, unit);
-    if (!u->full_grads) u->full_grads = alloc_real(MEM_GRADS, padded(u, f));  // stages 2-3, zeroed
+    if (!u->full_grads) u->full_grads = alloc_real(f, MEM_GRADS, padded(u, f));  // stages 2-3, zeroed
     return u->full_grads;
 }
 
@@ -115,13 +130,13 @@ static void retire_reduce(Fsdp *f, FsdpUnit *u) {
     wait_exposed(u->replicate_reduce, "hsdp all-reduce wait", u->unit);
     u->reduce = u->replicate_reduce = NULL;
     if (f->options.stage == 1) {
-        memcpy(u->grads_shard, u->reduced, sizeof(real) * u->shard);
+        f->mem->copy(u->grads_shard, u->reduced, sizeof(real) * u->shard);
     } else {
-        for (size_t i = 0; i < u->shard; i++) u->grads_shard[i] += u->reduced[i];
-        mem_free(u->full_grads);
+        f->mem->add(u->grads_shard, u->reduced, u->shard);
+        f->mem->free(u->full_grads);
         u->full_grads = NULL;
     }
-    mem_free(u->reduced);
+    f->mem->free(u->reduced);
     u->reduced = NULL;
 }
 
@@ -173,6 +188,19 @@ static void init_unit_range(const Model *m, const FsdpUnit *u, const ParamSource
     }
 }
 
+// The same into f's memory: on the device, through a host buffer uploaded once.
+static void init_unit_into(const Fsdp *f, const FsdpUnit *u, const ParamSource *init, size_t first, size_t count,
+                           real *dst) {
+    if (!f->mem->on_device) {
+        init_unit_range(f->model, u, init, first, count, dst);
+        return;
+    }
+    real *host = mem_alloc(MEM_OTHER, sizeof(real) * (count ? count : 1));
+    init_unit_range(f->model, u, init, first, count, host);
+    f->mem->upload(dst, host, sizeof(real) * count);
+    mem_free(host);
+}
+
 static void prepare_codec(Fsdp *f) {
     if (f->options.codec) f->options.codec->prepare(f->options.codec->ctx, f);
 }
@@ -192,6 +220,9 @@ Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *
     Fsdp *f = calloc(1, sizeof *f);
     f->model = model, f->shard_group = shard_group, f->replicate_group = replicate_group, f->tp_group = tp_group;
     f->options = *options;
+    f->mem = options->memory ? options->memory : &fsdp_host_memory;
+    if (f->mem->on_device && (tp_group || options->codec))
+        fatal("fsdp_create: %s buffers take no tensor parallelism and no weight codec", f->mem->name);
     int N = comm_size(shard_group), r = comm_rank(shard_group), L = model->cfg.n_layers;
     f->n_units = L + 2;
     f->units = calloc((size_t)f->n_units, sizeof(FsdpUnit));
@@ -203,27 +234,27 @@ Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *
         u->numel = model_unit_numel(model, u->unit);
         u->shard = (u->numel + (size_t)N - 1) / (size_t)N;
         u->reshard_after_forward = reshard_after_forward(f, u->unit);
-        u->adam_m = alloc_real(MEM_OPTIMIZER, u->shard);
-        u->adam_v = alloc_real(MEM_OPTIMIZER, u->shard);
+        u->adam_m = alloc_real(f, MEM_OPTIMIZER, u->shard);
+        u->adam_v = alloc_real(f, MEM_OPTIMIZER, u->shard);
         size_t mine = (size_t)r * u->shard;  // first element of this rank's shard
         size_t owned = zero_slice_len(u->numel, u->shard, mine);
         if (options->stage < 3) {  // the full copy lives all step; the shard is a slice of it
-            u->full = alloc_real(MEM_PARAMS, padded(u, f));
-            init_unit_range(model, u, init, 0, u->numel, u->full);
+            u->full = alloc_real(f, MEM_PARAMS, padded(u, f));
+            init_unit_into(f, u, init, 0, u->numel, u->full);
             u->params_shard = u->full + mine;
         } else {
-            u->params_shard = alloc_real(MEM_PARAMS, u->shard);
-            init_unit_range(model, u, init, mine, owned, u->params_shard);
+            u->params_shard = alloc_real(f, MEM_PARAMS, u->shard);
+            init_unit_into(f, u, init, mine, owned, u->params_shard);
         }
         if (options->stage == 1) {
-            u->full_grads = alloc_real(MEM_GRADS, padded(u, f));
+            u->full_grads = alloc_real(f, MEM_GRADS, padded(u, f));
             u->grads_shard = u->full_grads + mine;
         } else {
-            u->grads_shard = alloc_real(MEM_GRADS, u->shard);
+            u->grads_shard = alloc_real(f, MEM_GRADS, u->shard);
         }
         if (u->shard > max_shard) max_shard = u->shard;
     }
-    if (options->stage < 3) f->staging = alloc_real(MEM_COMM, max_shard);
+    if (options->stage < 3) f->staging = alloc_real(f, MEM_COMM, max_shard);
     if (options->codec && options->stage != 3) fatal("fsdp_create: a weight codec needs stage 3");
     prepare_codec(f);
     f->frontier = -1;
@@ -239,14 +270,14 @@ void fsdp_free(Fsdp *f) {
     f->model->grads_ready = NULL;
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        if (u->gather) drop_gather(u);
+        if (u->gather) drop_gather(f, u);
         retire_reduce(f, u);
-        if (f->options.stage == 3) mem_free(u->params_shard);
-        if (f->options.stage != 1) mem_free(u->grads_shard);
+        if (f->options.stage == 3) f->mem->free(u->params_shard);
+        if (f->options.stage != 1) f->mem->free(u->grads_shard);
         real *owned[] = {u->adam_m, u->adam_v, u->full, u->full_grads};
-        for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++) mem_free(owned[k]);
+        for (size_t k = 0; k < sizeof owned / sizeof owned[0]; k++) f->mem->free(owned[k]);
     }
-    mem_free(f->staging);
+    f->mem->free(f->staging);
     free(f->units);
     free(f);
 }
@@ -255,8 +286,8 @@ void fsdp_free(Fsdp *f) {
 void fsdp_zero_grads(Fsdp *f) {
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        if (f->options.stage == 1) memset(u->full_grads, 0, sizeof(real) * padded(u, f));
-        else memset(u->grads_shard, 0, sizeof(real) * u->shard);
+        if (f->options.stage == 1) f->mem->zero(u->full_grads, sizeof(real) * padded(u, f));
+        else f->mem->zero(u->grads_shard, sizeof(real) * u->shard);
     }
 }
 
@@ -270,7 +301,7 @@ void fsdp_begin_backward(Fsdp *f, bool sync) {
 void fsdp_end_backward(Fsdp *f) {
     for (int i = f->n_units - 1; i >= 0; i--) retire_reduce(f, &f->units[i]);  // in launch order
     if (f->options.stage == 3)
-        for (int i = 0; i < f->n_units; i++) drop_gather(&f->units[i]);
+        for (int i = 0; i < f->n_units; i++) drop_gather(f, &f->units[i]);
     f->frontier = -1;  // the next forward starts at the embedding
 }
 
@@ -279,9 +310,9 @@ double fsdp_grad_norm(Fsdp *f) {
     int r = comm_rank(f->shard_group);
     for (int i = 0; i < f->n_units; i++) {
         const FsdpUnit *u = &f->units[i];
-        size_t mine = (size_t)r * u->shard;
-        sum_of_squares_by_tp_split(&f->model->table, u->grads_shard, u->offset + mine,
-                                   zero_slice_len(u->numel, u->shard, mine), sums);
+        size_t mine = (size_t)r * u->shard, owned = zero_slice_len(u->numel, u->shard, mine);
+        if (f->mem->sum_of_squares) sums[0] += f->mem->sum_of_squares(u->grads_shard, owned);  // no tp here
+        else sum_of_squares_by_tp_split(&f->model->table, u->grads_shard, u->offset + mine, owned, sums);
     }
     comm_all_reduce(f->shard_group, sums, 2, COMM_FLOAT64, COMM_SUM);  // replicas hold equal shards
     if (f->tp_group) comm_all_reduce(f->tp_group, sums, 1, COMM_FLOAT64, COMM_SUM);  // replicated: same everywhere
@@ -289,31 +320,39 @@ double fsdp_grad_norm(Fsdp *f) {
 }
 
 void fsdp_clip(Fsdp *f, double grad_norm, double max_norm) {
-    for (int i = 0; i < f->n_units; i++) clip_by_global_norm(f->units[i].grads_shard, f->units[i].shard, grad_norm, max_norm);
+    double coef = clip_coefficient(grad_norm, max_norm);  // clip_by_global_norm's factor
+    if (coef >= 1) return;
+    for (int i = 0; i < f->n_units; i++) f->mem->scale(f->units[i].grads_shard, f->units[i].shard, coef);
 }
 
 size_t zero_slice_len(size_t numel, size_t shard, size_t mine) {
     return mine >= numel ? 0 : (numel - mine < shard ? numel - mine : shard);
 }
 
-CommHandle *zero_gather_slices_start(Comm *group, real *full, size_t shard, real *staging) {
-    memcpy(staging, full + (size_t)comm_rank(group) * shard, sizeof(real) * shard);
+// The slice is copied by `copy` (memcpy on the host, gpu_copy on the device).
+static CommHandle *gather_slices_start(Comm *group, real *full, size_t shard, real *staging,
+                                       void (*copy)(void *, const void *, size_t)) {
+    copy(staging, full + (size_t)comm_rank(group) * shard, sizeof(real) * shard);
     return comm_all_gather_start(group, staging, full, shard, COMM_REAL);
+}
+
+CommHandle *zero_gather_slices_start(Comm *group, real *full, size_t shard, real *staging) {
+    return gather_slices_start(group, full, shard, staging, host_copy);
 }
 
 // Stages 1-2: every rank's updated shard goes back into everyone's full copy.
 static void gather_updated_weights(Fsdp *f) {
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        wait_exposed(zero_gather_slices_start(f->shard_group, u->full, u->shard, f->staging), "fsdp weight all-gather",
-                     u->unit);
+        wait_exposed(gather_slices_start(f->shard_group, u->full, u->shard, f->staging, f->mem->copy),
+                     "fsdp weight all-gather", u->unit);
     }
 }
 
 void fsdp_adamw_step(Fsdp *f, long long step, double lr, const AdamWConfig *cfg) {
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        adamw_step(u->params_shard, u->grads_shard, u->adam_m, u->adam_v, u->shard, step, lr, cfg);
+        f->mem->adamw(u->params_shard, u->grads_shard, u->adam_m, u->adam_v, u->shard, step, lr, cfg);
     }
     if (f->options.stage < 3) gather_updated_weights(f);
     prepare_codec(f);  // the weights changed
@@ -328,10 +367,10 @@ static real *shard_of(FsdpUnit *u, StateKind kind) {
 void fsdp_gather_full(Fsdp *f, StateKind kind, real *flat) {
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        real *all = alloc_real(MEM_COMM, padded(u, f));
+        real *all = alloc_real(f, MEM_COMM, padded(u, f));
         comm_all_gather(f->shard_group, shard_of(u, kind), all, u->shard, COMM_REAL);
-        memcpy(flat + u->offset, all, sizeof(real) * u->numel);
-        mem_free(all);
+        f->mem->download(flat + u->offset, all, sizeof(real) * u->numel);
+        f->mem->free(all);
     }
 }
 
@@ -341,8 +380,8 @@ void fsdp_load_full(Fsdp *f, StateKind kind, const real *flat) {
         FsdpUnit *u = &f->units[i];
         real *dst = shard_of(u, kind);
         size_t mine = (size_t)r * u->shard;
-        memset(dst, 0, sizeof(real) * u->shard);
-        memcpy(dst, flat + u->offset + mine, sizeof(real) * zero_slice_len(u->numel, u->shard, mine));
+        f->mem->zero(dst, sizeof(real) * u->shard);
+        f->mem->upload(dst, flat + u->offset + mine, sizeof(real) * zero_slice_len(u->numel, u->shard, mine));
     }
     if (kind == STATE_WEIGHTS && f->options.stage < 3) gather_updated_weights(f);
     if (kind == STATE_WEIGHTS) prepare_codec(f);
