@@ -1,7 +1,8 @@
 // model.h: the Llama 3 model of reference_cpu/model.h on one GPU, from the kernels of gpu/ops.h:
 // the same parameter table (flat layout, names, init from the seed), the same block math in the
-// same order, the same loss, AdamW and global-norm clipping. One process, one device: no tensor
-// parallelism, no sharding (those stay with the CPU chapters). Activation checkpointing: AC_FULL
+// same order, the same loss, AdamW and global-norm clipping. One process, one device; no tensor
+// parallelism. Sharding plugs in as on the CPU model: chapter 3's FSDP module installs UnitStorage
+// (GpuUnitView below; gpu/strategy.c, --dp-shard). Activation checkpointing: AC_FULL
 // keeps each block's input alone and recomputes the block before its backward (bit-identical
 // gradients); AC_SELECTIVE is refused.
 //
