@@ -13,6 +13,14 @@
 //         the reference's three chained ones (see main).
 //   bf16: the bf16 wiring (2-byte activations, the bf16 weight copy AdamW refreshes, fp32 gradients)
 //         trains like the fp32 reference within bf16's error.
+//   unit storage: the sharded model (gpu_model_init_sharded) reading every unit from a UnitStorage
+//         that hands out a fresh copy of the unit and poisons it (NaN) at params_done computes the
+//         whole model's loss and gradients bit for bit (fp32 and bf16, tied or not, with and without
+//         full AC): the views' offsets, the per-unit bf16 cast, no weight read outside its unit's
+//         params/params_done; and grads_ready comes in reference_cpu's order. Mutations tried: the
+//         tied head not asking for the embedding unit (the model stops: a read outside params), the
+//         cast skipped (fp32 bytes read as bf16: the loss is NaN), the embedding's grads_ready
+//         before its backward (the model stops: gradients asked for after their unit was ready).
 // What this cannot see is the kernels themselves: tests/gpu/ on a GPU.
 #include "gpu/model.c"  // the unit under test, built here against the host implementation below
 
@@ -434,6 +442,99 @@ START_TEST(test_bf16_trains_like_reference) {
 }
 END_TEST
 
+// ---- unit storage -----------------------------------------------------------------------------
+#define MAX_UNITS 16
+
+// A UnitStorage over a whole model's fp32 weights: each params call copies the unit out, each
+// params_done poisons the copy with NaN and frees it, so a weight read outside the pair shows. The
+// gradients, as FSDP takes them: a zeroed buffer per unit, added into `grads` at grads_ready and
+// poisoned, so a gradient written after its unit was reported ready is missing from the result.
+typedef struct {
+    const Model *layout;  // the table's unit ranges (reference_cpu's model_unit_offset, numel)
+    const float *params;  // (n) the weights
+    float *grads;         // (n) the gradients, as reported ready
+    float *held[MAX_UNITS], *unit_grads[MAX_UNITS], *retired[MAX_UNITS];
+    int open, ready[MAX_UNITS], n_ready;
+} TestStorage;
+
+static const real *storage_params(void *ctx, int unit, ModelPass pass) {
+    TestStorage *st = ctx;
+    size_t off = model_unit_offset(st->layout, unit), numel = model_unit_numel(st->layout, unit);
+    ck_assert_msg(!st->held[unit + 1], "unit %d asked for twice without params_done", unit);
+    st->held[unit + 1] = malloc(sizeof(float) * numel);
+    memcpy(st->held[unit + 1], st->params + off, sizeof(float) * numel);
+    st->open++;
+    return st->held[unit + 1];
+}
+static void storage_params_done(void *ctx, int unit, ModelPass pass) {
+    TestStorage *st = ctx;
+    size_t numel = model_unit_numel(st->layout, unit);
+    ck_assert_msg(st->held[unit + 1], "params_done of unit %d, never asked for", unit);
+    for (size_t i = 0; i < numel; i++) st->held[unit + 1][i] = NAN;
+    free(st->held[unit + 1]);
+    st->held[unit + 1] = NULL;
+    st->open--;
+}
+static real *storage_grads(void *ctx, int unit) {
+    TestStorage *st = ctx;
+    if (!st->unit_grads[unit + 1]) st->unit_grads[unit + 1] = calloc(model_unit_numel(st->layout, unit), sizeof(float));
+    return st->unit_grads[unit + 1];
+}
+static void storage_ready(int unit, void *ctx) {
+    TestStorage *st = ctx;
+    ck_assert(st->n_ready < MAX_UNITS);
+    st->ready[st->n_ready++] = unit;
+    float *g = st->unit_grads[unit + 1], *dst = st->grads + model_unit_offset(st->layout, unit);
+    ck_assert_msg(g, "grads_ready of unit %d, whose gradients were never asked for", unit);
+    size_t numel = model_unit_numel(st->layout, unit);
+    for (size_t i = 0; i < numel; i++) dst[i] += g[i], g[i] = NAN;
+    st->retired[unit + 1] = g;  // kept (poisoned) until the end: a late write lands here, unseen
+    st->unit_grads[unit + 1] = NULL;
+}
+
+static void run_with_storage(const ModelConfig *cfg, GpuPrecision precision, ActCheckpoint ac, int B, int T) {
+    int BT = B * T, L = cfg->n_layers;
+    int *inputs = malloc(sizeof(int) * BT), *targets = malloc(sizeof(int) * BT);
+    make_batch(inputs, targets, BT, cfg->vocab_size);
+    ParamSource init = param_source_seed(42);
+    GpuModel whole, m;
+    gpu_model_init_from(&whole, cfg, &init, precision, B, T, ac);
+    gpu_model_zero_grads(&whole);
+    double loss = gpu_model_forward(&whole, inputs, targets);
+    gpu_model_backward(&whole, 1.0);
+
+    Model layout;
+    model_init_unallocated(&layout, cfg, ATTN_FLASH);
+    size_t n = layout.table.total_numel;
+    TestStorage st = {.layout = &layout, .params = whole.params, .grads = calloc(n, sizeof(float))};
+    gpu_model_init_sharded(&m, cfg, precision, B, T, ac);
+    ck_assert(!m.params && !m.grads && !m.params_bf16);
+    m.storage = (UnitStorage){storage_params, storage_params_done, storage_grads, &st};
+    m.grads_ready = storage_ready, m.grads_ready_ctx = &st;
+    double sharded_loss = gpu_model_forward(&m, inputs, targets);
+    gpu_model_backward(&m, 1.0);
+    ck_assert_msg(sharded_loss == loss, "%s%s: loss through storage %.9g, whole model %.9g", cfg->name,
+                  cfg->tied ? " tied" : "", sharded_loss, loss);
+    expect_equal_bits("gradients through storage", st.grads, whole.grads, n);
+    ck_assert_msg(st.open == 0, "%d units still held after backward", st.open);
+    ck_assert_int_eq(st.n_ready, L + 2);  // head, blocks last to first, embedding
+    for (int i = 0; i < L + 2; i++) ck_assert_int_eq(st.ready[i], L - i);
+    for (int u = 0; u < MAX_UNITS; u++) free(st.retired[u]), free(st.unit_grads[u]);
+    gpu_model_free(&m);
+    gpu_model_free(&whole);
+    model_free(&layout);
+    free(st.grads), free(inputs), free(targets);
+}
+
+START_TEST(test_unit_storage_matches_whole_model) {
+    for (int tied = 0; tied <= 1; tied++) {
+        ModelConfig c = config("tiny", tied);
+        run_with_storage(&c, GPU_FP32, AC_NONE, 2, 16);
+        run_with_storage(&c, GPU_BF16, AC_NONE, 2, 16);
+        run_with_storage(&c, GPU_BF16, AC_FULL, 2, 16);
+    }
+}
+END_TEST
 
 // The FP8 linears are kernels this host implementation does not have: tests/gpu/test_gpu_fp8.c and
 // tests/t_gpu_trainer.sh check them on the emulator. Models here never turn FP8 on.
@@ -453,6 +554,7 @@ int main(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_fp32_matches_reference_bit_for_bit);
     tcase_add_test(tc, test_bf16_trains_like_reference);
+    tcase_add_test(tc, test_unit_storage_matches_whole_model);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }
