@@ -241,14 +241,19 @@ static void model_shape(GpuModel *m, const ModelConfig *cfg, GpuPrecision precis
     m->blocks = mem_alloc(MEM_OTHER, sizeof(GpuBlockActs) * cfg->n_layers);
 }
 
-size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac) {
+static size_t plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac,
+                         bool sharded) {
     GpuModel m;
     model_shape(&m, cfg, precision, B, T, ac);
     size_t plan = 0;
-    model_buffers(&m, &plan, false);
+    model_buffers(&m, &plan, sharded);
     mem_free(m.blocks);
     param_table_free(&m.table);
     return plan;
+}
+
+size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac) {
+    return plan_bytes(cfg, precision, B, T, ac, false);
 }
 
 void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPrecision precision, int B, int T) {
@@ -256,10 +261,11 @@ void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPreci
     gpu_model_init_from(m, cfg, &init, precision, B, T, AC_NONE);
 }
 
-// Stops before allocating anything if the planned buffers do not fit in the device's free memory.
-static void check_plan(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac) {
+// Stops before allocating anything if the planned buffers do not fit in the device's free memory
+// (sharded: the activations alone; the storage's shards and gathered units are its own to count).
+static void check_plan(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac, bool sharded) {
     if (T > cfg->max_seq_len) fatal_input("--seq-len %d: longer than the model's max_seq_len %d", T, cfg->max_seq_len);
-    size_t planned = gpu_model_plan_bytes(cfg, precision, B, T, ac), free_bytes = 0, total_bytes = 0;
+    size_t planned = plan_bytes(cfg, precision, B, T, ac, sharded), free_bytes = 0, total_bytes = 0;
     gpu_memory_info(&free_bytes, &total_bytes);
     if (planned > free_bytes)
         fatal("out of GPU memory: the model needs %.2f MiB (%s, batch %d x %d tokens), the device has %.2f MiB free "
@@ -300,9 +306,8 @@ static void model_layout(GpuModel *m) {
         if (v->numel == 0 || p->offset < v->offset) v->offset = p->offset;
         v->numel += p->numel;
     }
-    for (int u = 0; u < L + 2; u++) {
+    for (int u = 0; u < L + 2 && m->params; u++) {
         GpuUnitView *v = &m->units[u];
-        if (!m->params) continue;
         v->weights = BF16(m) ? (const void *)(m->params_bf16 + v->offset) : (const void *)(m->params + v->offset);
         v->grads = m->grads + v->offset;
     }
@@ -310,7 +315,7 @@ static void model_layout(GpuModel *m) {
 
 void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
                          int T, ActCheckpoint ac) {
-    check_plan(cfg, precision, B, T, ac);
+    check_plan(cfg, precision, B, T, ac, false);
     model_shape(m, cfg, precision, B, T, ac);
     model_buffers(m, NULL, false);
     size_t n = m->table.total_numel;
@@ -336,7 +341,7 @@ void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource 
 
 void gpu_model_init_sharded(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
                             ActCheckpoint ac) {
-    check_plan(cfg, precision, B, T, ac);  // the whole model's buffers: more than this needs, an upper bound
+    check_plan(cfg, precision, B, T, ac, true);
     model_shape(m, cfg, precision, B, T, ac);
     model_buffers(m, NULL, true);
     model_layout(m);

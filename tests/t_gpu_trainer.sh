@@ -26,7 +26,7 @@
 # Mutations tried (each made a check here fail): a unit's gradients not reduce-scattered (the shard
 # keeps the local, half-batch gradient); a shard offset off by one in fsdp_create's init; the
 # per-unit bf16 cast skipped (fp32 bytes read as bf16); the checkpoint load of the AdamW moments
-# dropped.
+# dropped; HSDP's all-reduce over the replicas dropped; stage 3 never resharding (the memory check).
 set -eu
 source tests/lib.sh
 EMU_TRAIN="$BUILD/tests/emu/train"
@@ -65,6 +65,31 @@ for stage in 1 2 3; do
     $P --ckpt "$T/gpu_z$stage.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 1e-5
     $P --log "$T/gpu_z$stage.log" --log-ref "$T/gpu1.log" --loss-rtol 1e-5
 done
+
+# What each stage keeps on the device after the run (the memory report's "current" column, MiB, 2
+# decimals): with P parameters and N = 2, the ZeRO model of chapter 3 in fp32 - optimizer 8P/N at
+# every stage, gradients 4P (stage 1) or 4P/N, weights 4P (stages 1-2) or 4P/N (stage 3), the bf16
+# copies transient - against the single GPU's 8P, 4P and 4P + 2P (its bf16 copy). Within 0.011 MiB:
+# the report's rounding.
+"$PYTHON" - "$T" <<'PY'
+import re, sys
+def current(path):
+    lines = open(path).read().splitlines()
+    start = next(i for i, l in enumerate(lines) if "memory by category (MiB)" in l)
+    return {m.group(1): float(m.group(2)) for l in lines[start + 1:start + 7]
+            if (m := re.match(r"\s+(\w+)\s+([\d.]+)\s+[\d.]+", l))}
+one = current(f"{sys.argv[1]}/gpu1.log")
+fourP = one["grads"]  # 4P bytes, in MiB
+want_one = {"params": 1.5 * fourP, "optimizer": 2 * fourP}
+problems = [f"single GPU {k} {one[k]} MiB, want {v:.3f}" for k, v in want_one.items() if abs(one[k] - v) > 0.011]
+for stage in (1, 2, 3):
+    got = current(f"{sys.argv[1]}/gpu_z{stage}.log")
+    want = {"params": fourP / (2 if stage == 3 else 1), "grads": fourP / (2 if stage >= 2 else 1), "optimizer": fourP}
+    problems += [f"zero-{stage} {k} {got[k]} MiB, want {v:.3f}" for k, v in want.items() if abs(got[k] - v) > 0.011]
+if problems:
+    sys.exit("FAIL: device memory by stage: " + "; ".join(problems))
+print(f"ok: device memory after the run matches the ZeRO model at stages 1-3 (4P = {fourP} MiB)")
+PY
 
 # HSDP (2 replicas of 2 shards: the shards' all-reduce over the replicas) and ZeRO-1 with 2
 # micro-batches (its one reduce-scatter after the last), at batch 4, against the single GPU: 1e-5
