@@ -114,7 +114,8 @@ typedef struct {
 // t->mesh. Logs the layout.
 void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, const ParamSource *init,
                           const LayoutOptions *options);
-// --device cuda (gpu/strategy.c): the one-GPU model behind the same contract; single process and DDP.
+// --device cuda (gpu/strategy.c): the one-GPU model behind the same contract; single process, DDP, and
+// ZeRO-1/2/3 and HSDP (chapter 3's module on device buffers).
 // Linked into build/train-cuda in place of chapters/10_trainer/no_cuda.c, which build/train uses:
 // there trainer_has_cuda() is false and trainer_exec_cuda_build() replaces the process with
 // build/train-cuda, same arguments (or exits 2 when there is none).
