@@ -41,19 +41,31 @@ typedef struct {
     Fsdp *fsdp;  // --dp-shard: chapter 3's module on device memory; NULL otherwise
 } GpuTraining;
 
-static double cuda_forward_backward(Strategy *s, const StepBatch *b) {
+// chapters/10_trainer/strategy.c's micro-batch loop on the GPU model: each backward between the
+// layout's begin_backward / end_backward (chapter 3's hooks under --dp-shard; nothing to do for one
+// GPU or DDP), finish_backward after the last.
+static double gpu_microbatch_loop(Strategy *s, const StepBatch *b) {
     GpuTraining *g = s->impl;
     size_t rows = (size_t)b->micro * b->T;
     double loss_sum = 0;
     for (int mb = 0; mb < b->n_micro; mb++) {
         double loss = gpu_model_forward(&g->m, b->inputs + mb * rows, b->targets + mb * rows);
         if (!isfinite(loss)) fatal("step %lld: loss is %g; stopping (try a lower --lr)", b->step, loss);
+        s->begin_backward(s, mb == b->n_micro - 1);
         gpu_model_backward(&g->m, 1.0 / b->n_micro);
+        s->end_backward(s);
         loss_sum += loss;
     }
-    // The optimizer's kernels, queued after the wait, read the average.
-    if (g->dp) comm_all_reduce(g->dp, g->m.grads, g->m.table.total_numel, COMM_FLOAT32, COMM_AVG);
+    s->finish_backward(s);
     return loss_sum / b->n_micro;
+}
+static void no_begin_backward(Strategy *s, bool last) { (void)s, (void)last; }
+static void no_backward_hook(Strategy *s) { (void)s; }
+// One GPU or DDP: the gradients averaged over the replicas after the last micro-batch. The
+// optimizer's kernels, queued after the wait, read the average.
+static void ddp_finish_backward(Strategy *s) {
+    GpuTraining *g = s->impl;
+    if (g->dp) comm_all_reduce(g->dp, g->m.grads, g->m.table.total_numel, COMM_FLOAT32, COMM_AVG);
 }
 
 static void cuda_zero_grads(Strategy *s) { gpu_model_zero_grads(&((GpuTraining *)s->impl)->m); }
@@ -101,23 +113,9 @@ static void cuda_load_full(Strategy *s, StateKind kind, const real *local_flat) 
 static void cuda_report_memory(const Strategy *s) { gpu_memory_report(); }
 
 // ---- sharded: ZeRO-1/2/3 and HSDP through chapter 3's module --------------------------------------------
-// As chapters/10_trainer/strategy.c's microbatch_loop with the module's hooks around each backward.
-static double sharded_forward_backward(Strategy *s, const StepBatch *b) {
-    GpuTraining *g = s->impl;
-    size_t rows = (size_t)b->micro * b->T;
-    double loss_sum = 0;
-    for (int mb = 0; mb < b->n_micro; mb++) {
-        double loss = gpu_model_forward(&g->m, b->inputs + mb * rows, b->targets + mb * rows);
-        if (!isfinite(loss)) fatal("step %lld: loss is %g; stopping (try a lower --lr)", b->step, loss);
-        fsdp_begin_backward(g->fsdp, mb == b->n_micro - 1);
-        gpu_model_backward(&g->m, 1.0 / b->n_micro);
-        fsdp_end_backward(g->fsdp);
-        loss_sum += loss;
-    }
-    return loss_sum / b->n_micro;
-}
-
 static Fsdp *fsdp_of(const Strategy *s) { return ((GpuTraining *)s->impl)->fsdp; }
+static void sharded_begin_backward(Strategy *s, bool last) { fsdp_begin_backward(fsdp_of(s), last); }
+static void sharded_end_backward(Strategy *s) { fsdp_end_backward(fsdp_of(s)); }
 static void sharded_zero_grads(Strategy *s) { fsdp_zero_grads(fsdp_of(s)); }
 static double sharded_grad_norm(Strategy *s) { return fsdp_grad_norm(fsdp_of(s)); }
 static void sharded_clip(Strategy *s, double grad_norm, double max_norm) { fsdp_clip(fsdp_of(s), grad_norm, max_norm); }
@@ -232,7 +230,9 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
         create_sharded(g, t, cfg, init, o);
         Strategy *s = calloc(1, sizeof *s);
         *s = (Strategy){.name = "cuda-fsdp", .model = &t->model, .impl = g,
-                        .forward_backward = sharded_forward_backward, .zero_grads = sharded_zero_grads,
+                        .forward_backward = gpu_microbatch_loop, .begin_backward = sharded_begin_backward,
+                        .end_backward = sharded_end_backward, .finish_backward = no_backward_hook,
+                        .zero_grads = sharded_zero_grads,
                         .grad_norm = sharded_grad_norm, .clip = sharded_clip, .optimizer_step = sharded_optimizer_step,
                         .gather_full = sharded_gather_full, .load_full = sharded_load_full,
                         .report_memory = cuda_report_memory, .free = cuda_free};
@@ -249,7 +249,9 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
                  t->dp_size, gpu_comm_backend_name());
     }
     Strategy *s = calloc(1, sizeof *s);
-    *s = (Strategy){.name = "cuda", .model = &t->model, .impl = g, .forward_backward = cuda_forward_backward,
+    *s = (Strategy){.name = "cuda", .model = &t->model, .impl = g, .forward_backward = gpu_microbatch_loop,
+                    .begin_backward = no_begin_backward, .end_backward = no_backward_hook,
+                    .finish_backward = ddp_finish_backward,
                     .zero_grads = cuda_zero_grads, .grad_norm = cuda_grad_norm, .clip = cuda_clip,
                     .optimizer_step = cuda_optimizer_step, .gather_full = cuda_gather_full,
                     .load_full = cuda_load_full, .report_memory = cuda_report_memory, .free = cuda_free};
