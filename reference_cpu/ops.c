@@ -418,38 +418,29 @@ static void position_range(const int *pos, int i0, int i1, int *lo, int *hi) {
     }
 }
 
-// True when no key of [j0, j1) is visible to any query of [i0, i1) (the tile pair can be skipped):
-// the first key comes after the last query.
-static bool tiles_masked(const AttnShape *s, int i0, int i1, int j0, int j1) {
-    if (!s->causal) return false;
+// Which keys of [j0, j1) the queries of [i0, i1) see: none (the first key comes after the last
+// query: the pair is skipped), all (the last key comes no later than the first query: no mask to
+// apply), or some (the diagonal crosses the pair: masked element by element).
+typedef enum { TILE_HIDDEN, TILE_PARTLY_VISIBLE, TILE_VISIBLE } TileVisibility;
+static TileVisibility tile_visibility(const AttnShape *s, int i0, int i1, int j0, int j1) {
+    if (!s->causal) return TILE_VISIBLE;
     int q_lo, q_hi, k_lo, k_hi;
     position_range(s->q_pos, i0, i1, &q_lo, &q_hi);
     position_range(s->k_pos, j0, j1, &k_lo, &k_hi);
-    return k_lo > q_hi;
-}
-
-// True when every key of [j0, j1) is visible to every query of [i0, i1): the last key comes no later
-// than the first query.
-static bool tiles_all_visible(const AttnShape *s, int i0, int i1, int j0, int j1) {
-    if (!s->causal) return true;
-    int q_lo, q_hi, k_lo, k_hi;
-    position_range(s->q_pos, i0, i1, &q_lo, &q_hi);
-    position_range(s->k_pos, j0, j1, &k_lo, &k_hi);
-    return k_hi <= q_lo;
+    return k_lo > q_hi ? TILE_HIDDEN : k_hi <= q_lo ? TILE_VISIBLE : TILE_PARTLY_VISIBLE;
 }
 
 static int tile_end(int start, int n) { return start + ATTN_TILE < n ? start + ATTN_TILE : n; }
 
 // S (ni, nj), row stride ATTN_TILE = scale * Q[i0..i1) K[j0..j1)^T, invisible pairs -inf.
 static void tile_scores(real *S, const real *q, const real *k, const AttnShape *s, int b, int h, int i0, int i1,
-                        int j0, int j1, real scale) {
+                        int j0, int j1, real scale, TileVisibility visibility) {
     int hd = s->head_dim, g = h / (s->n_heads / s->n_kv_heads);
     tile_gemm(false, true, i1 - i0, j1 - j0, hd, q_row(q, s, b, i0, h), s->n_heads * hd, kv_row(k, s, b, j0, g),
               s->n_kv_heads * hd, 0, S, ATTN_TILE);
-    bool all_visible = tiles_all_visible(s, i0, i1, j0, j1);  // below the diagonal: no mask to apply
     for (int i = i0; i < i1; i++) {
         real *row = S + (size_t)(i - i0) * ATTN_TILE;
-        if (all_visible)
+        if (visibility == TILE_VISIBLE)
             for (int j = 0; j < j1 - j0; j++) row[j] *= scale;
         else
             for (int j = j0; j < j1; j++) row[j - j0] = attn_visible(s, i, j) ? row[j - j0] * scale : -INFINITY;
@@ -474,8 +465,9 @@ void attention_flash_forward(real *out, real *lse, const real *q, const real *k,
                     }
                     for (int j0 = 0; j0 < s->Tk; j0 += ATTN_TILE) {
                         int j1 = tile_end(j0, s->Tk);
-                        if (tiles_masked(s, i0, i1, j0, j1)) continue;
-                        tile_scores(S, q, k, s, b, h, i0, i1, j0, j1, scale);
+                        TileVisibility visibility = tile_visibility(s, i0, i1, j0, j1);
+                        if (visibility == TILE_HIDDEN) continue;
+                        tile_scores(S, q, k, s, b, h, i0, i1, j0, j1, scale, visibility);
                         for (int i = i0; i < i1; i++) {  // S row -> P row; rescale this row's state
                             real *row = S + (size_t)(i - i0) * ATTN_TILE, tile_max = -INFINITY;
                             for (int j = 0; j < j1 - j0; j++) tile_max = row[j] > tile_max ? row[j] : tile_max;
@@ -528,8 +520,9 @@ void attention_flash_backward(real *dq, real *dk, real *dv, const real *dout, co
                         for (int i = i0; i < i1; i++) D[i - i0] = dot(q_row(dout, s, b, i, h), q_row(out, s, b, i, h), hd);
                         for (int j0 = 0; j0 < s->Tk; j0 += ATTN_TILE) {
                             int j1 = tile_end(j0, s->Tk), nj = j1 - j0;
-                            if (tiles_masked(s, i0, i1, j0, j1)) continue;
-                            tile_scores(P, q, k, s, b, h, i0, i1, j0, j1, scale);
+                            TileVisibility visibility = tile_visibility(s, i0, i1, j0, j1);
+                            if (visibility == TILE_HIDDEN) continue;
+                            tile_scores(P, q, k, s, b, h, i0, i1, j0, j1, scale, visibility);
                             // dP = dO_I V_J^T into dS, then dS = P (dP - D) scale
                             tile_gemm(false, true, ni, nj, hd, q_row(dout, s, b, i0, h), ldq, kv_row(v, s, b, j0, g), ldk,
                                       0, dS, ATTN_TILE);
