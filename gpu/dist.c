@@ -10,17 +10,8 @@ static void require_backend(const char *what) {
     if (!comm_device_backend()) fatal("%s on device memory: no device backend (call gpu_comm_backend_init)", what);
 }
 
-void gpu_all_reduce(Comm *c, float *device_buf, size_t count, CommReduceOp op) {
-    require_backend("gpu_all_reduce");
-    comm_all_reduce(c, device_buf, count, COMM_FLOAT32, op);
-}
-
-void gpu_broadcast(Comm *c, float *device_buf, size_t count, int root) {
-    require_backend("gpu_broadcast");
-    comm_broadcast(c, device_buf, count, COMM_FLOAT32, root);
-}
-
 void gpu_model_broadcast(Comm *c, GpuModel *m, int root) {
-    gpu_broadcast(c, m->params, m->table.total_numel, root);
+    require_backend("gpu_model_broadcast");
+    comm_broadcast(c, m->params, m->table.total_numel, COMM_FLOAT32, root);
     gpu_model_refresh_compute_copy(m);  // queued after the broadcast's wait: it reads the new weights
 }

@@ -3,7 +3,7 @@
 #include "gpu/internal.cuh"
 
 extern "C" {
-#include "gpu/dist.h"
+#include "common/comm.h"
 }
 
 #ifndef GPU_EMULATOR
@@ -165,7 +165,7 @@ static Cast<T> cast_operand(const T *x, int rows, int cols, Fp8Format f, bool tr
     c.scale = (float *)gpu_scratch_alloc(2 * sizeof(float));
     c.codes = (uint8_t *)gpu_scratch_alloc((size_t)rows * cols);
     amax_tensor(c.scale + 1, x, rows, cols);
-    if (reduce_over && comm_size(reduce_over) > 1) gpu_all_reduce(reduce_over, c.scale + 1, 1, COMM_MAX);
+    if (reduce_over && comm_size(reduce_over) > 1) comm_all_reduce(reduce_over, c.scale + 1, 1, COMM_FLOAT32, COMM_MAX);
     GPU_LAUNCH(tensorwise_scale_kernel, 1, 1, 0, c.scale, c.scale + 1, f == FP8_E4M3 ? 448.0 : 57344.0);
     if (transposed) LAUNCH_1D(quantize_transposed_kernel<T>, (size_t)rows * cols, c.codes, x, rows, cols, c.scale, f);
     else LAUNCH_1D(quantize_kernel<T>, (size_t)rows * cols, c.codes, x, rows, cols, FP8_PER_TENSOR, c.scale, f);

@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
         gpu_model_zero_grads(&m);
         double loss = gpu_model_forward(&m, my_inputs, my_targets);
         gpu_model_backward(&m, 1.0);
-        gpu_all_reduce(world, m.grads, n, COMM_AVG);
+        comm_all_reduce(world, m.grads, n, COMM_FLOAT32, COMM_AVG);
         comm_all_reduce(world, &loss, 1, COMM_FLOAT64, COMM_AVG);
         if (rank == 0) {
             double e = fabs(loss - ref_loss[s]) / ref_loss[s];
