@@ -28,8 +28,16 @@ static void device_adamw(real *params, const real *grads, real *m, real *v, size
     if (n) gpu_adamw_step(params, grads, m, v, n, step, lr, cfg);
 }
 static double device_sum_of_squares(const real *x, size_t n) { return n ? gpu_sum_of_squares(x, n) : 0; }
+// The bf16 all-gather's casts: gpu_bf16 is 16 bits with common/bf16.h's rounding (the same bits as the host's).
+static void device_to_bf16(uint16_t *out, const real *x, size_t n) {
+    if (n) gpu_cast_f32_to_bf16((gpu_bf16 *)out, x, n);
+}
+static void device_from_bf16(real *out, const uint16_t *in, size_t n) {
+    if (n) gpu_cast_bf16_to_f32(out, (const gpu_bf16 *)in, n);
+}
 
 const FsdpMemory gpu_fsdp_memory = {.name = "device", .on_device = true, .alloc = gpu_alloc, .free = gpu_free,
                                     .copy = device_copy, .zero = device_zero, .upload = device_upload,
                                     .download = device_download, .add = device_add, .scale = device_scale,
-                                    .adamw = device_adamw, .sum_of_squares = device_sum_of_squares};
+                                    .adamw = device_adamw, .sum_of_squares = device_sum_of_squares,
+                                    .to_bf16 = device_to_bf16, .from_bf16 = device_from_bf16};

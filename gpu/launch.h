@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpu/hd.h"
+#include "common/hd.h"
 
 // ---- element-wise kernels ----------------------------------------------------------------------------
 #define GPU_THREADS_1D 256

@@ -139,16 +139,17 @@ static void create_sharded(GpuTraining *g, Trainer *t, const ModelConfig *cfg, c
                            const LayoutOptions *o) {
     Mesh *mesh = t->mesh;
     gpu_model_init_sharded(&g->m, cfg, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
-    FsdpOptions options = {o->zero_stage, (ReshardPolicy)o->reshard, o->overlap, NULL, &gpu_fsdp_memory};
+    FsdpOptions options = {o->zero_stage, (ReshardPolicy)o->reshard, o->overlap, o->weight_codec, &gpu_fsdp_memory};
     Comm *replicate = mesh->degree[MESH_DP_REPLICATE] > 1 ? mesh->dim[MESH_DP_REPLICATE] : NULL;
     g->fsdp = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, NULL, &options, init);
     g->m.storage = t->model.storage;
     g->m.grads_ready = t->model.grads_ready;
     g->m.grads_ready_ctx = t->model.grads_ready_ctx;
     log_info("%s on the GPU: zero stage %d over %d shards%s (chapter 3's module on device buffers, %s backend); "
-             "fp32 shards gathered, each unit cast to bf16 where it runs",
+             "%s, each unit cast to bf16 where it runs; gradients reduce-scattered in fp32",
              replicate ? "hsdp" : "fsdp", o->zero_stage, comm_size(mesh->dp_shard_cp),
-             replicate ? " x replicated" : "", gpu_comm_backend_name());
+             replicate ? " x replicated" : "", gpu_comm_backend_name(),
+             o->weight_codec == &fsdp_bf16_codec ? "weights all-gathered in bf16" : "fp32 weights gathered");
 }
 
 static void cuda_free(Strategy *s) {

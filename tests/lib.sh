@@ -14,7 +14,7 @@ expect_error() {
     local defaults=()
     [[ " $* " == *" --model "* ]] || defaults+=(--model tiny)
     [[ " $* " == *" --steps "* ]] || defaults+=(--steps 1)
-    out=$($MPIRUN -np "$np" "$BUILD/train" "${defaults[@]}" "$@" 2>&1 >/dev/null); rc=$?
+    out=$($MPIRUN -np "$np" "$BUILD/train" "${defaults[@]}" "$@" 2>&1 >/dev/null) && rc=0 || rc=$?  # also under set -e
     local ours; ours=$(printf '%s\n' "$out" | grep '^train' || true)
     if [ "$rc" -eq 0 ] || [ "$(printf '%s\n' "$ours" | grep -c .)" -ne 1 ] || [[ "$ours" != *"$want"* ]]; then
         echo "FAIL: -np $np $* -> rc $rc: $out"; exit 1

@@ -27,6 +27,7 @@
 //   norm = fsdp_grad_norm(f); fsdp_clip(f, norm, max); fsdp_adamw_step(f, step, lr, &adam);
 #pragma once
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "common/comm.h"
 #include "common/mem.h"
@@ -50,7 +51,19 @@ typedef struct {
     // Every rank's bytes (rank r's at r x shard_bytes) into u's full weights (u->shard x N elements).
     void (*decode)(void *ctx, const Fsdp *f, const FsdpUnit *u, const unsigned char *in, real *full);
     void *ctx;
+    // true: encode and decode work through the module's FsdpMemory (any memory, device included);
+    // false: they read and write host buffers themselves (host memory only).
+    bool any_memory;
 } FsdpWeightCodec;
+
+// The bf16 all-gather (torchtitan's mixed-precision policy: parameters travel in bf16, gradients are
+// reduce-scattered in fp32): each rank rounds its shard to bf16 (round to nearest even), the
+// all-gather moves 2 bytes per weight instead of 4, and every rank widens the gathered bf16 back
+// into the unit's full weights. The master weights, gradients and AdamW stay fp32. On the host the
+// forward and backward then compute with bf16-rounded weights (a change of the numbers, like any
+// mixed precision); a GPU model that casts its weights to bf16 anyway computes with the same bits as
+// with the fp32 all-gather (round(widen(round(w))) == round(w)), for half the bytes.
+extern const FsdpWeightCodec fsdp_bf16_codec;
 
 // Where the shards, the gathered units and the gradient buffers live, and the few operations the
 // module does on them itself (everything else is comm.h's, which takes host and device buffers
@@ -73,6 +86,9 @@ typedef struct {
     // The sum of squares of x (n); NULL: the host's sum_of_squares_by_tp_split, which also knows
     // tensor parallelism's replicated norm weights (the device's table is refused with tp).
     double (*sum_of_squares)(const real *x, size_t n);
+    // For the bf16 all-gather: x (n) rounded to bf16 bits (common/bf16.h's rounding), and back.
+    void (*to_bf16)(uint16_t *out, const real *x, size_t n);
+    void (*from_bf16)(real *out, const uint16_t *in, size_t n);
 } FsdpMemory;
 extern const FsdpMemory fsdp_host_memory;
 

@@ -175,9 +175,10 @@ static Strategy *sharded_create(Trainer *t, const LayoutOptions *o, const ParamS
     s->report_memory = fsdp_memory;
     s->free = fsdp_release;
     log_info("%s: zero stage %d over %d shards%s, %d micro-batch(es) of %d sequences per rank, reshard after "
-             "forward: %s, prefetch %s",
+             "forward: %s, prefetch %s%s",
              s->name, o->zero_stage, comm_size(mesh->dp_shard_cp), replicate ? " x replicated" : "", t->n_micro,
-             t->micro, args_choice_name(RESHARD_POLICY_NAMES, o->reshard, reshard, sizeof reshard), o->overlap ? "on" : "off");
+             t->micro, args_choice_name(RESHARD_POLICY_NAMES, o->reshard, reshard, sizeof reshard), o->overlap ? "on" : "off",
+             o->weight_codec == &fsdp_bf16_codec ? ", weights all-gathered in bf16" : "");
     if (replicate) log_info("hsdp: %d replicas of the shard group", comm_size(replicate));
     return s;
 }

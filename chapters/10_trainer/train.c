@@ -51,6 +51,7 @@ typedef struct {
     double lr, min_lr_ratio, weight_decay, beta1, beta2, eps, grad_clip, rope_theta, compare_rtol;
     double bucket_mb, comm_timeout, export_hf_shard_mb, peak_tflops;
     bool model_info, no_overlap, desync_init, sequence_parallel, fp8, fp8_all_gather, cuda_sync_debug;
+    const char *all_gather_dtype;
 } Options;
 
 static Options opt = {.seq_len = -1, .warmup_steps = -1, .rope_theta = -1};
@@ -163,6 +164,10 @@ static const ArgSpec FLAGS[] = {
      "with --fp8-recipe delayed: steps of amax history a scale comes from", .min = 1, .max = UNBOUNDED},
     {"fp8-all-gather", ARG_BOOL, &opt.fp8_all_gather, NULL,
      "with --fp8 (tensorwise) and --zero-stage 3: all-gather the projections' weights as E4M3 bytes", .value_name = ""},
+    {"all-gather-dtype", ARG_CHOICE, &opt.all_gather_dtype, "auto",
+     "ZeRO-3: the weights' all-gather in fp32, or in bf16 (half the bytes; gradients still reduce-scattered in "
+     "fp32); auto: bf16 with --device cuda, whose bf16 compute gives the same numbers, fp32 on the CPU",
+     .choices = "auto|fp32|bf16"},
     {"grad-accum-steps", ARG_INT, &opt.grad_accum_steps, "1",
      "micro-batches per optimizer step on each rank; gradients sync after the last", .min = 1, .max = UNBOUNDED},
     {"bucket-mb", ARG_DOUBLE, &opt.bucket_mb, "25", "DDP gradient bucket size in MiB", .min = 1e-6, .max = 1e6},
@@ -529,6 +534,21 @@ static void check_fp8_all_gather_flags(void) {
                     "and no --pp");
 }
 
+// --all-gather-dtype: which codec ZeRO-3's weight all-gather uses (chapter 3's bf16, chapter 9's FP8,
+// or none: fp32). bf16 needs that all-gather; auto takes it where it changes nothing but the bytes.
+static bool zero3_gathers_weights(void) { return opt.dp_shard > 1 && opt.zero_stage == 3 && opt.pp == 1; }
+static void check_all_gather_dtype_flags(void) {
+    if (strcmp(opt.all_gather_dtype, "bf16") != 0) return;
+    if (!zero3_gathers_weights())
+        fatal_input("--all-gather-dtype bf16: casts ZeRO-3's weight all-gather; needs --dp-shard 2 or more with "
+                    "--zero-stage 3 and no --pp");
+    if (opt.fp8_all_gather) fatal_input("--all-gather-dtype bf16: not with --fp8-all-gather (one codec per all-gather)");
+}
+static bool bf16_all_gather(bool cuda) {
+    if (strcmp(opt.all_gather_dtype, "auto") == 0) return cuda && zero3_gathers_weights() && !opt.fp8_all_gather;
+    return strcmp(opt.all_gather_dtype, "bf16") == 0;
+}
+
 // Chapter 7's flags, before any rank starts: the schedule must exist for (p, m, v), the model must
 // split into p * v stages, and what pipeline stages do not combine with yet is refused.
 static void check_pipeline_flags(const ModelConfig *cfg, const ArgSpec *flags) {
@@ -618,6 +638,7 @@ int main(int argc, char **argv) {
     if (args_given(flags, N_FLAGS, "fp8-amax-history") && strcmp(opt.fp8_recipe, "delayed") != 0)
         fatal_input("--fp8-amax-history: only with --fp8-recipe delayed");
     check_fp8_all_gather_flags();
+    check_all_gather_dtype_flags();
     check_before_work(&cfg, flags);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
     if (opt.cuda_sync_debug && !cuda) fatal_input("--cuda-sync-debug: needs --device cuda");
@@ -652,6 +673,7 @@ int main(int argc, char **argv) {
     ParamSource init = init_checkpoint ? hf_param_source(init_checkpoint) : param_source_seed(init_seed);
     LayoutOptions layout = layout_options();
     if (opt.fp8 && !cuda) fp8_create_for(&t, cfg.n_layers, &layout);  // on the GPU: the GPU model's own
+    if (bf16_all_gather(cuda)) layout.weight_codec = &fsdp_bf16_codec;
     if (cuda) t.strategy = cuda_strategy_create(&t, &cfg, &init, &layout);
     else trainer_setup_layout(&t, &cfg, attention, &init, &layout);
     if (init_checkpoint) log_info("initial weights from %s", opt.init_from);

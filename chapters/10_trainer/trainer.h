@@ -105,8 +105,8 @@ typedef struct {
     bool cuda_sync_debug;      // --device cuda: synchronize after every kernel launch, name the failing one
     bool fp8;                  // --device cuda: the GPU model's FP8 linears (the CPU layouts take the Fp8 hook)
     int fp8_recipe;            // Fp8Recipe (chapter 9)
-    const FsdpWeightCodec *weight_codec;  // ZeRO-3: how weights travel in the all-gather (chapter 9's FP8
-                                          // all-gather); NULL: fp32
+    const FsdpWeightCodec *weight_codec;  // ZeRO-3: how weights travel in the all-gather (chapter 3's bf16,
+                                          // chapter 9's FP8); NULL: fp32
 } LayoutOptions;
 
 // Builds t->model (this tp rank's slice, sharded or staged as the layout needs, each rank asking
