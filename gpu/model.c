@@ -39,6 +39,13 @@ static const void *weight(const GpuModel *m, size_t offset) {
     size_t i = offset - v->offset;
     return BF16(m) ? (const void *)((const gpu_bf16 *)v->weights + i) : (const void *)((const float *)v->weights + i);
 }
+// The fp32 weight at `offset` (the FP8 linears' operand): the master weights, or the unit's gathered
+// fp32 weights when storage shards them.
+static const float *master_weight(const GpuModel *m, size_t offset) {
+    const GpuUnitView *v = view_of(m, offset);
+    if (!v->master) fatal("gpu model: the unit at offset %zu is read outside its storage's params/params_done", offset);
+    return v->master + (offset - v->offset);
+}
 static float *grad(const GpuModel *m, size_t offset) {
     const GpuUnitView *v = view_of(m, offset);
     if (!v->grads) fatal("gpu model: the gradients at offset %zu were asked for outside backward", offset);
@@ -63,12 +70,13 @@ static void matmul_bwd_first(const GpuModel *m, void *dinp, float *dw, const voi
 // A block's projection (the weight at offset w_off): with FP8 on, chapter 9's FP8 linear on the fp32
 // master weights (gpu/fp8.h); else the matmul in the model's precision. first: dinp's first writer.
 static void linear_fwd(const GpuModel *m, void *out, const void *inp, size_t w_off, int M, int K, int N) {
-    if (m->fp8) gpu_fp8_linear_forward(out, inp, m->params + w_off, M, K, N, BF16(m), m->fp8_tokens);
+    if (m->fp8) gpu_fp8_linear_forward(out, inp, master_weight(m, w_off), M, K, N, BF16(m), m->fp8_tokens);
     else matmul_fwd(m, out, inp, weight(m, w_off), M, K, N);
 }
 static void linear_bwd(const GpuModel *m, void *dinp, bool first, float *dw, const void *dout, const void *inp,
                        size_t w_off, int M, int K, int N) {
-    if (m->fp8) gpu_fp8_linear_backward(dinp, first, dw, dout, inp, m->params + w_off, M, K, N, BF16(m), m->fp8_tokens);
+    if (m->fp8)
+        gpu_fp8_linear_backward(dinp, first, dw, dout, inp, master_weight(m, w_off), M, K, N, BF16(m), m->fp8_tokens);
     else if (first) matmul_bwd_first(m, dinp, dw, dout, inp, weight(m, w_off), M, K, N);
     else matmul_bwd(m, dinp, dw, dout, inp, weight(m, w_off), M, K, N);
 }
@@ -309,6 +317,7 @@ static void model_layout(GpuModel *m) {
     for (int u = 0; u < L + 2 && m->params; u++) {
         GpuUnitView *v = &m->units[u];
         v->weights = BF16(m) ? (const void *)(m->params_bf16 + v->offset) : (const void *)(m->params + v->offset);
+        v->master = m->params + v->offset;
         v->grads = m->grads + v->offset;
     }
 }
@@ -385,13 +394,14 @@ void gpu_model_zero_grads(GpuModel *m) {
 // in GPU_BF16 cast to a bf16 copy of the unit alone. The cast: FSDP gathers the fp32 master shards
 // (the module's all-gather, the same as the CPU's) and each rank rounds the unit to bf16 here, which
 // gives the same bf16 weights the one-GPU model's AdamW writes into params_bf16 (both round to
-// nearest even), so a sharded step computes what the single GPU computes. Gathering bf16 instead
-// (torchtitan's mixed-precision policy) would halve the all-gather's bytes, but the module would then
-// gather a different type than it keeps; its weight codec (FsdpWeightCodec) is where that belongs.
+// nearest even), so a sharded step computes what the single GPU computes. With the module's bf16
+// all-gather (chapter 3's fsdp_bf16_codec, the GPU's default) `full` holds bf16 values widened to
+// fp32, and the cast gives the same bf16 weights again. The FP8 linears read `full` itself (master).
 static void unit_begin(GpuModel *m, int unit, ModelPass pass) {
     if (!m->storage.params) return;
     GpuUnitView *v = &m->units[unit + 1];
     const float *full = m->storage.params(m->storage.ctx, unit, pass);
+    v->master = full;
     if (!BF16(m)) {
         v->weights = full;
         return;
@@ -407,6 +417,7 @@ static void unit_end(GpuModel *m, int unit, ModelPass pass) {
     gpu_free(v->cast);  // stream-ordered: after the kernels that read it
     v->cast = NULL;
     v->weights = NULL;
+    v->master = NULL;
     if (m->storage.params_done) m->storage.params_done(m->storage.ctx, unit, pass);
 }
 
@@ -497,7 +508,6 @@ static void check_targets(const GpuModel *m, const int *targets) {
 void gpu_model_forward_queued(GpuModel *m, const int *inputs, const int *targets) {
     const ModelConfig *c = &m->cfg;
     int BT = m->B * m->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
-    if (m->fp8 && !m->params) fatal("gpu model: the FP8 linears read m->params, which a sharded model has not");
     check_targets(m, targets);
     gpu_upload_queued(m->inputs, inputs, sizeof(int) * BT);
     gpu_upload_queued(m->targets, targets, sizeof(int) * BT);

@@ -70,6 +70,7 @@ typedef struct {
 typedef struct {
     size_t offset, numel;  // the unit's range in the flat layout
     const void *weights;   // the unit's first weight in the compute precision (bf16 or fp32)
+    const float *master;   // the unit's first weight in fp32 (the FP8 linears cast from these)
     float *grads;          // the unit's first gradient (fp32)
     gpu_bf16 *cast;        // with storage in GPU_BF16: the bf16 copy of the unit's weights, else NULL
 } GpuUnitView;
@@ -117,7 +118,8 @@ void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource 
                          int T, ActCheckpoint ac);
 // The same shapes and activations without the weights, gradients and optimizer state (NULL): for
 // storage that shards them. The caller sets m->storage (and grads_ready) before the first forward;
-// forward and backward then work, gpu_model_step and the fp8 linears do not (they need m->params).
+// forward and backward then work (the FP8 linears too, from each unit's fp32 weights); gpu_model_step
+// does not (it needs m->params).
 void gpu_model_init_sharded(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
                             ActCheckpoint ac);
 void gpu_model_free(GpuModel *m);

@@ -11,8 +11,9 @@
 // its own weights (gpu_model_init_sharded). fsdp_create installs its UnitStorage and grads-ready hook
 // on the trainer's Model, as it does for the CPU model; this file hands the same two to the GPU
 // model, which asks for each unit's fp32 weights before the unit runs (stage 3: the all-gather,
-// prefetched) and casts them to bf16, and reports each unit's gradients as they are final (stages
-// 2-3: the reduce-scatter). The optimizer step, the norm, clipping and the checkpoint gather/load are
+// prefetched; in bf16 by default, chapter 3's bf16 codec) and casts them to bf16, and reports each
+// unit's gradients as they are final (stages 2-3: the reduce-scatter). With --fp8 the FP8 linears
+// cast each projection from its unit's gathered fp32 weights. The optimizer step, the norm, clipping and the checkpoint gather/load are
 // the module's functions. The tensor-parallel layouts (--tp, --pp, --cp) are refused until the GPU
 // model has the CPU model's TensorParallel and pipeline hooks.
 //
@@ -142,6 +143,8 @@ static void create_sharded(GpuTraining *g, Trainer *t, const ModelConfig *cfg, c
     FsdpOptions options = {o->zero_stage, (ReshardPolicy)o->reshard, o->overlap, o->weight_codec, &gpu_fsdp_memory};
     Comm *replicate = mesh->degree[MESH_DP_REPLICATE] > 1 ? mesh->dim[MESH_DP_REPLICATE] : NULL;
     g->fsdp = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, NULL, &options, init);
+    g->m.fp8 = o->fp8;  // each projection cast to FP8 from its unit's gathered fp32 weights
+    g->m.fp8_tokens = t->dp_size > 1 ? t->mesh->dp : NULL;  // activations' amaxes agree across the shards
     g->m.storage = t->model.storage;
     g->m.grads_ready = t->model.grads_ready;
     g->m.grads_ready_ctx = t->model.grads_ready_ctx;
@@ -187,9 +190,6 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
         if (d != MESH_DP_REPLICATE && d != MESH_DP_SHARD && mesh->degree[d] > 1)
             fatal_input("--device cuda with %s %d: the GPU trainer runs the single process, --dp-replicate (DDP) and "
                         "--dp-shard (ZeRO-1/2/3, HSDP) so far", dims[d], mesh->degree[d]);
-    if (mesh->degree[MESH_DP_SHARD] > 1 && o->fp8)
-        fatal_input("--device cuda --fp8 with --dp-shard %d: the GPU's FP8 linears read the whole fp32 model, which "
-                    "sharding leaves on no rank (drop --fp8, or use --dp-replicate)", mesh->degree[MESH_DP_SHARD]);
     if (o->ac == AC_SELECTIVE)
         fatal_input("--device cuda --ac selective: the GPU model recomputes whole blocks only so far (--ac full)");
 }
@@ -227,6 +227,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     start_gpu_timeline();
     model_init_unallocated(&t->model, cfg, ATTN_FLASH);  // the table and shapes, for checkpoints (and FSDP's units)
     GpuTraining *g = calloc(1, sizeof *g);
+    if (o->fp8) log_info("fp8 on the GPU: wq wk wv wo w1 w2 w3 of every block as FP8 GEMMs (tensorwise)");
     if (t->mesh->degree[MESH_DP_SHARD] > 1) {
         create_sharded(g, t, cfg, init, o);
         Strategy *s = calloc(1, sizeof *s);
@@ -242,7 +243,6 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     gpu_model_init_from(&g->m, cfg, init, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
     g->m.fp8 = o->fp8;
     g->m.fp8_tokens = t->dp_size > 1 ? t->mesh->dp : NULL;  // activations' amaxes agree across replicas
-    if (o->fp8) log_info("fp8 on the GPU: wq wk wv wo w1 w2 w3 of every block as FP8 GEMMs (tensorwise)");
     if (t->dp_size > 1) {
         g->dp = t->mesh->dp;
         gpu_model_broadcast(g->dp, &g->m, 0);  // replicas start equal, bf16 copies included

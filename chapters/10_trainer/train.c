@@ -166,7 +166,7 @@ static const ArgSpec FLAGS[] = {
      "with --fp8 (tensorwise) and --zero-stage 3: all-gather the projections' weights as E4M3 bytes", .value_name = ""},
     {"all-gather-dtype", ARG_CHOICE, &opt.all_gather_dtype, "auto",
      "ZeRO-3: the weights' all-gather in fp32, or in bf16 (half the bytes; gradients still reduce-scattered in "
-     "fp32); auto: bf16 with --device cuda, whose bf16 compute gives the same numbers, fp32 on the CPU",
+     "fp32); auto: bf16 with --device cuda (without --fp8), whose bf16 compute gives the same numbers, fp32 on the CPU",
      .choices = "auto|fp32|bf16"},
     {"grad-accum-steps", ARG_INT, &opt.grad_accum_steps, "1",
      "micro-batches per optimizer step on each rank; gradients sync after the last", .min = 1, .max = UNBOUNDED},
@@ -544,8 +544,10 @@ static void check_all_gather_dtype_flags(void) {
                     "--zero-stage 3 and no --pp");
     if (opt.fp8_all_gather) fatal_input("--all-gather-dtype bf16: not with --fp8-all-gather (one codec per all-gather)");
 }
+// auto on the GPU without --fp8 only: the FP8 linears cast from the gathered fp32 weights, which a
+// bf16 all-gather would round first (the single GPU casts from the unrounded master weights).
 static bool bf16_all_gather(bool cuda) {
-    if (strcmp(opt.all_gather_dtype, "auto") == 0) return cuda && zero3_gathers_weights() && !opt.fp8_all_gather;
+    if (strcmp(opt.all_gather_dtype, "auto") == 0) return cuda && zero3_gathers_weights() && !opt.fp8;
     return strcmp(opt.all_gather_dtype, "bf16") == 0;
 }
 
