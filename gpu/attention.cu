@@ -383,3 +383,24 @@ extern "C" void gpu_attention_backward_bf16_simt(gpu_bf16 *dq, gpu_bf16 *dk, gpu
                                                  const gpu_bf16 *out, const float *lse, const AttnShape *s) {
     launch_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
 }
+
+// ---- ring attention's merge (chapter 8 on device buffers, gpu/cp_device.c) -------------------------------
+// One thread per (head, query row) of the block: the row's two weights from numerics.h's lse_merge,
+// then its hd outputs. Rows are independent, so any grid gives the same bits.
+__global__ void attention_merge_kernel(float *out, float *lse, const float *out_b, const float *lse_b, int q0, int nq,
+                                       int Tl, int H, int hd) {
+    GRID_STRIDE_LOOP(row, (size_t)H * nq) {  // row = h * nq + i: lse_b's layout
+        int h = (int)(row / nq), i = (int)(row % nq);
+        float *l = lse + (size_t)h * Tl + q0 + i;
+        LseMerge w = lse_merge(*l, lse_b[row]);
+        float *o = out + ((size_t)(q0 + i) * H + h) * hd;
+        const float *o_b = out_b + ((size_t)i * H + h) * hd;
+        for (int d = 0; d < hd; d++) o[d] = o[d] * w.a + o_b[d] * w.b;
+        *l = w.merged;
+    }
+}
+
+extern "C" void gpu_attention_merge(float *out, float *lse, const float *out_b, const float *lse_b, int q0, int nq,
+                                    int Tl, int H, int hd) {
+    LAUNCH_1D(attention_merge_kernel, (size_t)H * nq, out, lse, out_b, lse_b, q0, nq, Tl, H, hd);
+}

@@ -8,7 +8,8 @@
 //   RoPE:      one pair rotation
 //   AdamW:     the step's scalars (computed on the host, as reference_cpu/adamw.c does) and the
 //              update of one element in the same formula order
-//   attention: the online-softmax state of one query row (FlashAttention-2), and visibility
+//   attention: the online-softmax state of one query row (FlashAttention-2), and visibility;
+//              ring attention's log-sum-exp merge of partial results
 #pragma once
 #include <math.h>
 #include <stdbool.h>
@@ -113,3 +114,24 @@ GPU_HD void online_softmax_add(OnlineSoftmax *st, float tile_weight_sum) { st->l
 // row saw no key (as in reference_cpu, which ring attention relies on to merge such rows away).
 GPU_HD float online_softmax_lse(const OnlineSoftmax *st) { return st->l > 0 ? st->m + logf(st->l) : -INFINITY; }
 GPU_HD float online_softmax_output(const OnlineSoftmax *st, float acc) { return st->l > 0 ? acc / st->l : 0.0f; }
+
+// Ring attention's merge (chapter 8's merge_row): a query row's running (o, lse) and one block's
+// partial (o_b, lse_b) become o' = a o + b o_b, lse' = merged, with
+//   merged = max + log1p(exp(min - max)),  a = exp(lse - merged),  b = exp(lse_b - merged).
+// A -inf lse_b (the block had no key for this row) keeps the row (a = 1, b = 0); a -inf lse (no key
+// yet) takes the block's (a = 0, b = 1): exact copies, as merge_row's early returns.
+typedef struct {
+    float merged, a, b;
+} LseMerge;
+GPU_HD LseMerge lse_merge(float lse, float lse_b) {
+    LseMerge r = {lse, 1.0f, 0.0f};
+    if (lse_b == -INFINITY) return r;
+    if (lse == -INFINITY) {
+        r.merged = lse_b, r.a = 0.0f, r.b = 1.0f;
+        return r;
+    }
+    float hi = lse > lse_b ? lse : lse_b, lo = lse > lse_b ? lse_b : lse;
+    r.merged = hi + log1pf(exp_kernel(lo - hi));
+    r.a = exp_kernel(lse - r.merged), r.b = exp_kernel(lse_b - r.merged);
+    return r;
+}

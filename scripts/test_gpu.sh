@@ -10,7 +10,8 @@
 #   5. data parallelism on 4 ranks sharing the GPU (test_gpu_ddp under mpirun);
 #   6. common/comm.h on device buffers (test_gpu_comm): the NCCL backend on one rank and, under
 #      mpirun, on a rank per GPU where the machine has several; the staged backend on 4 ranks
-#      sharing the GPU.
+#      sharing the GPU;
+#   7. chapter 8's ring attention on device buffers (test_gpu_cp) on one rank and 4 sharing the GPU.
 # GPU_TEST_REQUIRE_DEVICE=1 (set by make test-gpu): without a device the programs stop with
 # "no CUDA device: <why>" instead of printing SKIP, so this can never pass on a machine without one.
 set -euo pipefail
@@ -70,5 +71,9 @@ if [ "${devices:-0}" -gt 1 ]; then
     run "test_gpu_comm, NCCL, $devices ranks" $MPIRUN -x LLAMA_GPU_COMM=nccl -np "$devices" "$BUILD/tests/gpu/test_gpu_comm"
 fi
 run "test_gpu_comm, staged, 4 ranks on one GPU" $MPIRUN -x LLAMA_GPU_COMM=staged -np 4 "$BUILD/tests/gpu/test_gpu_comm"
+
+step "7. chapter 8's ring attention on device buffers"
+run "test_gpu_cp, one rank" "$BUILD/tests/gpu/test_gpu_cp"
+run "test_gpu_cp, 4 ranks on one GPU" $MPIRUN -np 4 "$BUILD/tests/gpu/test_gpu_cp"
 
 echo; echo "test-gpu: all passed"

@@ -7,8 +7,9 @@
 # answers, a missing barrier caught, a divergent barrier ending as a deadlock, a faulting kernel
 # named in sync-debug mode (LLAMA_CUDA_SYNC_DEBUG=1), the seed changing the order. Needs a C++ compiler
 # (else SKIP). Then test_gpu_ddp on 4 ranks (DDP through the staged backend, one emulated GPU),
-# test_gpu_comm (comm.h on device buffers) through each backend on 1, 2 and 4 ranks, and last the
-# GPU timeline of a traced step against the Perfetto schema.
+# test_gpu_comm (comm.h on device buffers) through each backend on 1, 2 and 4 ranks, test_gpu_cp
+# (chapter 8's ring on device buffers) on 1, 2 and 4 ranks, and last the GPU timeline of a traced
+# step against the Perfetto schema.
 set -euo pipefail
 BUILD=${BUILD:-build}
 EMU=$BUILD/tests/emu
@@ -94,6 +95,23 @@ out=$("$EMU/test_gpu_comm" mixed 2>&1) || status=$?
 [ "$status" -eq 1 ] && grep -q 'buffers are device memory and the others host memory' <<<"$out" ||
     { echo "FAIL: an all-gather from device into host memory was not refused (status $status): $(tail -2 <<<"$out")"; exit 1; }
 echo "ok: device and host buffers in one operation: $(grep -o 'comm: all_gather.*' <<<"$out")"
+
+# Chapter 8's ring attention on device buffers (gpu/cp_device.h) against the same ring on host buffers
+# and against the whole sequence's attention, on 1, 2 and 4 ranks (NCCL or staged: the backend
+# chooses), zigzag and contiguous; the all-to-all mode refused on device buffers with one line.
+for np in 1 2 4; do
+    status=0
+    out=$(timeout 300 $MPIRUN -np $np "$EMU/test_gpu_cp" 2>&1) || status=$?
+    summary=$(grep -E '^test_gpu_cp: [0-9]+ checks, 0 failed$' <<<"$out" || true)
+    [ "$status" -eq 0 ] && [ -n "$summary" ] ||
+        { echo "FAIL: test_gpu_cp on $np ranks (status $status)"; grep -E '^FAIL|error' <<<"$out" | head -20; tail -3 <<<"$out"; exit 1; }
+    echo "ok: $EMU/test_gpu_cp on $np ranks: $summary"
+done
+status=0
+out=$($MPIRUN -np 2 "$EMU/test_gpu_cp" alltoall 2>&1) || status=$?
+[ "$status" -ne 0 ] && grep -q -- '--cp-mode alltoall on device buffers' <<<"$out" ||
+    { echo "FAIL: the all-to-all on device buffers was not refused (status $status): $(tail -3 <<<"$out")"; exit 1; }
+echo "ok: $(grep -o -- '--cp-mode alltoall on device buffers.*' <<<"$out" | head -1)"
 
 # The traced step's GPU timeline, next to the host's slices, against the Perfetto schema: one
 # process track, "compute" and "cuda:compute".

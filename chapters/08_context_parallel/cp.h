@@ -31,6 +31,7 @@
 #pragma once
 #include <stdbool.h>
 
+#include "chapters/03_fsdp/fsdp.h"  // FsdpMemory
 #include "common/comm.h"
 #include "reference_cpu/model.h"
 #include "reference_cpu/ops.h"
@@ -56,9 +57,26 @@ void cp_take_local(const CpLayout *l, const int *full, int *local, int B);
 
 typedef struct ContextParallel ContextParallel;
 
-// Collective over cp_group. B sequences per micro-batch; heads are this (tp) rank's.
+// Where the module's buffers live and the computations it runs itself; everything else is comm.h's,
+// which takes host and device buffers alike. The ring needs chapter 3's memory table (alloc, free,
+// copy, zero, add, upload), the attention pair with reference_cpu/ops.h's meaning (AttnShape's
+// positions in that memory), and the merge of one block's partial output into the running one.
+// gpu/cp_device.c gives the device's, so the same ring runs on the GPU's buffers.
+typedef struct {
+    const FsdpMemory *memory;
+    void (*attention_forward)(real *out, real *lse, const real *q, const real *k, const real *v, const AttnShape *s);
+    void (*attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *q, const real *k,
+                               const real *v, const real *out, const real *lse, const AttnShape *s);
+    // One sequence: folds the block's (out_b (nq, H, hd), lse_b (H, nq)) into rows [q0, q0 + nq) of the
+    // running (out (Tl, H, hd), lse (H, Tl)) through the log-sum-exp (cp.c's merge_row, row by row).
+    void (*merge)(real *out, real *lse, const real *out_b, const real *lse_b, int q0, int nq, int Tl, int H, int hd);
+} CpCompute;
+extern const CpCompute cp_host_compute;  // host memory, reference_cpu's attention, cp.c's merge
+
+// Collective over cp_group. B sequences per micro-batch; heads are this (tp) rank's. compute: NULL
+// for the host's; on a device, the ring only (the all-to-all's layout moves are host loops).
 ContextParallel *cp_create(Comm *cp_group, CpMode mode, bool balanced, int B, int T, int n_heads, int n_kv_heads,
-                           int head_dim);
+                           int head_dim, const CpCompute *compute);
 void cp_free(ContextParallel *cp);
 const int *cp_positions(const ContextParallel *cp);  // this rank's tokens' global positions
 const CpLayout *cp_get_layout(const ContextParallel *cp);

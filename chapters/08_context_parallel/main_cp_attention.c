@@ -114,7 +114,7 @@ int main(int argc, char **argv) {
     CpMode mode = (CpMode)args_choice_index(CP_MODE_NAMES, opt.mode);
     bool balanced = strcmp(opt.load_balance, "on") == 0;
     int B = opt.batch, T = opt.seq_len, H = opt.heads, Hkv = opt.kv_heads, hd = opt.head_dim;
-    ContextParallel *cp = cp_create(group, mode, balanced, B, T, H, Hkv, hd);
+    ContextParallel *cp = cp_create(group, mode, balanced, B, T, H, Hkv, hd, NULL);
     int Tl = T / n;
     const int *positions = cp_positions(cp);
 
