@@ -53,7 +53,9 @@ struct ContextParallel {
     CpMode mode;
     CpLayout layout;
     int B, Tl, H, Hkv, hd;
-    int *all_positions;     // (n * Tl) every rank's positions, in rank order
+    int *all_positions;     // (n * Tl) every rank's positions, in rank order (host)
+    int *block_positions;   // the same in the compute's memory (AttnShape's positions point into it)
+    const CpCompute *compute;
     real *kv[2];            // (2 * kv_count) K then V of the block at hand, and the next one arriving
     real *dkv[2];           // the same for their gradients (backward), travelling with them
     real *dkv_block;        // (2 * kv_count) one block's dK/dV, computed while the travelling sum arrives
@@ -64,14 +66,22 @@ struct ContextParallel {
 
 static size_t kv_count(const ContextParallel *cp) { return (size_t)cp->B * cp->Tl * cp->Hkv * cp->hd; }
 
+static real *alloc_real(const ContextParallel *cp, size_t count) {
+    return cp->compute->memory->alloc(MEM_COMM, sizeof(real) * count);
+}
+
 ContextParallel *cp_create(Comm *cp_group, CpMode mode, bool balanced, int B, int T, int n_heads, int n_kv_heads,
-                           int head_dim) {
+                           int head_dim, const CpCompute *compute) {
     int n = comm_size(cp_group);
+    if (!compute) compute = &cp_host_compute;
+    if (compute->memory->on_device && mode != CP_RING)
+        fatal_input("--cp-mode alltoall on %s buffers: the all-to-all's layout moves run on the host; use the ring",
+                    compute->memory->name);
     if (mode == CP_ALLTOALL && (n_heads % n != 0 || n_kv_heads % n != 0))
         fatal_input("--cp-mode alltoall with --cp %d: the %d heads and %d kv heads (after tensor parallelism) must "
                     "divide by cp", n, n_heads, n_kv_heads);
     ContextParallel *cp = calloc(1, sizeof *cp);
-    cp->group = cp_group, cp->mode = mode;
+    cp->group = cp_group, cp->mode = mode, cp->compute = compute;
     cp->layout = cp_layout(n, comm_rank(cp_group), T, balanced);
     cp->B = B, cp->Tl = cp_local_len(&cp->layout), cp->H = n_heads, cp->Hkv = n_kv_heads, cp->hd = head_dim;
     cp->all_positions = malloc(sizeof(int) * (size_t)n * cp->Tl);
@@ -80,23 +90,29 @@ ContextParallel *cp_create(Comm *cp_group, CpMode mode, bool balanced, int B, in
         cp_local_positions(&other, cp->all_positions + (size_t)r * cp->Tl);
     }
     if (mode == CP_RING) {
+        const FsdpMemory *mem = compute->memory;
+        size_t positions_bytes = sizeof(int) * (size_t)n * cp->Tl;
+        cp->block_positions = mem->alloc(MEM_OTHER, positions_bytes);
+        mem->upload(cp->block_positions, cp->all_positions, positions_bytes);
         for (int i = 0; i < 2; i++) {
-            cp->kv[i] = mem_alloc(MEM_COMM, sizeof(real) * 2 * kv_count(cp));
-            cp->dkv[i] = mem_alloc(MEM_COMM, sizeof(real) * 2 * kv_count(cp));
+            cp->kv[i] = alloc_real(cp, 2 * kv_count(cp));
+            cp->dkv[i] = alloc_real(cp, 2 * kv_count(cp));
         }
-        cp->dkv_block = mem_alloc(MEM_COMM, sizeof(real) * 2 * kv_count(cp));
-        cp->block_out = mem_alloc(MEM_COMM, sizeof(real) * (size_t)cp->Tl * n_heads * head_dim);
-        cp->block_lse = mem_alloc(MEM_COMM, sizeof(real) * (size_t)n_heads * cp->Tl);
+        cp->dkv_block = alloc_real(cp, 2 * kv_count(cp));
+        cp->block_out = alloc_real(cp, (size_t)cp->Tl * n_heads * head_dim);
+        cp->block_lse = alloc_real(cp, (size_t)n_heads * cp->Tl);
     }
     return cp;
 }
 
 void cp_free(ContextParallel *cp) {
     if (!cp) return;
-    for (int i = 0; i < 2; i++) mem_free(cp->kv[i]), mem_free(cp->dkv[i]);
-    mem_free(cp->dkv_block);
-    mem_free(cp->block_out);
-    mem_free(cp->block_lse);
+    void (*release)(void *) = cp->compute->memory->free;
+    for (int i = 0; i < 2; i++) release(cp->kv[i]), release(cp->dkv[i]);
+    release(cp->dkv_block);
+    release(cp->block_out);
+    release(cp->block_lse);
+    release(cp->block_positions);
     free(cp->all_positions);
     free(cp);
 }
@@ -123,9 +139,10 @@ static RingBlock ring_block(const ContextParallel *cp, int src) {
     return (RingBlock){c, c, 0, Tl, false};                // our second chunk, both of the source's
 }
 
-// The attention shape of one sequence's block (B = 1).
+// The attention shape of one sequence's block (B = 1), its positions in the compute's memory.
 static AttnShape block_shape(const ContextParallel *cp, RingBlock blk, int src) {
-    const int *mine = cp_positions(cp), *theirs = cp->all_positions + (size_t)src * cp->Tl;
+    const int *mine = cp->block_positions + (size_t)cp->layout.rank * cp->Tl;
+    const int *theirs = cp->block_positions + (size_t)src * cp->Tl;
     return (AttnShape){1, blk.nq, blk.nk, cp->H, cp->Hkv, cp->hd, mine + blk.q0, theirs + blk.k0, blk.causal};
 }
 
@@ -136,6 +153,18 @@ static void merge_row(real *o, real *lse, const real *o_b, real lse_b, int hd) {
     LAB_HOLE("cp", "fold (o_b, lse_b) into (o, lse): a -inf lse means no keys yet; lse' = max + log1p(exp(min - max)), o' = o e^(lse - lse') + o_b e^(lse_b - lse')");
     // END LAB
 }
+
+// The host's merge of a whole block: merge_row for each head and query row.
+static void host_merge(real *out, real *lse, const real *out_b, const real *lse_b, int q0, int nq, int Tl, int H,
+                       int hd) {
+    size_t q_stride = (size_t)H * hd;
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < nq; i++)
+            merge_row(out + (size_t)(q0 + i) * q_stride + (size_t)h * hd, lse + (size_t)h * Tl + q0 + i,
+                      out_b + (size_t)i * q_stride + (size_t)h * hd, lse_b[(size_t)h * nq + i], hd);
+}
+
+const CpCompute cp_host_compute = {&fsdp_host_memory, attention_flash_forward, attention_flash_backward, host_merge};
 
 static void trace_block(const char *name, int step, int src) {
     int track = trace_track("compute");
@@ -159,15 +188,11 @@ static void ring_forward_block(ContextParallel *cp, int step, int src, const rea
         const real *kb = k + ((size_t)b * cp->Tl + blk.k0) * k_stride, *vb = v + ((size_t)b * cp->Tl + blk.k0) * k_stride;
         real *ob = out + (size_t)b * cp->Tl * q_stride, *lb = lse + (size_t)b * cp->H * cp->Tl;
         if (step == 0) {  // the diagonal covers every local query
-            attention_flash_forward(ob, lb, qb, kb, vb, &s);
+            cp->compute->attention_forward(ob, lb, qb, kb, vb, &s);
             continue;
         }
-        attention_flash_forward(cp->block_out, cp->block_lse, qb, kb, vb, &s);
-        for (int h = 0; h < cp->H; h++)
-            for (int i = 0; i < blk.nq; i++)
-                merge_row(ob + (size_t)(blk.q0 + i) * q_stride + (size_t)h * cp->hd, lb + (size_t)h * cp->Tl + blk.q0 + i,
-                          cp->block_out + (size_t)i * q_stride + (size_t)h * cp->hd, cp->block_lse[(size_t)h * blk.nq + i],
-                          cp->hd);
+        cp->compute->attention_forward(cp->block_out, cp->block_lse, qb, kb, vb, &s);
+        cp->compute->merge(ob, lb, cp->block_out, cp->block_lse, blk.q0, blk.nq, cp->Tl, cp->H, cp->hd);
     }
     trace_end(trace_track("compute"));
 }
@@ -184,8 +209,9 @@ static void ring_backward_block(ContextParallel *cp, int step, int src, const re
         size_t qrow = (size_t)b * cp->Tl + blk.q0, krow = (size_t)b * cp->Tl + blk.k0;
         const real *lb = lse + (size_t)b * cp->H * cp->Tl;
         for (int h = 0; h < cp->H; h++)  // the global lse of the queries at hand, (H, nq)
-            memcpy(cp->block_lse + (size_t)h * blk.nq, lb + (size_t)h * cp->Tl + blk.q0, sizeof(real) * blk.nq);
-        attention_flash_backward(dq + qrow * q_stride, dkv + krow * k_stride, dkv + n_kv + krow * k_stride,
+            cp->compute->memory->copy(cp->block_lse + (size_t)h * blk.nq, lb + (size_t)h * cp->Tl + blk.q0,
+                                      sizeof(real) * blk.nq);
+        cp->compute->attention_backward(dq + qrow * q_stride, dkv + krow * k_stride, dkv + n_kv + krow * k_stride,
                                  dout + qrow * q_stride, q + qrow * q_stride, kv + krow * k_stride,
                                  kv + n_kv + krow * k_stride, out + qrow * q_stride, cp->block_lse, &s);
     }
@@ -213,8 +239,8 @@ static void wait_ring(CommHandle *h) {
 }
 
 static void pack_kv(ContextParallel *cp, real *kv, const real *k, const real *v) {
-    memcpy(kv, k, sizeof(real) * kv_count(cp));
-    memcpy(kv + kv_count(cp), v, sizeof(real) * kv_count(cp));
+    cp->compute->memory->copy(kv, k, sizeof(real) * kv_count(cp));
+    cp->compute->memory->copy(kv + kv_count(cp), v, sizeof(real) * kv_count(cp));
 }
 
 static void ring_forward(ContextParallel *cp, real *out, real *lse, const real *q, const real *k, const real *v) {
@@ -232,6 +258,7 @@ static void ring_backward(ContextParallel *cp, real *dq, real *dk, real *dv, con
                           const real *k, const real *v, const real *out, const real *lse) {
     int n = cp->layout.n, r = cp->layout.rank;
     size_t count = 2 * kv_count(cp);
+    const FsdpMemory *mem = cp->compute->memory;
     pack_kv(cp, cp->kv[0], k, v);
     // LAB cp: the ring: each step rotate K/V on (rotate, TAG_KV) while computing the block of source (r - s) mod n into a zeroed dkv_block (ring_backward_block), then add it to the dK/dV sum arriving from the previous rank and send the sum on (TAG_DKV); after n steps add your own tokens' sum into dk and dv
     LAB_HOLE("cp", "the ring: each step rotate K/V on (rotate, TAG_KV) while computing the block of source (r - s) mod n into a zeroed dkv_block (ring_backward_block), then add it to the dK/dV sum arriving from the previous rank and send the sum on (TAG_DKV); after n steps add your own tokens' sum into dk and dv");
@@ -409,7 +436,7 @@ static void hook_backward(void *ctx, real *dq, real *dk, real *dv, const real *d
 
 ContextParallel *cp_install(Model *m, Comm *cp_group, CpMode mode, bool balanced, int B, int T) {
     ContextParallel *cp = cp_create(cp_group, mode, balanced, B, T, m->local.n_heads, m->local.n_kv_heads,
-                                    model_head_dim(&m->cfg));
+                                    model_head_dim(&m->cfg), NULL);
     m->cp = (ContextParallelHooks){cp_positions(cp), hook_forward, hook_backward, cp};
     return cp;
 }

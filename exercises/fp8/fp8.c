@@ -452,7 +452,7 @@ static void codec_decode(void *ctx, const Fsdp *fs, const FsdpUnit *u, const uns
 FsdpWeightCodec fp8_all_gather_codec(Fp8 *f) {
     if (f->o.recipe != FP8_TENSORWISE) fatal("fp8_all_gather_codec: tensorwise scaling only");
     if (!f->gathered_scale) f->gathered_scale = mem_alloc(MEM_OTHER, sizeof(float) * (size_t)f->n_layers * N_PROJ);
-    return (FsdpWeightCodec){codec_prepare, codec_shard_bytes, codec_encode, codec_decode, f};
+    return (FsdpWeightCodec){codec_prepare, codec_shard_bytes, codec_encode, codec_decode, f, false};  // host buffers
 }
 
 // ================================ delayed scaling's history =====================================

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/bf16.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/trace.h"
@@ -24,10 +25,37 @@ static void host_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 static void host_add(real *acc, const real *x, size_t n) {
     for (size_t i = 0; i < n; i++) acc[i] += x[i];
 }
+// bf16 from `real`: in the float64 build through float first (two roundings; the all-gather is a
+// float32 build's feature, the float64 build only keeps it compiling).
+static void host_to_bf16(uint16_t *out, const real *x, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = bf16_bits_from_f32((float)x[i]);
+}
+static void host_from_bf16(real *out, const uint16_t *in, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = f32_from_bf16_bits(in[i]);
+}
 const FsdpMemory fsdp_host_memory = {.name = "host", .on_device = false, .alloc = mem_alloc, .free = mem_free,
                                      .copy = host_copy, .zero = host_zero, .upload = host_copy,
                                      .download = host_copy, .add = host_add, .scale = scale_inplace,
-                                     .adamw = adamw_step, .sum_of_squares = NULL};
+                                     .adamw = adamw_step, .sum_of_squares = NULL, .to_bf16 = host_to_bf16,
+                                     .from_bf16 = host_from_bf16};
+
+// ---- the bf16 all-gather: a codec over the memory's own casts (fsdp.h) ------------------------------
+static void bf16_prepare(void *ctx, const Fsdp *f) { (void)ctx, (void)f; }  // nothing to agree on
+static size_t bf16_shard_bytes(void *ctx, const Fsdp *f, const FsdpUnit *u) {
+    (void)ctx, (void)f;
+    return sizeof(uint16_t) * u->shard;
+}
+static void bf16_encode(void *ctx, const Fsdp *f, const FsdpUnit *u, unsigned char *out) {
+    (void)ctx;
+    f->mem->to_bf16((uint16_t *)out, u->params_shard, u->shard);  // the padding is zero: 0x0000
+}
+static void bf16_decode(void *ctx, const Fsdp *f, const FsdpUnit *u, const unsigned char *in, real *full) {
+    (void)ctx;
+    f->mem->from_bf16(full, (const uint16_t *)in, u->shard * (size_t)comm_size(f->shard_group));
+}
+const FsdpWeightCodec fsdp_bf16_codec = {bf16_prepare, bf16_shard_bytes, bf16_encode, bf16_decode, NULL, true};
 
 // A slice on the compute track for the time the main thread waits on the comm stream: this is the
 // exposed communication trace-summary reports.
@@ -52,15 +80,15 @@ static void start_gather(Fsdp *f, FsdpUnit *u) {
         return;
     }
     size_t bytes = codec->shard_bytes(codec->ctx, f, u);
-    u->wire_shard = mem_alloc(MEM_COMM, bytes);
-    u->wire_full = mem_alloc(MEM_COMM, bytes * (size_t)n_ranks(f));
+    u->wire_shard = f->mem->alloc(MEM_COMM, bytes);
+    u->wire_full = f->mem->alloc(MEM_COMM, bytes * (size_t)n_ranks(f));
     codec->encode(codec->ctx, f, u, u->wire_shard);
     u->gather = comm_all_gather_start(f->shard_group, u->wire_shard, u->wire_full, bytes, COMM_BYTE);
 }
 
-static void free_wire(FsdpUnit *u) {
-    mem_free(u->wire_shard);
-    mem_free(u->wire_full);
+static void free_wire(const Fsdp *f, FsdpUnit *u) {
+    f->mem->free(u->wire_shard);
+    f->mem->free(u->wire_full);
     u->wire_shard = u->wire_full = NULL;
 }
 
@@ -71,7 +99,7 @@ static void await_gather(Fsdp *f, FsdpUnit *u) {
     u->gather = NULL;
     const FsdpWeightCodec *codec = f->options.codec;
     if (codec && u->wire_full) codec->decode(codec->ctx, f, u, u->wire_full, u->full);
-    free_wire(u);
+    free_wire(f, u);
 }
 
 static void release_full(const Fsdp *f, FsdpUnit *u) {
@@ -83,7 +111,7 @@ static void release_full(const Fsdp *f, FsdpUnit *u) {
 static void drop_gather(const Fsdp *f, FsdpUnit *u) {
     comm_wait(u->gather);
     u->gather = NULL;
-    free_wire(u);
+    free_wire(f, u);
     release_full(f, u);
 }
 
@@ -221,8 +249,8 @@ Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *
     f->model = model, f->shard_group = shard_group, f->replicate_group = replicate_group, f->tp_group = tp_group;
     f->options = *options;
     f->mem = options->memory ? options->memory : &fsdp_host_memory;
-    if (f->mem->on_device && (tp_group || options->codec))
-        fatal("fsdp_create: %s buffers take no tensor parallelism and no weight codec", f->mem->name);
+    if (f->mem->on_device && (tp_group || (options->codec && !options->codec->any_memory)))
+        fatal("fsdp_create: %s buffers take no tensor parallelism and no host-only weight codec", f->mem->name);
     int N = comm_size(shard_group), r = comm_rank(shard_group), L = model->cfg.n_layers;
     f->n_units = L + 2;
     f->units = calloc((size_t)f->n_units, sizeof(FsdpUnit));
