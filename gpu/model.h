@@ -2,9 +2,10 @@
 // the same parameter table (flat layout, names, init from the seed), the same block math in the
 // same order, the same loss, AdamW and global-norm clipping. One process, one device; no tensor
 // parallelism. Sharding plugs in as on the CPU model: chapter 3's FSDP module installs UnitStorage
-// (GpuUnitView below; gpu/strategy.c, --dp-shard). Activation checkpointing: AC_FULL
-// keeps each block's input alone and recomputes the block before its backward (bit-identical
-// gradients); AC_SELECTIVE is refused.
+// (GpuUnitView below; gpu/strategy.c, --dp-shard); so do chapter 7's pipeline stages, which run
+// through the stage entry points at the end of this file (gpu/pipeline_device.h, --pp). Activation
+// checkpointing: AC_FULL keeps each block's input alone and recomputes the block before its
+// backward (bit-identical gradients); AC_SELECTIVE is refused.
 //
 //   GpuModel m;
 //   gpu_model_init(&m, &cfg, seed, GPU_BF16, B, T);
@@ -166,8 +167,9 @@ typedef struct {
     int *targets;
 } GpuStageActs;
 
-// The model for pipeline stages: gpu_model_init_sharded (weights and gradients from storage), without
-// the per-block activations, the head's, dx and the token buffers (GpuStageActs hold them).
+// The model for pipeline stages: gpu_model_init_sharded (weights and gradients from storage), then
+// the per-block activations, the head's, dx and the token buffers released (GpuStageActs hold them;
+// the memory check before allocating still counts them once).
 void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T);
 // MEM_ACTIVATIONS, at the model's B and T. AC_NONE only: every block keeps its activations.
 GpuStageActs *gpu_model_stage_acts_alloc(const GpuModel *m, int first, int end);

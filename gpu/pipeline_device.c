@@ -7,10 +7,12 @@
 #include "common/log.h"
 #include "gpu/model.h"
 
-// (B*T, dim) bf16 activations as bytes; the emulator's and the GPU's fp32 model would send 4 bytes each.
+// What travels between stages: the (B*T, dim) activations in the model's precision, as bytes
+// (bf16: 2 each; the trainer builds the model in GPU_BF16).
 static size_t device_boundary_count(void *ctx, int B, int T) {
     const GpuModel *m = ctx;
-    if (B != m->B || T != m->T) fatal("gpu pipeline: micro-batches of %d x %d, the model was built for %d x %d", B, T, m->B, m->T);
+    if (B != m->B || T != m->T)
+        fatal("gpu pipeline: micro-batches of %d x %d, the model was built for %d x %d", B, T, m->B, m->T);
     return (size_t)B * T * m->cfg.dim * m->act_size;
 }
 static void *device_acts_alloc(void *ctx, int B, int T, ActCheckpoint ac, int first, int end) {
@@ -24,15 +26,24 @@ static void *device_dx(void *ctx, void *acts) { return ((GpuStageActs *)acts)->d
 static void device_embed_forward(void *ctx, void *acts, const int *inputs) {
     gpu_model_stage_embed_forward(ctx, acts, inputs);
 }
+// The stage's activations were allocated for its blocks: the executor asks for the same range.
+static GpuStageActs *stage_acts(void *acts, int first, int end) {
+    GpuStageActs *s = acts;
+    if (s->first != first || s->end != end)
+        fatal("gpu pipeline: blocks [%d, %d) on activations of blocks [%d, %d)", first, end, s->first, s->end);
+    return s;
+}
 static void device_blocks_forward(void *ctx, void *acts, int first, int end) {
-    gpu_model_stage_blocks_forward(ctx, acts);  // the acts know their blocks [first, end)
+    gpu_model_stage_blocks_forward(ctx, stage_acts(acts, first, end));
 }
 static double device_head_forward(void *ctx, void *acts, const int *targets) {
     return gpu_model_stage_head_forward(ctx, acts, targets);  // waits for the stream
 }
-static void device_head_backward(void *ctx, void *acts, double dloss) { gpu_model_stage_head_backward(ctx, acts, dloss); }
+static void device_head_backward(void *ctx, void *acts, double dloss) {
+    gpu_model_stage_head_backward(ctx, acts, dloss);
+}
 static void device_blocks_backward(void *ctx, void *acts, int first, int end) {
-    gpu_model_stage_blocks_backward(ctx, acts);
+    gpu_model_stage_blocks_backward(ctx, stage_acts(acts, first, end));
 }
 static void device_embed_backward(void *ctx, void *acts, const int *inputs) {
     gpu_model_stage_embed_backward(ctx, acts);  // the tokens uploaded by the forward

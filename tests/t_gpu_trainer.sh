@@ -23,13 +23,15 @@
 #     Also HSDP (4 ranks: 2 replicas x 2 shards) and ZeRO-1 with 2 micro-batches, at batch 4.
 #     A resumed sharded run equals the uninterrupted one exactly (the same arithmetic from the same
 #     state); the sharded checkpoint after 4 steps is within 5e-4 of the single GPU's (t_fsdp.sh's
-#     bound for AdamW moving last-bit gradient differences by ~lr).
+#     bound for AdamW moving last-bit gradient differences by ~lr). The same for a --pp 2 run (1F1B).
 # Pipeline mutations tried (each made a check here fail): the stage output sent from the stage's
-# input buffer (wrong activations downstream: the losses and gradients against the reference); the
+# input buffer (wrong activations downstream: the losses against the reference); the
 # last stage's backward started from d(loss) instead of d(loss)/M (step-1 gradients 2x); chunk 1's
 # gradients not zeroed at the start of a step (Interleaved1F1B: step-1 gradients equal, the weights
 # after step 2 not bit-identical); the boundary count in bf16 elements, not bytes (half of each
-# activation sent).
+# activation sent: the losses against the reference); the AdamW moments not uploaded by
+# pipeline_load_full (the resumed pipeline run not bit-identical); the --pp refusals skipped (a
+# data-parallel pipeline run exits 0).
 # Mutations tried (each made a check here fail): a unit's gradients not reduce-scattered (the shard
 # keeps the local, half-batch gradient); a shard offset off by one in fsdp_create's init; the
 # per-unit bf16 cast skipped (fp32 bytes read as bf16); the checkpoint load of the AdamW moments
@@ -161,6 +163,18 @@ $MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" --dp-shard 2 --zero-stage 3 --checkpoi
     --resume "$T/z3_4/step_000002.safetensors" > "$T/z3_resumed.log" 2>&1 || { cat "$T/z3_resumed.log"; echo "FAIL: z3_resumed"; exit 1; }
 $P --ckpt "$T/z3_resumed/step_000004.safetensors" --ckpt-ref "$T/z3_4/step_000004.safetensors" --exact
 $P --ckpt "$T/z3_4/step_000004.safetensors" --ckpt-ref "$T/gpu1_4/step_000004.safetensors" --param-rtol 5e-4
+echo "== GPU pp: a checkpoint gathered from the stages, resumed"
+# The same for the pipeline (1F1B, 2 micro-batches): the checkpoint at step 2 gathered from both
+# stages' device buffers, each stage taking its ranges back on --resume (weights and AdamW moments
+# uploaded): steps 3-4 equal the run straight through; against the single GPU with one micro-batch
+# per step, 5e-4 as above.
+pp4=(--pp 2 --pp-schedule 1F1B --pp-microbatches 2)
+$MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" "${pp4[@]}" --checkpoint-dir "$T/pp_4" --checkpoint-every 2 > "$T/pp_4.log" 2>&1 ||
+    { cat "$T/pp_4.log"; echo "FAIL: pp_4"; exit 1; }
+$MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" "${pp4[@]}" --checkpoint-dir "$T/pp_resumed" \
+    --resume "$T/pp_4/step_000002.safetensors" > "$T/pp_resumed.log" 2>&1 || { cat "$T/pp_resumed.log"; echo "FAIL: pp_resumed"; exit 1; }
+$P --ckpt "$T/pp_resumed/step_000004.safetensors" --ckpt-ref "$T/pp_4/step_000004.safetensors" --exact
+$P --ckpt "$T/pp_4/step_000004.safetensors" --ckpt-ref "$T/gpu1_4/step_000004.safetensors" --param-rtol 5e-4
 grep -q "ddp on the GPU: 2 replicas" "$T/gpu_ddp2.log" || { echo "FAIL: gpu_ddp2 did not run DDP"; exit 1; }
 # Both ranks run on this host, which has the emulator's one GPU: the local rank count says so, and
 # the gradients' all-reduce goes through the staged backend (NCCL needs a GPU per rank).
@@ -304,7 +318,7 @@ for bad in "4|--pp 2 --tp 2|--device cuda with --tp 2: " \
            "2|--pp 2 --pp-microbatches 2 --fp8|--device cuda --pp 2 --fp8: " \
            "2|--pp 2 --ac full|--device cuda --pp 2 --ac full: "; do
     IFS='|' read -r np flags want <<<"$bad"
-    out=$($MPIRUN -np "$np" "$EMU_TRAIN" --model tiny --steps 1 --batch 2 --seq-len 16 --device cuda $flags 2>&1 >/dev/null) &&
+    out=$($MPIRUN -np "$np" "$EMU_TRAIN" --model tiny --steps 1 --batch 4 --seq-len 16 --device cuda $flags 2>&1 >/dev/null) &&
         rc=0 || rc=$?
     ours=$(grep '^train' <<<"$out" || true)
     [ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"$want"* ]] ||

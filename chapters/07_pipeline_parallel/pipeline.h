@@ -10,11 +10,11 @@
 // init), so the union of the stages is the single process's model bit for bit.
 //
 // A step runs this rank's action list (schedule.h) and nothing else:
-//   FORWARD   allocates the (chunk, micro-batch)'s activations (model_acts_alloc_stage), runs the
+//   FORWARD   allocates the (chunk, micro-batch)'s activations (acts_alloc below), runs the
 //             stage (embedding on stage 0; the head and the loss on stage S-1)
 //   BACKWARD  runs it backward (the last stage starts from d(loss)/M), then frees the activations
 //             once their sends are done: memory holds what the schedule keeps in flight
-//   transfers (B_micro * T * dim elements each) go to the comm stream, consecutive ones as one
+//   transfers (B_micro * T * dim values each, the boundary) go to the comm stream, consecutive ones as one
 //             comm_batch_start; a compute waits (a "pp wait" comm-wait slice) only for the batch
 //             receiving its input
 // With data parallelism each stage's chunks are DDP ranges over the data-parallel replicas of the
