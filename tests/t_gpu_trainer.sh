@@ -107,6 +107,15 @@ for schedule in GPipe 1F1B Interleaved1F1B; do
        --ckpt "$T/$name/step_000002.safetensors" --ckpt-ref "$T/gpu1_accum2/step_000002.safetensors" --exact
     $P --ckpt "$T/$name.grads.safetensors" --ckpt-ref "$T/gpu1_accum2.grads.safetensors" --prefix grad. --exact
 done
+# The boundary transfers through the other device backend: the emulator's NCCL (grouped sends and
+# receives on the NCCL stream) instead of the staged MPI the 2 ranks sharing a GPU get by default.
+LLAMA_GPU_COMM=nccl $MPIRUN -x LLAMA_GPU_COMM -np 2 "$EMU_TRAIN" "${common[@]}" --device cuda --pp 2 --pp-schedule 1F1B \
+    --pp-microbatches 2 --grad-dump "$T/gpu_pp2_nccl.grads.safetensors" > "$T/gpu_pp2_nccl.log" 2>&1 ||
+    { cat "$T/gpu_pp2_nccl.log"; echo "FAIL: run gpu_pp2_nccl"; exit 1; }
+grep -q "comm on device buffers: nccl (LLAMA_GPU_COMM=nccl)" "$T/gpu_pp2_nccl.log" || { echo "FAIL: gpu_pp2_nccl not on NCCL"; exit 1; }
+echo "== gpu_pp2_nccl vs the single GPU with --grad-accum-steps 2: bit-identical"
+$P --log "$T/gpu_pp2_nccl.log" --log-ref "$T/gpu1_accum2.log" --loss-rtol 0
+$P --ckpt "$T/gpu_pp2_nccl.grads.safetensors" --ckpt-ref "$T/gpu1_accum2.grads.safetensors" --prefix grad. --exact
 
 # What each stage keeps on the device after the run (the memory report's "current" column, MiB, 2
 # decimals): with P parameters and N = 2, the ZeRO model of chapter 3 in fp32 - optimizer 8P/N at
