@@ -676,3 +676,152 @@ double gpu_model_grad_norm(const GpuModel *m) {
     gpu_download(&sum_sq, m->grad_sum_sq, sizeof sum_sq);
     return sqrt(sum_sq);
 }
+
+// ---- pipeline stages (model.h, GpuStageActs) ----------------------------------------------------------------
+// The same kernels as gpu_model_forward_queued and gpu_model_backward, on one (chunk, micro-batch)'s
+// activations. The block functions read m->blocks[l]: a stage's blocks are installed there for the
+// call (an array of n_layers whose [first, end) the stage allocated) and the model's own put back.
+
+void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T) {
+    gpu_model_init_sharded(m, cfg, precision, B, T, AC_NONE);
+    for (int l = 0; l < cfg->n_layers; l++) {  // every block's set, its own (no AC)
+        GpuBlockActs *a = &m->blocks[l];
+        void *owned[] = {a->x, a->xn1, a->q, a->k, a->v, a->attn, a->h, a->xn2, a->gate, a->act,  // up: in gate's
+                         a->rstd1, a->rstd2, a->lse};
+        for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
+        memset(a, 0, sizeof *a);
+    }
+    void **held[] = {&m->x_final, &m->xn_final, &m->logits, (void **)&m->rstd_final, (void **)&m->lse_final, &m->dx,
+                     (void **)&m->inputs, (void **)&m->targets};
+    for (size_t i = 0; i < sizeof held / sizeof held[0]; i++) gpu_free(*held[i]), *held[i] = NULL;
+}
+
+GpuStageActs *gpu_model_stage_acts_alloc(const GpuModel *m, int first, int end) {
+    const ModelConfig *cfg = &m->cfg;
+    size_t BT = (size_t)m->B * m->T, D = cfg->dim, F = cfg->ffn_dim, V = cfg->vocab_size, hd = model_head_dim(cfg);
+    size_t hq = cfg->n_heads * hd, hkv = cfg->n_kv_heads * hd, as = m->act_size;
+    if (m->ac != AC_NONE) fatal("gpu model: pipeline stages keep every block's activations (AC_NONE)");
+    GpuStageActs *s = mem_alloc(MEM_OTHER, sizeof *s);
+    s->first = first, s->end = end;
+    s->blocks = mem_alloc(MEM_OTHER, sizeof(GpuBlockActs) * cfg->n_layers);
+#define ACTS(count) gpu_alloc(MEM_ACTIVATIONS, (count) * as)
+#define STATS(count) (float *)gpu_alloc(MEM_ACTIVATIONS, (count) * sizeof(float))
+    for (int l = first; l < end; l++) {  // as model_buffers
+        GpuBlockActs *a = &s->blocks[l];
+        a->x = ACTS(BT * D), a->xn1 = ACTS(BT * D), a->h = ACTS(BT * D), a->xn2 = ACTS(BT * D);
+        a->q = ACTS(BT * hq), a->attn = ACTS(BT * hq), a->k = ACTS(BT * hkv), a->v = ACTS(BT * hkv);
+        a->gate = ACTS(2 * BT * F), a->act = ACTS(BT * F);
+        a->up = act_at(m, a->gate, BT * F);
+        a->rstd1 = STATS(BT), a->rstd2 = STATS(BT), a->lse = STATS((size_t)m->B * cfg->n_heads * m->T);
+    }
+    s->out = ACTS(BT * D), s->dx = ACTS(BT * D);
+    if (first == 0) s->inputs = gpu_alloc(MEM_OTHER, sizeof(int) * BT);
+    if (end == cfg->n_layers) {
+        s->xn_final = ACTS(BT * D), s->logits = ACTS(BT * V);
+        s->rstd_final = STATS(BT), s->lse_final = STATS(BT);
+        s->targets = gpu_alloc(MEM_OTHER, sizeof(int) * BT);
+    }
+#undef ACTS
+#undef STATS
+    return s;
+}
+
+void gpu_model_stage_acts_free(GpuStageActs *s) {
+    if (!s) return;
+    for (int l = s->first; l < s->end; l++) {
+        GpuBlockActs *a = &s->blocks[l];
+        void *owned[] = {a->x, a->xn1, a->q, a->k, a->v, a->attn, a->h, a->xn2, a->gate, a->act,  // up: in gate's
+                         a->rstd1, a->rstd2, a->lse};
+        for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
+    }
+    void *owned[] = {s->out, s->dx, s->inputs, s->xn_final, s->logits, s->rstd_final, s->lse_final, s->targets};
+    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
+    mem_free(s->blocks);
+    mem_free(s);
+}
+
+void gpu_model_stage_embed_forward(GpuModel *m, GpuStageActs *s, const int *inputs) {
+    int BT = m->B * m->T, D = m->cfg.dim;
+    gpu_upload_queued(s->inputs, inputs, sizeof(int) * BT);
+    gpu_timeline_begin("embedding fwd", "forward");
+    unit_begin(m, LAYER_EMBEDDING, PASS_FORWARD);
+    if (BF16(m)) gpu_embedding_forward_bf16(s->blocks[0].x, s->inputs, weight(m, m->tok_embeddings), BT, D);
+    else gpu_embedding_forward(s->blocks[0].x, s->inputs, weight(m, m->tok_embeddings), BT, D);
+    unit_end(m, LAYER_EMBEDDING, PASS_FORWARD);
+    gpu_timeline_end();
+}
+
+void gpu_model_stage_blocks_forward(GpuModel *m, GpuStageActs *s) {
+    GpuBlockActs *own = m->blocks;
+    m->blocks = s->blocks;
+    for (int l = s->first; l < s->end; l++) {
+        gpu_timeline_begin("block fwd", "forward");
+        gpu_timeline_arg_int("layer", l);
+        unit_begin(m, l, PASS_FORWARD);
+        gpu_block_forward(m, l, l + 1 < s->end ? s->blocks[l + 1].x : s->out);
+        unit_end(m, l, PASS_FORWARD);
+        gpu_timeline_end();
+    }
+    m->blocks = own;
+}
+
+double gpu_model_stage_head_forward(GpuModel *m, GpuStageActs *s, const int *targets) {
+    const ModelConfig *c = &m->cfg;
+    int BT = m->B * m->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
+    if (c->tied) fatal("gpu model: a pipeline's head needs its own output weight (untied)");
+    check_targets(m, targets);
+    gpu_upload_queued(s->targets, targets, sizeof(int) * BT);
+    gpu_timeline_begin("head fwd + loss", "forward");
+    unit_begin(m, L, PASS_FORWARD);
+    rmsnorm_fwd(m, s->xn_final, s->rstd_final, s->out, weight(m, m->norm));
+    matmul_fwd(m, s->logits, s->xn_final, weight(m, m->output), BT, D, V);
+    unit_end(m, L, PASS_FORWARD);
+    if (BF16(m)) gpu_cross_entropy_forward_into_bf16(m->loss, s->lse_final, s->logits, s->targets, BT, V);
+    else gpu_cross_entropy_forward_into(m->loss, s->lse_final, s->logits, s->targets, BT, V);
+    gpu_timeline_end();
+    return gpu_model_loss(m);
+}
+
+void gpu_model_stage_head_backward(GpuModel *m, GpuStageActs *s, double dloss) {
+    const ModelConfig *c = &m->cfg;
+    int BT = m->B * m->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
+    gpu_timeline_begin("head bwd", "backward");
+    unit_begin(m, L, PASS_BACKWARD);
+    unit_grads_begin(m, L);
+    zero(m, m->dlogits, (size_t)BT * V);  // cross-entropy's backward accumulates
+    if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, s->logits, s->lse_final, s->targets, BT, V, dloss);
+    else gpu_cross_entropy_backward(m->dlogits, s->logits, s->lse_final, s->targets, BT, V, dloss);
+    matmul_bwd_first(m, m->dxn, NULL, m->dlogits, s->xn_final, weight(m, m->output), BT, D, V);
+    matmul_bwd(m, NULL, grad(m, m->output), m->dlogits, s->xn_final, weight(m, m->output), BT, D, V);
+    zero(m, s->dx, (size_t)BT * D);  // RMSNorm's backward accumulates
+    rmsnorm_bwd(m, s->dx, grad(m, m->norm), m->dxn, s->out, weight(m, m->norm), s->rstd_final);
+    unit_end(m, L, PASS_BACKWARD);
+    gpu_timeline_end();
+    unit_grads_ready(m, L);
+}
+
+void gpu_model_stage_blocks_backward(GpuModel *m, GpuStageActs *s) {
+    GpuBlockActs *own = m->blocks;
+    m->blocks = s->blocks;
+    for (int l = s->end - 1; l >= s->first; l--) {
+        unit_begin(m, l, PASS_BACKWARD);
+        unit_grads_begin(m, l);
+        gpu_timeline_begin("block bwd", "backward");
+        gpu_timeline_arg_int("layer", l);
+        gpu_block_backward(m, l, s->dx);
+        unit_end(m, l, PASS_BACKWARD);
+        gpu_timeline_end();
+        unit_grads_ready(m, l);
+    }
+    m->blocks = own;
+}
+
+void gpu_model_stage_embed_backward(GpuModel *m, GpuStageActs *s) {
+    int BT = m->B * m->T, D = m->cfg.dim;
+    gpu_timeline_begin("embedding bwd", "backward");
+    unit_grads_begin(m, LAYER_EMBEDDING);
+    if (BF16(m)) gpu_embedding_backward_bf16(grad(m, m->tok_embeddings), s->dx, s->inputs, BT, D);
+    else gpu_embedding_backward(grad(m, m->tok_embeddings), s->dx, s->inputs, BT, D);
+    gpu_timeline_end();
+    unit_grads_ready(m, LAYER_EMBEDDING);
+}

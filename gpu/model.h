@@ -2,9 +2,10 @@
 // the same parameter table (flat layout, names, init from the seed), the same block math in the
 // same order, the same loss, AdamW and global-norm clipping. One process, one device; no tensor
 // parallelism. Sharding plugs in as on the CPU model: chapter 3's FSDP module installs UnitStorage
-// (GpuUnitView below; gpu/strategy.c, --dp-shard). Activation checkpointing: AC_FULL
-// keeps each block's input alone and recomputes the block before its backward (bit-identical
-// gradients); AC_SELECTIVE is refused.
+// (GpuUnitView below; gpu/strategy.c, --dp-shard); so do chapter 7's pipeline stages, which run
+// through the stage entry points at the end of this file (gpu/pipeline_device.h, --pp). Activation
+// checkpointing: AC_FULL keeps each block's input alone and recomputes the block before its
+// backward (bit-identical gradients); AC_SELECTIVE is refused.
 //
 //   GpuModel m;
 //   gpu_model_init(&m, &cfg, seed, GPU_BF16, B, T);
@@ -146,6 +147,47 @@ void gpu_model_backward(GpuModel *m, double dloss);
 void gpu_model_step(GpuModel *m, long long step, double lr, const AdamWConfig *adam, double max_norm);
 // The last step's gradient norm before clipping (waits for the stream: call it when logging).
 double gpu_model_grad_norm(const GpuModel *m);
+
+// ---- pipeline stages (chapter 7's executor, through gpu/pipeline_device.h) -----------------------------
+// A stage holds blocks [first, end), with the embedding when first == 0 and the head when end ==
+// n_layers. The executor keeps one GpuStageActs per (chunk, micro-batch) in flight; the model's own
+// per-block activations are not used (gpu_model_init_stages does not keep them), its backward
+// scratch (qkv, dxn, dq, ..., dlogits) is shared, since the stream runs one stage's kernels at a time.
+// Weights and gradients come, unit by unit, from m->storage (the executor's chunk buffers, device
+// pointers): a sharded model, as with FSDP. The entry points run what gpu_model_forward_queued and
+// gpu_model_backward run, on these activations; a stage's kernels read them as the model's own by
+// being installed in the model (m->blocks and the head's buffers) for the call's duration.
+typedef struct {
+    int first, end;           // blocks [first, end)
+    GpuBlockActs *blocks;     // (n_layers): [first, end) allocated; blocks[first].x is the stage input
+    void *out;                // (BT, D): the stage output (block end's input, or the head's input x_final)
+    void *dx;                 // (BT, D): the gradient of out on entry to backward, of the stage input after
+    int *inputs;              // (BT) device: stage 0's tokens, for the embedding's backward; else NULL
+    // the last stage: the head's activations and the targets (else NULL)
+    void *xn_final, *logits;
+    float *rstd_final, *lse_final;
+    int *targets;
+} GpuStageActs;
+
+// The model for pipeline stages: gpu_model_init_sharded (weights and gradients from storage), then
+// the per-block activations, the head's, dx and the token buffers released (GpuStageActs hold them;
+// the memory check before allocating still counts them once).
+void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T);
+// MEM_ACTIVATIONS, at the model's B and T. AC_NONE only: every block keeps its activations.
+GpuStageActs *gpu_model_stage_acts_alloc(const GpuModel *m, int first, int end);
+void gpu_model_stage_acts_free(GpuStageActs *a);  // stream-ordered, as gpu_free
+// inputs: host tokens (B*T) -> blocks[0].x (queued upload, kept for the backward).
+void gpu_model_stage_embed_forward(GpuModel *m, GpuStageActs *a, const int *inputs);
+// blocks[first].x -> out.
+void gpu_model_stage_blocks_forward(GpuModel *m, GpuStageActs *a);
+// out -> the head and the loss against targets (host, B*T); returns the mean loss: waits for the stream.
+double gpu_model_stage_head_forward(GpuModel *m, GpuStageActs *a, const int *targets);
+// d(dloss * loss) -> dx (overwritten), the head's gradients accumulated.
+void gpu_model_stage_head_backward(GpuModel *m, GpuStageActs *a, double dloss);
+// dx: the gradient of out -> of blocks[first].x, in place; the blocks' gradients accumulated.
+void gpu_model_stage_blocks_backward(GpuModel *m, GpuStageActs *a);
+// dx -> the embedding's gradients (the forward's tokens).
+void gpu_model_stage_embed_backward(GpuModel *m, GpuStageActs *a);
 
 #ifdef __cplusplus
 }

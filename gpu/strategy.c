@@ -13,9 +13,17 @@
 // model, which asks for each unit's fp32 weights before the unit runs (stage 3: the all-gather,
 // prefetched; in bf16 by default, chapter 3's bf16 codec) and casts them to bf16, and reports each
 // unit's gradients as they are final (stages 2-3: the reduce-scatter). With --fp8 the FP8 linears
-// cast each projection from its unit's gathered fp32 weights. The optimizer step, the norm, clipping and the checkpoint gather/load are
-// the module's functions. The tensor-parallel layouts (--tp, --pp, --cp) are refused until the GPU
-// model has the CPU model's TensorParallel and pipeline hooks.
+// cast each projection from its unit's gathered fp32 weights. The optimizer step, the norm, clipping
+// and the checkpoint gather/load are the module's functions.
+//
+// With --pp N it is pipeline parallelism, every schedule of chapter 7 (GPipe, 1F1B, Interleaved1F1B):
+// chapter 7's executor itself (chapters/07_pipeline_parallel/pipeline.h), given the GPU model's stage
+// compute and device memory (gpu/pipeline_device.h), on the GPU model built without its own weights
+// or per-block activations (gpu_model_init_stages). pipeline_create installs its UnitStorage (the
+// chunks' device buffers) on the trainer's Model; the GPU model gets the same, and casts each unit to
+// bf16 as it runs, as under --dp-shard. Not with --dp-replicate, --dp-shard, --fp8 or --ac full so far
+// (refused). The other layouts (--tp, --cp) are refused until the GPU model has the CPU model's
+// TensorParallel and context-parallel hooks.
 //
 // Each rank uses device (local rank mod device count), the local rank being its index among the
 // ranks on its host (comm_local_rank): one rank per GPU under mpirun on every node, whatever the
@@ -33,6 +41,7 @@
 #include "gpu/dist.h"
 #include "gpu/fsdp_device.h"
 #include "gpu/model.h"
+#include "gpu/pipeline_device.h"
 #include "gpu/runtime.h"
 #include "gpu/timeline.h"
 
@@ -40,6 +49,7 @@ typedef struct {
     GpuModel m;
     Comm *dp;    // DDP: the replicas; NULL with one replica, or sharded
     Fsdp *fsdp;  // --dp-shard: chapter 3's module on device memory; NULL otherwise
+    Pipeline *pipeline;  // --pp: chapter 7's executor on the GPU model's stages; NULL otherwise
 } GpuTraining;
 
 // chapters/10_trainer/strategy.c's micro-batch loop on the GPU model: each backward between the
@@ -64,7 +74,7 @@ static void no_begin_backward(Strategy *s, bool last) { (void)s, (void)last; }
 static void no_backward_hook(Strategy *s) { (void)s; }
 // One GPU or DDP: the gradients averaged over the replicas after the last micro-batch. The
 // optimizer's kernels, queued after the wait, read the average.
-static void ddp_finish_backward(Strategy *s) {
+static void replicas_finish_backward(Strategy *s) {
     GpuTraining *g = s->impl;
     if (g->dp) comm_all_reduce(g->dp, g->m.grads, g->m.table.total_numel, COMM_FLOAT32, COMM_AVG);
 }
@@ -158,6 +168,7 @@ static void create_sharded(GpuTraining *g, Trainer *t, const ModelConfig *cfg, c
 static void cuda_free(Strategy *s) {
     GpuTraining *g = s->impl;
     fsdp_free(g->fsdp);  // NULL is fine
+    if (g->pipeline) pipeline_free(g->pipeline);
     gpu_activity_stop();
     gpu_model_free(&g->m);
     gpu_comm_backend_shutdown();
@@ -187,9 +198,9 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     const Mesh *mesh = t->mesh;
     const char *dims[] = {"--pp", "--dp-replicate", "--dp-shard", "--cp", "--tp"};
     for (int d = 0; d < MESH_N_DIMS; d++)
-        if (d != MESH_DP_REPLICATE && d != MESH_DP_SHARD && mesh->degree[d] > 1)
-            fatal_input("--device cuda with %s %d: the GPU trainer runs the single process, --dp-replicate (DDP) and "
-                        "--dp-shard (ZeRO-1/2/3, HSDP) so far", dims[d], mesh->degree[d]);
+        if (d != MESH_DP_REPLICATE && d != MESH_DP_SHARD && d != MESH_PP && mesh->degree[d] > 1)
+            fatal_input("--device cuda with %s %d: the GPU trainer runs the single process, --dp-replicate (DDP), "
+                        "--dp-shard (ZeRO-1/2/3, HSDP) and --pp so far", dims[d], mesh->degree[d]);
     if (o->ac == AC_SELECTIVE)
         fatal_input("--device cuda --ac selective: the GPU model recomputes whole blocks only so far (--ac full)");
 }
@@ -202,6 +213,63 @@ static void start_gpu_timeline(void) {
     if (gpu_activity_start(why, sizeof why))
         log_info("GPU timeline: the marked regions, and every kernel, copy and fill per stream (CUPTI)");
     else log_info("GPU timeline: the marked regions, timed by CUDA events (per-kernel records off: %s)", why);
+}
+
+// ---- pipelined: chapter 7's executor on the GPU model's stages ------------------------------------------
+static Pipeline *pipeline_of(const Strategy *s) { return ((GpuTraining *)s->impl)->pipeline; }
+static double pipelined_forward_backward(Strategy *s, const StepBatch *b) {
+    return pipeline_forward_backward(pipeline_of(s), b->inputs, b->targets);  // zeroes the gradients itself
+}
+static double pipelined_grad_norm(Strategy *s) { return pipeline_grad_norm(pipeline_of(s)); }
+static void pipelined_clip(Strategy *s, double grad_norm, double max_norm) {
+    pipeline_clip(pipeline_of(s), grad_norm, max_norm);
+}
+static void pipelined_optimizer_step(Strategy *s, long long step, double lr, const AdamWConfig *cfg) {
+    gpu_timeline_begin("adamw", "optimizer");
+    pipeline_adamw_step(pipeline_of(s), step, lr, cfg);
+    gpu_timeline_end();
+    gpu_timeline_flush();
+}
+// Checkpoints: every stage's chunks downloaded and sent to pp rank 0 (pipeline_gather_full).
+static void pipelined_gather_full(Strategy *s, StateKind kind, real *local_flat) {
+    pipeline_gather_full(pipeline_of(s), kind, local_flat);
+}
+// The bf16 compute copy needs nothing: each unit is cast from its fp32 weights whenever it runs.
+static void pipelined_load_full(Strategy *s, StateKind kind, const real *local_flat) {
+    pipeline_load_full(pipeline_of(s), kind, local_flat);
+}
+
+// What the GPU's pipeline does not run yet, refused before any work.
+static void refuse_pipelined(const Trainer *t, const LayoutOptions *o) {
+    const Mesh *mesh = t->mesh;
+    int pp = mesh->degree[MESH_PP];
+    if (mesh->degree[MESH_DP_REPLICATE] > 1 || mesh->degree[MESH_DP_SHARD] > 1)
+        fatal_input("--device cuda --pp %d with data parallelism (--dp-replicate %d, --dp-shard %d): the GPU's pipeline "
+                    "runs one replica so far (chapter 7's DDP and ZeRO-1 over stages take host buffers)", pp,
+                    mesh->degree[MESH_DP_REPLICATE], mesh->degree[MESH_DP_SHARD]);
+    if (o->fp8)
+        fatal_input("--device cuda --pp %d --fp8: the GPU's FP8 linears read the whole fp32 model, which a pipeline "
+                    "stage does not hold", pp);
+    if (o->ac != AC_NONE)
+        fatal_input("--device cuda --pp %d --ac %s: the GPU's pipeline stages keep every block's activations "
+                    "(--ac none) so far", pp, o->ac == AC_FULL ? "full" : "selective");
+}
+
+// The executor over the pp group with the GPU model's stage compute and device memory; its storage
+// (the chunks' fp32 device buffers) handed to the GPU model. Every rank initialises its chunks only.
+static void create_pipelined(GpuTraining *g, Trainer *t, const ModelConfig *cfg, const ParamSource *init,
+                             const LayoutOptions *o) {
+    refuse_pipelined(t, o);
+    gpu_model_init_stages(&g->m, cfg, GPU_BF16, t->micro, t->T);
+    PipelineOptions options = {.schedule = (PpScheduleKind)o->pp_schedule, .microbatches = t->n_micro,
+                               .virtual_stages = o->pp_virtual_stages, .micro_batch = t->micro, .seq_len = t->T,
+                               .ac = AC_NONE, .dot_path = o->pp_schedule_dot, .compute = &gpu_pipeline_compute,
+                               .compute_ctx = &g->m, .memory = &gpu_fsdp_memory};
+    g->pipeline = pipeline_create(&t->model, t->mesh->dim[MESH_PP], NULL, &options, init);
+    g->m.storage = t->model.storage;
+    log_info("pp on the GPU: %d stages (chapter 7's executor on device buffers, %s backend); bf16 activations "
+             "between stages, each unit's fp32 weights cast to bf16 where it runs",
+             t->mesh->degree[MESH_PP] * o->pp_virtual_stages, gpu_comm_backend_name());
 }
 
 bool trainer_has_cuda(void) { return true; }
@@ -228,6 +296,17 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     model_init_unallocated(&t->model, cfg, ATTN_FLASH);  // the table and shapes, for checkpoints (and FSDP's units)
     GpuTraining *g = calloc(1, sizeof *g);
     if (o->fp8) log_info("fp8 on the GPU: wq wk wv wo w1 w2 w3 of every block as FP8 GEMMs (tensorwise)");
+    if (t->mesh->degree[MESH_PP] > 1) {
+        create_pipelined(g, t, cfg, init, o);
+        Strategy *s = calloc(1, sizeof *s);
+        *s = (Strategy){.name = "cuda-pipeline", .model = &t->model, .impl = g,
+                        .forward_backward = pipelined_forward_backward, .begin_backward = no_begin_backward,
+                        .end_backward = no_backward_hook, .finish_backward = no_backward_hook,
+                        .zero_grads = no_backward_hook, .grad_norm = pipelined_grad_norm, .clip = pipelined_clip,
+                        .optimizer_step = pipelined_optimizer_step, .gather_full = pipelined_gather_full,
+                        .load_full = pipelined_load_full, .report_memory = cuda_report_memory, .free = cuda_free};
+        return s;
+    }
     if (t->mesh->degree[MESH_DP_SHARD] > 1) {
         create_sharded(g, t, cfg, init, o);
         Strategy *s = calloc(1, sizeof *s);
@@ -252,7 +331,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     Strategy *s = calloc(1, sizeof *s);
     *s = (Strategy){.name = "cuda", .model = &t->model, .impl = g, .forward_backward = gpu_microbatch_loop,
                     .begin_backward = no_begin_backward, .end_backward = no_backward_hook,
-                    .finish_backward = ddp_finish_backward,
+                    .finish_backward = replicas_finish_backward,
                     .zero_grads = cuda_zero_grads, .grad_norm = cuda_grad_norm, .clip = cuda_clip,
                     .optimizer_step = cuda_optimizer_step, .gather_full = cuda_gather_full,
                     .load_full = cuda_load_full, .report_memory = cuda_report_memory, .free = cuda_free};

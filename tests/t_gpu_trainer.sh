@@ -2,7 +2,8 @@
 # The trainer's --device cuda (gpu/strategy.c) on the CPU emulator of CUDA's execution model
 # (build/tests/emu/train: chapters/10_trainer/train.c linked with gpu/*.cu compiled for the
 # emulator): the single process, DDP and ZeRO-1/2/3 (chapter 3's module on device buffers) on 2
-# ranks sharing the emulated GPU, against the CPU reference on the same seed and data. Also: the layouts the GPU trainer does not run yet are
+# ranks sharing the emulated GPU, and --pp 2 under every schedule (chapter 7's executor on the GPU
+# model's stages), against the CPU reference on the same seed and data. Also: the layouts the GPU trainer does not run yet are
 # refused with one line, and build/train says so cleanly when there is no device. A traced run's
 # GPU timeline (regions, memory counters) and trace-summary's GPU figures. Activation
 # checkpointing on the GPU (--ac full) against the run without it.
@@ -22,7 +23,15 @@
 #     Also HSDP (4 ranks: 2 replicas x 2 shards) and ZeRO-1 with 2 micro-batches, at batch 4.
 #     A resumed sharded run equals the uninterrupted one exactly (the same arithmetic from the same
 #     state); the sharded checkpoint after 4 steps is within 5e-4 of the single GPU's (t_fsdp.sh's
-#     bound for AdamW moving last-bit gradient differences by ~lr).
+#     bound for AdamW moving last-bit gradient differences by ~lr). The same for a --pp 2 run (1F1B).
+# Pipeline mutations tried (each made a check here fail): the stage output sent from the stage's
+# input buffer (wrong activations downstream: the losses against the reference); the
+# last stage's backward started from d(loss) instead of d(loss)/M (step-1 gradients 2x); chunk 1's
+# gradients not zeroed at the start of a step (Interleaved1F1B: step-1 gradients equal, the weights
+# after step 2 not bit-identical); the boundary count in bf16 elements, not bytes (half of each
+# activation sent: the losses against the reference); the AdamW moments not uploaded by
+# pipeline_load_full (the resumed pipeline run not bit-identical); the --pp refusals skipped (a
+# data-parallel pipeline run exits 0).
 # Mutations tried (each made a check here fail): a unit's gradients not reduce-scattered (the shard
 # keeps the local, half-batch gradient); a shard offset off by one in fsdp_create's init; the
 # per-unit bf16 cast skipped (fp32 bytes read as bf16); the checkpoint load of the AdamW moments
@@ -67,6 +76,48 @@ for stage in 1 2 3; do
     $P --ckpt "$T/gpu_z$stage.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 1e-5
     $P --log "$T/gpu_z$stage.log" --log-ref "$T/gpu1.log" --loss-rtol 1e-5
 done
+
+# Pipeline parallelism: chapter 7's executor on the GPU model's stages (gpu/pipeline_device.h), every
+# schedule on 2 ranks, 2 micro-batches of 1 sequence (Interleaved1F1B with 2 virtual stages: 4 stages
+# of one block each). Against the CPU reference with the tolerances above (the same bf16 roundings);
+# against the single GPU with the same micro-batches (--grad-accum-steps 2) bit for bit: losses,
+# step-1 gradients and the weights after 2 steps. Pipelining moves the per-micro-batch arithmetic to
+# another rank without changing it: the same kernels on the same shapes, each unit's fp32 weights
+# cast to the bf16 the single GPU's AdamW writes (both round to nearest even), the boundary
+# activations and gradients sent as their bf16 bytes, and every stage accumulating its gradients in
+# micro-batch order 0, 1 under every schedule, as the accumulating single GPU does (the norm and the
+# clip factor likewise; t_pp.sh says the same of the CPU pipeline). Against the single GPU's one
+# micro-batch of 2 sequences: 1e-5 as DDP (each weight gradient one sum over 32 tokens there, two
+# accumulated sums of 16 here; measured 1.7e-7).
+run gpu1_accum2 1 --grad-accum-steps 2 --checkpoint-dir "$T/gpu1_accum2"
+for schedule in GPipe 1F1B Interleaved1F1B; do
+    name=gpu_pp2_$schedule virtual=1
+    [ "$schedule" = Interleaved1F1B ] && virtual=2
+    run "$name" 2 --pp 2 --pp-schedule "$schedule" --pp-virtual-stages $virtual --pp-microbatches 2 \
+        --checkpoint-dir "$T/$name"
+    grep -q "pp on the GPU: $((2 * virtual)) stages (chapter 7's executor on device buffers" "$T/$name.log" ||
+        { echo "FAIL: $name did not run chapter 7's executor on the GPU"; exit 1; }
+    grep -q "pp: $schedule, 2 micro-batches of 1 sequence(s)" "$T/$name.log" || { echo "FAIL: $name: schedule"; exit 1; }
+    echo "== $name vs the CPU reference"
+    $P --log "$T/$name.log" --log-ref "$T/ref.log" --loss-rtol 1e-3
+    $P --ckpt "$T/$name.grads.safetensors" --ckpt-ref "$T/ref_dump.safetensors" --prefix grad. --param-rtol 5e-2
+    echo "== $name vs the single GPU, one micro-batch of 2"
+    $P --ckpt "$T/$name.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 1e-5
+    $P --log "$T/$name.log" --log-ref "$T/gpu1.log" --loss-rtol 1e-5
+    echo "== $name vs the single GPU with --grad-accum-steps 2: bit-identical"
+    $P --log "$T/$name.log" --log-ref "$T/gpu1_accum2.log" --loss-rtol 0 \
+       --ckpt "$T/$name/step_000002.safetensors" --ckpt-ref "$T/gpu1_accum2/step_000002.safetensors" --exact
+    $P --ckpt "$T/$name.grads.safetensors" --ckpt-ref "$T/gpu1_accum2.grads.safetensors" --prefix grad. --exact
+done
+# The boundary transfers through the other device backend: the emulator's NCCL (grouped sends and
+# receives on the NCCL stream) instead of the staged MPI the 2 ranks sharing a GPU get by default.
+LLAMA_GPU_COMM=nccl $MPIRUN -x LLAMA_GPU_COMM -np 2 "$EMU_TRAIN" "${common[@]}" --device cuda --pp 2 --pp-schedule 1F1B \
+    --pp-microbatches 2 --grad-dump "$T/gpu_pp2_nccl.grads.safetensors" > "$T/gpu_pp2_nccl.log" 2>&1 ||
+    { cat "$T/gpu_pp2_nccl.log"; echo "FAIL: run gpu_pp2_nccl"; exit 1; }
+grep -q "comm on device buffers: nccl (LLAMA_GPU_COMM=nccl)" "$T/gpu_pp2_nccl.log" || { echo "FAIL: gpu_pp2_nccl not on NCCL"; exit 1; }
+echo "== gpu_pp2_nccl vs the single GPU with --grad-accum-steps 2: bit-identical"
+$P --log "$T/gpu_pp2_nccl.log" --log-ref "$T/gpu1_accum2.log" --loss-rtol 0
+$P --ckpt "$T/gpu_pp2_nccl.grads.safetensors" --ckpt-ref "$T/gpu1_accum2.grads.safetensors" --prefix grad. --exact
 
 # What each stage keeps on the device after the run (the memory report's "current" column, MiB, 2
 # decimals): with P parameters and N = 2, the ZeRO model of chapter 3 in fp32 - optimizer 8P/N at
@@ -123,6 +174,18 @@ $MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" --dp-shard 2 --zero-stage 3 --checkpoi
     --resume "$T/z3_4/step_000002.safetensors" > "$T/z3_resumed.log" 2>&1 || { cat "$T/z3_resumed.log"; echo "FAIL: z3_resumed"; exit 1; }
 $P --ckpt "$T/z3_resumed/step_000004.safetensors" --ckpt-ref "$T/z3_4/step_000004.safetensors" --exact
 $P --ckpt "$T/z3_4/step_000004.safetensors" --ckpt-ref "$T/gpu1_4/step_000004.safetensors" --param-rtol 5e-4
+echo "== GPU pp: a checkpoint gathered from the stages, resumed"
+# The same for the pipeline (1F1B, 2 micro-batches): the checkpoint at step 2 gathered from both
+# stages' device buffers, each stage taking its ranges back on --resume (weights and AdamW moments
+# uploaded): steps 3-4 equal the run straight through; against the single GPU with one micro-batch
+# per step, 5e-4 as above.
+pp4=(--pp 2 --pp-schedule 1F1B --pp-microbatches 2)
+$MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" "${pp4[@]}" --checkpoint-dir "$T/pp_4" --checkpoint-every 2 > "$T/pp_4.log" 2>&1 ||
+    { cat "$T/pp_4.log"; echo "FAIL: pp_4"; exit 1; }
+$MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" "${pp4[@]}" --checkpoint-dir "$T/pp_resumed" \
+    --resume "$T/pp_4/step_000002.safetensors" > "$T/pp_resumed.log" 2>&1 || { cat "$T/pp_resumed.log"; echo "FAIL: pp_resumed"; exit 1; }
+$P --ckpt "$T/pp_resumed/step_000004.safetensors" --ckpt-ref "$T/pp_4/step_000004.safetensors" --exact
+$P --ckpt "$T/pp_4/step_000004.safetensors" --ckpt-ref "$T/gpu1_4/step_000004.safetensors" --param-rtol 5e-4
 grep -q "ddp on the GPU: 2 replicas" "$T/gpu_ddp2.log" || { echo "FAIL: gpu_ddp2 did not run DDP"; exit 1; }
 # Both ranks run on this host, which has the emulator's one GPU: the local rank count says so, and
 # the gradients' all-reduce goes through the staged backend (NCCL needs a GPU per rank).
@@ -263,12 +326,26 @@ for bad in "--seq-len 12|tokens per micro-batch is 24; cuBLASLt's FP8 GEMMs need
 done
 
 # Refused before any work, exit 2 and one line.
-for layout in "--tp 2" "--cp 2" "--pp 2"; do
+for layout in "--tp 2" "--cp 2"; do
     out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --device cuda $layout 2>&1 >/dev/null) && rc=0 || rc=$?
     ours=$(grep '^train' <<<"$out" || true)
     [ "$rc" -ne 0 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"--device cuda with ${layout% *}"* ]] ||
         { echo "FAIL: --device cuda $layout -> rc $rc: $out"; exit 1; }
     echo "ok: --device cuda $layout -> $ours"
+done
+# What the GPU's pipeline does not run yet: refused with one line, exit 2 (ranks|flags|message).
+for bad in "4|--pp 2 --tp 2|--device cuda with --tp 2: " \
+           "4|--pp 2 --dp-replicate 2|--device cuda --pp 2 with data parallelism" \
+           "4|--pp 2 --dp-shard 2 --zero-stage 1|--device cuda --pp 2 with data parallelism" \
+           "2|--pp 2 --pp-microbatches 2 --fp8|--device cuda --pp 2 --fp8: " \
+           "2|--pp 2 --ac full|--device cuda --pp 2 --ac full: "; do
+    IFS='|' read -r np flags want <<<"$bad"
+    out=$($MPIRUN -np "$np" "$EMU_TRAIN" --model tiny --steps 1 --batch 4 --seq-len 16 --device cuda $flags 2>&1 >/dev/null) &&
+        rc=0 || rc=$?
+    ours=$(grep '^train' <<<"$out" || true)
+    [ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"$want"* ]] ||
+        { echo "FAIL: --device cuda $flags -> rc $rc: $out"; exit 1; }
+    echo "ok: --device cuda $flags -> $ours"
 done
 out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --device cuda --dp-shard 2 --zero-stage 4 2>&1 >/dev/null) && rc=0 || rc=$?
 [ "$rc" -eq 2 ] && [[ "$out" == *"--zero-stage"* ]] || { echo "FAIL: --dp-shard 2 --zero-stage 4 -> rc $rc: $out"; exit 1; }

@@ -21,6 +21,8 @@
 //         tied head not asking for the embedding unit (the model stops: a read outside params), the
 //         cast skipped (fp32 bytes read as bf16: the loss is NaN), the embedding's grads_ready
 //         before its backward (the model stops: gradients asked for after their unit was ready).
+//   pipeline stages: the stage entry points (gpu_model_stage_*) on two stages, the boundary copied
+//         between them as bytes, equal the whole model bit for bit over two micro-batches (below).
 // What this cannot see is the kernels themselves: tests/gpu/ on a GPU.
 #include "gpu/model.c"  // the unit under test, built here against the host implementation below
 
@@ -536,6 +538,77 @@ START_TEST(test_unit_storage_matches_whole_model) {
 }
 END_TEST
 
+// ---- pipeline stages ---------------------------------------------------------------------------
+// The stage entry points (gpu_model_stage_*) on two stages, blocks [0, split) with the embedding and
+// [split, L) with the head, each micro-batch's boundary copied as bytes from the first stage's
+// output into the second's input and its gradient back, as chapter 7's executor does between ranks;
+// weights from the poisoning storage above, gradients accumulated in place in one buffer (the
+// executor's chunk buffers). Two micro-batches with d(loss)/2 each must give the whole model's losses
+// and accumulated gradients bit for bit: the same kernels in the same order on other buffers.
+// Mutations tried: the stage forward's loop over blocks ending at end - 1 (the losses differ); the
+// stage backward not installing the stage's blocks (it reads the model's released activations: an
+// error).
+static real *stage_grads(void *ctx, int unit) {
+    TestStorage *st = ctx;
+    return st->grads + model_unit_offset(st->layout, unit);
+}
+
+static void run_stages(const ModelConfig *cfg, GpuPrecision precision, int B, int T, int split) {
+    enum { M = 2 };
+    int BT = B * T, L = cfg->n_layers;
+    int *inputs = malloc(sizeof(int) * M * BT), *targets = malloc(sizeof(int) * M * BT);
+    make_batch(inputs, targets, M * BT, cfg->vocab_size);
+    ParamSource init = param_source_seed(42);
+    GpuModel whole, m;
+    gpu_model_init_from(&whole, cfg, &init, precision, B, T, AC_NONE);
+    gpu_model_zero_grads(&whole);
+    double whole_loss[M];
+    for (int mb = 0; mb < M; mb++) {
+        whole_loss[mb] = gpu_model_forward(&whole, inputs + mb * BT, targets + mb * BT);
+        gpu_model_backward(&whole, 1.0 / M);
+    }
+
+    Model layout;
+    model_init_unallocated(&layout, cfg, ATTN_FLASH);
+    size_t n = layout.table.total_numel;
+    TestStorage st = {.layout = &layout, .params = whole.params, .grads = calloc(n, sizeof(float))};
+    gpu_model_init_stages(&m, cfg, precision, B, T);
+    ck_assert(!m.params && !m.blocks[0].x && !m.x_final && !m.dx);  // the stages' activations hold them
+    m.storage = (UnitStorage){storage_params, storage_params_done, stage_grads, &st};
+    size_t boundary = (size_t)BT * cfg->dim * m.act_size;  // bytes
+    for (int mb = 0; mb < M; mb++) {
+        GpuStageActs *first = gpu_model_stage_acts_alloc(&m, 0, split), *last = gpu_model_stage_acts_alloc(&m, split, L);
+        gpu_model_stage_embed_forward(&m, first, inputs + mb * BT);
+        gpu_model_stage_blocks_forward(&m, first);
+        memcpy(last->blocks[split].x, first->out, boundary);  // the send of activations
+        gpu_model_stage_blocks_forward(&m, last);
+        double loss = gpu_model_stage_head_forward(&m, last, targets + mb * BT);
+        ck_assert_msg(loss == whole_loss[mb], "%s split %d, micro-batch %d: stage loss %.9g, whole model %.9g",
+                      precision == GPU_BF16 ? "bf16" : "fp32", split, mb, loss, whole_loss[mb]);
+        gpu_model_stage_head_backward(&m, last, 1.0 / M);
+        gpu_model_stage_blocks_backward(&m, last);
+        memcpy(first->dx, last->dx, boundary);  // the send of the stage input's gradient
+        gpu_model_stage_blocks_backward(&m, first);
+        gpu_model_stage_embed_backward(&m, first);
+        gpu_model_stage_acts_free(first), gpu_model_stage_acts_free(last);
+    }
+    expect_equal_bits("gradients through pipeline stages", st.grads, whole.grads, n);
+    ck_assert_msg(st.open == 0, "%d units still held after backward", st.open);
+    gpu_model_free(&m);
+    gpu_model_free(&whole);
+    model_free(&layout);
+    free(st.grads), free(inputs), free(targets);
+}
+
+START_TEST(test_pipeline_stages_match_whole_model) {
+    ModelConfig c = config("tiny", false);  // a pipeline's head needs its own output weight
+    for (int split = 1; split < c.n_layers; split += 2) {
+        run_stages(&c, GPU_FP32, 2, 16, split);
+        run_stages(&c, GPU_BF16, 2, 16, split);
+    }
+}
+END_TEST
+
 // The FP8 linears are kernels this host implementation does not have: tests/gpu/test_gpu_fp8.c and
 // tests/t_gpu_trainer.sh check them on the emulator. Models here never turn FP8 on.
 void gpu_fp8_linear_forward(void *out, const void *x, const float *w, int M, int K, int N, bool activations_bf16,
@@ -555,6 +628,7 @@ int main(void) {
     tcase_add_test(tc, test_fp32_matches_reference_bit_for_bit);
     tcase_add_test(tc, test_bf16_trains_like_reference);
     tcase_add_test(tc, test_unit_storage_matches_whole_model);
+    tcase_add_test(tc, test_pipeline_stages_match_whole_model);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

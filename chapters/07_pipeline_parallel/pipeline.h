@@ -10,11 +10,11 @@
 // init), so the union of the stages is the single process's model bit for bit.
 //
 // A step runs this rank's action list (schedule.h) and nothing else:
-//   FORWARD   allocates the (chunk, micro-batch)'s activations (model_acts_alloc_stage), runs the
+//   FORWARD   allocates the (chunk, micro-batch)'s activations (acts_alloc below), runs the
 //             stage (embedding on stage 0; the head and the loss on stage S-1)
 //   BACKWARD  runs it backward (the last stage starts from d(loss)/M), then frees the activations
 //             once their sends are done: memory holds what the schedule keeps in flight
-//   transfers (B_micro * T * dim elements each) go to the comm stream, consecutive ones as one
+//   transfers (B_micro * T * dim values each, the boundary) go to the comm stream, consecutive ones as one
 //             comm_batch_start; a compute waits (a "pp wait" comm-wait slice) only for the batch
 //             receiving its input
 // With data parallelism each stage's chunks are DDP ranges over the data-parallel replicas of the
@@ -25,6 +25,14 @@
 //   Pipeline *pl = pipeline_create(&model, mesh->dim[MESH_PP], dp_or_NULL, &options, &init);
 //   loss = pipeline_forward_backward(pl, inputs, targets);   // every rank: the mean over micro-batches
 //   norm = pipeline_grad_norm(pl); pipeline_clip(pl, norm, max); pipeline_adamw_step(pl, step, lr, &adam);
+//
+// Which model the stages run is a table: the executor does its compute through a PipelineCompute
+// (the stages' forward and backward, the activations of a (chunk, micro-batch), the boundary
+// tensors) and its own memory work -- the chunks' weights, gradients and AdamW state, the inboxes --
+// through chapter 3's FsdpMemory. Left NULL in the options: reference_cpu's model and host memory
+// (pipeline_host_compute, fsdp_host_memory). gpu/pipeline_device.h gives the GPU model's stage entry
+// points and device memory, so the same executor and schedules run the GPU model (gpu/strategy.c,
+// --device cuda --pp).
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -35,6 +43,34 @@
 #include "common/comm.h"
 #include "reference_cpu/adamw.h"
 #include "reference_cpu/model.h"
+
+// The stage compute the executor calls. acts: one (chunk, micro-batch)'s activations, opaque here.
+typedef struct {
+    const char *name;          // "reference_cpu", "gpu"
+    // What one boundary transfer moves (a stage's output, or the gradient of a stage's input: B_micro*T
+    // rows of dim, this tp rank's rows with sequence parallelism): count elements of type.
+    CommDtype boundary_type;
+    size_t (*boundary_count)(void *ctx, int B, int T);
+    // The activations of a stage holding blocks [first, end) for one micro-batch, and their release.
+    void *(*acts_alloc)(void *ctx, int B, int T, ActCheckpoint ac, int first, int end);
+    void (*acts_free)(void *ctx, void *acts);
+    // The boundary buffers inside acts: where a received stage input goes (block first's input),
+    // the stage's output the next stage receives (block end's input), and dx (the gradient of the
+    // stage's output on entry to backward, of its input after).
+    void *(*stage_input)(void *ctx, void *acts, int first);
+    void *(*stage_output)(void *ctx, void *acts, int end);
+    void *(*dx)(void *ctx, void *acts);
+    // reference_cpu/model.h's pieces: embedding (stage 0), blocks [first, end), head + loss (the
+    // last stage: returns the micro-batch's mean loss on the host), and backward in reverse.
+    void (*embed_forward)(void *ctx, void *acts, const int *inputs);
+    void (*blocks_forward)(void *ctx, void *acts, int first, int end);
+    double (*head_forward)(void *ctx, void *acts, const int *targets);
+    void (*head_backward)(void *ctx, void *acts, double dloss);
+    void (*blocks_backward)(void *ctx, void *acts, int first, int end);
+    void (*embed_backward)(void *ctx, void *acts, const int *inputs);
+} PipelineCompute;
+// reference_cpu's model: ctx is the Model given to pipeline_create.
+extern const PipelineCompute pipeline_host_compute;
 
 typedef struct {
     PpScheduleKind schedule;
@@ -48,6 +84,10 @@ typedef struct {
     const char *dot_path;      // world rank 0 writes the schedule as Graphviz here (NULL: no)
     Comm *tp_group;            // with tensor parallelism (the model holds tp slices, tp_install done); else NULL
     Comm *shard_group;         // ZeRO-1 (--dp-shard): the AdamW state sharded over these ranks; else NULL
+    const PipelineCompute *compute;  // NULL: pipeline_host_compute on the Model
+    void *compute_ctx;               // compute's ctx (with compute NULL: unused)
+    const FsdpMemory *memory;        // the chunks' buffers and inboxes; NULL: fsdp_host_memory. Device
+                                     // memory takes no data parallelism or tensor parallelism here.
 } PipelineOptions;
 
 typedef struct {
@@ -55,7 +95,7 @@ typedef struct {
     int first_layer, end_layer;  // blocks [first_layer, end_layer)
     int first_unit, last_unit; // table layers, with LAYER_EMBEDDING on stage 0 and n_layers (head) last
     size_t offset, numel;      // the units' range of the flat layout
-    real *params, *grads;      // (numel, padded to shard * N with zeros)
+    real *params, *grads;      // (numel, padded to shard * N with zeros); in options.memory
     real *adam_m, *adam_v;     // (shard): this rank's slice [mine, mine + shard) (the whole chunk without ZeRO-1)
     size_t shard, mine;        // ZeRO-1 over N ranks: shard = ceil(numel / N); unsharded: numel, 0
     int last_backward;         // index of this chunk's last BACKWARD in the action list (DDP syncs then)
@@ -64,9 +104,9 @@ typedef struct {
 // One (chunk, micro-batch)'s activations and transfer bookkeeping, live from its receive or forward
 // to the end of its last send.
 typedef struct {
-    ModelActs acts;
+    void *acts;                // from compute->acts_alloc
     bool live, backward_done;
-    real *inbox;               // (B_micro*T, dim) a received stage input, until the forward copies it
+    void *inbox;               // (boundary) a received stage input, until the forward copies it
     int sends_left;            // transfers from acts not posted yet
     int recv_batch;            // the batch receiving into inbox or acts.dx (0: none)
     int send_batch;            // the last batch sending from acts
@@ -77,6 +117,9 @@ typedef struct {
     Comm *pp;
     int p, rank, v, m, n_stages;
     PipelineOptions options;
+    const PipelineCompute *compute;
+    void *ctx;                 // compute's
+    const FsdpMemory *mem;     // where the chunks' buffers and the inboxes live
     PipelineChunk *chunks;     // (v)
     PpActionList actions;      // this rank's list
     Ddp *ddp;                  // NULL without data parallelism

@@ -209,7 +209,7 @@ static Strategy *pipeline_strategy_create(Trainer *t, const LayoutOptions *o, co
     PipelineOptions options = {(PpScheduleKind)o->pp_schedule, t->n_micro, o->pp_virtual_stages, t->micro, t->T,
                                (ActCheckpoint)o->ac, (size_t)(o->bucket_mb * 1048576.0), o->overlap,
                                o->pp_schedule_dot, mesh->degree[MESH_TP] > 1 ? mesh->dim[MESH_TP] : NULL,
-                               sharded ? mesh->dp_shard_cp : NULL};
+                               sharded ? mesh->dp_shard_cp : NULL, NULL, NULL, NULL};  // reference_cpu, host memory
     int replicas = comm_size(mesh->dp_cp);
     Pipeline *pl = pipeline_create(&t->model, mesh->dim[MESH_PP], replicas > 1 ? mesh->dp_cp : NULL, &options, init);
     if (replicas > 1)

@@ -40,6 +40,44 @@ static void stage_range(const Model *model, int n_stages, int stage, PipelineChu
 
 static PipelineChunk *chunk_of_stage(Pipeline *pl, int stage) { return &pl->chunks[pp_chunk_of_stage(stage, pl->p)]; }
 
+// ---- the stage compute of reference_cpu's model (pipeline_host_compute; ctx: the Model) -----------
+
+static size_t host_boundary_count(void *ctx, int B, int T) {
+    const Model *m = ctx;  // (B_micro*T, dim); with tensor + sequence parallelism, this tp rank's rows of it
+    return (size_t)model_rows_here(m, B, T) * m->cfg.dim;
+}
+static void *host_acts_alloc(void *ctx, int B, int T, ActCheckpoint ac, int first, int end) {
+    ModelActs *a = malloc(sizeof *a);
+    *a = model_acts_alloc_stage(ctx, B, T, ac, first, end);
+    return a;
+}
+static void host_acts_free(void *ctx, void *acts) {
+    model_acts_free(acts);
+    free(acts);
+}
+static void *host_stage_input(void *ctx, void *acts, int first) { return ((ModelActs *)acts)->blocks[first].x; }
+static void *host_stage_output(void *ctx, void *acts, int end) { return ((ModelActs *)acts)->blocks[end].x; }
+static void *host_dx(void *ctx, void *acts) { return ((ModelActs *)acts)->dx; }
+static void host_embed_forward(void *ctx, void *acts, const int *inputs) { model_embed_forward(ctx, acts, inputs); }
+static void host_blocks_forward(void *ctx, void *acts, int first, int end) {
+    model_blocks_forward(ctx, acts, first, end);
+}
+static double host_head_forward(void *ctx, void *acts, const int *targets) {
+    return model_head_forward(ctx, acts, targets);
+}
+static void host_head_backward(void *ctx, void *acts, double dloss) { model_head_backward(ctx, acts, dloss); }
+static void host_blocks_backward(void *ctx, void *acts, int first, int end) {
+    model_blocks_backward(ctx, acts, first, end);
+}
+static void host_embed_backward(void *ctx, void *acts, const int *inputs) { model_embed_backward(ctx, acts, inputs); }
+
+const PipelineCompute pipeline_host_compute = {
+    .name = "reference_cpu", .boundary_type = COMM_REAL, .boundary_count = host_boundary_count,
+    .acts_alloc = host_acts_alloc, .acts_free = host_acts_free, .stage_input = host_stage_input,
+    .stage_output = host_stage_output, .dx = host_dx, .embed_forward = host_embed_forward,
+    .blocks_forward = host_blocks_forward, .head_forward = host_head_forward, .head_backward = host_head_backward,
+    .blocks_backward = host_blocks_backward, .embed_backward = host_embed_backward};
+
 // ---- UnitStorage: the model reads this rank's units from the chunk buffers ------------------------
 
 static PipelineChunk *chunk_of_unit(Pipeline *pl, int unit) {
@@ -64,21 +102,31 @@ static real *storage_grads(void *ctx, int unit) {
 
 static int shard_ranks(const Pipeline *pl) { return pl->options.shard_group ? comm_size(pl->options.shard_group) : 1; }
 
-static void init_chunk(Pipeline *pl, PipelineChunk *c, const ParamSource *init) {
+// The chunk's weights, the same values the single process gives these elements, into params (host
+// memory), or through a host copy uploaded to device memory.
+static void fill_chunk_params(Pipeline *pl, PipelineChunk *c, const ParamSource *init) {
     const ParamTable *t = &pl->model->table;
-    int N = shard_ranks(pl);
-    c->shard = (c->numel + (size_t)N - 1) / (size_t)N;
-    c->mine = pl->options.shard_group ? (size_t)comm_rank(pl->options.shard_group) * c->shard : 0;
-    c->params = mem_alloc(MEM_PARAMS, sizeof(real) * c->shard * N);
-    c->grads = mem_alloc(MEM_GRADS, sizeof(real) * c->shard * N);
-    c->adam_m = mem_alloc(MEM_OPTIMIZER, sizeof(real) * c->shard);
-    c->adam_v = mem_alloc(MEM_OPTIMIZER, sizeof(real) * c->shard);
-    for (int i = 0; i < t->count; i++) {  // the same values the single process gives these elements
+    real *dst = pl->mem->on_device ? mem_alloc(MEM_OTHER, sizeof(real) * c->numel) : c->params;
+    for (int i = 0; i < t->count; i++) {
         const ParamInfo *p = &t->items[i];
         if (p->layer >= c->first_unit && p->layer <= c->last_unit)
             param_source_fill(init, p, pl->model->tp.rank, pl->model->tp.size, 0, p->numel,
-                                   c->params + (p->offset - c->offset));
+                                   dst + (p->offset - c->offset));
     }
+    if (!pl->mem->on_device) return;
+    pl->mem->upload(c->params, dst, sizeof(real) * c->numel);
+    mem_free(dst);
+}
+
+static void init_chunk(Pipeline *pl, PipelineChunk *c, const ParamSource *init) {
+    int N = shard_ranks(pl);
+    c->shard = (c->numel + (size_t)N - 1) / (size_t)N;
+    c->mine = pl->options.shard_group ? (size_t)comm_rank(pl->options.shard_group) * c->shard : 0;
+    c->params = pl->mem->alloc(MEM_PARAMS, sizeof(real) * c->shard * N);
+    c->grads = pl->mem->alloc(MEM_GRADS, sizeof(real) * c->shard * N);
+    c->adam_m = pl->mem->alloc(MEM_OPTIMIZER, sizeof(real) * c->shard);
+    c->adam_v = pl->mem->alloc(MEM_OPTIMIZER, sizeof(real) * c->shard);
+    fill_chunk_params(pl, c, init);
     c->last_backward = -1;
     for (int i = 0; i < pl->actions.count; i++) {
         const PpAction *a = &pl->actions.items[i];
@@ -132,7 +180,12 @@ Pipeline *pipeline_create(Model *model, Comm *pp, Comm *dp, const PipelineOption
     pl->model = model, pl->pp = pp, pl->options = *options;
     pl->p = comm_size(pp), pl->rank = comm_rank(pp);
     pl->v = options->virtual_stages, pl->m = options->microbatches, pl->n_stages = pl->p * pl->v;
+    pl->compute = options->compute ? options->compute : &pipeline_host_compute;
+    pl->ctx = options->compute ? options->compute_ctx : model;
+    pl->mem = options->memory ? options->memory : &fsdp_host_memory;
     if (pl->p < 2) fatal("pipeline_create: needs at least 2 pipeline ranks");  // p = 1 hands over in memory: not here
+    if (pl->mem->on_device && ((dp && comm_size(dp) > 1) || options->shard_group || options->tp_group))
+        fatal("pipeline_create: %s buffers take no data or tensor parallelism", pl->mem->name);
     const char *err = pipeline_check(&model->cfg, pl->p, pl->v);
     if (err) fatal_input("--pp %d x --pp-virtual-stages %d with %d layers: %s", pl->p, pl->v, model->cfg.n_layers, err);
     setup_schedule(pl);
@@ -162,7 +215,7 @@ void pipeline_free(Pipeline *pl) {
     ddp_free(pl->ddp);
     for (int c = 0; c < pl->v; c++) {
         PipelineChunk *ch = &pl->chunks[c];
-        mem_free(ch->params), mem_free(ch->grads), mem_free(ch->adam_m), mem_free(ch->adam_v);
+        pl->mem->free(ch->params), pl->mem->free(ch->grads), pl->mem->free(ch->adam_m), pl->mem->free(ch->adam_v);
     }
     pl->model->storage = (UnitStorage){0};
     pp_action_list_free(&pl->actions);
@@ -202,10 +255,12 @@ static PipelineSlot *slot_of(Pipeline *pl, int mb, int stage) {
     return &pl->slots[pp_chunk_of_stage(stage, pl->p) * pl->m + mb];
 }
 
-static size_t activation_count(const Pipeline *pl) {
-    // (B_micro*T, dim); with tensor + sequence parallelism, this tp rank's rows of it
-    return (size_t)model_rows_here(pl->model, pl->options.micro_batch, pl->options.seq_len) * pl->model->cfg.dim;
+// What one boundary transfer moves: boundary_count elements of compute->boundary_type (the host
+// model: reals; the GPU model: its bf16 activations as bytes).
+static size_t boundary_count(const Pipeline *pl) {
+    return pl->compute->boundary_count(pl->ctx, pl->options.micro_batch, pl->options.seq_len);
 }
+static size_t boundary_bytes(const Pipeline *pl) { return comm_bytes(pl->compute->boundary_type, boundary_count(pl)); }
 
 // Waits for the batches that finished anyway, and frees the activations nothing needs any more.
 static void retire_slots(Pipeline *pl, bool wait_all) {
@@ -214,7 +269,7 @@ static void retire_slots(Pipeline *pl, bool wait_all) {
     for (int i = 0; i < pl->v * pl->m; i++) {
         PipelineSlot *s = &pl->slots[i];
         if (s->live && s->backward_done && s->sends_left == 0 && s->send_batch <= pl->waited) {
-            model_acts_free(&s->acts);
+            pl->compute->acts_free(pl->ctx, s->acts);
             memset(s, 0, sizeof *s);
         }
     }
@@ -224,10 +279,11 @@ static void add_transfer(Pipeline *pl, const PpAction *a) {
     PipelineSlot *s = slot_of(pl, a->microbatch, a->stage);
     int batch = pl->n_batches + 1;  // the batch being gathered
     CommP2P t = {a->kind == PP_SEND_ACT || a->kind == PP_SEND_GRAD ? COMM_SEND : COMM_RECV, NULL,
-                 activation_count(pl), COMM_REAL, a->peer,
+                 boundary_count(pl), pl->compute->boundary_type, a->peer,
                  a->kind == PP_SEND_ACT || a->kind == PP_RECV_ACT ? TAG_ACT : TAG_GRAD};
-    // LAB pp: the buffer of each transfer: a send of activations the stage's output (the chunk's end_layer block input x), a send of gradients the stage input's gradient (acts.dx), a receive of activations a new inbox (MEM_COMM), a receive of gradients acts.dx, where backward starts; then note the batch in the slot (send_batch and sends_left--, or recv_batch)
-    LAB_HOLE("pp", "the buffer of each transfer: a send of activations the stage's output (the chunk's end_layer block input x), a send of gradients the stage input's gradient (acts.dx), a receive of activations a new inbox (MEM_COMM), a receive of gradients acts.dx, where backward starts; then note the batch in the slot (send_batch and sends_left--, or recv_batch)");
+    const PipelineCompute *k = pl->compute;
+    // LAB pp: the buffer of each transfer: a send of activations the stage's output (k->stage_output at the chunk's end_layer), a send of gradients the stage input's gradient (k->dx), a receive of activations a new inbox (pl->mem->alloc, MEM_COMM, boundary_bytes), a receive of gradients k->dx, where backward starts; then note the batch in the slot (send_batch and sends_left--, or recv_batch)
+    LAB_HOLE("pp", "the buffer of each transfer: a send of activations the stage's output (k->stage_output at the chunk's end_layer), a send of gradients the stage input's gradient (k->dx), a receive of activations a new inbox (pl->mem->alloc, MEM_COMM, boundary_bytes), a receive of gradients k->dx, where backward starts; then note the batch in the slot (send_batch and sends_left--, or recv_batch)");
     // END LAB
     pl->pending[pl->n_pending++] = t;
 }
@@ -248,22 +304,25 @@ static void run_forward(Pipeline *pl, const PpAction *a) {
     const int S = pl->n_stages, rows = pl->options.micro_batch * pl->options.seq_len;
     const int *inputs = pl->inputs + (size_t)a->microbatch * rows;
     const int *targets = pl->targets + (size_t)a->microbatch * rows;
+    const PipelineCompute *k = pl->compute;
     if (a->stage > 0) wait_for_input(pl, s->recv_batch, a);
-    s->acts = model_acts_alloc_stage(pl->model, pl->options.micro_batch, pl->options.seq_len, pl->options.ac,
-                                     c->first_layer, c->end_layer);
+    s->acts = k->acts_alloc(pl->ctx, pl->options.micro_batch, pl->options.seq_len, pl->options.ac, c->first_layer,
+                            c->end_layer);
     s->live = true;
     s->sends_left = (a->stage + 1 < S) + (a->stage > 0);  // its output, and later its input gradient
     begin_compute_slice("forward", a, pl->p);
     if (a->stage == 0) {
-        model_embed_forward(pl->model, &s->acts, inputs);
+        k->embed_forward(pl->ctx, s->acts, inputs);
     } else {
-        memcpy(s->acts.blocks[c->first_layer].x, s->inbox, sizeof(real) * activation_count(pl));
-        mem_free(s->inbox);
+        pl->mem->copy(k->stage_input(pl->ctx, s->acts, c->first_layer), s->inbox, boundary_bytes(pl));
+        pl->mem->free(s->inbox);
         s->inbox = NULL;
     }
-    model_blocks_forward(pl->model, &s->acts, c->first_layer, c->end_layer);
+    k->blocks_forward(pl->ctx, s->acts, c->first_layer, c->end_layer);
     if (a->stage == S - 1) {
-        double loss = model_head_forward(pl->model, &s->acts, targets);
+        // The micro-batch's loss on the host: on the GPU a wait for the stream per micro-batch on the
+        // last stage (its forward is done by then; the backward queues after it).
+        double loss = k->head_forward(pl->ctx, s->acts, targets);
         if (!isfinite(loss)) fatal("micro-batch %d: loss is %g; stopping (try a lower --lr)", a->microbatch, loss);
         pl->loss_sum += loss;
     }
@@ -277,9 +336,10 @@ static void run_backward(Pipeline *pl, const PpAction *a, int index) {
     if (a->stage + 1 < pl->n_stages) wait_for_input(pl, s->recv_batch, a);
     if (pl->ddp) ddp_begin_backward_range(pl->ddp, pp_chunk_of_stage(a->stage, pl->p), index == c->last_backward);
     begin_compute_slice("backward", a, pl->p);
-    if (a->stage == pl->n_stages - 1) model_head_backward(pl->model, &s->acts, 1.0 / pl->m);  // mean over micro-batches
-    model_blocks_backward(pl->model, &s->acts, c->first_layer, c->end_layer);
-    if (a->stage == 0) model_embed_backward(pl->model, &s->acts, inputs);
+    const PipelineCompute *k = pl->compute;
+    if (a->stage == pl->n_stages - 1) k->head_backward(pl->ctx, s->acts, 1.0 / pl->m);  // mean over micro-batches
+    k->blocks_backward(pl->ctx, s->acts, c->first_layer, c->end_layer);
+    if (a->stage == 0) k->embed_backward(pl->ctx, s->acts, inputs);
     trace_end(trace_track("compute"));
     s->backward_done = true;
 }
@@ -288,7 +348,7 @@ double pipeline_forward_backward(Pipeline *pl, const int *inputs, const int *tar
     pl->inputs = inputs, pl->targets = targets;
     pl->loss_sum = 0;
     pl->n_batches = pl->waited = 0;
-    for (int c = 0; c < pl->v; c++) memset(pl->chunks[c].grads, 0, sizeof(real) * pl->chunks[c].numel);
+    for (int c = 0; c < pl->v; c++) pl->mem->zero(pl->chunks[c].grads, sizeof(real) * pl->chunks[c].numel);
     for (int i = 0; i < pl->actions.count; i++) {
         const PpAction *a = &pl->actions.items[i];
         if (!pp_is_compute(a->kind)) {
@@ -319,6 +379,7 @@ double pipeline_forward_backward(Pipeline *pl, const int *inputs, const int *tar
 // With tensor parallelism a chunk holds tp slices: the sliced tensors' sums are added over tp, the
 // replicated norms' taken once (as tp_sum_of_squares does for a whole model).
 static double chunk_sum_of_squares(const Pipeline *pl, const PipelineChunk *c) {
+    if (pl->mem->sum_of_squares) return pl->mem->sum_of_squares(c->grads, c->numel);  // device: no tp here
     if (!pl->options.tp_group) return sum_of_squares(c->grads, c->numel);
     double sums[2] = {0, 0};  // tp-sliced, replicated
     sum_of_squares_by_tp_split(&pl->model->table, c->grads, c->offset, c->numel, sums);
@@ -334,7 +395,9 @@ double pipeline_grad_norm(Pipeline *pl) {
 }
 
 void pipeline_clip(Pipeline *pl, double grad_norm, double max_norm) {
-    for (int c = 0; c < pl->v; c++) clip_by_global_norm(pl->chunks[c].grads, pl->chunks[c].numel, grad_norm, max_norm);
+    double coef = clip_coefficient(grad_norm, max_norm);  // clip_by_global_norm's factor
+    if (coef < 1)
+        for (int c = 0; c < pl->v; c++) pl->mem->scale(pl->chunks[c].grads, pl->chunks[c].numel, coef);
 }
 
 // Elements of the chunk in this rank's optimizer slice (the last ranks' slices may be short or
@@ -351,7 +414,7 @@ static void gather_weights(Pipeline *pl, PipelineChunk *c) {
 void pipeline_adamw_step(Pipeline *pl, long long step, double lr, const AdamWConfig *cfg) {
     for (int c = 0; c < pl->v; c++) {
         PipelineChunk *ch = &pl->chunks[c];
-        adamw_step(ch->params + ch->mine, ch->grads + ch->mine, ch->adam_m, ch->adam_v, slice_len(ch), step, lr, cfg);
+        pl->mem->adamw(ch->params + ch->mine, ch->grads + ch->mine, ch->adam_m, ch->adam_v, slice_len(ch), step, lr, cfg);
         if (pl->options.shard_group) gather_weights(pl, ch);
     }
 }
@@ -379,8 +442,14 @@ static real *full_moment(Pipeline *pl, PipelineChunk *c, StateKind kind, real **
 void pipeline_gather_full(Pipeline *pl, StateKind kind, real *flat) {
     int n = 0;
     real **full = calloc((size_t)pl->v, sizeof(real *)), **owned = calloc((size_t)pl->v, sizeof(real *));
-    for (int c = 0; c < pl->v; c++)  // per chunk: the full tensor to send
+    for (int c = 0; c < pl->v; c++) {  // per chunk: the full tensor to send, on the host
         full[c] = is_moment(kind) ? full_moment(pl, &pl->chunks[c], kind, &owned[c]) : state_of(&pl->chunks[c], kind);
+        if (pl->mem->on_device) {  // (no ZeRO-1 on the device: owned[c] is NULL)
+            owned[c] = mem_alloc(MEM_COMM, sizeof(real) * pl->chunks[c].numel);
+            pl->mem->download(owned[c], full[c], sizeof(real) * pl->chunks[c].numel);
+            full[c] = owned[c];
+        }
+    }
     CommP2P *transfers = calloc((size_t)(pl->p * pl->v), sizeof(CommP2P));
     if (pl->rank == 0) {
         for (int st = 0; st < pl->n_stages; st++) {
@@ -406,10 +475,10 @@ void pipeline_load_full(Pipeline *pl, StateKind kind, const real *flat) {
     for (int c = 0; c < pl->v; c++) {
         PipelineChunk *ch = &pl->chunks[c];
         if (is_moment(kind)) {  // the moments: this rank's slice (all of it without ZeRO-1)
-            memset(state_of(ch, kind), 0, sizeof(real) * ch->shard);
-            memcpy(state_of(ch, kind), flat + ch->offset + ch->mine, sizeof(real) * slice_len(ch));
+            pl->mem->zero(state_of(ch, kind), sizeof(real) * ch->shard);
+            pl->mem->upload(state_of(ch, kind), flat + ch->offset + ch->mine, sizeof(real) * slice_len(ch));
         } else {
-            memcpy(state_of(ch, kind), flat + ch->offset, sizeof(real) * ch->numel);
+            pl->mem->upload(state_of(ch, kind), flat + ch->offset, sizeof(real) * ch->numel);
         }
     }
 }
