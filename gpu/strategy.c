@@ -21,7 +21,7 @@
 // compute and device memory (gpu/pipeline_device.h), on the GPU model built without its own weights
 // or per-block activations (gpu_model_init_stages). pipeline_create installs its UnitStorage (the
 // chunks' device buffers) on the trainer's Model; the GPU model gets the same, and casts each unit to
-// bf16 as it runs, as under --dp-shard. Not with --dp-replicate, --dp-shard, --fp8 or --ac full so far
+// bf16 as it runs, as under --dp-shard (--fp8: cast to FP8 from them). Not with --dp-replicate, --dp-shard or --ac full so far
 // (refused). The other layouts (--tp, --cp) are refused until the GPU model has the CPU model's
 // TensorParallel and context-parallel hooks.
 //
@@ -247,9 +247,6 @@ static void refuse_pipelined(const Trainer *t, const LayoutOptions *o) {
         fatal_input("--device cuda --pp %d with data parallelism (--dp-replicate %d, --dp-shard %d): the GPU's pipeline "
                     "runs one replica so far (chapter 7's DDP and ZeRO-1 over stages take host buffers)", pp,
                     mesh->degree[MESH_DP_REPLICATE], mesh->degree[MESH_DP_SHARD]);
-    if (o->fp8)
-        fatal_input("--device cuda --pp %d --fp8: the GPU's FP8 linears read the whole fp32 model, which a pipeline "
-                    "stage does not hold", pp);
     if (o->ac != AC_NONE)
         fatal_input("--device cuda --pp %d --ac %s: the GPU's pipeline stages keep every block's activations "
                     "(--ac none) so far", pp, o->ac == AC_FULL ? "full" : "selective");
@@ -261,6 +258,7 @@ static void create_pipelined(GpuTraining *g, Trainer *t, const ModelConfig *cfg,
                              const LayoutOptions *o) {
     refuse_pipelined(t, o);
     gpu_model_init_stages(&g->m, cfg, GPU_BF16, t->micro, t->T);
+    g->m.fp8 = o->fp8;  // each projection cast to FP8 from its unit's fp32 weights (the chunk's buffers)
     PipelineOptions options = {.schedule = (PpScheduleKind)o->pp_schedule, .microbatches = t->n_micro,
                                .virtual_stages = o->pp_virtual_stages, .micro_batch = t->micro, .seq_len = t->T,
                                .ac = AC_NONE, .dot_path = o->pp_schedule_dot, .compute = &gpu_pipeline_compute,
