@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "chapters/08_context_parallel/cp.h"
 #include "common/log.h"
 #include "gpu/runtime.h"
 #include "gpu/timeline.h"
@@ -92,21 +93,73 @@ static void rmsnorm_bwd(const GpuModel *m, void *dinp, float *dw, const void *do
     else gpu_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
 }
 static void rope(const GpuModel *m, void *x, int n_heads, bool backward) {
-    if (BF16(m)) (backward ? gpu_rope_backward_bf16 : gpu_rope_forward_bf16)(x, &m->rope, NULL, m->B, m->T, n_heads);
-    else (backward ? gpu_rope_backward : gpu_rope_forward)(x, &m->rope, NULL, m->B, m->T, n_heads);
+    if (BF16(m)) (backward ? gpu_rope_backward_bf16 : gpu_rope_forward_bf16)(x, &m->rope, m->positions, m->B, m->T, n_heads);
+    else (backward ? gpu_rope_backward : gpu_rope_forward)(x, &m->rope, m->positions, m->B, m->T, n_heads);
 }
 static AttnShape attn_shape(const GpuModel *m) {
     AttnShape s = {m->B, m->T, m->T, m->cfg.n_heads, m->cfg.n_kv_heads, model_head_dim(&m->cfg), NULL, NULL, true};
     return s;
 }
+// ---- context parallelism: attention over the whole sequence through chapter 8's ring --------------------------
+// The ring works in fp32 (gpu/cp_device.h). In GPU_BF16 the bf16 tensors are cast up into the staging
+// (exactly: every bf16 is an fp32) and the results rounded back to bf16 once, as the bf16 attention
+// kernels round their outputs.
+typedef struct {
+    float *q, *k, *v, *out, *dout, *dq, *dk, *dv;
+} CpStaging;
+static size_t q_elements(const GpuModel *m) { return (size_t)m->B * m->T * m->cfg.n_heads * model_head_dim(&m->cfg); }
+static size_t kv_elements(const GpuModel *m) {
+    return (size_t)m->B * m->T * m->cfg.n_kv_heads * model_head_dim(&m->cfg);
+}
+static CpStaging cp_staging(const GpuModel *m) {
+    size_t nq = q_elements(m), nkv = kv_elements(m);
+    float *p = m->cp_staging;
+    CpStaging s = {p, p + nq, p + nq + nkv, p + nq + 2 * nkv, p + 2 * nq + 2 * nkv, p + 3 * nq + 2 * nkv,
+                   p + 4 * nq + 2 * nkv, p + 4 * nq + 3 * nkv};
+    return s;
+}
+static void cp_attention_fwd(const GpuModel *m, GpuBlockActs *a) {
+    if (!BF16(m)) {
+        cp_attention_forward(m->cp, a->attn, a->lse, a->q, a->k, a->v);
+        return;
+    }
+    CpStaging s = cp_staging(m);
+    gpu_cast_bf16_to_f32(s.q, a->q, q_elements(m));
+    gpu_cast_bf16_to_f32(s.k, a->k, kv_elements(m));
+    gpu_cast_bf16_to_f32(s.v, a->v, kv_elements(m));
+    cp_attention_forward(m->cp, s.out, a->lse, s.q, s.k, s.v);
+    gpu_cast_f32_to_bf16(a->attn, s.out, q_elements(m));
+}
+// dq, dk, dv are zero-filled before (block backward), so the bf16 path's cast equals accumulating.
+static void cp_attention_bwd(const GpuModel *m, const GpuBlockActs *a) {
+    if (!BF16(m)) {
+        cp_attention_backward(m->cp, m->dq, m->dk, m->dv, m->dattn, a->q, a->k, a->v, a->attn, a->lse);
+        return;
+    }
+    CpStaging s = cp_staging(m);
+    size_t nq = q_elements(m), nkv = kv_elements(m);
+    gpu_cast_bf16_to_f32(s.q, a->q, nq);
+    gpu_cast_bf16_to_f32(s.k, a->k, nkv);
+    gpu_cast_bf16_to_f32(s.v, a->v, nkv);
+    gpu_cast_bf16_to_f32(s.out, a->attn, nq);
+    gpu_cast_bf16_to_f32(s.dout, m->dattn, nq);
+    gpu_fill_bytes(s.dq, 0, sizeof(float) * (nq + 2 * nkv));  // dq, dk, dv: adjacent
+    cp_attention_backward(m->cp, s.dq, s.dk, s.dv, s.dout, s.q, s.k, s.v, s.out, a->lse);
+    gpu_cast_f32_to_bf16(m->dq, s.dq, nq);
+    gpu_cast_f32_to_bf16(m->dk, s.dk, nkv);
+    gpu_cast_f32_to_bf16(m->dv, s.dv, nkv);
+}
+
 static void attention_fwd(const GpuModel *m, GpuBlockActs *a) {
     AttnShape s = attn_shape(m);
-    if (BF16(m)) gpu_attention_forward_bf16(a->attn, a->lse, a->q, a->k, a->v, &s);
+    if (m->cp) cp_attention_fwd(m, a);
+    else if (BF16(m)) gpu_attention_forward_bf16(a->attn, a->lse, a->q, a->k, a->v, &s);
     else gpu_attention_forward(a->attn, a->lse, a->q, a->k, a->v, &s);
 }
 static void attention_bwd(const GpuModel *m, const GpuBlockActs *a) {
     AttnShape s = attn_shape(m);
-    if (BF16(m)) gpu_attention_backward_bf16(m->dq, m->dk, m->dv, m->dattn, a->q, a->k, a->v, a->attn, a->lse, &s);
+    if (m->cp) cp_attention_bwd(m, a);
+    else if (BF16(m)) gpu_attention_backward_bf16(m->dq, m->dk, m->dv, m->dattn, a->q, a->k, a->v, a->attn, a->lse, &s);
     else gpu_attention_backward(m->dq, m->dk, m->dv, m->dattn, a->q, a->k, a->v, a->attn, a->lse, &s);
 }
 static void swiglu_fwd(const GpuModel *m, void *out, const void *gate, const void *up, size_t n) {
@@ -139,14 +192,14 @@ static void matmul_bwd_weight_batched(const GpuModel *m, float *dw, const void *
 }
 static void qkv_split_rope(const GpuModel *m, GpuBlockActs *a) {
     const ModelConfig *c = &m->cfg;
-    if (BF16(m)) gpu_qkv_split_rope_bf16(a->q, a->k, a->v, m->qkv, &m->rope, NULL, m->B, m->T, c->n_heads, c->n_kv_heads);
-    else gpu_qkv_split_rope(a->q, a->k, a->v, m->qkv, &m->rope, NULL, m->B, m->T, c->n_heads, c->n_kv_heads);
+    if (BF16(m)) gpu_qkv_split_rope_bf16(a->q, a->k, a->v, m->qkv, &m->rope, m->positions, m->B, m->T, c->n_heads, c->n_kv_heads);
+    else gpu_qkv_split_rope(a->q, a->k, a->v, m->qkv, &m->rope, m->positions, m->B, m->T, c->n_heads, c->n_kv_heads);
 }
 static void qkv_merge_rope_bwd(const GpuModel *m) {
     const ModelConfig *c = &m->cfg;
     if (BF16(m))
-        gpu_qkv_merge_rope_backward_bf16(m->qkv, m->dq, m->dk, m->dv, &m->rope, NULL, m->B, m->T, c->n_heads, c->n_kv_heads);
-    else gpu_qkv_merge_rope_backward(m->qkv, m->dq, m->dk, m->dv, &m->rope, NULL, m->B, m->T, c->n_heads, c->n_kv_heads);
+        gpu_qkv_merge_rope_backward_bf16(m->qkv, m->dq, m->dk, m->dv, &m->rope, m->positions, m->B, m->T, c->n_heads, c->n_kv_heads);
+    else gpu_qkv_merge_rope_backward(m->qkv, m->dq, m->dk, m->dv, &m->rope, m->positions, m->B, m->T, c->n_heads, c->n_kv_heads);
 }
 static void add(const GpuModel *m, void *x, const void *y, size_t n) {
     if (BF16(m)) gpu_add_inplace_bf16(x, y, n);
@@ -373,11 +426,20 @@ void gpu_model_free(GpuModel *m) {
                      m->targets, m->loss, m->grad_sum_sq};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
     gpu_rope_table_free(&m->rope);
+    gpu_free(m->positions);
+    gpu_free(m->cp_staging);
     mem_free(m->blocks);
     mem_free(m->offsets);
     mem_free(m->units);
     param_table_free(&m->table);
     memset(m, 0, sizeof *m);
+}
+
+void gpu_model_set_context_parallel(GpuModel *m, struct ContextParallel *cp, const int *positions) {
+    m->cp = cp;
+    m->positions = gpu_alloc(MEM_OTHER, sizeof(int) * m->T);
+    gpu_upload(m->positions, positions, sizeof(int) * m->T);
+    if (BF16(m)) m->cp_staging = gpu_alloc(MEM_ACTIVATIONS, sizeof(float) * (4 * q_elements(m) + 4 * kv_elements(m)));
 }
 
 void gpu_model_refresh_compute_copy(GpuModel *m) {

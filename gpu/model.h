@@ -3,7 +3,9 @@
 // same order, the same loss, AdamW and global-norm clipping. One process, one device; no tensor
 // parallelism. Sharding plugs in as on the CPU model: chapter 3's FSDP module installs UnitStorage
 // (GpuUnitView below; gpu/strategy.c, --dp-shard); so do chapter 7's pipeline stages, which run
-// through the stage entry points at the end of this file (gpu/pipeline_device.h, --pp). Activation
+// through the stage entry points at the end of this file (gpu/pipeline_device.h, --pp). Context
+// parallelism: chapter 8's ring on device buffers for attention (gpu_model_set_context_parallel,
+// --cp). Activation
 // checkpointing: AC_FULL keeps each block's input alone and recomputes the block before its
 // backward (bit-identical gradients); AC_SELECTIVE is refused.
 //
@@ -108,6 +110,14 @@ typedef struct {
     UnitStorage storage;
     GradsReadyHook grads_ready;
     void *grads_ready_ctx;
+    // Context parallelism (gpu_model_set_context_parallel; NULL: none): this rank's T tokens of each
+    // sequence sit at the global positions `positions` (device, T), by which RoPE rotates, and
+    // attention covers the whole sequence through chapter 8's ring on device buffers
+    // (gpu/cp_device.h), which computes in fp32: in GPU_BF16, q, k, v (and in backward the output and
+    // its gradient) are cast up into cp_staging and the results cast back to bf16.
+    struct ContextParallel *cp;
+    int *positions;
+    float *cp_staging;  // GPU_BF16: (4 BT hq + 4 BT hkv) fp32; GPU_FP32: NULL
 } GpuModel;
 
 // Builds the table, initialises the weights exactly as model_init does (on the host, then copied),
@@ -124,6 +134,10 @@ void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource 
 void gpu_model_init_sharded(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
                             ActCheckpoint ac);
 void gpu_model_free(GpuModel *m);
+// Context parallelism: cp (chapters/08_context_parallel/cp.h, created on gpu_cp_compute for this
+// model's B and heads; the caller keeps and frees it) and this rank's positions (host, T). Allocates
+// the device positions and the fp32 staging, which gpu_model_free releases.
+void gpu_model_set_context_parallel(GpuModel *m, struct ContextParallel *cp, const int *positions);
 // The device memory gpu_model_init will allocate (bytes, as gpu_alloc counts them):
 // init compares it with the device's free memory and stops with both figures when it does not fit.
 size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac);

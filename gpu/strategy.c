@@ -22,8 +22,12 @@
 // or per-block activations (gpu_model_init_stages). pipeline_create installs its UnitStorage (the
 // chunks' device buffers) on the trainer's Model; the GPU model gets the same, and casts each unit to
 // bf16 as it runs, as under --dp-shard (--fp8: cast to FP8 from them). Not with --dp-replicate, --dp-shard or --ac full so far
-// (refused). The other layouts (--tp, --cp) are refused until the GPU model has the CPU model's
-// TensorParallel and context-parallel hooks.
+// (refused).
+//
+// With --cp N the GPU model's attention runs chapter 8's ring on device buffers (gpu/cp_device.h,
+// gpu_model_set_context_parallel), and the layout above it averages over dp x cp (DDP) or shards
+// over dp_shard x cp (FSDP), as on the CPU. Ring only; not with --pp or --fp8 so far. --tp is refused
+// until the GPU model has the CPU model's TensorParallel hooks.
 //
 // Each rank uses device (local rank mod device count), the local rank being its index among the
 // ranks on its host (comm_local_rank): one rank per GPU under mpirun on every node, whatever the
@@ -38,6 +42,7 @@
 #include "common/trace.h"
 #include "gpu/activity.h"
 #include "gpu/comm_device.h"
+#include "gpu/cp_device.h"
 #include "gpu/dist.h"
 #include "gpu/fsdp_device.h"
 #include "gpu/model.h"
@@ -50,6 +55,7 @@ typedef struct {
     Comm *dp;    // DDP: the replicas; NULL with one replica, or sharded
     Fsdp *fsdp;  // --dp-shard: chapter 3's module on device memory; NULL otherwise
     Pipeline *pipeline;  // --pp: chapter 7's executor on the GPU model's stages; NULL otherwise
+    ContextParallel *cp; // --cp: chapter 8's ring on device buffers; NULL otherwise
 } GpuTraining;
 
 // chapters/10_trainer/strategy.c's micro-batch loop on the GPU model: each backward between the
@@ -169,6 +175,7 @@ static void cuda_free(Strategy *s) {
     GpuTraining *g = s->impl;
     fsdp_free(g->fsdp);  // NULL is fine
     if (g->pipeline) pipeline_free(g->pipeline);
+    cp_free(g->cp);  // NULL is fine
     gpu_activity_stop();
     gpu_model_free(&g->m);
     gpu_comm_backend_shutdown();
@@ -198,9 +205,17 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     const Mesh *mesh = t->mesh;
     const char *dims[] = {"--pp", "--dp-replicate", "--dp-shard", "--cp", "--tp"};
     for (int d = 0; d < MESH_N_DIMS; d++)
-        if (d != MESH_DP_REPLICATE && d != MESH_DP_SHARD && d != MESH_PP && mesh->degree[d] > 1)
+        if (d == MESH_TP && mesh->degree[d] > 1)
             fatal_input("--device cuda with %s %d: the GPU trainer runs the single process, --dp-replicate (DDP), "
-                        "--dp-shard (ZeRO-1/2/3, HSDP) and --pp so far", dims[d], mesh->degree[d]);
+                        "--dp-shard (ZeRO-1/2/3, HSDP), --pp and --cp so far", dims[d], mesh->degree[d]);
+    if (mesh->degree[MESH_CP] > 1) {
+        if (o->cp_mode != CP_RING)
+            fatal_input("--device cuda --cp %d --cp-mode alltoall: the GPU runs chapter 8's ring (its all-to-all's "
+                        "layout moves are host loops); use --cp-mode ring", mesh->degree[MESH_CP]);
+        if (mesh->degree[MESH_PP] > 1 || o->fp8)
+            fatal_input("--device cuda --cp %d with %s: not on the GPU so far", mesh->degree[MESH_CP],
+                        o->fp8 ? "--fp8" : "--pp");
+    }
     if (o->ac == AC_SELECTIVE)
         fatal_input("--device cuda --ac selective: the GPU model recomputes whole blocks only so far (--ac full)");
 }
@@ -270,6 +285,20 @@ static void create_pipelined(GpuTraining *g, Trainer *t, const ModelConfig *cfg,
              t->mesh->degree[MESH_PP] * o->pp_virtual_stages, gpu_comm_backend_name());
 }
 
+// --cp N: chapter 8's ring on device buffers (gpu/cp_device.h) for the GPU model's attention; the
+// data-parallel layouts then average over dp x cp (DDP) or shard over dp_shard x cp (FSDP), as on the CPU.
+static void install_context_parallel(GpuTraining *g, Trainer *t, const LayoutOptions *o) {
+    const Mesh *mesh = t->mesh;
+    if (mesh->degree[MESH_CP] == 1) return;
+    const ModelConfig *c = &g->m.cfg;
+    g->cp = cp_create(mesh->dim[MESH_CP], CP_RING, o->cp_load_balance, t->micro, t->cp_layout.T, c->n_heads,
+                      c->n_kv_heads, model_head_dim(c), &gpu_cp_compute);
+    gpu_model_set_context_parallel(&g->m, g->cp, cp_positions(g->cp));
+    log_info("cp on the GPU: %d ranks, chapter 8's ring attention on device buffers (fp32), %s split: this rank "
+             "holds %d of every %d tokens", mesh->degree[MESH_CP], o->cp_load_balance ? "zigzag" : "contiguous", t->T,
+             t->cp_layout.T);
+}
+
 bool trainer_has_cuda(void) { return true; }
 void trainer_exec_cuda_build(char **argv) { (void)argv; }
 
@@ -307,6 +336,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     }
     if (t->mesh->degree[MESH_DP_SHARD] > 1) {
         create_sharded(g, t, cfg, init, o);
+        install_context_parallel(g, t, o);
         Strategy *s = calloc(1, sizeof *s);
         *s = (Strategy){.name = "cuda-fsdp", .model = &t->model, .impl = g,
                         .forward_backward = gpu_microbatch_loop, .begin_backward = sharded_begin_backward,
@@ -320,11 +350,13 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     gpu_model_init_from(&g->m, cfg, init, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
     g->m.fp8 = o->fp8;
     g->m.fp8_tokens = t->dp_size > 1 ? t->mesh->dp : NULL;  // activations' amaxes agree across replicas
-    if (t->dp_size > 1) {
-        g->dp = t->mesh->dp;
+    install_context_parallel(g, t, o);
+    int replicas = comm_size(t->mesh->dp_cp);  // data-parallel ranks, times cp (they average gradients too)
+    if (replicas > 1) {
+        g->dp = t->mesh->dp_cp;
         gpu_model_broadcast(g->dp, &g->m, 0);  // replicas start equal, bf16 copies included
         log_info("ddp on the GPU: %d replicas, gradients averaged after the last micro-batch (%s backend)",
-                 t->dp_size, gpu_comm_backend_name());
+                 replicas, gpu_comm_backend_name());
     }
     Strategy *s = calloc(1, sizeof *s);
     *s = (Strategy){.name = "cuda", .model = &t->model, .impl = g, .forward_backward = gpu_microbatch_loop,

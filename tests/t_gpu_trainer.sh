@@ -37,7 +37,9 @@
 # per-unit bf16 cast skipped (fp32 bytes read as bf16); the checkpoint load of the AdamW moments
 # dropped; HSDP's all-reduce over the replicas dropped; stage 3 never resharding (the memory check);
 # under --fp8 --dp-shard, each shard casting with its own amaxes (FP8 ZeRO-3 against the single
-# GPU's FP8: 39 tensors off); under --fp8 --pp, the stages' FP8 linears left off (39 tensors off).
+# GPU's FP8: 39 tensors off); under --fp8 --pp, the stages' FP8 linears left off (39 tensors off);
+# under --cp, RoPE at the local positions instead of the global ones (gpu_cp2 against the single GPU
+# and the reference), the ring's merge weights swapped (likewise).
 set -eu
 source tests/lib.sh
 EMU_TRAIN="$BUILD/tests/emu/train"
@@ -119,6 +121,22 @@ echo "== gpu_pp2_nccl vs the single GPU with --grad-accum-steps 2: bit-identical
 $P --log "$T/gpu_pp2_nccl.log" --log-ref "$T/gpu1_accum2.log" --loss-rtol 0
 $P --ckpt "$T/gpu_pp2_nccl.grads.safetensors" --ckpt-ref "$T/gpu1_accum2.grads.safetensors" --prefix grad. --exact
 
+# Context parallelism: chapter 8's ring on device buffers for the GPU model's attention (fp32 inside,
+# bf16 in and out), 2 ranks holding 8 of each sequence's 16 tokens (zigzag), DDP over the cp ranks;
+# and ZeRO-3 over dp_shard 2 x cp 2 (4 ranks, batch 4). Against the CPU reference with the bounds
+# above; against the single GPU 1e-2: the same bf16 roundings of q, k, v, the output and every
+# gradient, with attention's fp32 inside summed in another order (the ring's blocks and merges), so
+# now and then a difference of ~1e-7 rounds a bf16 value the other way (one ulp: 2^-8 relative) and
+# the backward carries a few such flips (measured 3.4e-3 at 2 ranks, 1.7e-5 at 4).
+run gpu_cp2 2 --cp 2
+grep -q "cp on the GPU: 2 ranks, chapter 8's ring attention on device buffers" "$T/gpu_cp2.log" ||
+    { echo "FAIL: gpu_cp2 did not run the ring on the GPU"; exit 1; }
+echo "== gpu_cp2 vs the CPU reference, and the single GPU"
+$P --log "$T/gpu_cp2.log" --log-ref "$T/ref.log" --loss-rtol 1e-3
+$P --ckpt "$T/gpu_cp2.grads.safetensors" --ckpt-ref "$T/ref_dump.safetensors" --prefix grad. --param-rtol 5e-2
+$P --log "$T/gpu_cp2.log" --log-ref "$T/gpu1.log" --loss-rtol 1e-3 \
+   --ckpt "$T/gpu_cp2.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 1e-2
+
 # What each stage keeps on the device after the run (the memory report's "current" column, MiB, 2
 # decimals): with P parameters and N = 2, the ZeRO model of chapter 3 in fp32 - optimizer 8P/N at
 # every stage, gradients 4P (stage 1) or 4P/N, weights 4P (stages 1-2) or 4P/N (stage 3), the bf16
@@ -156,6 +174,10 @@ b4run() {  # name, ranks, extra flags...
 b4run gpu1_b4 1
 b4run gpu_hsdp 4 --dp-replicate 2 --dp-shard 2 --zero-stage 3
 b4run gpu_z1_accum 2 --dp-shard 2 --zero-stage 1 --grad-accum-steps 2
+b4run gpu_z3_cp2 4 --dp-shard 2 --cp 2
+echo "== gpu_z3_cp2 (ZeRO-3 over dp_shard 2 x cp 2) vs the single GPU (batch 4), 1e-2 as gpu_cp2"
+$P --log "$T/gpu_z3_cp2.log" --log-ref "$T/gpu1_b4.log" --loss-rtol 1e-3 \
+   --ckpt "$T/gpu_z3_cp2.grads.safetensors" --ckpt-ref "$T/gpu1_b4.grads.safetensors" --prefix grad. --param-rtol 1e-2
 grep -q "hsdp on the GPU: zero stage 3 over 2 shards x replicated" "$T/gpu_hsdp.log" || { echo "FAIL: gpu_hsdp did not run HSDP"; exit 1; }
 for name in gpu_hsdp gpu_z1_accum; do
     echo "== $name vs the single GPU (batch 4)"
@@ -333,12 +355,22 @@ for bad in "--seq-len 12|tokens per micro-batch is 24; cuBLASLt's FP8 GEMMs need
 done
 
 # Refused before any work, exit 2 and one line.
-for layout in "--tp 2" "--cp 2"; do
+for layout in "--tp 2"; do
     out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --device cuda $layout 2>&1 >/dev/null) && rc=0 || rc=$?
     ours=$(grep '^train' <<<"$out" || true)
     [ "$rc" -ne 0 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"--device cuda with ${layout% *}"* ]] ||
         { echo "FAIL: --device cuda $layout -> rc $rc: $out"; exit 1; }
     echo "ok: --device cuda $layout -> $ours"
+done
+# What the GPU's context parallelism does not run yet: refused with one line, exit 2.
+for bad in "--cp 2 --cp-mode alltoall|--device cuda --cp 2 --cp-mode alltoall: " \
+           "--cp 2 --fp8|--device cuda --cp 2 with --fp8: "; do
+    out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --batch 2 --seq-len 16 --device cuda ${bad%%|*} 2>&1 >/dev/null) &&
+        rc=0 || rc=$?
+    ours=$(grep '^train' <<<"$out" || true)
+    [ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"${bad#*|}"* ]] ||
+        { echo "FAIL: --device cuda ${bad%%|*} -> rc $rc: $out"; exit 1; }
+    echo "ok: --device cuda ${bad%%|*} -> $ours"
 done
 # What the GPU's pipeline does not run yet: refused with one line, exit 2 (ranks|flags|message).
 for bad in "4|--pp 2 --tp 2|--device cuda with --tp 2: " \

@@ -181,6 +181,9 @@ static float *scratch(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
 void gpu_cast_f32_to_bf16(gpu_bf16 *out, const float *inp, size_t n) {
     for (size_t i = 0; i < n; i++) out[i].bits = bf16_bits_from_f32(inp[i]);
 }
+void gpu_cast_bf16_to_f32(float *out, const gpu_bf16 *inp, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = f32_from_bf16_bits(inp[i].bits);
+}
 void gpu_matmul_forward_bf16(gpu_bf16 *out, const gpu_bf16 *inp, const gpu_bf16 *w, int M, int K, int N) {
     float *x = widen(inp, (size_t)M * K), *fw = widen(w, (size_t)N * K), *y = scratch((size_t)M * N);
     matmul_forward(y, x, fw, M, K, N);
