@@ -14,8 +14,14 @@
 // prefetched; in bf16 by default, chapter 3's bf16 codec) and casts them to bf16, and reports each
 // unit's gradients as they are final (stages 2-3: the reduce-scatter). With --fp8 the FP8 linears
 // cast each projection from its unit's gathered fp32 weights. The optimizer step, the norm, clipping and the checkpoint gather/load are
-// the module's functions. The tensor-parallel layouts (--tp, --pp, --cp) are refused until the GPU
-// model has the CPU model's TensorParallel and pipeline hooks.
+// the module's functions.
+//
+// With --tp N it is Megatron tensor parallelism (chapter 6) on the GPU model built from this tp rank's
+// shards (gpu_model_init_tp; the sums over the tp group on device buffers, model.h "Tensor
+// parallelism"), alone or with --dp-replicate (DDP over mesh->dp, the ranks holding the same shards).
+// The gradient norm counts the replicated norm weights once (gpu_model_grad_sum_sq); checkpoints and
+// dumps go through trainer_full_state's tp_gather_full, on the table of t->model (model_init_tp's,
+// without weights). Not yet with --sequence-parallel, --dp-shard or --fp8; --pp and --cp are refused.
 //
 // Each rank uses device (local rank mod device count), the local rank being its index among the
 // ranks on its host (comm_local_rank): one rank per GPU under mpirun on every node, whatever the
@@ -71,10 +77,8 @@ static void ddp_finish_backward(Strategy *s) {
 
 static void cuda_zero_grads(Strategy *s) { gpu_model_zero_grads(&((GpuTraining *)s->impl)->m); }
 
-static double cuda_grad_norm(Strategy *s) {
-    GpuModel *m = &((GpuTraining *)s->impl)->m;
-    return sqrt(gpu_sum_of_squares(m->grads, m->table.total_numel));
-}
+// Under --tp: the whole model's norm (the split entries summed over the tp group, norms counted once).
+static double cuda_grad_norm(Strategy *s) { return sqrt(gpu_model_grad_sum_sq(&((GpuTraining *)s->impl)->m)); }
 
 static void cuda_clip(Strategy *s, double grad_norm, double max_norm) {
     GpuModel *m = &((GpuTraining *)s->impl)->m;
@@ -187,9 +191,18 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     const Mesh *mesh = t->mesh;
     const char *dims[] = {"--pp", "--dp-replicate", "--dp-shard", "--cp", "--tp"};
     for (int d = 0; d < MESH_N_DIMS; d++)
-        if (d != MESH_DP_REPLICATE && d != MESH_DP_SHARD && mesh->degree[d] > 1)
-            fatal_input("--device cuda with %s %d: the GPU trainer runs the single process, --dp-replicate (DDP) and "
-                        "--dp-shard (ZeRO-1/2/3, HSDP) so far", dims[d], mesh->degree[d]);
+        if (d != MESH_DP_REPLICATE && d != MESH_DP_SHARD && d != MESH_TP && mesh->degree[d] > 1)
+            fatal_input("--device cuda with %s %d: the GPU trainer runs the single process, --dp-replicate (DDP), "
+                        "--dp-shard (ZeRO-1/2/3, HSDP) and --tp so far", dims[d], mesh->degree[d]);
+    int tp = mesh->degree[MESH_TP];
+    if (tp > 1 && o->sequence_parallel)
+        fatal_input("--device cuda --tp %d --sequence-parallel: the GPU model all-reduces the tp partial sums; "
+                    "sequence parallelism is not on the GPU yet (drop --sequence-parallel)", tp);
+    if (tp > 1 && mesh->degree[MESH_DP_SHARD] > 1)
+        fatal_input("--device cuda with --tp %d and --dp-shard %d: the GPU model shards over one of them so far "
+                    "(--tp with --dp-replicate runs)", tp, mesh->degree[MESH_DP_SHARD]);
+    if (tp > 1 && o->fp8)
+        fatal_input("--device cuda --fp8 with --tp %d: the GPU's FP8 linears do not run on tp shards yet", tp);
     if (o->ac == AC_SELECTIVE)
         fatal_input("--device cuda --ac selective: the GPU model recomputes whole blocks only so far (--ac full)");
 }
@@ -202,6 +215,15 @@ static void start_gpu_timeline(void) {
     if (gpu_activity_start(why, sizeof why))
         log_info("GPU timeline: the marked regions, and every kernel, copy and fill per stream (CUPTI)");
     else log_info("GPU timeline: the marked regions, timed by CUDA events (per-kernel records off: %s)", why);
+}
+
+// The CPU path's line (trainer_setup_layout), for the same layout.
+static void log_tp(const GpuModel *m, const ModelConfig *cfg) {
+    const LocalShape *local = &m->local;
+    log_info("tp: %d ranks; this one holds %d of %d heads, %d of %d kv heads, %d of %d ffn columns, vocab rows "
+             "[%d, %d) (sums over the tp group in fp32 on device buffers, %s backend)",
+             m->tp_size, local->n_heads, cfg->n_heads, local->n_kv_heads, cfg->n_kv_heads, local->ffn_dim,
+             cfg->ffn_dim, local->vocab_start, local->vocab_start + local->vocab_size, gpu_comm_backend_name());
 }
 
 bool trainer_has_cuda(void) { return true; }
@@ -225,7 +247,9 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     gpu_device_description(description, sizeof description);
     log_info("device: %s; bf16 compute, fp32 master weights and AdamW state", description);
     start_gpu_timeline();
-    model_init_unallocated(&t->model, cfg, ATTN_FLASH);  // the table and shapes, for checkpoints (and FSDP's units)
+    int tp = t->mesh->degree[MESH_TP], tp_rank = t->mesh->coord[MESH_TP];
+    // the table and shapes (this tp rank's), for checkpoints (tp_gather_full) and FSDP's units
+    model_init_tp(&t->model, cfg, NULL, ATTN_FLASH, tp, tp_rank, false);
     GpuTraining *g = calloc(1, sizeof *g);
     if (o->fp8) log_info("fp8 on the GPU: wq wk wv wo w1 w2 w3 of every block as FP8 GEMMs (tensorwise)");
     if (t->mesh->degree[MESH_DP_SHARD] > 1) {
@@ -240,7 +264,9 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
                         .report_memory = cuda_report_memory, .free = cuda_free};
         return s;
     }
-    gpu_model_init_from(&g->m, cfg, init, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
+    gpu_model_init_tp(&g->m, cfg, init, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac, t->mesh->dim[MESH_TP], tp,
+                      tp_rank);
+    if (tp > 1) log_tp(&g->m, cfg);
     g->m.fp8 = o->fp8;
     g->m.fp8_tokens = t->dp_size > 1 ? t->mesh->dp : NULL;  // activations' amaxes agree across replicas
     if (t->dp_size > 1) {

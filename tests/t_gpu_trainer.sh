@@ -53,6 +53,52 @@ done
 echo "== GPU DDP vs the single GPU"
 $P --ckpt "$T/gpu_ddp2.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 1e-5
 
+# Tensor parallelism (--tp 2: Megatron on the GPU model, the sums over the tp group in fp32 on device
+# buffers through the staged backend) against the CPU reference with the tolerances above, and against
+# the single GPU: the same bf16 model, the tp partial sums added in another order (and each input
+# gradient of W1|W3 rounded to bf16 once, where the single GPU rounds dgate W1 before adding dup W3),
+# so bf16 roundings flip here and there and the flips travel down 4 blocks: step-1 gradients within
+# 2e-2 of the single GPU's (measured 8.2e-3: a few bf16 ulps of 2^-8 = 3.9e-3), the losses of 2
+# steps within 1e-4 (measured 1.0e-5: step 1 equal to the 6 printed digits, step 2 after one AdamW
+# step from those gradients). The step-1 gradient norm the trainer logs against the norm of the
+# gathered dump (the whole model's gradients, numpy in float64): within 6e-5, the log's 4 decimals
+# (5e-5) and the fp32 gradients' summation order (measured 2.7e-5); counting the replicated norm
+# weights once per tp rank moves it by 2e-4 here.
+run gpu_tp2 2 --tp 2
+grep -q "tp: 2 ranks; this one holds 4 of 8 heads, 2 of 4 kv heads, 64 of 128 ffn columns, vocab rows \[0, 128)" \
+    "$T/gpu_tp2.log" || { echo "FAIL: gpu_tp2 did not say which shards it holds"; exit 1; }
+echo "== gpu_tp2 vs the CPU reference"
+$P --log "$T/gpu_tp2.log" --log-ref "$T/ref.log" --loss-rtol 1e-3
+$P --ckpt "$T/gpu_tp2.grads.safetensors" --ckpt-ref "$T/ref_dump.safetensors" --prefix grad. --param-rtol 5e-2
+echo "== GPU TP vs the single GPU"
+$P --ckpt "$T/gpu_tp2.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 2e-2
+$P --log "$T/gpu_tp2.log" --log-ref "$T/gpu1.log" --loss-rtol 1e-4
+# TP x DDP (4 ranks: 2 replicas of 2 tp ranks, the gradients averaged over mesh->dp): against the TP
+# run with the DDP bound above, 1e-5 (the same bf16 arithmetic per sequence, the batch's two halves
+# summed by the all-reduce).
+run gpu_tp2_ddp2 4 --tp 2 --dp-replicate 2
+grep -q "ddp on the GPU: 2 replicas" "$T/gpu_tp2_ddp2.log" || { echo "FAIL: gpu_tp2_ddp2 did not run DDP"; exit 1; }
+echo "== GPU TP x DDP vs GPU TP"
+$P --ckpt "$T/gpu_tp2_ddp2.grads.safetensors" --ckpt-ref "$T/gpu_tp2.grads.safetensors" --prefix grad. --param-rtol 1e-5
+$P --log "$T/gpu_tp2_ddp2.log" --log-ref "$T/gpu_tp2.log" --loss-rtol 1e-5
+"$PYTHON" - "$T" gpu1 gpu_tp2 gpu_tp2_ddp2 <<'PY'
+import re, sys
+import numpy as np
+sys.path.insert(0, "tests/py")
+import safetensors_io
+problems = []
+for name in sys.argv[2:]:
+    tensors, _ = safetensors_io.load(f"{sys.argv[1]}/{name}.grads.safetensors")
+    norm = np.sqrt(sum((np.asarray(v, np.float64) ** 2).sum() for k, v in tensors.items() if k.startswith("grad.")))
+    logged = float(re.search(r"^step +1 \| loss \S+ \| grad_norm (\S+)", open(f"{sys.argv[1]}/{name}.log").read(),
+                             re.M).group(1))
+    print(f"{name}: step-1 grad_norm logged {logged}, of the gathered gradients {norm:.7f} (diff {logged - norm:.2e})")
+    if abs(logged - norm) > 6e-5:
+        problems.append(f"{name} logged {logged}, want {norm:.7f}")
+if problems:
+    sys.exit("FAIL: gradient norm: " + "; ".join(problems))
+PY
+
 # ZeRO-3 against the CPU reference as the runs above; every stage against the single GPU.
 run gpu_z3 2 --dp-shard 2 --zero-stage 3
 echo "== gpu_z3 vs the CPU reference"
@@ -263,12 +309,22 @@ for bad in "--seq-len 12|tokens per micro-batch is 24; cuBLASLt's FP8 GEMMs need
 done
 
 # Refused before any work, exit 2 and one line.
-for layout in "--tp 2" "--cp 2" "--pp 2"; do
+for layout in "--cp 2" "--pp 2"; do
     out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --device cuda $layout 2>&1 >/dev/null) && rc=0 || rc=$?
     ours=$(grep '^train' <<<"$out" || true)
     [ "$rc" -ne 0 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"--device cuda with ${layout% *}"* ]] ||
         { echo "FAIL: --device cuda $layout -> rc $rc: $out"; exit 1; }
     echo "ok: --device cuda $layout -> $ours"
+done
+for bad in "2|--tp 2 --sequence-parallel|--device cuda --tp 2 --sequence-parallel: " \
+           "4|--tp 2 --dp-shard 2|--device cuda with --tp 2 and --dp-shard 2: " \
+           "2|--tp 2 --fp8|--device cuda --fp8 with --tp 2: "; do
+    IFS='|' read -r np flags want <<<"$bad"
+    out=$($MPIRUN -np "$np" "$EMU_TRAIN" --model tiny --steps 1 --batch 2 --seq-len 16 --device cuda $flags 2>&1 >/dev/null) && rc=0 || rc=$?
+    ours=$(grep '^train' <<<"$out" | sort -u || true)
+    [ "$rc" -ne 0 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"$want"* ]] ||
+        { echo "FAIL: --device cuda $flags -> rc $rc: $out"; exit 1; }
+    echo "ok: --device cuda $flags -> $ours"
 done
 out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --device cuda --dp-shard 2 --zero-stage 4 2>&1 >/dev/null) && rc=0 || rc=$?
 [ "$rc" -eq 2 ] && [[ "$out" == *"--zero-stage"* ]] || { echo "FAIL: --dp-shard 2 --zero-stage 4 -> rc $rc: $out"; exit 1; }
