@@ -16,7 +16,8 @@
 //   double loss = gpu_model_loss(&m);                      // only when it is logged: a wait
 //   double norm = gpu_model_grad_norm(&m);                 // likewise
 //
-// That step makes no host wait until the loss or the norm is read (gpu_host_waits counts them).
+// That step makes no host wait until the loss or the norm is read (gpu_host_waits counts them); under
+// tensor parallelism gpu_model_step waits once, for the norm's sum over the tp group.
 // gpu_model_forward is the queued forward followed by gpu_model_loss: one wait, for callers that
 // want the number at once (the trainer's --device cuda, gpu/strategy.c).
 //

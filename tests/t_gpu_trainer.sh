@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The trainer's --device cuda (gpu/strategy.c) on the CPU emulator of CUDA's execution model
 # (build/tests/emu/train: chapters/10_trainer/train.c linked with gpu/*.cu compiled for the
-# emulator): the single process, DDP and ZeRO-1/2/3 (chapter 3's module on device buffers) on 2
-# ranks sharing the emulated GPU, against the CPU reference on the same seed and data. Also: the layouts the GPU trainer does not run yet are
+# emulator): the single process, DDP, ZeRO-1/2/3 (chapter 3's module on device buffers) and tensor
+# parallelism (--tp 2, and --tp 2 --dp-replicate 2 on 4 ranks) on ranks sharing the emulated GPU,
+# against the CPU reference on the same seed and data. Also: the layouts the GPU trainer does not run yet are
 # refused with one line, and build/train says so cleanly when there is no device. A traced run's
 # GPU timeline (regions, memory counters) and trace-summary's GPU figures. Activation
 # checkpointing on the GPU (--ac full) against the run without it.
@@ -23,12 +24,22 @@
 #     A resumed sharded run equals the uninterrupted one exactly (the same arithmetic from the same
 #     state); the sharded checkpoint after 4 steps is within 5e-4 of the single GPU's (t_fsdp.sh's
 #     bound for AdamW moving last-bit gradient differences by ~lr).
+#   GPU TP against the single GPU: gradients 2e-2, losses 1e-4, and the logged gradient norm against
+#     the gathered gradients' within 6e-5 (the reasons where the runs are); TP x DDP against TP: 1e-5.
+#     A resumed TP run equals the uninterrupted one exactly; its gathered checkpoint after 2 steps is
+#     within AdamW's 2 (lr_1 + lr_2) of the single GPU's.
 # Mutations tried (each made a check here fail): a unit's gradients not reduce-scattered (the shard
 # keeps the local, half-batch gradient); a shard offset off by one in fsdp_create's init; the
 # per-unit bf16 cast skipped (fp32 bytes read as bf16); the checkpoint load of the AdamW moments
 # dropped; HSDP's all-reduce over the replicas dropped; stage 3 never resharding (the memory check);
 # under --fp8 --dp-shard, each shard casting with its own amaxes (FP8 ZeRO-3 against the single
 # GPU's FP8: 39 tensors off).
+# Tensor parallelism: the all-reduce after wo dropped (every loss and gradient check); the loss's row
+# max taken without its all-reduce MAX (the losses: against the CPU 1e-3 and the single GPU 1e-4;
+# the gradients move less than their bound); the replicated norm weights' squares summed over the
+# tp group too (the gradient-norm check); the all-reduce of W1|W3's input gradient dropped; the
+# embedding's gradient scattered into the shard without its vocab offset; the trainer's table built
+# for tp rank 0 on every rank (the resumed TP run: tp_scatter_full loads rank 0's slices everywhere).
 set -eu
 source tests/lib.sh
 EMU_TRAIN="$BUILD/tests/emu/train"
@@ -162,13 +173,45 @@ echo "== GPU ZeRO-3: a checkpoint gathered from the shards, resumed"
 # 4 steps with a checkpoint at 2, then steps 3-4 from it: the same weights (and so the same AdamW
 # moments and step) as straight through; the gathered checkpoint against the single GPU's.
 steps4=(--model tiny --steps 4 --batch 2 --seq-len 16 --seed 5 --lr 1e-3 --device cuda)
-"$EMU_TRAIN" "${steps4[@]}" --checkpoint-dir "$T/gpu1_4" > "$T/gpu1_4.log" 2>&1 || { cat "$T/gpu1_4.log"; echo "FAIL: gpu1_4"; exit 1; }
+"$EMU_TRAIN" "${steps4[@]}" --checkpoint-dir "$T/gpu1_4" --checkpoint-every 2 > "$T/gpu1_4.log" 2>&1 ||
+    { cat "$T/gpu1_4.log"; echo "FAIL: gpu1_4"; exit 1; }
 $MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" --dp-shard 2 --zero-stage 3 --checkpoint-dir "$T/z3_4" --checkpoint-every 2 \
     > "$T/z3_4.log" 2>&1 || { cat "$T/z3_4.log"; echo "FAIL: z3_4"; exit 1; }
 $MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" --dp-shard 2 --zero-stage 3 --checkpoint-dir "$T/z3_resumed" \
     --resume "$T/z3_4/step_000002.safetensors" > "$T/z3_resumed.log" 2>&1 || { cat "$T/z3_resumed.log"; echo "FAIL: z3_resumed"; exit 1; }
 $P --ckpt "$T/z3_resumed/step_000004.safetensors" --ckpt-ref "$T/z3_4/step_000004.safetensors" --exact
 $P --ckpt "$T/z3_4/step_000004.safetensors" --ckpt-ref "$T/gpu1_4/step_000004.safetensors" --param-rtol 5e-4
+
+echo "== GPU TP: a checkpoint gathered from the tp shards, resumed"
+# The same with --tp 2: the checkpoint written through tp_gather_full and loaded back through
+# tp_scatter_full gives steps 3-4 exactly as straight through. Its weights after step 2 against the
+# single GPU's: AdamW moves each weight by at most lr per step whatever its gradient's size (step 1:
+# m/sqrt(v) = +-1; step 2: |m_hat| <= sqrt(v_hat) by Cauchy-Schwarz for beta1^2 < beta2), so bf16
+# noise that flips a tiny gradient's sign can leave two runs 2 (lr_1 + lr_2) = 2.84e-3 apart
+# (measured 2.48e-3); a shard gathered into the wrong place is off by the weights themselves.
+$MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" --tp 2 --checkpoint-dir "$T/tp_4" --checkpoint-every 2 > "$T/tp_4.log" 2>&1 ||
+    { cat "$T/tp_4.log"; echo "FAIL: tp_4"; exit 1; }
+$MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" --tp 2 --checkpoint-dir "$T/tp_resumed" \
+    --resume "$T/tp_4/step_000002.safetensors" > "$T/tp_resumed.log" 2>&1 || { cat "$T/tp_resumed.log"; echo "FAIL: tp_resumed"; exit 1; }
+$P --ckpt "$T/tp_resumed/step_000004.safetensors" --ckpt-ref "$T/tp_4/step_000004.safetensors" --exact
+"$PYTHON" - "$T/tp_4/step_000002.safetensors" "$T/gpu1_4/step_000002.safetensors" "$T/gpu1_4.log" <<'PY'
+import re, sys
+import numpy as np
+sys.path.insert(0, "tests/py")
+import safetensors_io
+tp, _ = safetensors_io.load(sys.argv[1])
+one, _ = safetensors_io.load(sys.argv[2])
+lrs = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"^step +(\d+) \|.*\| lr (\S+)", open(sys.argv[3]).read(), re.M)}
+bound = 2 * (lrs[1] + lrs[2]) * 1.01  # 1%: the weight decay's share of the step, and rounding
+names = [k for k in one if k.startswith("param.")]
+if set(names) - set(tp):
+    sys.exit(f"FAIL: the TP checkpoint lacks {sorted(set(names) - set(tp))[:3]}")
+diff, name, idx = max((float(np.abs(d := tp[k].astype(np.float64) - one[k]).max()), k, int(np.argmax(np.abs(d))))
+                      for k in names)
+print(f"{'ok' if diff <= bound else 'FAIL'}: TP checkpoint at step 2 vs the single GPU's: max abs {diff:.3e} "
+      f"({name} [{idx}]; bound {bound:.3e})")
+sys.exit(0 if diff <= bound else 1)
+PY
 grep -q "ddp on the GPU: 2 replicas" "$T/gpu_ddp2.log" || { echo "FAIL: gpu_ddp2 did not run DDP"; exit 1; }
 # Both ranks run on this host, which has the emulator's one GPU: the local rank count says so, and
 # the gradients' all-reduce goes through the staged backend (NCCL needs a GPU per rank).
