@@ -27,7 +27,7 @@
 #   GPU TP against the single GPU: gradients 2e-2, losses 1e-4, and the logged gradient norm against
 #     the gathered gradients' within 6e-5 (the reasons where the runs are); TP x DDP against TP: 1e-5.
 #     A resumed TP run equals the uninterrupted one exactly; its gathered checkpoint after 2 steps is
-#     within AdamW's 2 (lr_1 + lr_2) of the single GPU's.
+#     within AdamW's 2 (lr_1 + lr_2) of the single GPU's. TP with --ac full equals TP without, exactly.
 # Mutations tried (each made a check here fail): a unit's gradients not reduce-scattered (the shard
 # keeps the local, half-batch gradient); a shard offset off by one in fsdp_create's init; the
 # per-unit bf16 cast skipped (fp32 bytes read as bf16); the checkpoint load of the AdamW moments
@@ -92,6 +92,12 @@ grep -q "ddp on the GPU: 2 replicas" "$T/gpu_tp2_ddp2.log" || { echo "FAIL: gpu_
 echo "== GPU TP x DDP vs GPU TP"
 $P --ckpt "$T/gpu_tp2_ddp2.grads.safetensors" --ckpt-ref "$T/gpu_tp2.grads.safetensors" --prefix grad. --param-rtol 1e-5
 $P --log "$T/gpu_tp2_ddp2.log" --log-ref "$T/gpu_tp2.log" --loss-rtol 1e-5
+# --ac full under TP: each block recomputed before its backward, its all-reduces run again on the
+# same partial sums in the same rank order (the staged backend's MPI reduction): bit-identical.
+run gpu_tp2_ac 2 --tp 2 --ac full
+echo "== GPU TP with --ac full vs without"
+$P --ckpt "$T/gpu_tp2_ac.grads.safetensors" --ckpt-ref "$T/gpu_tp2.grads.safetensors" --prefix grad. --exact
+$P --log "$T/gpu_tp2_ac.log" --log-ref "$T/gpu_tp2.log" --loss-rtol 0
 "$PYTHON" - "$T" gpu1 gpu_tp2 gpu_tp2_ddp2 <<'PY'
 import re, sys
 import numpy as np
