@@ -268,6 +268,16 @@ extern "C" void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const g
     if (dweight) run(GEMM_BACKWARD_WEIGHT, M, K, N, inp, weight, dout, dweight, CUDA_R_16BF, CUDA_R_32F);
 }
 
+// Tensor parallelism's partial sums: bf16 operands, fp32 output (the accumulators unrounded).
+extern "C" void gpu_matmul_forward_bf16_into_f32(float *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K,
+                                                 int N) {
+    run(GEMM_FORWARD, M, K, N, inp, weight, NULL, out, CUDA_R_16BF, CUDA_R_32F);
+}
+extern "C" void gpu_matmul_backward_input_bf16_into_f32(float *dinp, const gpu_bf16 *dout, const gpu_bf16 *weight,
+                                                        int M, int K, int N, bool accumulate) {
+    run(GEMM_BACKWARD_INPUT, M, K, N, NULL, weight, dout, dinp, CUDA_R_16BF, CUDA_R_32F, !accumulate);
+}
+
 // ---- the fused forms -------------------------------------------------------------------------------------
 // out = residual + inp W^T: the residual is cuBLASLt's C, the output its D (beta = 1).
 extern "C" void gpu_matmul_forward_residual(float *out, const float *residual, const float *inp, const float *weight,

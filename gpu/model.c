@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "chapters/08_context_parallel/cp.h"
+#include "common/comm.h"
 #include "common/log.h"
 #include "gpu/runtime.h"
 #include "gpu/timeline.h"
@@ -97,7 +98,7 @@ static void rope(const GpuModel *m, void *x, int n_heads, bool backward) {
     else (backward ? gpu_rope_backward : gpu_rope_forward)(x, &m->rope, m->positions, m->B, m->T, n_heads);
 }
 static AttnShape attn_shape(const GpuModel *m) {
-    AttnShape s = {m->B, m->T, m->T, m->cfg.n_heads, m->cfg.n_kv_heads, model_head_dim(&m->cfg), NULL, NULL, true};
+    AttnShape s = {m->B, m->T, m->T, m->local.n_heads, m->local.n_kv_heads, model_head_dim(&m->cfg), NULL, NULL, true};
     return s;
 }
 // ---- context parallelism: attention over the whole sequence through chapter 8's ring --------------------------
@@ -107,9 +108,9 @@ static AttnShape attn_shape(const GpuModel *m) {
 typedef struct {
     float *q, *k, *v, *out, *dout, *dq, *dk, *dv;
 } CpStaging;
-static size_t q_elements(const GpuModel *m) { return (size_t)m->B * m->T * m->cfg.n_heads * model_head_dim(&m->cfg); }
+static size_t q_elements(const GpuModel *m) { return (size_t)m->B * m->T * m->local.n_heads * model_head_dim(&m->cfg); }
 static size_t kv_elements(const GpuModel *m) {
-    return (size_t)m->B * m->T * m->cfg.n_kv_heads * model_head_dim(&m->cfg);
+    return (size_t)m->B * m->T * m->local.n_kv_heads * model_head_dim(&m->cfg);
 }
 static CpStaging cp_staging(const GpuModel *m) {
     size_t nq = q_elements(m), nkv = kv_elements(m);
@@ -191,12 +192,12 @@ static void matmul_bwd_weight_batched(const GpuModel *m, float *dw, const void *
     else gpu_matmul_backward_weight_batched(dw, dout, inp, M, K, N, batch, dw_stride, dout_stride, inp_stride);
 }
 static void qkv_split_rope(const GpuModel *m, GpuBlockActs *a) {
-    const ModelConfig *c = &m->cfg;
+    const LocalShape *c = &m->local;
     if (BF16(m)) gpu_qkv_split_rope_bf16(a->q, a->k, a->v, m->qkv, &m->rope, m->positions, m->B, m->T, c->n_heads, c->n_kv_heads);
     else gpu_qkv_split_rope(a->q, a->k, a->v, m->qkv, &m->rope, m->positions, m->B, m->T, c->n_heads, c->n_kv_heads);
 }
 static void qkv_merge_rope_bwd(const GpuModel *m) {
-    const ModelConfig *c = &m->cfg;
+    const LocalShape *c = &m->local;
     if (BF16(m))
         gpu_qkv_merge_rope_backward_bf16(m->qkv, m->dq, m->dk, m->dv, &m->rope, m->positions, m->B, m->T, c->n_heads, c->n_kv_heads);
     else gpu_qkv_merge_rope_backward(m->qkv, m->dq, m->dk, m->dv, &m->rope, m->positions, m->B, m->T, c->n_heads, c->n_kv_heads);
@@ -251,8 +252,9 @@ static void model_buffers(GpuModel *m, size_t *plan, bool sharded) {
         rope_table_free(&host_rope);
     }
 
-    size_t BT = (size_t)m->B * m->T, D = cfg->dim, F = cfg->ffn_dim, V = cfg->vocab_size, hd = model_head_dim(cfg);
-    size_t hq = cfg->n_heads * hd, hkv = cfg->n_kv_heads * hd;
+    const LocalShape *local = &m->local;  // this tp rank's heads, ffn columns and vocab rows
+    size_t BT = (size_t)m->B * m->T, D = cfg->dim, F = local->ffn_dim, V = local->vocab_size, hd = model_head_dim(cfg);
+    size_t hq = local->n_heads * hd, hkv = local->n_kv_heads * hd;
 #define ACTS(count) device_buffer(plan, MEM_ACTIVATIONS, (count) * as)
 #define STATS(count) (float *)device_buffer(plan, MEM_ACTIVATIONS, (count) * sizeof(float))
     // Full activation checkpointing keeps each block's input alone; the rest of a block's activations
@@ -269,7 +271,7 @@ static void model_buffers(GpuModel *m, size_t *plan, bool sharded) {
         a->q = ACTS(BT * hq), a->attn = ACTS(BT * hq), a->k = ACTS(BT * hkv), a->v = ACTS(BT * hkv);
         a->gate = ACTS(2 * BT * F), a->act = ACTS(BT * F);  // gate, then up: the batched GEMM's outputs
         a->up = plan ? NULL : act_at(m, a->gate, BT * F);
-        a->rstd1 = STATS(BT), a->rstd2 = STATS(BT), a->lse = STATS((size_t)m->B * cfg->n_heads * m->T);
+        a->rstd1 = STATS(BT), a->rstd2 = STATS(BT), a->lse = STATS((size_t)m->B * local->n_heads * m->T);
     }
     m->x_final = ACTS(BT * D), m->xn_final = ACTS(BT * D);
     m->logits = ACTS(BT * V), m->dlogits = ACTS(BT * V);
@@ -287,30 +289,50 @@ static void model_buffers(GpuModel *m, size_t *plan, bool sharded) {
     m->targets = device_buffer(plan, MEM_OTHER, sizeof(int) * BT);
     m->loss = device_buffer(plan, MEM_OTHER, sizeof(double));
     m->grad_sum_sq = device_buffer(plan, MEM_OTHER, sizeof(double));
+    if (m->tp_size > 1) {  // tensor parallelism's fp32 partial sums and the vocab-parallel loss's statistics
+        m->tp_partial = device_buffer(plan, MEM_ACTIVATIONS, sizeof(float) * BT * D);
+        m->tp_row_max = device_buffer(plan, MEM_ACTIVATIONS, sizeof(float) * BT);
+        m->tp_sums = device_buffer(plan, MEM_ACTIVATIONS, sizeof(double) * 2 * BT);
+        m->tp_sq = device_buffer(plan, MEM_OTHER, sizeof(double) * m->table.count);
+    }
 }
 
-// The model's fields that the buffers' sizes depend on.
-static void model_shape(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac) {
+// The model's fields that the buffers' sizes depend on: tensor-parallel rank tp_rank of tp_size holds
+// the table and shapes of its shards (model_init_tp's; tp_size 1: the whole model).
+static void model_shape_tp(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
+                           ActCheckpoint ac, int tp_size, int tp_rank) {
     if (ac == AC_SELECTIVE) fatal("gpu_model: AC_SELECTIVE is not implemented (AC_NONE or AC_FULL)");
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ac = ac;
-    m->table = param_table_build(cfg);
+    m->tp_size = tp_size, m->tp_rank = tp_rank;
+    m->table = tp_size > 1 ? param_table_build_tp(cfg, tp_size) : param_table_build(cfg);  // exits 2 unless tp divides
+    int vocab = cfg->vocab_size / tp_size;
+    m->local = (LocalShape){cfg->n_heads / tp_size, cfg->n_kv_heads / tp_size, cfg->ffn_dim / tp_size, vocab,
+                            tp_rank * vocab};
     m->precision = precision;
     m->act_size = precision == GPU_BF16 ? 2 : 4;
     m->B = B, m->T = T;
     m->blocks = mem_alloc(MEM_OTHER, sizeof(GpuBlockActs) * cfg->n_layers);
 }
 
-static size_t plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac,
-                         bool sharded) {
+static void model_shape(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac) {
+    model_shape_tp(m, cfg, precision, B, T, ac, 1, 0);
+}
+
+static size_t plan_bytes_tp(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac,
+                            bool sharded, int tp_size) {
     GpuModel m;
-    model_shape(&m, cfg, precision, B, T, ac);
+    model_shape_tp(&m, cfg, precision, B, T, ac, tp_size, 0);
     size_t plan = 0;
     model_buffers(&m, &plan, sharded);
     mem_free(m.blocks);
     param_table_free(&m.table);
     return plan;
+}
+static size_t plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac,
+                         bool sharded) {
+    return plan_bytes_tp(cfg, precision, B, T, ac, sharded, 1);
 }
 
 size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac) {
@@ -324,15 +346,19 @@ void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPreci
 
 // Stops before allocating anything if the planned buffers do not fit in the device's free memory
 // (sharded: the activations alone; the storage's shards and gathered units are its own to count).
-static void check_plan(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac, bool sharded) {
+static void check_plan_tp(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac,
+                          bool sharded, int tp_size) {
     if (T > cfg->max_seq_len) fatal_input("--seq-len %d: longer than the model's max_seq_len %d", T, cfg->max_seq_len);
-    size_t planned = plan_bytes(cfg, precision, B, T, ac, sharded), free_bytes = 0, total_bytes = 0;
+    size_t planned = plan_bytes_tp(cfg, precision, B, T, ac, sharded, tp_size), free_bytes = 0, total_bytes = 0;
     gpu_memory_info(&free_bytes, &total_bytes);
     if (planned > free_bytes)
         fatal("out of GPU memory: the model needs %.2f MiB (%s, batch %d x %d tokens), the device has %.2f MiB free "
               "of %.2f MiB",
               planned / 1048576.0, precision == GPU_BF16 ? "bf16" : "fp32", B, T, free_bytes / 1048576.0,
               total_bytes / 1048576.0);
+}
+static void check_plan(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac, bool sharded) {
+    check_plan_tp(cfg, precision, B, T, ac, sharded, 1);
 }
 
 // The block offsets, the units' ranges and their default views (the whole model's buffers; NULL when
@@ -354,7 +380,7 @@ static void model_layout(GpuModel *m) {
         o->w3 = block_offset(&m->table, l, "feed_forward.w3.weight");
         // The fused QKV GEMM reads [wq; wk; wv] as one (hq + 2 hkv, D) weight, and its gradient likewise.
         size_t hd = model_head_dim(cfg), D = cfg->dim;
-        if (o->wk != o->wq + cfg->n_heads * hd * D || o->wv != o->wk + cfg->n_kv_heads * hd * D)
+        if (o->wk != o->wq + m->local.n_heads * hd * D || o->wv != o->wk + m->local.n_kv_heads * hd * D)
             fatal("gpu model: layer %d's wq, wk, wv are not adjacent in the parameter table", l);
     }
     m->tok_embeddings = offset_of(&m->table, "tok_embeddings.weight");
@@ -375,15 +401,17 @@ static void model_layout(GpuModel *m) {
     }
 }
 
-void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
-                         int T, ActCheckpoint ac) {
-    check_plan(cfg, precision, B, T, ac, false);
-    model_shape(m, cfg, precision, B, T, ac);
+void gpu_model_init_tp(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
+                       int T, ActCheckpoint ac, struct Comm *tp, int tp_size, int tp_rank) {
+    if (tp_size > 1 && precision != GPU_BF16) fatal("gpu model: tensor parallelism runs in GPU_BF16 only");
+    check_plan_tp(cfg, precision, B, T, ac, false, tp_size);
+    model_shape_tp(m, cfg, precision, B, T, ac, tp_size, tp_rank);
+    m->tp = tp_size > 1 ? tp : NULL;
     model_buffers(m, NULL, false);
     size_t n = m->table.total_numel;
 
     // The reference's weights: element j of parameter p is a pure function of (init, p, j), so the
-    // ranges can be filled in parallel.
+    // ranges can be filled in parallel (under tensor parallelism: this rank's slices of them).
     float *host = mem_alloc(MEM_OTHER, sizeof(float) * n);
     for (int i = 0; i < m->table.count; i++) {
         const ParamInfo *p = &m->table.items[i];
@@ -391,7 +419,7 @@ void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource 
 #pragma omp parallel for schedule(dynamic, 1)
         for (size_t first = 0; first < p->numel; first += chunk) {
             size_t count = p->numel - first < chunk ? p->numel - first : chunk;
-            param_source_fill(init, p, 0, 1, first, count, host + p->offset + first);
+            param_source_fill(init, p, m->tp_rank, m->tp_size, first, count, host + p->offset + first);
         }
     }
     gpu_upload(m->params, host, sizeof(float) * n);
@@ -399,6 +427,11 @@ void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource 
     gpu_model_refresh_compute_copy(m);
 
     model_layout(m);
+}
+
+void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
+                         int T, ActCheckpoint ac) {
+    gpu_model_init_tp(m, cfg, init, precision, B, T, ac, NULL, 1, 0);
 }
 
 void gpu_model_init_sharded(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
@@ -423,7 +456,7 @@ void gpu_model_free(GpuModel *m) {
     void *owned[] = {m->params, m->grads, m->adam_m, m->adam_v, m->params_bf16, m->x_final, m->xn_final,
                      m->logits, m->rstd_final, m->lse_final, m->qkv, m->dx, m->dxn,
                      m->dq /* and dk, dv */, m->dattn, m->dgate /* and dup */, m->dact, m->dlogits, m->inputs,
-                     m->targets, m->loss, m->grad_sum_sq};
+                     m->targets, m->loss, m->grad_sum_sq, m->tp_partial, m->tp_row_max, m->tp_sums, m->tp_sq};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
     gpu_rope_table_free(&m->rope);
     gpu_free(m->positions);
@@ -493,6 +526,15 @@ static void unit_grads_ready(GpuModel *m, int unit) {
     if (m->grads_ready) m->grads_ready(unit, m->grads_ready_ctx);
 }
 
+// ---- tensor parallelism: the sums over the tp group (model.h; nothing runs them without it) ---------------
+// A partial result of (BT, D) in m->tp_partial, fp32, summed in place over the group (comm.h on the
+// device buffer), then rounded once to bf16 into dst.
+static void tp_sum_into_bf16(const GpuModel *m, void *dst) {
+    size_t n = (size_t)m->B * m->T * m->cfg.dim;
+    comm_all_reduce(m->tp, m->tp_partial, n, COMM_FLOAT32, COMM_SUM);
+    gpu_cast_f32_to_bf16(dst, m->tp_partial, n);
+}
+
 // ---- forward -----------------------------------------------------------------------------------------------
 // The fused launches (fp32 and bf16) and, with FP8 linears on, reference_cpu's separate calls: an FP8
 // linear casts its weight with that weight's own tensorwise scale, so [wq; wk; wv] or W1|W3 as one
@@ -502,8 +544,8 @@ static void unit_grads_ready(GpuModel *m, int unit) {
 // q, k (rotated) and v from xn1. Fused: one GEMM with [wq; wk; wv] into m->qkv (BT, hq + 2 hkv),
 // then one kernel that splits it with RoPE (gpu/ops.h; its cost: v's copy, see ops.cu).
 static void qkv_forward(const GpuModel *m, const GpuBlockOffsets *o, GpuBlockActs *a) {
-    const ModelConfig *c = &m->cfg;
-    int BT = m->B * m->T, D = c->dim, hd = model_head_dim(c), hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
+    const LocalShape *c = &m->local;
+    int BT = m->B * m->T, D = m->cfg.dim, hd = model_head_dim(&m->cfg), hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
     if (m->fp8) {
         linear_fwd(m, a->q, a->xn1, o->wq, BT, D, hq);
         linear_fwd(m, a->k, a->xn1, o->wk, BT, D, hkv);
@@ -518,8 +560,17 @@ static void qkv_forward(const GpuModel *m, const GpuBlockOffsets *o, GpuBlockAct
 
 // out = residual + inp W^T (W at w_off): the add in the GEMM's epilogue, or a separate add after an
 // FP8 linear.
+// Tensor parallel (wo, w2 are row-parallel: this rank's heads' or ffn columns' share of the inner
+// dimension): the partial product in fp32, summed over the group, then added to the residual and
+// rounded once (the epilogue's arithmetic, the sum in another order).
 static void linear_fwd_residual(const GpuModel *m, void *out, const void *residual, const void *inp, size_t w_off,
                                 int M, int K, int N) {
+    if (m->tp) {
+        gpu_matmul_forward_bf16_into_f32(m->tp_partial, inp, weight(m, w_off), M, K, N);
+        comm_all_reduce(m->tp, m->tp_partial, (size_t)M * N, COMM_FLOAT32, COMM_SUM);
+        gpu_add_f32_into_bf16(out, residual, m->tp_partial, (size_t)M * N);
+        return;
+    }
     if (m->fp8) {
         linear_fwd(m, out, inp, w_off, M, K, N);
         add(m, out, residual, (size_t)M * N);
@@ -531,7 +582,7 @@ static void linear_fwd_residual(const GpuModel *m, void *out, const void *residu
 // gate = xn2 W1^T and up = xn2 W3^T: one strided batch of two products (the weights w3 - w1 apart
 // in the table, the outputs BT F apart, the input shared).
 static void gate_up_forward(const GpuModel *m, const GpuBlockOffsets *o, GpuBlockActs *a) {
-    int BT = m->B * m->T, D = m->cfg.dim, F = m->cfg.ffn_dim;
+    int BT = m->B * m->T, D = m->cfg.dim, F = m->local.ffn_dim;
     if (m->fp8) {
         linear_fwd(m, a->gate, a->xn2, o->w1, BT, D, F);
         linear_fwd(m, a->up, a->xn2, o->w3, BT, D, F);
@@ -547,7 +598,7 @@ static void gpu_block_forward(const GpuModel *m, int l, void *out) {
     const GpuBlockOffsets *o = &m->offsets[l];
     GpuBlockActs *a = &m->blocks[l];
     const ModelConfig *c = &m->cfg;
-    int BT = m->B * m->T, D = c->dim, F = c->ffn_dim, hq = c->n_heads * model_head_dim(c);
+    int BT = m->B * m->T, D = c->dim, F = m->local.ffn_dim, hq = m->local.n_heads * model_head_dim(c);
     rmsnorm_fwd(m, a->xn1, a->rstd1, a->x, weight(m, o->attention_norm));
     qkv_forward(m, o, a);
     attention_fwd(m, a);
@@ -567,16 +618,44 @@ static void check_targets(const GpuModel *m, const int *targets) {
             fatal("cross-entropy: the target of row %d is outside [0, %d)", n, V);
 }
 
+// blocks[0].x = the rows of the inputs' tokens. Vocab-parallel: this rank's rows of the table (zero
+// rows for the other tokens) in fp32, summed over the group (one rank holds each token: exact).
+static void embed_forward(GpuModel *m) {
+    int BT = m->B * m->T, D = m->cfg.dim;
+    const void *table = weight(m, m->tok_embeddings);
+    if (m->tp) {
+        gpu_embedding_forward_rows_bf16_into_f32(m->tp_partial, m->inputs, table, BT, D, m->local.vocab_start,
+                                                 m->local.vocab_size);
+        tp_sum_into_bf16(m, m->blocks[0].x);
+    } else if (BF16(m)) gpu_embedding_forward_bf16(m->blocks[0].x, m->inputs, table, BT, D);
+    else gpu_embedding_forward(m->blocks[0].x, m->inputs, table, BT, D);
+}
+
+// The mean loss into m->loss. Vocab-parallel (tp.c's loss_forward on the device): per token the max
+// over the whole vocabulary (all-reduce MAX), then this rank's sum of exp(logit - max) and the target's
+// logit where this rank holds it (one all-reduce SUM of both), then lse and the mean.
+static void loss_forward(GpuModel *m) {
+    int BT = m->B * m->T, V = m->local.vocab_size;
+    if (m->tp) {
+        gpu_vocab_parallel_row_max_bf16(m->tp_row_max, m->logits, BT, V);
+        comm_all_reduce(m->tp, m->tp_row_max, (size_t)BT, COMM_FLOAT32, COMM_MAX);
+        gpu_vocab_parallel_sums_bf16(m->tp_sums, m->logits, m->tp_row_max, m->targets, BT, m->local.vocab_start, V);
+        comm_all_reduce(m->tp, m->tp_sums, 2 * (size_t)BT, COMM_FLOAT64, COMM_SUM);
+        gpu_vocab_parallel_loss(m->loss, m->lse_final, m->tp_row_max, m->tp_sums, m->targets, BT);
+    } else if (BF16(m)) gpu_cross_entropy_forward_into_bf16(m->loss, m->lse_final, m->logits, m->targets, BT, V);
+    else gpu_cross_entropy_forward_into(m->loss, m->lse_final, m->logits, m->targets, BT, V);
+}
+
 void gpu_model_forward_queued(GpuModel *m, const int *inputs, const int *targets) {
     const ModelConfig *c = &m->cfg;
-    int BT = m->B * m->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
+    int BT = m->B * m->T, D = c->dim, V = m->local.vocab_size, L = c->n_layers;
+    if (m->fp8 && m->tp) fatal("gpu model: the FP8 linears do not run under tensor parallelism");
     check_targets(m, targets);
     gpu_upload_queued(m->inputs, inputs, sizeof(int) * BT);
     gpu_upload_queued(m->targets, targets, sizeof(int) * BT);
     gpu_timeline_begin("embedding fwd", "forward");
     unit_begin(m, LAYER_EMBEDDING, PASS_FORWARD);
-    if (BF16(m)) gpu_embedding_forward_bf16(m->blocks[0].x, m->inputs, weight(m, m->tok_embeddings), BT, D);
-    else gpu_embedding_forward(m->blocks[0].x, m->inputs, weight(m, m->tok_embeddings), BT, D);
+    embed_forward(m);
     unit_end(m, LAYER_EMBEDDING, PASS_FORWARD);
     gpu_timeline_end();
     for (int l = 0; l < L; l++) {
@@ -594,8 +673,7 @@ void gpu_model_forward_queued(GpuModel *m, const int *inputs, const int *targets
     matmul_fwd(m, m->logits, m->xn_final, weight(m, m->output), BT, D, V);
     if (c->tied) unit_end(m, LAYER_EMBEDDING, PASS_FORWARD);
     unit_end(m, L, PASS_FORWARD);
-    if (BF16(m)) gpu_cross_entropy_forward_into_bf16(m->loss, m->lse_final, m->logits, m->targets, BT, V);
-    else gpu_cross_entropy_forward_into(m->loss, m->lse_final, m->logits, m->targets, BT, V);
+    loss_forward(m);
     gpu_timeline_end();
 }
 
@@ -615,9 +693,11 @@ double gpu_model_forward(GpuModel *m, const int *inputs, const int *targets) {
 // back): fused, one merge kernel into m->qkv (reused: forward is done with it) and one GEMM of each
 // kind over hq + 2 hkv outputs. The input gradient's inner dimension runs over q's, then k's, then
 // v's columns, as the reference's three accumulating calls do.
+// Tensor parallel (column-parallel: this rank's heads): dxn is this rank's partial sum, in fp32,
+// summed over the group before the norm's backward reads it.
 static void qkv_backward(const GpuModel *m, const GpuBlockOffsets *o, const GpuBlockActs *a) {
-    const ModelConfig *c = &m->cfg;
-    int BT = m->B * m->T, D = c->dim, hd = model_head_dim(c), hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
+    const LocalShape *c = &m->local;
+    int BT = m->B * m->T, D = m->cfg.dim, hd = model_head_dim(&m->cfg), hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
     if (m->fp8) {
         rope(m, m->dq, c->n_heads, true);
         rope(m, m->dk, c->n_kv_heads, true);
@@ -630,16 +710,30 @@ static void qkv_backward(const GpuModel *m, const GpuBlockOffsets *o, const GpuB
         return;
     }
     qkv_merge_rope_bwd(m);
+    if (m->tp) {
+        gpu_matmul_backward_input_bf16_into_f32(m->tp_partial, m->qkv, weight(m, o->wq), BT, D, hq + 2 * hkv, false);
+        tp_sum_into_bf16(m, m->dxn);
+        matmul_bwd(m, NULL, grad(m, o->wq), m->qkv, a->xn1, weight(m, o->wq), BT, D, hq + 2 * hkv);
+        return;
+    }
     matmul_bwd_first(m, m->dxn, grad(m, o->wq), m->qkv, a->xn1, weight(m, o->wq), BT, D, hq + 2 * hkv);
 }
 
 // dxn = dgate W1 (overwriting) + dup W3: two GEMMs, the first writer with beta = 0 (a sum of two
 // products with different weights is not a strided batch); dW1, dW3 += (dgate, dup)^T xn2: one
 // strided batch of two products (the gradients w3 - w1 apart, as the weights).
+// Tensor parallel (column-parallel: this rank's ffn columns): both products into one fp32 partial
+// sum, summed over the group, rounded once into dxn.
 static void gate_up_backward(const GpuModel *m, const GpuBlockOffsets *o, const GpuBlockActs *a) {
-    int BT = m->B * m->T, D = m->cfg.dim, F = m->cfg.ffn_dim;
-    linear_bwd(m, m->dxn, true, NULL, m->dgate, a->xn2, o->w1, BT, D, F);
-    linear_bwd(m, m->dxn, false, NULL, m->dup, a->xn2, o->w3, BT, D, F);
+    int BT = m->B * m->T, D = m->cfg.dim, F = m->local.ffn_dim;
+    if (m->tp) {
+        gpu_matmul_backward_input_bf16_into_f32(m->tp_partial, m->dgate, weight(m, o->w1), BT, D, F, false);
+        gpu_matmul_backward_input_bf16_into_f32(m->tp_partial, m->dup, weight(m, o->w3), BT, D, F, true);
+        tp_sum_into_bf16(m, m->dxn);
+    } else {
+        linear_bwd(m, m->dxn, true, NULL, m->dgate, a->xn2, o->w1, BT, D, F);
+        linear_bwd(m, m->dxn, false, NULL, m->dup, a->xn2, o->w3, BT, D, F);
+    }
     if (m->fp8) {
         linear_bwd(m, NULL, false, grad(m, o->w1), m->dgate, a->xn2, o->w1, BT, D, F);
         linear_bwd(m, NULL, false, grad(m, o->w3), m->dup, a->xn2, o->w3, BT, D, F);
@@ -657,8 +751,8 @@ static void gpu_block_backward(const GpuModel *m, int l, void *dx) {
     const GpuBlockOffsets *o = &m->offsets[l];
     const GpuBlockActs *a = &m->blocks[l];
     const ModelConfig *c = &m->cfg;
-    int BT = m->B * m->T, D = c->dim, F = c->ffn_dim, hd = model_head_dim(c);
-    int hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
+    int BT = m->B * m->T, D = c->dim, F = m->local.ffn_dim, hd = model_head_dim(c);
+    int hq = m->local.n_heads * hd, hkv = m->local.n_kv_heads * hd;
     // feed-forward half, in reverse: w2's gradients read dx before the ffn norm's backward adds to it
     linear_bwd(m, m->dact, true, grad(m, o->w2), dx, a->act, o->w2, BT, F, D);
     zero(m, m->dgate, 2 * (size_t)BT * F);  // dgate and dup: SwiGLU's backward accumulates
@@ -673,18 +767,42 @@ static void gpu_block_backward(const GpuModel *m, int l, void *dx) {
     rmsnorm_bwd(m, dx, grad(m, o->attention_norm), m->dxn, a->x, weight(m, o->attention_norm), a->rstd1);
 }
 
+// dlogits = the loss's gradient, dxn = dlogits W_out (the head's input gradient). Vocab-parallel: on
+// this rank's columns (the lse is the whole row's), and dxn summed over the group in fp32.
+static void loss_and_logits_backward(GpuModel *m, double dloss) {
+    int BT = m->B * m->T, D = m->cfg.dim, V = m->local.vocab_size;
+    zero(m, m->dlogits, (size_t)BT * V);  // cross-entropy's backward accumulates
+    if (m->tp) {
+        gpu_cross_entropy_backward_columns_bf16(m->dlogits, m->logits, m->lse_final, m->targets, BT,
+                                                m->local.vocab_start, V, dloss);
+        gpu_matmul_backward_input_bf16_into_f32(m->tp_partial, m->dlogits, weight(m, m->output), BT, D, V, false);
+        tp_sum_into_bf16(m, m->dxn);
+        return;
+    }
+    if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
+    else gpu_cross_entropy_backward(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
+    matmul_bwd_first(m, m->dxn, NULL, m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
+}
+
+// The lookup's backward into this rank's rows of the table (vocab-parallel: only its tokens).
+static void embed_backward(GpuModel *m) {
+    int BT = m->B * m->T, D = m->cfg.dim;
+    float *dtable = grad(m, m->tok_embeddings);
+    if (m->tp)
+        gpu_embedding_backward_rows_bf16(dtable, m->dx, m->inputs, BT, D, m->local.vocab_start, m->local.vocab_size);
+    else if (BF16(m)) gpu_embedding_backward_bf16(dtable, m->dx, m->inputs, BT, D);
+    else gpu_embedding_backward(dtable, m->dx, m->inputs, BT, D);
+}
+
 void gpu_model_backward(GpuModel *m, double dloss) {
     const ModelConfig *c = &m->cfg;
-    int BT = m->B * m->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
+    int BT = m->B * m->T, D = c->dim, V = m->local.vocab_size, L = c->n_layers;
     // head: loss -> logits -> final norm (model_head_backward)
     gpu_timeline_begin("head bwd", "backward");
     unit_begin(m, L, PASS_BACKWARD);
     unit_grads_begin(m, L);
     if (c->tied) unit_begin(m, LAYER_EMBEDDING, PASS_BACKWARD), unit_grads_begin(m, LAYER_EMBEDDING);
-    zero(m, m->dlogits, (size_t)BT * V);  // cross-entropy's backward accumulates
-    if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
-    else gpu_cross_entropy_backward(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
-    matmul_bwd_first(m, m->dxn, NULL, m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
+    loss_and_logits_backward(m, dloss);
     matmul_bwd(m, NULL, grad(m, m->output), m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
     zero(m, m->dx, (size_t)BT * D);  // RMSNorm's backward accumulates
     rmsnorm_bwd(m, m->dx, grad(m, m->norm), m->dxn, m->x_final, weight(m, m->norm), m->rstd_final);
@@ -716,18 +834,41 @@ void gpu_model_backward(GpuModel *m, double dloss) {
     // the lookup (model_embed_backward); tied: after the output projection's contribution, as the reference
     gpu_timeline_begin("embedding bwd", "backward");
     if (!c->tied) unit_grads_begin(m, LAYER_EMBEDDING);  // tied: since the head's backward
-    if (BF16(m)) gpu_embedding_backward_bf16(grad(m, m->tok_embeddings), m->dx, m->inputs, BT, D);
-    else gpu_embedding_backward(grad(m, m->tok_embeddings), m->dx, m->inputs, BT, D);
+    embed_backward(m);
     gpu_timeline_end();
     unit_grads_ready(m, LAYER_EMBEDDING);
 }
 
 // ---- optimizer step ----------------------------------------------------------------------------------------
+// Under tensor parallelism, as tp_sum_of_squares (chapters/06_tensor_parallel/tp.c): each table entry's
+// sum of squares on the device, all brought back with one wait; the tp-split entries' summed over the
+// group, the replicated ones (the norm weights, the same on every tp rank) counted once.
+static double tp_grad_sum_sq(const GpuModel *m) {
+    const ParamTable *t = &m->table;
+    for (int i = 0; i < t->count; i++)
+        gpu_sum_of_squares_into(m->tp_sq + i, m->grads + t->items[i].offset, t->items[i].numel);
+    double *per_entry = mem_alloc(MEM_OTHER, sizeof(double) * t->count);
+    gpu_download(per_entry, m->tp_sq, sizeof(double) * t->count);
+    double sums[2] = {0, 0};  // tp-split, replicated
+    for (int i = 0; i < t->count; i++) sums[t->items[i].tp_split == TP_NONE] += per_entry[i];
+    mem_free(per_entry);
+    comm_all_reduce(m->tp, sums, 1, COMM_FLOAT64, COMM_SUM);  // the split entries only
+    return sums[0] + sums[1];
+}
+
+double gpu_model_grad_sum_sq(const GpuModel *m) {
+    if (!m->grads) fatal("gpu_model_grad_sum_sq: a sharded model's gradients are its storage's");
+    return m->tp ? tp_grad_sum_sq(m) : gpu_sum_of_squares(m->grads, m->table.total_numel);
+}
+
 void gpu_model_step(GpuModel *m, long long step, double lr, const AdamWConfig *adam, double max_norm) {
     if (!m->params) fatal("gpu_model_step: a sharded model steps through its storage (chapter 3's module)");
     size_t n = m->table.total_numel;
     gpu_timeline_begin("optimizer", "optimizer");
-    gpu_sum_of_squares_into(m->grad_sum_sq, m->grads, n);
+    if (m->tp) {  // the group's sum needs the host (one wait), then it goes back where AdamW reads it
+        double sum_sq = tp_grad_sum_sq(m);
+        gpu_upload(m->grad_sum_sq, &sum_sq, sizeof sum_sq);
+    } else gpu_sum_of_squares_into(m->grad_sum_sq, m->grads, n);
     gpu_adamw_step_clipped(m->params, m->params_bf16, m->grads, m->adam_m, m->adam_v, n, step, lr, adam,
                            m->grad_sum_sq, max_norm);  // clip_by_global_norm, folded in
     gpu_timeline_end();

@@ -1,13 +1,14 @@
 // model.h: the Llama 3 model of reference_cpu/model.h on one GPU, from the kernels of gpu/ops.h:
 // the same parameter table (flat layout, names, init from the seed), the same block math in the
-// same order, the same loss, AdamW and global-norm clipping. One process, one device; no tensor
-// parallelism. Sharding plugs in as on the CPU model: chapter 3's FSDP module installs UnitStorage
-// (GpuUnitView below; gpu/strategy.c, --dp-shard); so do chapter 7's pipeline stages, which run
-// through the stage entry points at the end of this file (gpu/pipeline_device.h, --pp). Context
-// parallelism: chapter 8's ring on device buffers for attention (gpu_model_set_context_parallel,
-// --cp). Activation
-// checkpointing: AC_FULL keeps each block's input alone and recomputes the block before its
-// backward (bit-identical gradients); AC_SELECTIVE is refused.
+// same order, the same loss, AdamW and global-norm clipping. One device per process. Sharding plugs
+// in as on the CPU model: chapter 3's FSDP module installs UnitStorage (GpuUnitView below;
+// gpu/strategy.c, --dp-shard); so do chapter 7's pipeline stages, which run through the stage entry
+// points at the end of this file (gpu/pipeline_device.h, --pp). Tensor parallelism (Megatron,
+// chapter 6) is built in: see "Tensor parallelism" below (gpu_model_init_tp; gpu/strategy.c, --tp).
+// Context parallelism: chapter 8's ring on device buffers for attention
+// (gpu_model_set_context_parallel, --cp). Activation checkpointing: AC_FULL keeps each block's input
+// alone and recomputes the block before its backward (bit-identical gradients); AC_SELECTIVE is
+// refused.
 //
 //   GpuModel m;
 //   gpu_model_init(&m, &cfg, seed, GPU_BF16, B, T);
@@ -18,7 +19,8 @@
 //   double loss = gpu_model_loss(&m);                      // only when it is logged: a wait
 //   double norm = gpu_model_grad_norm(&m);                 // likewise
 //
-// That step makes no host wait until the loss or the norm is read (gpu_host_waits counts them).
+// That step makes no host wait until the loss or the norm is read (gpu_host_waits counts them); under
+// tensor parallelism gpu_model_step waits once, for the norm's sum over the tp group.
 // gpu_model_forward is the queued forward followed by gpu_model_loss: one wait, for callers that
 // want the number at once (the trainer's --device cuda, gpu/strategy.c).
 //
@@ -38,6 +40,23 @@
 // tests/gpu/test_gpu_model.c). GPU_BF16 keeps fp32 master weights, gradients and moments, and a
 // bf16 copy of the weights (refreshed by the fused AdamW) that forward and backward read;
 // activations are bf16, per-row statistics fp32.
+//
+// Tensor parallelism (gpu_model_init_tp, GPU_BF16 only, no FP8 linears, no sequence parallelism). The
+// model holds tp rank r's shards, the table and shapes of model_init_tp (m->local: this rank's heads,
+// kv heads, ffn columns and vocab rows; the weights its slices of the seed's, so the same model as
+// the one-GPU one): wq wk wv w1 w3 and the output split by rows, wo w2 by columns, the embedding by
+// vocabulary rows. Where reference_cpu's model calls TensorParallel.sum_start, this one sums over
+// m->tp with comm.h on the device buffer: after wo and w2 (forward), the input gradients of
+// [wq; wk; wv], of W1|W3 and of the head before the norms' backward, and the vocab-parallel lookup.
+// Each sum is in fp32: comm.h has no bf16, and an fp32 sum is also the better one -- the GEMM
+// writes its fp32 accumulators unrounded into m->tp_partial (BT, D), the all-reduce adds them, and
+// one kernel rounds the total to bf16 (after wo and w2 adding the residual first: the residual
+// epilogue of the one-GPU GEMM cannot apply to a partial sum). So each stored value is rounded once,
+// as on one GPU, and differs from it only by the order of the fp32 sum (all-reducing bf16 partials
+// would add a rounding per rank, and the 2-byte transfer would halve the bytes). The loss is
+// vocab-parallel as chapters/06_tensor_parallel/tp.c's (an all-reduce MAX of each row's max, one
+// all-reduce SUM of the sums of exp and the target's logit), the gradient norm sums the split
+// entries' squares over the group and counts the replicated norm weights once (gpu_model_grad_sum_sq).
 #pragma once
 #include <stdint.h>
 
@@ -110,6 +129,15 @@ typedef struct {
     UnitStorage storage;
     GradsReadyHook grads_ready;
     void *grads_ready_ctx;
+    // Tensor parallelism (gpu_model_init_tp; above). Without it tp is NULL, tp_size 1 and local the
+    // config's shapes.
+    struct Comm *tp;                  // the tp group, or NULL
+    int tp_size, tp_rank;
+    LocalShape local;                 // the heads, kv heads, ffn columns and vocab rows computed here
+    float *tp_partial;                // (BT, D) fp32: a row-parallel output's or an input gradient's partial sum
+    float *tp_row_max;                // (BT) the vocab-parallel loss's row max, then the group's
+    double *tp_sums;                  // (2, BT) its sums of exp, then its target logits, summed over the group
+    double *tp_sq;                    // (table.count) each entry's gradient sum of squares (the norm)
     // Context parallelism (gpu_model_set_context_parallel; NULL: none): this rank's T tokens of each
     // sequence sit at the global positions `positions` (device, T), by which RoPE rotates, and
     // attention covers the whole sequence through chapter 8's ring on device buffers
@@ -127,6 +155,10 @@ void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPreci
 // The same with the weights from init (params.h: the seed, or a Hugging Face checkpoint).
 void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
                          int T, ActCheckpoint ac);
+// Tensor-parallel rank tp_rank of tp_size over the group tp (GPU_BF16; tp_size 1: gpu_model_init_from):
+// the table, shapes and weights of this rank's shards (model.h's "Tensor parallelism").
+void gpu_model_init_tp(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
+                       int T, ActCheckpoint ac, struct Comm *tp, int tp_size, int tp_rank);
 // The same shapes and activations without the weights, gradients and optimizer state (NULL): for
 // storage that shards them. The caller sets m->storage (and grads_ready) before the first forward;
 // forward and backward then work (the FP8 linears too, from each unit's fp32 weights); gpu_model_step
@@ -161,6 +193,10 @@ void gpu_model_backward(GpuModel *m, double dloss);
 void gpu_model_step(GpuModel *m, long long step, double lr, const AdamWConfig *adam, double max_norm);
 // The last step's gradient norm before clipping (waits for the stream: call it when logging).
 double gpu_model_grad_norm(const GpuModel *m);
+// The gradients' global sum of squares now (waits): under tensor parallelism the whole model's, the
+// split entries summed over the group and the replicated norm weights counted once (collective over
+// the tp group). gpu_model_step under tensor parallelism takes it so (one wait for the host).
+double gpu_model_grad_sum_sq(const GpuModel *m);
 
 // ---- pipeline stages (chapter 7's executor, through gpu/pipeline_device.h) -----------------------------
 // A stage holds blocks [first, end), with the embedding when first == 0 and the head when end ==

@@ -43,17 +43,18 @@ static size_t vector_part(size_t n, int W, bool all_aligned) { return all_aligne
 
 // out (N,C): block n copies row tokens[n] - row_start of the table, or writes zeros if the token is
 // not one of this table's rows [row_start, row_start + n_rows) (vocab-parallel shards).
-template <typename T>
-__global__ void embedding_forward_kernel(T *out, const int *tokens, const T *table, int C, int row_start,
+// Out is T, or float for a bf16 table (exact: every bf16 is a float).
+template <typename T, typename Out>
+__global__ void embedding_forward_kernel(Out *out, const int *tokens, const T *table, int C, int row_start,
                                          int n_rows) {
     int n = blockIdx.x, token = tokens[n];
     bool here = token >= row_start && token - row_start < n_rows;
-    T *o = out + (size_t)n * C;
+    Out *o = out + (size_t)n * C;
     if (here) {
         const T *row = table + (size_t)(token - row_start) * C;
-        for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = row[c];
+        for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = from_f32<Out>(to_f32(row[c]));
     } else {
-        for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = from_f32<T>(0.0f);
+        for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = from_f32<Out>(0.0f);
     }
 }
 
@@ -107,11 +108,11 @@ __global__ void __launch_bounds__(EMBED_BWD_THREADS)
     }
 }
 
-template <typename T>
-static void launch_embedding_forward(T *out, const int *tokens, const T *table, int N, int C, int row_start,
+template <typename T, typename Out>
+static void launch_embedding_forward(Out *out, const int *tokens, const T *table, int N, int C, int row_start,
                                      int n_rows) {
     if (N == 0 || C == 0) return;
-    GPU_LAUNCH(embedding_forward_kernel<T>, N, 128, 0, out, tokens, table, C, row_start, n_rows);
+    GPU_LAUNCH((embedding_forward_kernel<T, Out>), N, 128, 0, out, tokens, table, C, row_start, n_rows);
 }
 template <typename T>
 static void launch_embedding_backward(float *dtable, const T *dout, const int *tokens, int N, int C, int row_start,
@@ -144,6 +145,14 @@ extern "C" void gpu_embedding_forward_bf16(gpu_bf16 *out, const int *tokens, con
 }
 extern "C" void gpu_embedding_backward_bf16(float *dtable, const gpu_bf16 *dout, const int *tokens, int N, int C) {
     launch_embedding_backward(dtable, dout, tokens, N, C, 0, INT_MAX);
+}
+extern "C" void gpu_embedding_forward_rows_bf16_into_f32(float *out, const int *tokens, const gpu_bf16 *table, int N,
+                                                         int C, int row_start, int n_rows) {
+    launch_embedding_forward(out, tokens, table, N, C, row_start, n_rows);
+}
+extern "C" void gpu_embedding_backward_rows_bf16(float *dtable, const gpu_bf16 *dout, const int *tokens, int N, int C,
+                                                 int row_start, int n_rows) {
+    launch_embedding_backward(dtable, dout, tokens, N, C, row_start, n_rows);
 }
 
 // ================================ RMSNorm ========================================================
@@ -523,9 +532,10 @@ __global__ void count_valid_targets_kernel(int *n_valid, const int *targets, int
 
 // dlogits (N,V) += dloss / n_valid * (softmax(x) - onehot(target)), block per row. The target's
 // element gets both terms in the reference's order before its one store.
+// Vocab-parallel: the row's columns are vocabulary entries [v_start, v_start + V) (0 otherwise).
 template <typename T>
 __global__ void cross_entropy_backward_kernel(T *dlogits, const T *logits, const float *lse, const int *targets,
-                                              const int *n_valid, int V, double dloss) {
+                                              const int *n_valid, int v_start, int V, double dloss) {
     int t = targets[blockIdx.x];
     if (t == IGNORE_INDEX || *n_valid == 0) return;
     float coef = (float)(dloss / *n_valid), row_lse = lse[blockIdx.x];
@@ -533,19 +543,88 @@ __global__ void cross_entropy_backward_kernel(T *dlogits, const T *logits, const
     T *dx = dlogits + (size_t)blockIdx.x * V;
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
         float g = to_f32(dx[j]) + coef * expf(to_f32(x[j]) - row_lse);
-        if (j == t) g -= coef;
+        if (j + v_start == t) g -= coef;
         dx[j] = from_f32<T>(g);
     }
 }
 
 template <typename T>
 static void launch_cross_entropy_backward(T *dlogits, const T *logits, const float *lse, const int *targets, int N,
-                                          int V, double dloss) {
+                                          int V, double dloss, int v_start = 0) {
     if (N == 0) return;
     int *n_valid = (int *)gpu_scratch_alloc(sizeof(int));
     GPU_LAUNCH(count_valid_targets_kernel, 1, 1024, 0, n_valid, targets, N);
-    GPU_LAUNCH(cross_entropy_backward_kernel<T>, N, ROW_THREADS, 0, dlogits, logits, lse, targets, n_valid, V, dloss);
+    GPU_LAUNCH(cross_entropy_backward_kernel<T>, N, ROW_THREADS, 0, dlogits, logits, lse, targets, n_valid, v_start, V,
+               dloss);
     gpu_scratch_free(n_valid);
+}
+
+// ---- vocab-parallel (tensor parallelism): the row's statistics summed over the tp group between kernels ----
+// row_max (N): block per row, the max over this rank's columns.
+__global__ void vocab_parallel_row_max_kernel(float *row_max, const gpu_bf16 *logits, int V) {
+    __shared__ float scratch[32];
+    const gpu_bf16 *x = logits + (size_t)blockIdx.x * V;
+    float best = -INFINITY;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) best = fmaxf(best, to_f32(x[j]));
+    best = block_max(best, scratch);
+    if (threadIdx.x == 0) row_max[blockIdx.x] = best;
+}
+
+// sums (2, N): block per row, this rank's sum of exp(x - row_max) in double (cross_entropy_lse_kernel's
+// arithmetic), and the target's logit where this rank holds it (0 elsewhere: the sum over ranks is it).
+__global__ void vocab_parallel_sums_kernel(double *sums, const gpu_bf16 *logits, const float *row_max,
+                                           const int *targets, int N, int v_start, int V) {
+    __shared__ double scratch[32];
+    int n = blockIdx.x, t = targets[n];
+    const gpu_bf16 *x = logits + (size_t)n * V;
+    double sum = 0;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(to_f32(x[j]) - row_max[n]);
+    sum = block_sum(sum, scratch);
+    if (threadIdx.x != 0) return;
+    sums[n] = sum;
+    bool here = t != IGNORE_INDEX && t >= v_start && t < v_start + V;
+    sums[N + n] = here ? (double)to_f32(x[t - v_start]) : 0.0;
+}
+
+// One block: lse per row, and the mean of lse - target logit (cross_entropy_loss_kernel's order).
+__global__ void vocab_parallel_loss_kernel(double *loss, float *lse, const float *row_max, const double *sums,
+                                           const int *targets, int N) {
+    __shared__ double total_scratch[32];
+    __shared__ int count_scratch[32];
+    double total = 0;
+    int count = 0;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) {
+        lse[n] = (float)(row_max[n] + log(sums[n]));
+        if (targets[n] == IGNORE_INDEX) continue;
+        total += (double)lse[n] - (float)sums[N + n];
+        count++;
+    }
+    total = block_sum(total, total_scratch);
+    count = block_sum(count, count_scratch);
+    if (threadIdx.x == 0) *loss = count ? total / count : 0.0;
+}
+
+extern "C" void gpu_vocab_parallel_row_max_bf16(float *row_max, const gpu_bf16 *logits, int N, int v_count) {
+    if (N == 0) return;
+    GPU_LAUNCH(vocab_parallel_row_max_kernel, N, ROW_THREADS, 0, row_max, logits, v_count);
+}
+extern "C" void gpu_vocab_parallel_sums_bf16(double *sums, const gpu_bf16 *logits, const float *row_max,
+                                             const int *targets, int N, int v_start, int v_count) {
+    if (N == 0) return;
+    GPU_LAUNCH(vocab_parallel_sums_kernel, N, ROW_THREADS, 0, sums, logits, row_max, targets, N, v_start, v_count);
+}
+extern "C" void gpu_vocab_parallel_loss(double *loss, float *lse, const float *row_max, const double *sums,
+                                        const int *targets, int N) {
+    if (N == 0) {
+        gpu_fill_bytes(loss, 0, sizeof(double));  // all-zero bytes: 0.0
+        return;
+    }
+    GPU_LAUNCH(vocab_parallel_loss_kernel, 1, 1024, 0, loss, lse, row_max, sums, targets, N);
+}
+extern "C" void gpu_cross_entropy_backward_columns_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
+                                                        const int *targets, int N, int v_start, int v_count,
+                                                        double dloss) {
+    launch_cross_entropy_backward(dlogits, logits, lse, targets, N, v_count, dloss, v_start);
 }
 
 extern "C" double gpu_cross_entropy_forward(float *lse, const float *logits, const int *targets, int N, int V) {
@@ -594,6 +673,18 @@ __global__ void cast_kernel(Out *out, const In *inp, size_t n_packs) {
     }
 }
 
+// out = bf16(residual + partial), packs of 8 (16 bytes of bf16; the fp32 operand 32).
+template <int W>
+__global__ void add_f32_into_bf16_kernel(gpu_bf16 *out, const gpu_bf16 *residual, const float *partial,
+                                         size_t n_packs) {
+    GRID_STRIDE_LOOP(i, n_packs) {
+        Pack<gpu_bf16, W> r = load_pack<W>(residual, i), o;
+        Pack<float, W> p = load_pack<W>(partial, i);
+        for (int j = 0; j < W; j++) o.v[j] = from_f32<gpu_bf16>(to_f32(r.v[j]) + p.v[j]);
+        store_pack<W>(out, i, o);
+    }
+}
+
 template <typename T> static void launch_add_inplace(T *x, const T *y, size_t n) {
     constexpr int W = 16 / sizeof(T);
     size_t v = vector_part(n, W, aligned(x, 16) && aligned(y, 16));
@@ -611,6 +702,12 @@ extern "C" void gpu_add_inplace(float *x, const float *y, size_t n) { launch_add
 extern "C" void gpu_add_inplace_bf16(gpu_bf16 *x, const gpu_bf16 *y, size_t n) { launch_add_inplace(x, y, n); }
 extern "C" void gpu_cast_f32_to_bf16(gpu_bf16 *out, const float *inp, size_t n) { launch_cast(out, inp, n); }
 extern "C" void gpu_cast_bf16_to_f32(float *out, const gpu_bf16 *inp, size_t n) { launch_cast(out, inp, n); }
+extern "C" void gpu_add_f32_into_bf16(gpu_bf16 *out, const gpu_bf16 *residual, const float *partial, size_t n) {
+    constexpr int W = 8;
+    size_t v = vector_part(n, W, aligned(out, 16) && aligned(residual, 16) && aligned(partial, 32));
+    LAUNCH_1D((add_f32_into_bf16_kernel<W>), v / W, out, residual, partial, v / W);
+    LAUNCH_1D((add_f32_into_bf16_kernel<1>), n - v, out + v, residual + v, partial + v, n - v);
+}
 
 // ================================ AdamW ==========================================================
 

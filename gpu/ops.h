@@ -72,6 +72,12 @@ void gpu_matmul_backward_weight_batched(float *dweight, const float *dout, const
 void gpu_matmul_backward_weight_batched_bf16(float *dweight, const gpu_bf16 *dout, const gpu_bf16 *inp, int M, int K,
                                              int N, int batch, long long dweight_stride, long long dout_stride,
                                              long long inp_stride);
+// Tensor parallelism's partial sums (gpu/model.c): bf16 operands, the fp32 accumulators stored as
+// they are, unrounded, for an fp32 all-reduce over the tp group. out (M,N) = inp . weight^T
+// (overwriting); dinp (M,K) = dout . weight, overwriting (accumulate false) or adding (true).
+void gpu_matmul_forward_bf16_into_f32(float *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K, int N);
+void gpu_matmul_backward_input_bf16_into_f32(float *dinp, const gpu_bf16 *dout, const gpu_bf16 *weight, int M, int K,
+                                             int N, bool accumulate);
 
 // ---- embedding ------------------------------------------------------------------------------------------
 void gpu_embedding_forward(float *out, const int *tokens, const float *table, int N, int C);
@@ -82,6 +88,13 @@ void gpu_embedding_backward_rows(float *dtable, const float *dout, const int *to
                                  int n_rows);
 void gpu_embedding_forward_bf16(gpu_bf16 *out, const int *tokens, const gpu_bf16 *table, int N, int C);
 void gpu_embedding_backward_bf16(float *dtable, const gpu_bf16 *dout, const int *tokens, int N, int C);
+// Vocab-parallel (tensor parallelism): the table holds rows [row_start, row_start + n_rows); a token
+// outside them gives a zero row. The lookup written in fp32 (the bf16 rows exactly), for the fp32 sum
+// over the tp group, in which one rank contributes each row.
+void gpu_embedding_forward_rows_bf16_into_f32(float *out, const int *tokens, const gpu_bf16 *table, int N, int C,
+                                              int row_start, int n_rows);
+void gpu_embedding_backward_rows_bf16(float *dtable, const gpu_bf16 *dout, const int *tokens, int N, int C,
+                                      int row_start, int n_rows);
 
 // ---- RMSNorm ----------------------------------------------------------------------------------------------
 void gpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, double eps);
@@ -171,11 +184,34 @@ void gpu_cross_entropy_forward_into(double *loss, float *lse, const float *logit
 void gpu_cross_entropy_forward_into_bf16(double *loss, float *lse, const gpu_bf16 *logits, const int *targets, int N,
                                          int V);
 
+// Vocab-parallel cross-entropy (tensor parallelism, gpu/model.c): logits (N, v_count) hold vocabulary
+// entries [v_start, v_start + v_count). Three kernels around two all-reduces over the tp group, as
+// chapters/06_tensor_parallel/tp.c's loss_forward does on the host:
+//   gpu_vocab_parallel_row_max_bf16   row_max (N) = each row's max over this rank's columns   -> all-reduce MAX
+//   gpu_vocab_parallel_sums_bf16      sums (2, N) = [sum_j exp(x_nj - row_max_n) (double, as the single
+//                                     GPU's kernel sums); x_n,target if this rank holds the target, else 0]
+//                                                                                                 -> all-reduce SUM
+//   gpu_vocab_parallel_loss           lse (N) = row_max + log(sum); *loss (device) = the mean of
+//                                     lse - target logit over rows whose target is not IGNORE_INDEX
+// The same lse and loss as gpu_cross_entropy_forward_into_bf16 on the whole row, up to the sum's order.
+void gpu_vocab_parallel_row_max_bf16(float *row_max, const gpu_bf16 *logits, int N, int v_count);
+void gpu_vocab_parallel_sums_bf16(double *sums, const gpu_bf16 *logits, const float *row_max, const int *targets,
+                                  int N, int v_start, int v_count);
+void gpu_vocab_parallel_loss(double *loss, float *lse, const float *row_max, const double *sums, const int *targets,
+                             int N);
+// dlogits (N, v_count) += dloss / n_valid * (softmax - onehot(target)) on this rank's columns, lse
+// being the whole row's: gpu_cross_entropy_backward_bf16's arithmetic, the target's column shifted.
+void gpu_cross_entropy_backward_columns_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
+                                             const int *targets, int N, int v_start, int v_count, double dloss);
+
 // ---- element-wise -------------------------------------------------------------------------------------------
 void gpu_add_inplace(float *x, const float *y, size_t n);  // x += y
 void gpu_add_inplace_bf16(gpu_bf16 *x, const gpu_bf16 *y, size_t n);
 void gpu_cast_f32_to_bf16(gpu_bf16 *out, const float *inp, size_t n);  // round to nearest even
 void gpu_cast_bf16_to_f32(float *out, const gpu_bf16 *inp, size_t n);  // exact
+// out = bf16(residual + partial): a row-parallel linear's summed fp32 output added to the residual
+// stream with one rounding, as the one-GPU GEMM's residual epilogue rounds once.
+void gpu_add_f32_into_bf16(gpu_bf16 *out, const gpu_bf16 *residual, const float *partial, size_t n);
 
 // ---- AdamW (fused: one pass over params, grads, m, v) ---------------------------------------------------------
 // The arithmetic of reference_cpu/adamw.c, element by element (gpu/numerics.h: adamw_update).

@@ -16,18 +16,24 @@
 // cast each projection from its unit's gathered fp32 weights. The optimizer step, the norm, clipping
 // and the checkpoint gather/load are the module's functions.
 //
+// With --tp N it is Megatron tensor parallelism (chapter 6) on the GPU model built from this tp rank's
+// shards (gpu_model_init_tp; the sums over the tp group on device buffers, model.h "Tensor
+// parallelism"), alone or with --dp-replicate (DDP over mesh->dp, the ranks holding the same shards).
+// The gradient norm counts the replicated norm weights once (gpu_model_grad_sum_sq); checkpoints and
+// dumps go through trainer_full_state's tp_gather_full, on the table of t->model (model_init_tp's,
+// without weights). Not yet with --sequence-parallel, --dp-shard, --fp8, --pp or --cp.
+//
 // With --pp N it is pipeline parallelism, every schedule of chapter 7 (GPipe, 1F1B, Interleaved1F1B):
 // chapter 7's executor itself (chapters/07_pipeline_parallel/pipeline.h), given the GPU model's stage
 // compute and device memory (gpu/pipeline_device.h), on the GPU model built without its own weights
 // or per-block activations (gpu_model_init_stages). pipeline_create installs its UnitStorage (the
 // chunks' device buffers) on the trainer's Model; the GPU model gets the same, and casts each unit to
-// bf16 as it runs, as under --dp-shard (--fp8: cast to FP8 from them). Not with --dp-replicate, --dp-shard or --ac full so far
-// (refused).
+// bf16 as it runs, as under --dp-shard (--fp8: cast to FP8 from them). Not with --dp-replicate,
+// --dp-shard or --ac full so far (refused).
 //
 // With --cp N the GPU model's attention runs chapter 8's ring on device buffers (gpu/cp_device.h,
 // gpu_model_set_context_parallel), and the layout above it averages over dp x cp (DDP) or shards
-// over dp_shard x cp (FSDP), as on the CPU. Ring only; not with --pp or --fp8 so far. --tp is refused
-// until the GPU model has the CPU model's TensorParallel hooks.
+// over dp_shard x cp (FSDP), as on the CPU. Ring only; not with --pp or --fp8 so far.
 //
 // Each rank uses device (local rank mod device count), the local rank being its index among the
 // ranks on its host (comm_local_rank): one rank per GPU under mpirun on every node, whatever the
@@ -87,10 +93,8 @@ static void replicas_finish_backward(Strategy *s) {
 
 static void cuda_zero_grads(Strategy *s) { gpu_model_zero_grads(&((GpuTraining *)s->impl)->m); }
 
-static double cuda_grad_norm(Strategy *s) {
-    GpuModel *m = &((GpuTraining *)s->impl)->m;
-    return sqrt(gpu_sum_of_squares(m->grads, m->table.total_numel));
-}
+// Under --tp: the whole model's norm (the split entries summed over the tp group, norms counted once).
+static double cuda_grad_norm(Strategy *s) { return sqrt(gpu_model_grad_sum_sq(&((GpuTraining *)s->impl)->m)); }
 
 static void cuda_clip(Strategy *s, double grad_norm, double max_norm) {
     GpuModel *m = &((GpuTraining *)s->impl)->m;
@@ -203,11 +207,18 @@ static void check_fp8(const Trainer *t, const ModelConfig *c, const LayoutOption
 
 static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     const Mesh *mesh = t->mesh;
-    const char *dims[] = {"--pp", "--dp-replicate", "--dp-shard", "--cp", "--tp"};
-    for (int d = 0; d < MESH_N_DIMS; d++)
-        if (d == MESH_TP && mesh->degree[d] > 1)
-            fatal_input("--device cuda with %s %d: the GPU trainer runs the single process, --dp-replicate (DDP), "
-                        "--dp-shard (ZeRO-1/2/3, HSDP), --pp and --cp so far", dims[d], mesh->degree[d]);
+    int tp = mesh->degree[MESH_TP];
+    if (tp > 1 && o->sequence_parallel)
+        fatal_input("--device cuda --tp %d --sequence-parallel: the GPU model all-reduces the tp partial sums; "
+                    "sequence parallelism is not on the GPU yet (drop --sequence-parallel)", tp);
+    if (tp > 1 && mesh->degree[MESH_DP_SHARD] > 1)
+        fatal_input("--device cuda with --tp %d and --dp-shard %d: the GPU model shards over one of them so far "
+                    "(--tp with --dp-replicate runs)", tp, mesh->degree[MESH_DP_SHARD]);
+    if (tp > 1 && o->fp8)
+        fatal_input("--device cuda --fp8 with --tp %d: the GPU's FP8 linears do not run on tp shards yet", tp);
+    if (tp > 1 && (mesh->degree[MESH_PP] > 1 || mesh->degree[MESH_CP] > 1))
+        fatal_input("--device cuda with --tp %d: not with %s on the GPU so far", tp,
+                    mesh->degree[MESH_PP] > 1 ? "--pp" : "--cp");
     if (mesh->degree[MESH_CP] > 1) {
         if (o->cp_mode != CP_RING)
             fatal_input("--device cuda --cp %d --cp-mode alltoall: the GPU runs chapter 8's ring (its all-to-all's "
@@ -299,6 +310,15 @@ static void install_context_parallel(GpuTraining *g, Trainer *t, const LayoutOpt
              t->cp_layout.T);
 }
 
+// The CPU path's line (trainer_setup_layout), for the same layout.
+static void log_tp(const GpuModel *m, const ModelConfig *cfg) {
+    const LocalShape *local = &m->local;
+    log_info("tp: %d ranks; this one holds %d of %d heads, %d of %d kv heads, %d of %d ffn columns, vocab rows "
+             "[%d, %d) (sums over the tp group in fp32 on device buffers, %s backend)",
+             m->tp_size, local->n_heads, cfg->n_heads, local->n_kv_heads, cfg->n_kv_heads, local->ffn_dim,
+             cfg->ffn_dim, local->vocab_start, local->vocab_start + local->vocab_size, gpu_comm_backend_name());
+}
+
 bool trainer_has_cuda(void) { return true; }
 void trainer_exec_cuda_build(char **argv) { (void)argv; }
 
@@ -320,7 +340,9 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     gpu_device_description(description, sizeof description);
     log_info("device: %s; bf16 compute, fp32 master weights and AdamW state", description);
     start_gpu_timeline();
-    model_init_unallocated(&t->model, cfg, ATTN_FLASH);  // the table and shapes, for checkpoints (and FSDP's units)
+    int tp = t->mesh->degree[MESH_TP], tp_rank = t->mesh->coord[MESH_TP];
+    // the table and shapes (this tp rank's), for checkpoints (tp_gather_full) and FSDP's units
+    model_init_tp(&t->model, cfg, NULL, ATTN_FLASH, tp, tp_rank, false);
     GpuTraining *g = calloc(1, sizeof *g);
     if (o->fp8) log_info("fp8 on the GPU: wq wk wv wo w1 w2 w3 of every block as FP8 GEMMs (tensorwise)");
     if (t->mesh->degree[MESH_PP] > 1) {
@@ -347,7 +369,9 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
                         .report_memory = cuda_report_memory, .free = cuda_free};
         return s;
     }
-    gpu_model_init_from(&g->m, cfg, init, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
+    gpu_model_init_tp(&g->m, cfg, init, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac, t->mesh->dim[MESH_TP], tp,
+                      tp_rank);
+    if (tp > 1) log_tp(&g->m, cfg);
     g->m.fp8 = o->fp8;
     g->m.fp8_tokens = t->dp_size > 1 ? t->mesh->dp : NULL;  // activations' amaxes agree across replicas
     install_context_parallel(g, t, o);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The trainer's --device cuda (gpu/strategy.c) on the CPU emulator of CUDA's execution model
 # (build/tests/emu/train: chapters/10_trainer/train.c linked with gpu/*.cu compiled for the
-# emulator): the single process, DDP and ZeRO-1/2/3 (chapter 3's module on device buffers) on 2
-# ranks sharing the emulated GPU, and --pp 2 under every schedule (chapter 7's executor on the GPU
-# model's stages), against the CPU reference on the same seed and data. Also: the layouts the GPU trainer does not run yet are
+# emulator): the single process, DDP, ZeRO-1/2/3 (chapter 3's module on device buffers), tensor
+# parallelism (--tp 2, and --tp 2 --dp-replicate 2 on 4 ranks), --pp 2 under every schedule (chapter
+# 7's executor on the GPU model's stages) and --cp 2 (chapter 8's ring on device buffers) on ranks
+# sharing the emulated GPU, against the CPU reference on the same seed and data. Also: the layouts the GPU trainer does not run yet are
 # refused with one line, and build/train says so cleanly when there is no device. A traced run's
 # GPU timeline (regions, memory counters) and trace-summary's GPU figures. Activation
 # checkpointing on the GPU (--ac full) against the run without it.
@@ -24,6 +25,10 @@
 #     A resumed sharded run equals the uninterrupted one exactly (the same arithmetic from the same
 #     state); the sharded checkpoint after 4 steps is within 5e-4 of the single GPU's (t_fsdp.sh's
 #     bound for AdamW moving last-bit gradient differences by ~lr). The same for a --pp 2 run (1F1B).
+#   GPU TP against the single GPU: gradients 2e-2, losses 1e-4, and the logged gradient norm against
+#     the gathered gradients' within 6e-5 (the reasons where the runs are); TP x DDP against TP: 1e-5.
+#     A resumed TP run equals the uninterrupted one exactly; its gathered checkpoint after 2 steps is
+#     within AdamW's 2 (lr_1 + lr_2) of the single GPU's. TP with --ac full equals TP without, exactly.
 # Pipeline mutations tried (each made a check here fail): the stage output sent from the stage's
 # input buffer (wrong activations downstream: the losses against the reference); the
 # last stage's backward started from d(loss) instead of d(loss)/M (step-1 gradients 2x); chunk 1's
@@ -40,6 +45,12 @@
 # GPU's FP8: 39 tensors off); under --fp8 --pp, the stages' FP8 linears left off (39 tensors off);
 # under --cp, RoPE at the local positions instead of the global ones (gpu_cp2 against the single GPU
 # and the reference), the ring's merge weights swapped (likewise).
+# Tensor parallelism: the all-reduce after wo dropped (every loss and gradient check); the loss's row
+# max taken without its all-reduce MAX (the losses: against the CPU 1e-3 and the single GPU 1e-4;
+# the gradients move less than their bound); the replicated norm weights' squares summed over the
+# tp group too (the gradient-norm check); the all-reduce of W1|W3's input gradient dropped; the
+# embedding's gradient scattered into the shard without its vocab offset; the trainer's table built
+# for tp rank 0 on every rank (the resumed TP run: tp_scatter_full loads rank 0's slices everywhere).
 set -eu
 source tests/lib.sh
 EMU_TRAIN="$BUILD/tests/emu/train"
@@ -63,6 +74,58 @@ for name in gpu1 gpu_ddp2; do
 done
 echo "== GPU DDP vs the single GPU"
 $P --ckpt "$T/gpu_ddp2.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 1e-5
+
+# Tensor parallelism (--tp 2: Megatron on the GPU model, the sums over the tp group in fp32 on device
+# buffers through the staged backend) against the CPU reference with the tolerances above, and against
+# the single GPU: the same bf16 model, the tp partial sums added in another order (and each input
+# gradient of W1|W3 rounded to bf16 once, where the single GPU rounds dgate W1 before adding dup W3),
+# so bf16 roundings flip here and there and the flips travel down 4 blocks: step-1 gradients within
+# 2e-2 of the single GPU's (measured 8.2e-3: a few bf16 ulps of 2^-8 = 3.9e-3), the losses of 2
+# steps within 1e-4 (measured 1.0e-5: step 1 equal to the 6 printed digits, step 2 after one AdamW
+# step from those gradients). The step-1 gradient norm the trainer logs against the norm of the
+# gathered dump (the whole model's gradients, numpy in float64): within 6e-5, the log's 4 decimals
+# (5e-5) and the fp32 gradients' summation order (measured 2.7e-5); counting the replicated norm
+# weights once per tp rank moves it by 2e-4 here.
+run gpu_tp2 2 --tp 2
+grep -q "tp: 2 ranks; this one holds 4 of 8 heads, 2 of 4 kv heads, 64 of 128 ffn columns, vocab rows \[0, 128)" \
+    "$T/gpu_tp2.log" || { echo "FAIL: gpu_tp2 did not say which shards it holds"; exit 1; }
+echo "== gpu_tp2 vs the CPU reference"
+$P --log "$T/gpu_tp2.log" --log-ref "$T/ref.log" --loss-rtol 1e-3
+$P --ckpt "$T/gpu_tp2.grads.safetensors" --ckpt-ref "$T/ref_dump.safetensors" --prefix grad. --param-rtol 5e-2
+echo "== GPU TP vs the single GPU"
+$P --ckpt "$T/gpu_tp2.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 2e-2
+$P --log "$T/gpu_tp2.log" --log-ref "$T/gpu1.log" --loss-rtol 1e-4
+# TP x DDP (4 ranks: 2 replicas of 2 tp ranks, the gradients averaged over mesh->dp): against the TP
+# run with the DDP bound above, 1e-5 (the same bf16 arithmetic per sequence, the batch's two halves
+# summed by the all-reduce).
+run gpu_tp2_ddp2 4 --tp 2 --dp-replicate 2
+grep -q "ddp on the GPU: 2 replicas" "$T/gpu_tp2_ddp2.log" || { echo "FAIL: gpu_tp2_ddp2 did not run DDP"; exit 1; }
+echo "== GPU TP x DDP vs GPU TP"
+$P --ckpt "$T/gpu_tp2_ddp2.grads.safetensors" --ckpt-ref "$T/gpu_tp2.grads.safetensors" --prefix grad. --param-rtol 1e-5
+$P --log "$T/gpu_tp2_ddp2.log" --log-ref "$T/gpu_tp2.log" --loss-rtol 1e-5
+# --ac full under TP: each block recomputed before its backward, its all-reduces run again on the
+# same partial sums in the same rank order (the staged backend's MPI reduction): bit-identical.
+run gpu_tp2_ac 2 --tp 2 --ac full
+echo "== GPU TP with --ac full vs without"
+$P --ckpt "$T/gpu_tp2_ac.grads.safetensors" --ckpt-ref "$T/gpu_tp2.grads.safetensors" --prefix grad. --exact
+$P --log "$T/gpu_tp2_ac.log" --log-ref "$T/gpu_tp2.log" --loss-rtol 0
+"$PYTHON" - "$T" gpu1 gpu_tp2 gpu_tp2_ddp2 <<'PY'
+import re, sys
+import numpy as np
+sys.path.insert(0, "tests/py")
+import safetensors_io
+problems = []
+for name in sys.argv[2:]:
+    tensors, _ = safetensors_io.load(f"{sys.argv[1]}/{name}.grads.safetensors")
+    norm = np.sqrt(sum((np.asarray(v, np.float64) ** 2).sum() for k, v in tensors.items() if k.startswith("grad.")))
+    logged = float(re.search(r"^step +1 \| loss \S+ \| grad_norm (\S+)", open(f"{sys.argv[1]}/{name}.log").read(),
+                             re.M).group(1))
+    print(f"{name}: step-1 grad_norm logged {logged}, of the gathered gradients {norm:.7f} (diff {logged - norm:.2e})")
+    if abs(logged - norm) > 6e-5:
+        problems.append(f"{name} logged {logged}, want {norm:.7f}")
+if problems:
+    sys.exit("FAIL: gradient norm: " + "; ".join(problems))
+PY
 
 # ZeRO-3 against the CPU reference as the runs above; every stage against the single GPU.
 run gpu_z3 2 --dp-shard 2 --zero-stage 3
@@ -189,7 +252,8 @@ echo "== GPU ZeRO-3: a checkpoint gathered from the shards, resumed"
 # 4 steps with a checkpoint at 2, then steps 3-4 from it: the same weights (and so the same AdamW
 # moments and step) as straight through; the gathered checkpoint against the single GPU's.
 steps4=(--model tiny --steps 4 --batch 2 --seq-len 16 --seed 5 --lr 1e-3 --device cuda)
-"$EMU_TRAIN" "${steps4[@]}" --checkpoint-dir "$T/gpu1_4" > "$T/gpu1_4.log" 2>&1 || { cat "$T/gpu1_4.log"; echo "FAIL: gpu1_4"; exit 1; }
+"$EMU_TRAIN" "${steps4[@]}" --checkpoint-dir "$T/gpu1_4" --checkpoint-every 2 > "$T/gpu1_4.log" 2>&1 ||
+    { cat "$T/gpu1_4.log"; echo "FAIL: gpu1_4"; exit 1; }
 $MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" --dp-shard 2 --zero-stage 3 --checkpoint-dir "$T/z3_4" --checkpoint-every 2 \
     > "$T/z3_4.log" 2>&1 || { cat "$T/z3_4.log"; echo "FAIL: z3_4"; exit 1; }
 $MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" --dp-shard 2 --zero-stage 3 --checkpoint-dir "$T/z3_resumed" \
@@ -208,6 +272,37 @@ $MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" "${pp4[@]}" --checkpoint-dir "$T/pp_re
     --resume "$T/pp_4/step_000002.safetensors" > "$T/pp_resumed.log" 2>&1 || { cat "$T/pp_resumed.log"; echo "FAIL: pp_resumed"; exit 1; }
 $P --ckpt "$T/pp_resumed/step_000004.safetensors" --ckpt-ref "$T/pp_4/step_000004.safetensors" --exact
 $P --ckpt "$T/pp_4/step_000004.safetensors" --ckpt-ref "$T/gpu1_4/step_000004.safetensors" --param-rtol 5e-4
+
+echo "== GPU TP: a checkpoint gathered from the tp shards, resumed"
+# The same with --tp 2: the checkpoint written through tp_gather_full and loaded back through
+# tp_scatter_full gives steps 3-4 exactly as straight through. Its weights after step 2 against the
+# single GPU's: AdamW moves each weight by at most lr per step whatever its gradient's size (step 1:
+# m/sqrt(v) = +-1; step 2: |m_hat| <= sqrt(v_hat) by Cauchy-Schwarz for beta1^2 < beta2), so bf16
+# noise that flips a tiny gradient's sign can leave two runs 2 (lr_1 + lr_2) = 2.84e-3 apart
+# (measured 2.48e-3); a shard gathered into the wrong place is off by the weights themselves.
+$MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" --tp 2 --checkpoint-dir "$T/tp_4" --checkpoint-every 2 > "$T/tp_4.log" 2>&1 ||
+    { cat "$T/tp_4.log"; echo "FAIL: tp_4"; exit 1; }
+$MPIRUN -np 2 "$EMU_TRAIN" "${steps4[@]}" --tp 2 --checkpoint-dir "$T/tp_resumed" \
+    --resume "$T/tp_4/step_000002.safetensors" > "$T/tp_resumed.log" 2>&1 || { cat "$T/tp_resumed.log"; echo "FAIL: tp_resumed"; exit 1; }
+$P --ckpt "$T/tp_resumed/step_000004.safetensors" --ckpt-ref "$T/tp_4/step_000004.safetensors" --exact
+"$PYTHON" - "$T/tp_4/step_000002.safetensors" "$T/gpu1_4/step_000002.safetensors" "$T/gpu1_4.log" <<'PY'
+import re, sys
+import numpy as np
+sys.path.insert(0, "tests/py")
+import safetensors_io
+tp, _ = safetensors_io.load(sys.argv[1])
+one, _ = safetensors_io.load(sys.argv[2])
+lrs = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"^step +(\d+) \|.*\| lr (\S+)", open(sys.argv[3]).read(), re.M)}
+bound = 2 * (lrs[1] + lrs[2]) * 1.01  # 1%: the weight decay's share of the step, and rounding
+names = [k for k in one if k.startswith("param.")]
+if set(names) - set(tp):
+    sys.exit(f"FAIL: the TP checkpoint lacks {sorted(set(names) - set(tp))[:3]}")
+diff, name, idx = max((float(np.abs(d := tp[k].astype(np.float64) - one[k]).max()), k, int(np.argmax(np.abs(d))))
+                      for k in names)
+print(f"{'ok' if diff <= bound else 'FAIL'}: TP checkpoint at step 2 vs the single GPU's: max abs {diff:.3e} "
+      f"({name} [{idx}]; bound {bound:.3e})")
+sys.exit(0 if diff <= bound else 1)
+PY
 grep -q "ddp on the GPU: 2 replicas" "$T/gpu_ddp2.log" || { echo "FAIL: gpu_ddp2 did not run DDP"; exit 1; }
 # Both ranks run on this host, which has the emulator's one GPU: the local rank count says so, and
 # the gradients' all-reduce goes through the staged backend (NCCL needs a GPU per rank).
@@ -355,13 +450,6 @@ for bad in "--seq-len 12|tokens per micro-batch is 24; cuBLASLt's FP8 GEMMs need
 done
 
 # Refused before any work, exit 2 and one line.
-for layout in "--tp 2"; do
-    out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --device cuda $layout 2>&1 >/dev/null) && rc=0 || rc=$?
-    ours=$(grep '^train' <<<"$out" || true)
-    [ "$rc" -ne 0 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"--device cuda with ${layout% *}"* ]] ||
-        { echo "FAIL: --device cuda $layout -> rc $rc: $out"; exit 1; }
-    echo "ok: --device cuda $layout -> $ours"
-done
 # What the GPU's context parallelism does not run yet: refused with one line, exit 2.
 for bad in "--cp 2 --cp-mode alltoall|--device cuda --cp 2 --cp-mode alltoall: " \
            "--cp 2 --fp8|--device cuda --cp 2 with --fp8: "; do
@@ -382,6 +470,17 @@ for bad in "4|--pp 2 --tp 2|--device cuda with --tp 2: " \
         rc=0 || rc=$?
     ours=$(grep '^train' <<<"$out" || true)
     [ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"$want"* ]] ||
+        { echo "FAIL: --device cuda $flags -> rc $rc: $out"; exit 1; }
+    echo "ok: --device cuda $flags -> $ours"
+done
+# What the GPU's tensor parallelism does not run yet: refused with one line (ranks|flags|message).
+for bad in "2|--tp 2 --sequence-parallel|--device cuda --tp 2 --sequence-parallel: " \
+           "4|--tp 2 --dp-shard 2|--device cuda with --tp 2 and --dp-shard 2: " \
+           "2|--tp 2 --fp8|--device cuda --fp8 with --tp 2: "; do
+    IFS='|' read -r np flags want <<<"$bad"
+    out=$($MPIRUN -np "$np" "$EMU_TRAIN" --model tiny --steps 1 --batch 2 --seq-len 16 --device cuda $flags 2>&1 >/dev/null) && rc=0 || rc=$?
+    ours=$(grep '^train' <<<"$out" | sort -u || true)
+    [ "$rc" -ne 0 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"$want"* ]] ||
         { echo "FAIL: --device cuda $flags -> rc $rc: $out"; exit 1; }
     echo "ok: --device cuda $flags -> $ours"
 done

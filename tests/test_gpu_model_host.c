@@ -332,6 +332,72 @@ void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, 
     narrow(dlogits, dx, (size_t)N * V);
     free(x);
 }
+// Tensor parallelism's pieces (gpu/model.c runs them only with a tp group, which this file does not
+// build; defined with the same host semantics so that the model links).
+void gpu_matmul_forward_bf16_into_f32(float *out, const gpu_bf16 *inp, const gpu_bf16 *w, int M, int K, int N) {
+    float *x = widen(inp, (size_t)M * K), *fw = widen(w, (size_t)N * K);
+    matmul_forward(out, x, fw, M, K, N);
+    free(x), free(fw);
+}
+void gpu_matmul_backward_input_bf16_into_f32(float *dinp, const gpu_bf16 *dout, const gpu_bf16 *w, int M, int K, int N,
+                                             bool accumulate) {
+    float *dy = widen(dout, (size_t)M * N), *fw = widen(w, (size_t)N * K);
+    if (!accumulate) memset(dinp, 0, sizeof(float) * M * K);
+    matmul_backward(dinp, NULL, dy, NULL, fw, M, K, N);
+    free(dy), free(fw);
+}
+void gpu_embedding_forward_rows_bf16_into_f32(float *out, const int *tokens, const gpu_bf16 *table, int N, int C,
+                                              int row_start, int n_rows) {
+    float *t = widen(table, (size_t)n_rows * C);
+    embedding_forward_rows(out, tokens, t, N, C, row_start, n_rows);
+    free(t);
+}
+void gpu_embedding_backward_rows_bf16(float *dtable, const gpu_bf16 *dout, const int *tokens, int N, int C,
+                                      int row_start, int n_rows) {
+    float *dy = widen(dout, (size_t)N * C);
+    embedding_backward_rows(dtable, dy, tokens, N, C, row_start, n_rows);
+    free(dy);
+}
+void gpu_vocab_parallel_row_max_bf16(float *row_max, const gpu_bf16 *logits, int N, int v_count) {
+    for (int n = 0; n < N; n++) {
+        float best = -INFINITY;
+        for (int j = 0; j < v_count; j++) best = fmaxf(best, f32_from_bf16_bits(logits[(size_t)n * v_count + j].bits));
+        row_max[n] = best;
+    }
+}
+void gpu_vocab_parallel_sums_bf16(double *sums, const gpu_bf16 *logits, const float *row_max, const int *targets,
+                                  int N, int v_start, int v_count) {
+    for (int n = 0; n < N; n++) {
+        const gpu_bf16 *x = logits + (size_t)n * v_count;
+        double sum = 0;
+        for (int j = 0; j < v_count; j++) sum += expf(f32_from_bf16_bits(x[j].bits) - row_max[n]);
+        int t = targets[n];
+        bool here = t != IGNORE_INDEX && t >= v_start && t < v_start + v_count;
+        sums[n] = sum, sums[N + n] = here ? f32_from_bf16_bits(x[t - v_start].bits) : 0.0;
+    }
+}
+void gpu_vocab_parallel_loss(double *loss, float *lse, const float *row_max, const double *sums, const int *targets,
+                             int N) {
+    double total = 0;
+    int count = 0;
+    for (int n = 0; n < N; n++) {
+        lse[n] = (float)(row_max[n] + log(sums[n]));
+        if (targets[n] == IGNORE_INDEX) continue;
+        total += (double)lse[n] - (float)sums[N + n];
+        count++;
+    }
+    *loss = count ? total / count : 0.0;
+}
+void gpu_cross_entropy_backward_columns_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
+                                             const int *targets, int N, int v_start, int v_count, double dloss) {
+    float *dx = widen(dlogits, (size_t)N * v_count), *x = widen(logits, (size_t)N * v_count);
+    cross_entropy_backward_columns(dx, x, lse, targets, N, v_start, v_count, dloss);
+    narrow(dlogits, dx, (size_t)N * v_count);
+    free(x);
+}
+void gpu_add_f32_into_bf16(gpu_bf16 *out, const gpu_bf16 *residual, const float *partial, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i].bits = bf16_bits_from_f32(f32_from_bf16_bits(residual[i].bits) + partial[i]);
+}
 void gpu_add_inplace_bf16(gpu_bf16 *x, const gpu_bf16 *y, size_t n) {
     float *fx = widen(x, n), *fy = widen(y, n);
     add_inplace(fx, fy, n);

@@ -702,6 +702,150 @@ static void test_cross_entropy(bool bf16) {
     gpu_free(d_targets), gpu_free(d_ignored), gpu_free(d_lse), gpu_free(d_bad), gpu_free(d_loss), gpu_free(d_lse2);
 }
 
+// Vocab-parallel cross-entropy (tensor parallelism, gpu/model.c): the logits' columns cut into two
+// shards, the kernels run on each, and the host plays the two all-reduces (MAX of the row maxes, SUM
+// of the sums and target logits). The lse and loss against the reference on the whole rows (the
+// fp32 rule: the same formulas, the sum of exp in another order), the gradients of each shard's
+// columns against the reference's columns (bf16 norm). Targets fall in both shards, on the boundary
+// column too, and some are ignored.
+static void test_cross_entropy_vocab_parallel(void) {
+    int N = 64, V = 5004, Vr = V / 2;
+    size_t n = (size_t)N * V;
+    float *logits = host_normal(n, 2.0, 52), *dl0 = host_normal(n, 1e-5, 53);
+    round_to_bf16(logits, n), round_to_bf16(dl0, n);
+    int *targets = malloc(sizeof(int) * N);
+    for (int i = 0; i < N; i++) targets[i] = i % 7 == 3 ? IGNORE_INDEX : (int)rng_below(7, 4, i, V);
+    targets[5] = Vr, targets[6] = Vr - 1;  // the first column of shard 1, the last of shard 0
+    float *lse_ref = malloc(sizeof(float) * N), *dl_ref = host_copy(dl0, n);
+    double loss_ref = cross_entropy_forward(lse_ref, logits, targets, N, V);
+    cross_entropy_backward(dl_ref, logits, lse_ref, targets, N, V, 1.7);
+
+    float *shard_logits[2], *shard_dl0[2], *shard_dl_ref[2], *row_max[2];
+    double *sums[2];
+    gpu_bf16 *d_logits[2];
+    int *d_targets = dev_ints(targets, N);
+    for (int r = 0; r < 2; r++) {  // shard r: columns [r Vr, (r + 1) Vr)
+        shard_logits[r] = malloc(sizeof(float) * N * Vr), shard_dl0[r] = malloc(sizeof(float) * N * Vr);
+        shard_dl_ref[r] = malloc(sizeof(float) * N * Vr);
+        for (int i = 0; i < N; i++) {
+            size_t from = (size_t)i * V + (size_t)r * Vr, to = (size_t)i * Vr;
+            memcpy(shard_logits[r] + to, logits + from, sizeof(float) * Vr);
+            memcpy(shard_dl0[r] + to, dl0 + from, sizeof(float) * Vr);
+            memcpy(shard_dl_ref[r] + to, dl_ref + from, sizeof(float) * Vr);
+        }
+        d_logits[r] = dev_bf16(shard_logits[r], (size_t)N * Vr);
+        float *d_max = dev_f32_poisoned(N);
+        gpu_vocab_parallel_row_max_bf16(d_max, d_logits[r], N, Vr);
+        row_max[r] = from_dev_f32(d_max, N);
+        gpu_free(d_max);
+    }
+    float *group_max = malloc(sizeof(float) * N);  // all-reduce MAX
+    for (int i = 0; i < N; i++) group_max[i] = fmaxf(row_max[0][i], row_max[1][i]);
+    float *d_group_max = dev_f32(group_max, N);
+    for (int r = 0; r < 2; r++) {
+        double *d_sums = gpu_alloc(MEM_OTHER, sizeof(double) * 2 * N);
+        gpu_fill_bytes(d_sums, 0xff, sizeof(double) * 2 * N);
+        gpu_vocab_parallel_sums_bf16(d_sums, d_logits[r], d_group_max, d_targets, N, r * Vr, Vr);
+        sums[r] = malloc(sizeof(double) * 2 * N);
+        gpu_download(sums[r], d_sums, sizeof(double) * 2 * N);
+        gpu_free(d_sums);
+    }
+    double *group_sums = malloc(sizeof(double) * 2 * N);  // all-reduce SUM
+    for (int i = 0; i < 2 * N; i++) group_sums[i] = sums[0][i] + sums[1][i];
+    double *d_group_sums = gpu_alloc(MEM_OTHER, sizeof(double) * 2 * N), *d_loss = gpu_alloc(MEM_OTHER, sizeof(double));
+    gpu_upload(d_group_sums, group_sums, sizeof(double) * 2 * N);
+    float *d_lse = dev_f32_poisoned(N);
+    gpu_vocab_parallel_loss(d_loss, d_lse, d_group_max, d_group_sums, d_targets, N);
+    double loss;
+    gpu_download(&loss, d_loss, sizeof loss);
+    float *lse = from_dev_f32(d_lse, N);
+    check_fp32("cross-entropy vocab-parallel lse", lse, lse_ref, N, 1e-6);
+    report("cross-entropy vocab-parallel loss", fabs(loss - loss_ref) <= 1e-5 * fabs(loss_ref), "%.9f vs reference %.9f",
+           loss, loss_ref);
+    for (int r = 0; r < 2; r++) {
+        gpu_bf16 *d_dl = dev_bf16(shard_dl0[r], (size_t)N * Vr);
+        gpu_cross_entropy_backward_columns_bf16(d_dl, d_logits[r], d_lse, d_targets, N, r * Vr, Vr, 1.7);
+        float *dl = from_dev_bf16(d_dl, (size_t)N * Vr);
+        char name[64];
+        snprintf(name, sizeof name, "cross-entropy vocab-parallel dlogits shard %d", r);
+        check_bf16_norm(name, dl, shard_dl_ref[r], (size_t)N * Vr);
+        free(dl), gpu_free(d_dl);
+    }
+    for (int r = 0; r < 2; r++) {
+        free(shard_logits[r]), free(shard_dl0[r]), free(shard_dl_ref[r]), free(row_max[r]), free(sums[r]);
+        gpu_free(d_logits[r]);
+    }
+    free(logits), free(dl0), free(targets), free(lse_ref), free(dl_ref), free(group_max), free(group_sums), free(lse);
+    gpu_free(d_targets), gpu_free(d_group_max), gpu_free(d_group_sums), gpu_free(d_loss), gpu_free(d_lse);
+}
+
+// Tensor parallelism's other pieces: the partial GEMMs with fp32 outputs (the sum bound of
+// test_matmul, no output rounding), the vocab-parallel lookup into fp32 and its backward from bf16
+// (exact: copies and the reference's adds), and bf16(residual + partial) (exact: one rounding of the
+// fp32 sum, computed on the host).
+static void test_tensor_parallel_pieces(void) {
+    int M = 67, K = 72, N = 40;
+    size_t nx = (size_t)M * K, nw = (size_t)N * K, ny = (size_t)M * N;
+    float *x = host_normal(nx, 1.0, 60), *w = host_normal(nw, 0.05, 61), *dy = host_normal(ny, 1.0, 62);
+    float *dx0 = host_normal(nx, 0.1, 63);
+    round_to_bf16(x, nx), round_to_bf16(w, nw), round_to_bf16(dy, ny);
+    float *y_ref = malloc(sizeof(float) * ny), *dx_ref = host_copy(dx0, nx), *dx_set_ref = calloc(nx, sizeof(float));
+    matmul_forward(y_ref, x, w, M, K, N);
+    matmul_backward(dx_ref, NULL, dy, x, w, M, K, N);
+    matmul_backward(dx_set_ref, NULL, dy, x, w, M, K, N);
+    float *fwd_bound = sum_bound_forward(x, w, M, K, N), *ady = host_abs(dy, ny), *aw = host_abs(w, nw);
+    float *dx_bound = host_abs(dx0, nx), *dx_set_bound = calloc(nx, sizeof(float));
+    matmul_backward(dx_bound, NULL, ady, NULL, aw, M, K, N);
+    matmul_backward(dx_set_bound, NULL, ady, NULL, aw, M, K, N);
+    gpu_bf16 *d_x = dev_bf16(x, nx), *d_w = dev_bf16(w, nw), *d_dy = dev_bf16(dy, ny);
+    float *d_y = dev_f32_poisoned(ny), *d_dx = dev_f32(dx0, nx), *d_dx_set = dev_f32_poisoned(nx);
+    gpu_matmul_forward_bf16_into_f32(d_y, d_x, d_w, M, K, N);
+    gpu_matmul_backward_input_bf16_into_f32(d_dx, d_dy, d_w, M, K, N, true);
+    gpu_matmul_backward_input_bf16_into_f32(d_dx_set, d_dy, d_w, M, K, N, false);
+    float *y = from_dev_f32(d_y, ny), *dx = from_dev_f32(d_dx, nx), *dx_set = from_dev_f32(d_dx_set, nx);
+    check_elementwise("matmul bf16 -> f32 forward (sum bound)", y, y_ref, ny, 0x1p-23, 0, fwd_bound, (K + 2) * 0x1p-23);
+    check_elementwise("matmul bf16 -> f32 dinp accumulated (sum bound)", dx, dx_ref, nx, 0x1p-23, 0, dx_bound,
+                      (N + 2) * 0x1p-23);
+    check_elementwise("matmul bf16 -> f32 dinp overwritten (sum bound)", dx_set, dx_set_ref, nx, 0x1p-23, 0,
+                      dx_set_bound, (N + 2) * 0x1p-23);
+
+    // out = bf16(residual + partial), against the host's sum and rounding.
+    float *residual = host_normal(ny, 1.0, 64), *sum_ref = malloc(sizeof(float) * ny);
+    round_to_bf16(residual, ny);
+    for (size_t i = 0; i < ny; i++) sum_ref[i] = residual[i] + y[i];
+    round_to_bf16(sum_ref, ny);
+    gpu_bf16 *d_residual = dev_bf16(residual, ny), *d_sum = dev_bf16_poisoned(ny);
+    gpu_add_f32_into_bf16(d_sum, d_residual, d_y, ny);
+    float *sum = from_dev_bf16(d_sum, ny);
+    check_exact("bf16(residual + f32 partial)", sum, sum_ref, ny);
+
+    // The vocab-parallel lookup: rows [10, 30) of a bf16 table of 50, into fp32; and its backward.
+    int T = 300, C = 96, V = 50;
+    int *tokens = malloc(sizeof(int) * T);
+    for (int t = 0; t < T; t++) tokens[t] = (int)rng_below(7, 5, t, V);
+    float *table = host_normal((size_t)V * C, 1.0, 65), *dout = host_normal((size_t)T * C, 1.0, 66);
+    float *dtable0 = host_normal((size_t)20 * C, 1.0, 67);
+    round_to_bf16(table, (size_t)V * C), round_to_bf16(dout, (size_t)T * C);
+    float *rows_ref = malloc(sizeof(float) * T * C), *dref = host_copy(dtable0, (size_t)20 * C);
+    embedding_forward_rows(rows_ref, tokens, table + 10 * C, T, C, 10, 20);
+    embedding_backward_rows(dref, dout, tokens, T, C, 10, 20);
+    int *d_tokens = dev_ints(tokens, T);
+    gpu_bf16 *d_table = dev_bf16(table, (size_t)V * C), *d_dout = dev_bf16(dout, (size_t)T * C);
+    float *d_rows = dev_f32_poisoned((size_t)T * C), *d_dtable = dev_f32(dtable0, (size_t)20 * C);
+    gpu_embedding_forward_rows_bf16_into_f32(d_rows, d_tokens, d_table + 10 * C, T, C, 10, 20);
+    gpu_embedding_backward_rows_bf16(d_dtable, d_dout, d_tokens, T, C, 10, 20);
+    float *rows = from_dev_f32(d_rows, (size_t)T * C), *dtable = from_dev_f32(d_dtable, (size_t)20 * C);
+    check_exact("embedding bf16 -> f32 forward (rows 10..29)", rows, rows_ref, (size_t)T * C);
+    check_exact("embedding bf16 backward (rows 10..29)", dtable, dref, (size_t)20 * C);
+
+    free(x), free(w), free(dy), free(dx0), free(y_ref), free(dx_ref), free(dx_set_ref), free(fwd_bound), free(ady);
+    free(aw), free(dx_bound), free(dx_set_bound), free(y), free(dx), free(dx_set), free(residual), free(sum_ref);
+    free(sum), free(tokens), free(table), free(dout), free(dtable0), free(rows_ref), free(dref), free(rows), free(dtable);
+    gpu_free(d_x), gpu_free(d_w), gpu_free(d_dy), gpu_free(d_y), gpu_free(d_dx), gpu_free(d_dx_set);
+    gpu_free(d_residual), gpu_free(d_sum), gpu_free(d_tokens), gpu_free(d_table), gpu_free(d_dout), gpu_free(d_rows);
+    gpu_free(d_dtable);
+}
+
 // ================================ AdamW ==========================================================
 
 static void test_adamw(void) {
@@ -1175,7 +1319,9 @@ int main(void) {
         test_elementwise(bf16);
         test_cross_entropy(bf16);
     }
+    test_cross_entropy_vocab_parallel();
     test_embedding();
+    test_tensor_parallel_pieces();
     test_adamw();
     test_adamw_clipped();
     test_clipping();

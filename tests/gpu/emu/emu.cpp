@@ -533,6 +533,22 @@ void gpu_matmul_backward_bf16(gpu_bf16 *dinp, float *dweight, const gpu_bf16 *do
     });
 }
 
+// Tensor parallelism's partial sums: bf16 operands, the fp32 products stored unrounded.
+void gpu_matmul_forward_bf16_into_f32(float *out, const gpu_bf16 *inp, const gpu_bf16 *weight, int M, int K, int N) {
+    emu_enqueue(nullptr, matmul_duration(M, K, N), [=] {
+        std::vector<float> x = widen(inp, (size_t)M * K), w = widen(weight, (size_t)N * K);
+        matmul_forward(out, x.data(), w.data(), M, K, N);
+    });
+}
+void gpu_matmul_backward_input_bf16_into_f32(float *dinp, const gpu_bf16 *dout, const gpu_bf16 *weight, int M, int K,
+                                             int N, bool accumulate) {
+    emu_enqueue(nullptr, matmul_duration(M, K, N), [=] {
+        std::vector<float> dy = widen(dout, (size_t)M * N), w = widen(weight, (size_t)N * K);
+        if (!accumulate) memset(dinp, 0, sizeof(float) * M * K);
+        matmul_backward(dinp, NULL, dy.data(), NULL, w.data(), M, K, N);
+    });
+}
+
 // The fused forms. out = residual + inp W^T: the product in fp32, then the residual added and the
 // sum stored (one rounding in bf16), as cuBLASLt's epilogue computes alpha A B + beta C.
 void gpu_matmul_forward_residual(float *out, const float *residual, const float *inp, const float *weight, int M,
