@@ -11,7 +11,9 @@
 #   6. common/comm.h on device buffers (test_gpu_comm): the NCCL backend on one rank and, under
 #      mpirun, on a rank per GPU where the machine has several; the staged backend on 4 ranks
 #      sharing the GPU;
-#   7. chapter 8's ring attention on device buffers (test_gpu_cp) on one rank and 4 sharing the GPU.
+#   7. chapter 8's ring attention on device buffers (test_gpu_cp) on one rank and 4 sharing the GPU;
+#   8. the trainer (build/train-cuda): tests/t_gpu_trainer.sh's layouts against the CPU reference,
+#      and a traced one-rank run on NCCL whose kernels sit on their streams' tracks.
 # GPU_TEST_REQUIRE_DEVICE=1 (set by make test-gpu): without a device the programs stop with
 # "no CUDA device: <why>" instead of printing SKIP, so this can never pass on a machine without one.
 set -euo pipefail
@@ -75,5 +77,25 @@ run "test_gpu_comm, staged, 4 ranks on one GPU" $MPIRUN -x LLAMA_GPU_COMM=staged
 step "7. chapter 8's ring attention on device buffers"
 run "test_gpu_cp, one rank" "$BUILD/tests/gpu/test_gpu_cp"
 run "test_gpu_cp, 4 ranks on one GPU" $MPIRUN -np 4 "$BUILD/tests/gpu/test_gpu_cp"
+
+step "8. the trainer on the device: every layout against the CPU reference, NCCL, a traced run"
+# tests/t_gpu_trainer.sh with build/train-cuda instead of the emulator's trainer: the single process,
+# DDP, ZeRO-1/2/3, HSDP, TP, PP (every schedule) and CP on 1-4 ranks sharing the GPU (the staged
+# backend), against the CPU reference and the single GPU, with the tolerances written there.
+run "t_gpu_trainer on the device" env GPU_TRAIN="$BUILD/train-cuda" BUILD="$BUILD" PYTHON="$PYTHON" \
+    MPIRUN="$MPIRUN" TEST_TMP="$TMP/trainer" bash -c 'mkdir -p "$TEST_TMP" && bash tests/t_gpu_trainer.sh'
+# NCCL through the trainer with a world of one rank, traced: the run's kernels (and NCCL's) on their
+# CUDA streams' tracks (CUPTI), next to the host's, against the Perfetto schema.
+run "the trainer on NCCL, one rank, traced" env LLAMA_GPU_COMM=nccl "$BUILD/train-cuda" --model tiny --steps 2 \
+    --batch 2 --seq-len 16 --device cuda --trace "$TMP/nccl_one.pftrace"
+grep -q "comm on device buffers: nccl" "$TMP/out.txt" || { echo "FAIL: the trainer did not take the NCCL backend"; exit 1; }
+run "its GPU timeline" "$PYTHON" tests/py/trace_check.py "$TMP/nccl_one.pftrace" --expect-slice "step 1" \
+    --expect-slice "block fwd" --expect-slice optimizer
+"$PYTHON" - "$TMP/nccl_one.pftrace" <<'PY' || { echo "FAIL: no kernel on a CUDA stream's track"; exit 1; }
+import sys
+data = open(sys.argv[1], "rb").read()
+sys.exit(0 if b"cuda:stream" in data else 1)  # activity.c names each stream's track "cuda:stream N"
+PY
+echo "ok: kernels on the CUDA streams' tracks"
 
 echo; echo "test-gpu: all passed"

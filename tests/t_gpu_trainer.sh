@@ -53,7 +53,9 @@
 # for tp rank 0 on every rank (the resumed TP run: tp_scatter_full loads rank 0's slices everywhere).
 set -eu
 source tests/lib.sh
-EMU_TRAIN="$BUILD/tests/emu/train"
+# GPU_TRAIN: the --device cuda trainer to check; the emulator's by default, build/train-cuda on a
+# device (scripts/test_gpu.sh, make test-gpu).
+EMU_TRAIN="${GPU_TRAIN:-$BUILD/tests/emu/train}"
 if [ ! -x "$EMU_TRAIN" ]; then
     if command -v "${CXX:-g++}" >/dev/null 2>&1; then echo "FAIL: $EMU_TRAIN missing (make)"; exit 1; fi
     echo "SKIP: no C++ compiler, so no emulated GPU trainer"; exit 0
