@@ -316,9 +316,6 @@ static void model_shape_tp(GpuModel *m, const ModelConfig *cfg, GpuPrecision pre
     m->blocks = mem_alloc(MEM_OTHER, sizeof(GpuBlockActs) * cfg->n_layers);
 }
 
-static void model_shape(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac) {
-    model_shape_tp(m, cfg, precision, B, T, ac, 1, 0);
-}
 
 static size_t plan_bytes_tp(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac,
                             bool sharded, int tp_size) {
@@ -356,9 +353,6 @@ static void check_plan_tp(const ModelConfig *cfg, GpuPrecision precision, int B,
               "of %.2f MiB",
               planned / 1048576.0, precision == GPU_BF16 ? "bf16" : "fp32", B, T, free_bytes / 1048576.0,
               total_bytes / 1048576.0);
-}
-static void check_plan(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac, bool sharded) {
-    check_plan_tp(cfg, precision, B, T, ac, sharded, 1);
 }
 
 // The block offsets, the units' ranges and their default views (the whole model's buffers; NULL when
@@ -434,12 +428,19 @@ void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource 
     gpu_model_init_tp(m, cfg, init, precision, B, T, ac, NULL, 1, 0);
 }
 
-void gpu_model_init_sharded(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
-                            ActCheckpoint ac) {
-    check_plan(cfg, precision, B, T, ac, true);
-    model_shape(m, cfg, precision, B, T, ac);
+void gpu_model_init_sharded_tp(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
+                               ActCheckpoint ac, struct Comm *tp, int tp_size, int tp_rank) {
+    if (tp_size > 1 && precision != GPU_BF16) fatal("gpu model: tensor parallelism runs in GPU_BF16 only");
+    check_plan_tp(cfg, precision, B, T, ac, true, tp_size);
+    model_shape_tp(m, cfg, precision, B, T, ac, tp_size, tp_rank);
+    m->tp = tp_size > 1 ? tp : NULL;
     model_buffers(m, NULL, true);
     model_layout(m);
+}
+
+void gpu_model_init_sharded(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
+                            ActCheckpoint ac) {
+    gpu_model_init_sharded_tp(m, cfg, precision, B, T, ac, NULL, 1, 0);
 }
 
 void gpu_model_free(GpuModel *m) {

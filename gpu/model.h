@@ -165,6 +165,10 @@ void gpu_model_init_tp(GpuModel *m, const ModelConfig *cfg, const ParamSource *i
 // does not (it needs m->params).
 void gpu_model_init_sharded(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
                             ActCheckpoint ac);
+// The same for tp rank tp_rank of tp_size over the group tp: this rank's table and shapes, the
+// weights from storage (FSDP over the tp shards: --tp with --dp-shard).
+void gpu_model_init_sharded_tp(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
+                               ActCheckpoint ac, struct Comm *tp, int tp_size, int tp_rank);
 void gpu_model_free(GpuModel *m);
 // Context parallelism: cp (chapters/08_context_parallel/cp.h, created on gpu_cp_compute for this
 // model's B and heads; the caller keeps and frees it) and this rank's positions (host, T). Allocates

@@ -21,7 +21,8 @@
 // parallelism"), alone or with --dp-replicate (DDP over mesh->dp, the ranks holding the same shards).
 // The gradient norm counts the replicated norm weights once (gpu_model_grad_sum_sq); checkpoints and
 // dumps go through trainer_full_state's tp_gather_full, on the table of t->model (model_init_tp's,
-// without weights). Not yet with --sequence-parallel, --dp-shard, --fp8, --pp or --cp.
+// without weights). With --dp-shard too: chapter 3's module shards this tp rank's table (2D, FSDP x
+// TP, the norm over both groups). Not yet with --sequence-parallel, --fp8, --pp or --cp.
 //
 // With --pp N it is pipeline parallelism, every schedule of chapter 7 (GPipe, 1F1B, Interleaved1F1B):
 // chapter 7's executor itself (chapters/07_pipeline_parallel/pipeline.h), given the GPU model's stage
@@ -154,15 +155,28 @@ static void sharded_load_full(Strategy *s, StateKind kind, const real *local_fla
     fsdp_load_full(fsdp_of(s), kind, local_flat);
 }
 
+// The CPU path's line (trainer_setup_layout), for the same layout.
+static void log_tp(const GpuModel *m, const ModelConfig *cfg) {
+    const LocalShape *local = &m->local;
+    log_info("tp: %d ranks; this one holds %d of %d heads, %d of %d kv heads, %d of %d ffn columns, vocab rows "
+             "[%d, %d) (sums over the tp group in fp32 on device buffers, %s backend)",
+             m->tp_size, local->n_heads, cfg->n_heads, local->n_kv_heads, cfg->n_kv_heads, local->ffn_dim,
+             cfg->ffn_dim, local->vocab_start, local->vocab_start + local->vocab_size, gpu_comm_backend_name());
+}
+
 // The module over the shard group (dp_shard; HSDP: averaged over dp_replicate too), its storage and
 // grads-ready hook handed to the GPU model. Every rank asks init for its shards only.
 static void create_sharded(GpuTraining *g, Trainer *t, const ModelConfig *cfg, const ParamSource *init,
                            const LayoutOptions *o) {
     Mesh *mesh = t->mesh;
-    gpu_model_init_sharded(&g->m, cfg, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
+    int tp = mesh->degree[MESH_TP];
+    Comm *tp_group = tp > 1 ? mesh->dim[MESH_TP] : NULL;
+    gpu_model_init_sharded_tp(&g->m, cfg, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac, tp_group, tp,
+                              mesh->coord[MESH_TP]);
+    if (tp > 1) log_tp(&g->m, cfg);
     FsdpOptions options = {o->zero_stage, (ReshardPolicy)o->reshard, o->overlap, o->weight_codec, &gpu_fsdp_memory};
     Comm *replicate = mesh->degree[MESH_DP_REPLICATE] > 1 ? mesh->dim[MESH_DP_REPLICATE] : NULL;
-    g->fsdp = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, NULL, &options, init);
+    g->fsdp = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, tp_group, &options, init);
     g->m.fp8 = o->fp8;  // each projection cast to FP8 from its unit's gathered fp32 weights
     g->m.fp8_tokens = t->dp_size > 1 ? t->mesh->dp : NULL;  // activations' amaxes agree across the shards
     g->m.storage = t->model.storage;
@@ -211,9 +225,6 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     if (tp > 1 && o->sequence_parallel)
         fatal_input("--device cuda --tp %d --sequence-parallel: the GPU model all-reduces the tp partial sums; "
                     "sequence parallelism is not on the GPU yet (drop --sequence-parallel)", tp);
-    if (tp > 1 && mesh->degree[MESH_DP_SHARD] > 1)
-        fatal_input("--device cuda with --tp %d and --dp-shard %d: the GPU model shards over one of them so far "
-                    "(--tp with --dp-replicate runs)", tp, mesh->degree[MESH_DP_SHARD]);
     if (tp > 1 && o->fp8)
         fatal_input("--device cuda --fp8 with --tp %d: the GPU's FP8 linears do not run on tp shards yet", tp);
     if (tp > 1 && (mesh->degree[MESH_PP] > 1 || mesh->degree[MESH_CP] > 1))
@@ -310,14 +321,6 @@ static void install_context_parallel(GpuTraining *g, Trainer *t, const LayoutOpt
              t->cp_layout.T);
 }
 
-// The CPU path's line (trainer_setup_layout), for the same layout.
-static void log_tp(const GpuModel *m, const ModelConfig *cfg) {
-    const LocalShape *local = &m->local;
-    log_info("tp: %d ranks; this one holds %d of %d heads, %d of %d kv heads, %d of %d ffn columns, vocab rows "
-             "[%d, %d) (sums over the tp group in fp32 on device buffers, %s backend)",
-             m->tp_size, local->n_heads, cfg->n_heads, local->n_kv_heads, cfg->n_kv_heads, local->ffn_dim,
-             cfg->ffn_dim, local->vocab_start, local->vocab_start + local->vocab_size, gpu_comm_backend_name());
-}
 
 bool trainer_has_cuda(void) { return true; }
 void trainer_exec_cuda_build(char **argv) { (void)argv; }

@@ -25,14 +25,19 @@ double sum_of_squares(const real *x, size_t n) {
     return sum;
 }
 
-void sum_of_squares_by_tp_split(const ParamTable *t, const real *buf, size_t first, size_t count, double sums[2]) {
+void sum_of_squares_by_tp_split_with(const ParamTable *t, const real *buf, size_t first, size_t count, double sums[2],
+                                     double (*sum_sq)(const real *x, size_t n)) {
     for (int i = 0; i < t->count; i++) {
         const ParamInfo *p = &t->items[i];
         size_t lo = p->offset > first ? p->offset : first;
         size_t hi = p->offset + p->numel < first + count ? p->offset + p->numel : first + count;
         if (lo >= hi) continue;
-        sums[p->tp_split == TP_NONE] += sum_of_squares(buf + (lo - first), hi - lo);
+        sums[p->tp_split == TP_NONE] += sum_sq(buf + (lo - first), hi - lo);
     }
+}
+
+void sum_of_squares_by_tp_split(const ParamTable *t, const real *buf, size_t first, size_t count, double sums[2]) {
+    sum_of_squares_by_tp_split_with(t, buf, first, count, sums, sum_of_squares);
 }
 
 void scale_inplace(real *x, size_t n, double factor) {

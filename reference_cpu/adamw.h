@@ -21,6 +21,9 @@ double sum_of_squares(const real *x, size_t n);  // accumulated in double, in in
 // parameter by parameter (table order): sums[0] += the tensor-parallel-split parameters' parts,
 // sums[1] += the replicated ones'. With tensor parallelism only sums[0] is then summed over tp.
 void sum_of_squares_by_tp_split(const ParamTable *t, const real *buf, size_t first, size_t count, double sums[2]);
+// The same with each parameter's range summed by sum_sq (a device's sum of squares, for buffers in its memory).
+void sum_of_squares_by_tp_split_with(const ParamTable *t, const real *buf, size_t first, size_t count, double sums[2],
+                                     double (*sum_sq)(const real *x, size_t n));
 void scale_inplace(real *x, size_t n, double factor);
 // As torch.nn.utils.clip_grad_norm_: scales by max_norm / (norm + 1e-6) when that is < 1.
 // Returns the norm before clipping. max_norm <= 0 disables clipping.

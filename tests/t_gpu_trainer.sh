@@ -50,7 +50,9 @@
 # the gradients move less than their bound); the replicated norm weights' squares summed over the
 # tp group too (the gradient-norm check); the all-reduce of W1|W3's input gradient dropped; the
 # embedding's gradient scattered into the shard without its vocab offset; the trainer's table built
-# for tp rank 0 on every rank (the resumed TP run: tp_scatter_full loads rank 0's slices everywhere).
+# for tp rank 0 on every rank (the resumed TP run: tp_scatter_full loads rank 0's slices everywhere);
+# under TP x ZeRO-3, the shards' squares summed without the tp split (norm weights counted on both tp
+# ranks: the logged norm 1.7e-4 off the gathered gradients').
 set -eu
 source tests/lib.sh
 # GPU_TRAIN: the --device cuda trainer to check; the emulator's by default, build/train-cuda on a
@@ -105,13 +107,22 @@ grep -q "ddp on the GPU: 2 replicas" "$T/gpu_tp2_ddp2.log" || { echo "FAIL: gpu_
 echo "== GPU TP x DDP vs GPU TP"
 $P --ckpt "$T/gpu_tp2_ddp2.grads.safetensors" --ckpt-ref "$T/gpu_tp2.grads.safetensors" --prefix grad. --param-rtol 1e-5
 $P --log "$T/gpu_tp2_ddp2.log" --log-ref "$T/gpu_tp2.log" --loss-rtol 1e-5
+# TP x ZeRO-3 (4 ranks, FSDP over dp_shard 2 of each tp rank's table, chapter 3's module with the tp
+# group): against the TP run with the same 1e-5 (ZeRO-3's reduce-scatter sums the batch's halves as
+# DDP's all-reduce does); its logged norm below sums the shards' squares over both groups, the
+# replicated norm weights once.
+run gpu_tp2_z3 4 --tp 2 --dp-shard 2 --zero-stage 3
+grep -q "fsdp on the GPU: zero stage 3 over 2 shards" "$T/gpu_tp2_z3.log" || { echo "FAIL: gpu_tp2_z3 did not shard"; exit 1; }
+echo "== GPU TP x ZeRO-3 vs GPU TP"
+$P --ckpt "$T/gpu_tp2_z3.grads.safetensors" --ckpt-ref "$T/gpu_tp2.grads.safetensors" --prefix grad. --param-rtol 1e-5
+$P --log "$T/gpu_tp2_z3.log" --log-ref "$T/gpu_tp2.log" --loss-rtol 1e-5
 # --ac full under TP: each block recomputed before its backward, its all-reduces run again on the
 # same partial sums in the same rank order (the staged backend's MPI reduction): bit-identical.
 run gpu_tp2_ac 2 --tp 2 --ac full
 echo "== GPU TP with --ac full vs without"
 $P --ckpt "$T/gpu_tp2_ac.grads.safetensors" --ckpt-ref "$T/gpu_tp2.grads.safetensors" --prefix grad. --exact
 $P --log "$T/gpu_tp2_ac.log" --log-ref "$T/gpu_tp2.log" --loss-rtol 0
-"$PYTHON" - "$T" gpu1 gpu_tp2 gpu_tp2_ddp2 <<'PY'
+"$PYTHON" - "$T" gpu1 gpu_tp2 gpu_tp2_ddp2 gpu_tp2_z3 <<'PY'
 import re, sys
 import numpy as np
 sys.path.insert(0, "tests/py")
@@ -477,7 +488,6 @@ for bad in "4|--pp 2 --tp 2|--device cuda with --tp 2: " \
 done
 # What the GPU's tensor parallelism does not run yet: refused with one line (ranks|flags|message).
 for bad in "2|--tp 2 --sequence-parallel|--device cuda --tp 2 --sequence-parallel: " \
-           "4|--tp 2 --dp-shard 2|--device cuda with --tp 2 and --dp-shard 2: " \
            "2|--tp 2 --fp8|--device cuda --fp8 with --tp 2: "; do
     IFS='|' read -r np flags want <<<"$bad"
     out=$($MPIRUN -np "$np" "$EMU_TRAIN" --model tiny --steps 1 --batch 2 --seq-len 16 --device cuda $flags 2>&1 >/dev/null) && rc=0 || rc=$?

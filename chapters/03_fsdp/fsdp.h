@@ -83,8 +83,8 @@ typedef struct {
     void (*scale)(real *x, size_t n, double factor);             // x *= factor (clipping)
     void (*adamw)(real *params, const real *grads, real *m, real *v, size_t n, long long step, double lr,
                   const AdamWConfig *cfg);
-    // The sum of squares of x (n); NULL: the host's sum_of_squares_by_tp_split, which also knows
-    // tensor parallelism's replicated norm weights (the device's table is refused with tp).
+    // The sum of squares of x (n); NULL: the host's sum_of_squares_by_tp_split. With tensor
+    // parallelism the module sums parameter by parameter, to count the replicated norm weights once.
     double (*sum_of_squares)(const real *x, size_t n);
     // For the bf16 all-gather: x (n) rounded to bf16 bits (common/bf16.h's rounding), and back.
     void (*to_bf16)(uint16_t *out, const real *x, size_t n);
