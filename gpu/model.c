@@ -795,6 +795,29 @@ static void embed_backward(GpuModel *m) {
     else gpu_embedding_backward(dtable, m->dx, m->inputs, BT, D);
 }
 
+// Block l's backward as a unit: its weights and gradient buffers asked for, with recompute (full AC)
+// its activations again first, dx (the gradient of its output) turned into its input's in place, and
+// its gradients reported final. The recompute rebuilds the block's activations from its saved input
+// into the shared set (the last block's are still there from forward); its output, unread, goes to
+// x_final, which the head's backward has read already and the next forward writes again. The same
+// kernels on the same input: the same bits.
+static void block_backward_unit(GpuModel *m, int l, void *dx, bool recompute) {
+    unit_begin(m, l, PASS_BACKWARD);
+    unit_grads_begin(m, l);
+    if (recompute) {
+        gpu_timeline_begin("block recompute", "recompute");
+        gpu_timeline_arg_int("layer", l);
+        gpu_block_forward(m, l, m->x_final);
+        gpu_timeline_end();
+    }
+    gpu_timeline_begin("block bwd", "backward");
+    gpu_timeline_arg_int("layer", l);
+    gpu_block_backward(m, l, dx);
+    unit_end(m, l, PASS_BACKWARD);
+    gpu_timeline_end();
+    unit_grads_ready(m, l);
+}
+
 void gpu_model_backward(GpuModel *m, double dloss) {
     const ModelConfig *c = &m->cfg;
     int BT = m->B * m->T, D = c->dim, V = m->local.vocab_size, L = c->n_layers;
@@ -812,26 +835,7 @@ void gpu_model_backward(GpuModel *m, double dloss) {
     gpu_timeline_end();
     unit_grads_ready(m, L);  // tied: the output weight's gradient is tok_embeddings', ready with the embedding
     // blocks, last to first (model_blocks_backward), each updating m->dx in place
-    for (int l = c->n_layers - 1; l >= 0; l--) {
-        // Full AC: the block's activations again, from its saved input, into the shared set (the last
-        // block's are still there from forward). Its output, unread, goes to x_final, which the head's
-        // backward has read already and the next forward writes again. The same kernels on the same
-        // input: the same bits.
-        unit_begin(m, l, PASS_BACKWARD);
-        unit_grads_begin(m, l);
-        if (m->ac == AC_FULL && l < c->n_layers - 1) {
-            gpu_timeline_begin("block recompute", "recompute");
-            gpu_timeline_arg_int("layer", l);
-            gpu_block_forward(m, l, m->x_final);
-            gpu_timeline_end();
-        }
-        gpu_timeline_begin("block bwd", "backward");
-        gpu_timeline_arg_int("layer", l);
-        gpu_block_backward(m, l, m->dx);
-        unit_end(m, l, PASS_BACKWARD);
-        gpu_timeline_end();
-        unit_grads_ready(m, l);
-    }
+    for (int l = c->n_layers - 1; l >= 0; l--) block_backward_unit(m, l, m->dx, m->ac == AC_FULL && l < c->n_layers - 1);
     // the lookup (model_embed_backward); tied: after the output projection's contribution, as the reference
     gpu_timeline_begin("embedding bwd", "backward");
     if (!c->tied) unit_grads_begin(m, LAYER_EMBEDDING);  // tied: since the head's backward
@@ -1007,16 +1011,7 @@ void gpu_model_stage_head_backward(GpuModel *m, GpuStageActs *s, double dloss) {
 void gpu_model_stage_blocks_backward(GpuModel *m, GpuStageActs *s) {
     GpuBlockActs *own = m->blocks;
     m->blocks = s->blocks;
-    for (int l = s->end - 1; l >= s->first; l--) {
-        unit_begin(m, l, PASS_BACKWARD);
-        unit_grads_begin(m, l);
-        gpu_timeline_begin("block bwd", "backward");
-        gpu_timeline_arg_int("layer", l);
-        gpu_block_backward(m, l, s->dx);
-        unit_end(m, l, PASS_BACKWARD);
-        gpu_timeline_end();
-        unit_grads_ready(m, l);
-    }
+    for (int l = s->end - 1; l >= s->first; l--) block_backward_unit(m, l, s->dx, false);
     m->blocks = own;
 }
 
