@@ -249,8 +249,8 @@ Fsdp *fsdp_create(Model *model, Comm *shard_group, Comm *replicate_group, Comm *
     f->model = model, f->shard_group = shard_group, f->replicate_group = replicate_group, f->tp_group = tp_group;
     f->options = *options;
     f->mem = options->memory ? options->memory : &fsdp_host_memory;
-    if (f->mem->on_device && (tp_group || (options->codec && !options->codec->any_memory)))
-        fatal("fsdp_create: %s buffers take no tensor parallelism and no host-only weight codec", f->mem->name);
+    if (f->mem->on_device && options->codec && !options->codec->any_memory)
+        fatal("fsdp_create: %s buffers take no host-only weight codec", f->mem->name);
     int N = comm_size(shard_group), r = comm_rank(shard_group), L = model->cfg.n_layers;
     f->n_units = L + 2;
     f->units = calloc((size_t)f->n_units, sizeof(FsdpUnit));
@@ -339,7 +339,10 @@ double fsdp_grad_norm(Fsdp *f) {
     for (int i = 0; i < f->n_units; i++) {
         const FsdpUnit *u = &f->units[i];
         size_t mine = (size_t)r * u->shard, owned = zero_slice_len(u->numel, u->shard, mine);
-        if (f->mem->sum_of_squares) sums[0] += f->mem->sum_of_squares(u->grads_shard, owned);  // no tp here
+        if (f->mem->sum_of_squares && !f->tp_group) sums[0] += f->mem->sum_of_squares(u->grads_shard, owned);
+        else if (f->mem->sum_of_squares)  // the memory's sum, parameter by parameter
+            sum_of_squares_by_tp_split_with(&f->model->table, u->grads_shard, u->offset + mine, owned, sums,
+                                            f->mem->sum_of_squares);
         else sum_of_squares_by_tp_split(&f->model->table, u->grads_shard, u->offset + mine, owned, sums);
     }
     comm_all_reduce(f->shard_group, sums, 2, COMM_FLOAT64, COMM_SUM);  // replicas hold equal shards

@@ -414,7 +414,8 @@ static void gather_weights(Pipeline *pl, PipelineChunk *c) {
 void pipeline_adamw_step(Pipeline *pl, long long step, double lr, const AdamWConfig *cfg) {
     for (int c = 0; c < pl->v; c++) {
         PipelineChunk *ch = &pl->chunks[c];
-        pl->mem->adamw(ch->params + ch->mine, ch->grads + ch->mine, ch->adam_m, ch->adam_v, slice_len(ch), step, lr, cfg);
+        pl->mem->adamw(ch->params + ch->mine, ch->grads + ch->mine, ch->adam_m, ch->adam_v, slice_len(ch), step, lr,
+                       cfg);
         if (pl->options.shard_group) gather_weights(pl, ch);
     }
 }
