@@ -316,7 +316,6 @@ static void model_shape_tp(GpuModel *m, const ModelConfig *cfg, GpuPrecision pre
     m->blocks = mem_alloc(MEM_OTHER, sizeof(GpuBlockActs) * cfg->n_layers);
 }
 
-
 static size_t plan_bytes_tp(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac,
                             bool sharded, int tp_size) {
     GpuModel m;
@@ -395,13 +394,20 @@ static void model_layout(GpuModel *m) {
     }
 }
 
-void gpu_model_init_tp(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
-                       int T, ActCheckpoint ac, struct Comm *tp, int tp_size, int tp_rank) {
+// What every init does first: refuse what does not fit (before allocating), the shapes (this tp
+// rank's), the buffers (sharded: without the weights, gradients and moments).
+static void model_setup(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac,
+                        bool sharded, struct Comm *tp, int tp_size, int tp_rank) {
     if (tp_size > 1 && precision != GPU_BF16) fatal("gpu model: tensor parallelism runs in GPU_BF16 only");
-    check_plan_tp(cfg, precision, B, T, ac, false, tp_size);
+    check_plan_tp(cfg, precision, B, T, ac, sharded, tp_size);
     model_shape_tp(m, cfg, precision, B, T, ac, tp_size, tp_rank);
     m->tp = tp_size > 1 ? tp : NULL;
-    model_buffers(m, NULL, false);
+    model_buffers(m, NULL, sharded);
+}
+
+void gpu_model_init_tp(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
+                       int T, ActCheckpoint ac, struct Comm *tp, int tp_size, int tp_rank) {
+    model_setup(m, cfg, precision, B, T, ac, false, tp, tp_size, tp_rank);
     size_t n = m->table.total_numel;
 
     // The reference's weights: element j of parameter p is a pure function of (init, p, j), so the
@@ -430,17 +436,19 @@ void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource 
 
 void gpu_model_init_sharded_tp(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
                                ActCheckpoint ac, struct Comm *tp, int tp_size, int tp_rank) {
-    if (tp_size > 1 && precision != GPU_BF16) fatal("gpu model: tensor parallelism runs in GPU_BF16 only");
-    check_plan_tp(cfg, precision, B, T, ac, true, tp_size);
-    model_shape_tp(m, cfg, precision, B, T, ac, tp_size, tp_rank);
-    m->tp = tp_size > 1 ? tp : NULL;
-    model_buffers(m, NULL, true);
+    model_setup(m, cfg, precision, B, T, ac, true, tp, tp_size, tp_rank);
     model_layout(m);
 }
 
 void gpu_model_init_sharded(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
                             ActCheckpoint ac) {
     gpu_model_init_sharded_tp(m, cfg, precision, B, T, ac, NULL, 1, 0);
+}
+
+// One block's activation buffers (up lives in gate's).
+static void block_acts_free(GpuBlockActs *a) {
+    void *owned[] = {a->x, a->xn1, a->q, a->k, a->v, a->attn, a->h, a->xn2, a->gate, a->act, a->rstd1, a->rstd2, a->lse};
+    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
 }
 
 void gpu_model_free(GpuModel *m) {
@@ -450,9 +458,7 @@ void gpu_model_free(GpuModel *m) {
             gpu_free(a->x);
             continue;
         }
-        void *owned[] = {a->x, a->xn1, a->q, a->k, a->v, a->attn, a->h, a->xn2, a->gate, a->act,  // up: in gate's
-                         a->rstd1, a->rstd2, a->lse};
-        for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
+        block_acts_free(a);
     }
     void *owned[] = {m->params, m->grads, m->adam_m, m->adam_v, m->params_bf16, m->x_final, m->xn_final,
                      m->logits, m->rstd_final, m->lse_final, m->qkv, m->dx, m->dxn,
@@ -894,9 +900,7 @@ void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision pre
     gpu_model_init_sharded(m, cfg, precision, B, T, AC_NONE);
     for (int l = 0; l < cfg->n_layers; l++) {  // every block's set, its own (no AC)
         GpuBlockActs *a = &m->blocks[l];
-        void *owned[] = {a->x, a->xn1, a->q, a->k, a->v, a->attn, a->h, a->xn2, a->gate, a->act,  // up: in gate's
-                         a->rstd1, a->rstd2, a->lse};
-        for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
+        block_acts_free(a);
         memset(a, 0, sizeof *a);
     }
     void **held[] = {&m->x_final, &m->xn_final, &m->logits, (void **)&m->rstd_final, (void **)&m->lse_final, &m->dx,
@@ -938,9 +942,7 @@ void gpu_model_stage_acts_free(GpuStageActs *s) {
     if (!s) return;
     for (int l = s->first; l < s->end; l++) {
         GpuBlockActs *a = &s->blocks[l];
-        void *owned[] = {a->x, a->xn1, a->q, a->k, a->v, a->attn, a->h, a->xn2, a->gate, a->act,  // up: in gate's
-                         a->rstd1, a->rstd2, a->lse};
-        for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
+        block_acts_free(a);
     }
     void *owned[] = {s->out, s->dx, s->inputs, s->xn_final, s->logits, s->rstd_final, s->lse_final, s->targets};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
