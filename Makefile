@@ -38,6 +38,9 @@ HAVE_OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - 
 WARN := -Wall -Wextra -Wno-unused-parameter
 CFLAGS ?= -O3 -march=native
 CFLAGS += -std=gnu11 $(WARN) -I. -MMD -MP
+# sqrtf and friends need not set errno: without this, the check for a negative input keeps every
+# loop that takes a square root (AdamW's) scalar. Results are the same bits (sqrt is exact either way).
+CFLAGS += -fno-math-errno
 CFLAGS += $(EXTRA_CFLAGS)  # e.g. the lab grader quiets unused-variable warnings in skeletons
 LDLIBS := -lm -lpthread
 CFLAGS += $(MPI_CFLAGS)

@@ -73,11 +73,10 @@ static inline AdamWScalars adamw_scalars(long long step, double lr, double beta1
 // One element: p *= decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // p -= step_size * m / (sqrt(v) / bias2_sqrt + eps). The order of every operation is adamw.c's.
 GPU_HD void adamw_update(float *param, float *m, float *v, float g, AdamWScalars s) {
-    float p = *param * s.decay;
-    float m_new = s.beta1 * *m + (1 - s.beta1) * g;
-    float v_new = s.beta2 * *v + (1 - s.beta2) * g * g;
+    float m_new = fmaf(s.beta1, *m, (1 - s.beta1) * g);  // explicit fmas, as adamw.c: the same bits
+    float v_new = fmaf(s.beta2, *v, (1 - s.beta2) * g * g);
     float denom = sqrtf(v_new) / s.bias2_sqrt + s.eps;
-    *param = p - s.step_size * (m_new / denom);
+    *param = fmaf(-s.step_size, m_new / denom, *param * s.decay);
     *m = m_new;
     *v = v_new;
 }

@@ -99,3 +99,4 @@ void cross_entropy_backward_columns(real *dlogits, const real *logits, const rea
 
 // ---- element-wise helpers --------------------------------------------------------------------
 void add_inplace(real *x, const real *y, size_t n);  // x += y
+void zero_fill(real *x, size_t n);  // x = 0, the threads writing one share each

@@ -14,6 +14,7 @@ typedef double real;
 #define log_r log
 #define log1p_r log1p
 #define sqrt_r sqrt
+#define fma_r fma
 #define cos_r cos
 #define sin_r sin
 #else
@@ -25,6 +26,7 @@ typedef float real;
 #define log_r logf
 #define log1p_r log1pf
 #define sqrt_r sqrtf
+#define fma_r fmaf
 #define cos_r cosf
 #define sin_r sinf
 #endif

@@ -77,7 +77,7 @@ static void norm_then_gather(const Model *m, ModelActs *s, real *out_full, real 
     gather_rows(m, rows, out_full, (size_t)R * D);
 }
 
-static void zero(real *x, size_t n) { memset(x, 0, sizeof(real) * n); }
+static void zero(real *x, size_t n) { zero_fill(x, n); }
 
 // RMSNorm backward on this rank's R rows. Under sequence parallelism the weight's gradient from
 // these rows is a partial sum over the sequence: summed over tp before it is accumulated.
@@ -106,7 +106,7 @@ void model_free(Model *m) {
 }
 
 void model_zero_grads(Model *m) {
-    if (m->grads) memset(m->grads, 0, sizeof(real) * m->table.total_numel);
+    if (m->grads) zero_fill(m->grads, m->table.total_numel);
 }
 
 size_t model_unit_offset(const Model *m, int unit) {
