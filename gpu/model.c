@@ -762,7 +762,6 @@ static void gpu_block_backward(const GpuModel *m, int l, void *dx) {
     int hq = m->local.n_heads * hd, hkv = m->local.n_kv_heads * hd;
     // feed-forward half, in reverse: w2's gradients read dx before the ffn norm's backward adds to it
     linear_bwd(m, m->dact, true, grad(m, o->w2), dx, a->act, o->w2, BT, F, D);
-    zero(m, m->dgate, 2 * (size_t)BT * F);  // dgate and dup: SwiGLU's backward accumulates
     swiglu_bwd(m, m->dgate, m->dup, m->dact, a->gate, a->up, (size_t)BT * F);
     gate_up_backward(m, o, a);
     rmsnorm_bwd(m, dx, grad(m, o->ffn_norm), m->dxn, a->h, weight(m, o->ffn_norm), a->rstd2);  // dx is dh now

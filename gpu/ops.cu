@@ -396,16 +396,15 @@ __global__ void swiglu_forward_kernel(T *out, const T *gate, const T *up, size_t
 template <typename T, int W>
 __global__ void swiglu_backward_kernel(T *dgate, T *dup, const T *dout, const T *gate, const T *up, size_t n_packs) {
     GRID_STRIDE_LOOP(i, n_packs) {
-        Pack<T, W> dy = load_pack<W>(dout, i), g = load_pack<W>(gate, i), u = load_pack<W>(up, i);
-        Pack<T, W> dg_acc = load_pack<W>(dgate, i), du_acc = load_pack<W>(dup, i);
-        for (int j = 0; j < W; j++) {
+        Pack<T, W> dy = load_pack<W>(dout, i), g = load_pack<W>(gate, i), u = load_pack<W>(up, i), dg_out, du_out;
+        for (int j = 0; j < W; j++) {  // written, not added to (as reference_cpu's swiglu_backward)
             float dg, du;
             swiglu_grads(to_f32(dy.v[j]), to_f32(g.v[j]), to_f32(u.v[j]), &dg, &du);
-            dg_acc.v[j] = from_f32<T>(to_f32(dg_acc.v[j]) + dg);
-            du_acc.v[j] = from_f32<T>(to_f32(du_acc.v[j]) + du);
+            dg_out.v[j] = from_f32<T>(dg);
+            du_out.v[j] = from_f32<T>(du);
         }
-        store_pack<W>(dgate, i, dg_acc);
-        store_pack<W>(dup, i, du_acc);
+        store_pack<W>(dgate, i, dg_out);
+        store_pack<W>(dup, i, du_out);
     }
 }
 

@@ -83,6 +83,7 @@ void attention_flash_backward(real *dq, real *dk, real *dv, const real *dout, co
 
 // ---- SwiGLU: out = silu(gate) * up -----------------------------------------------------------
 void swiglu_forward(real *out, const real *gate, const real *up, size_t n);
+// dgate, dup (n) are written, not added to: gate and up are used once, so nothing accumulates into them.
 void swiglu_backward(real *dgate, real *dup, const real *dout, const real *gate, const real *up, size_t n);
 
 // ---- cross-entropy, mean over targets != IGNORE_INDEX ----------------------------------------
@@ -100,3 +101,4 @@ void cross_entropy_backward_columns(real *dlogits, const real *logits, const rea
 // ---- element-wise helpers --------------------------------------------------------------------
 void add_inplace(real *x, const real *y, size_t n);  // x += y
 void zero_fill(real *x, size_t n);  // x = 0, the threads writing one share each
+void copy_fill(real *dst, const real *src, size_t n);  // dst = src, likewise

@@ -353,12 +353,10 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
     int hq = local->n_heads * hd, hkv = local->n_kv_heads * hd;
     AttnShape s = attn_shape(m, B, T);
     // feed-forward half, in reverse. The residual passes dout straight to dh.
-    memcpy(scratch->dh, dout, sizeof(real) * R * D);
+    copy_fill(scratch->dh, dout, (size_t)R * D);
     const real *dout_full = gather_rows(m, dout, scratch->sp_full, (size_t)R * D);  // what w2 multiplied
     zero(scratch->dact, (size_t)BT * F);
     linear_backward(m, w, PROJ_W2, scratch->dact, g->w2, dout_full, a->act, w->w2, BT, F, D);
-    zero(scratch->dgate, (size_t)BT * F);
-    zero(scratch->dup, (size_t)BT * F);
     swiglu_backward(scratch->dgate, scratch->dup, scratch->dact, a->gate, a->up, (size_t)BT * F);
     zero(scratch->dxn, (size_t)BT * D);
     linear_backward(m, w, PROJ_W1, scratch->dxn, NULL, scratch->dgate, a->xn2, w->w1, BT, D, F);
@@ -370,7 +368,7 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
     tp_wait(m, pending);
     norm_backward(m, scratch, scratch->dh, g->ffn_norm, dxn_rows, a->h, w->ffn_norm, a->rstd2, R, D);
     // attention half. dinp starts as the residual's copy of dh.
-    memcpy(dinp, scratch->dh, sizeof(real) * R * D);
+    copy_fill(dinp, scratch->dh, (size_t)R * D);
     const real *dh_full = gather_rows(m, scratch->dh, scratch->sp_full, (size_t)R * D);  // what wo multiplied
     zero(scratch->dattn, (size_t)BT * hq);
     linear_backward(m, w, PROJ_WO, scratch->dattn, g->wo, dh_full, a->attn, w->wo, BT, hq, D);
