@@ -16,7 +16,7 @@ typedef struct {
 void adamw_step(real *params, const real *grads, real *m, real *v, size_t n, long long step, double lr,
                 const AdamWConfig *cfg);
 
-double sum_of_squares(const real *x, size_t n);  // accumulated in double, in index order
+double sum_of_squares(const real *x, size_t n);  // in double: fixed blocks, added in block order (adamw.c)
 // The same over buf, which holds elements [first, first + count) of the table's flat layout, split
 // parameter by parameter (table order): sums[0] += the tensor-parallel-split parameters' parts,
 // sums[1] += the replicated ones'. With tensor parallelism only sums[0] is then summed over tp.
