@@ -1,6 +1,7 @@
 #include "reference_cpu/adamw.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 void adamw_step(real *params, const real *grads, real *m, real *v, size_t n, long long step, double lr,
@@ -37,6 +38,10 @@ double sum_of_squares(const real *x, size_t n) {
     size_t n_blocks = (n + SUM_SQ_BLOCK - 1) / SUM_SQ_BLOCK;
     if (n_blocks <= 1) return block_sum_of_squares(x, n);
     double *block_sums = malloc(sizeof(double) * n_blocks), sum = 0;
+    if (!block_sums) {
+        fprintf(stderr, "sum_of_squares: out of memory for %zu block sums\n", n_blocks);
+        exit(1);
+    }
 #pragma omp parallel for schedule(static)
     for (size_t b = 0; b < n_blocks; b++) {
         size_t first = b * SUM_SQ_BLOCK, count = n - first < SUM_SQ_BLOCK ? n - first : SUM_SQ_BLOCK;

@@ -311,10 +311,12 @@ void rope_backward(real *dx, const RopeTable *t, const int *positions, int B, in
 // Work is split over (b, kv head g) so that the heads sharing a kv head (GQA) write dk/dv from one
 // thread only.
 
+// The position of query i (key j): explicit, or the index itself.
+static inline int q_position(const AttnShape *s, int i) { return s->q_pos ? s->q_pos[i] : i; }
+static inline int k_position(const AttnShape *s, int j) { return s->k_pos ? s->k_pos[j] : j; }
+
 static inline bool attn_visible(const AttnShape *s, int i, int j) {
-    if (!s->causal) return true;
-    int qp = s->q_pos ? s->q_pos[i] : i, kp = s->k_pos ? s->k_pos[j] : j;
-    return kp <= qp;
+    return !s->causal || k_position(s, j) <= q_position(s, i);
 }
 
 static inline const real *q_row(const real *q, const AttnShape *s, int b, int i, int h) {
@@ -400,7 +402,7 @@ void attention_naive_backward(real *dq, real *dk, real *dv, const real *dout, co
 
 // C (M,N) = alpha A (M,K) . B (K,N) + beta C, with A or B read transposed (row-major, leading dimensions
 // given): OpenBLAS with the blas matmul backend, else the plain triple loop (sums in k order). A
-// tile GEMM is small (at most 256 x 64 x 256), and inside an OpenMP region OpenBLAS runs it on the
+// tile GEMM is at most 64 in every dimension, and inside an OpenMP region OpenBLAS runs it on the
 // calling thread whatever the thread settings.
 static void tile_gemm(bool trans_a, bool trans_b, int M, int N, int K, real alpha, const real *A, int lda,
                       const real *B, int ldb, real beta, real *C, int ldc) {
@@ -440,17 +442,13 @@ static TileVisibility tile_visibility(const AttnShape *s, int i0, int i1, int j0
     if (!s->causal) return TILE_VISIBLE;
     int q_lo, q_hi, k_lo, k_hi;
     position_range(s->q_pos, i0, i1, &q_lo, &q_hi);
-    while (*j_end > j0 && (s->k_pos ? s->k_pos[*j_end - 1] : *j_end - 1) > q_hi) (*j_end)--;
+    while (*j_end > j0 && k_position(s, *j_end - 1) > q_hi) (*j_end)--;
     if (*j_end == j0) return TILE_HIDDEN;
     position_range(s->k_pos, j0, *j_end, &k_lo, &k_hi);
     return k_hi <= q_lo ? TILE_VISIBLE : TILE_PARTLY_VISIBLE;
 }
 
 static int tile_end(int start, int tile, int n) { return start + tile < n ? start + tile : n; }
-
-// The position of query i (key j): explicit, or the index itself.
-static inline int q_position(const AttnShape *s, int i) { return s->q_pos ? s->q_pos[i] : i; }
-static inline int k_position(const AttnShape *s, int j) { return s->k_pos ? s->k_pos[j] : j; }
 
 // K (or V) transposed tile by tile: kt (B, n_kv_heads, key tiles, hd, ATTN_KV_TILE), so that S = Q K^T
 // and dP = dO V^T are plain GEMMs Q . K^T[:, J] whose second operand is one contiguous block

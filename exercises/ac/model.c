@@ -77,8 +77,6 @@ static void norm_then_gather(const Model *m, ModelActs *s, real *out_full, real 
     gather_rows(m, rows, out_full, (size_t)R * D);
 }
 
-static void zero(real *x, size_t n) { zero_fill(x, n); }
-
 // RMSNorm backward on this rank's R rows. Under sequence parallelism the weight's gradient from
 // these rows is a partial sum over the sequence: summed over tp before it is accumulated.
 static void norm_backward(const Model *m, ModelActs *s, real *dinp, real *dweight, const real *dout, const real *inp,
@@ -87,7 +85,7 @@ static void norm_backward(const Model *m, ModelActs *s, real *dinp, real *dweigh
         rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, R, D);
         return;
     }
-    zero(s->sp_norm_grad, (size_t)D);
+    zero_fill(s->sp_norm_grad, (size_t)D);
     rmsnorm_backward(dinp, s->sp_norm_grad, dout, inp, weight, rstd, R, D);
     tp_sum(m, s->sp_norm_grad, (size_t)D);
     add_inplace(dweight, s->sp_norm_grad, (size_t)D);
@@ -355,10 +353,10 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
     // feed-forward half, in reverse. The residual passes dout straight to dh.
     copy_fill(scratch->dh, dout, (size_t)R * D);
     const real *dout_full = gather_rows(m, dout, scratch->sp_full, (size_t)R * D);  // what w2 multiplied
-    zero(scratch->dact, (size_t)BT * F);
+    zero_fill(scratch->dact, (size_t)BT * F);
     linear_backward(m, w, PROJ_W2, scratch->dact, g->w2, dout_full, a->act, w->w2, BT, F, D);
     swiglu_backward(scratch->dgate, scratch->dup, scratch->dact, a->gate, a->up, (size_t)BT * F);
-    zero(scratch->dxn, (size_t)BT * D);
+    zero_fill(scratch->dxn, (size_t)BT * D);
     linear_backward(m, w, PROJ_W1, scratch->dxn, NULL, scratch->dgate, a->xn2, w->w1, BT, D, F);
     linear_backward(m, w, PROJ_W3, scratch->dxn, NULL, scratch->dup, a->xn2, w->w3, BT, D, F);
     real *dxn_rows = m->tp.sequence_parallel ? scratch->sp_rows : scratch->dxn;
@@ -370,11 +368,11 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
     // attention half. dinp starts as the residual's copy of dh.
     copy_fill(dinp, scratch->dh, (size_t)R * D);
     const real *dh_full = gather_rows(m, scratch->dh, scratch->sp_full, (size_t)R * D);  // what wo multiplied
-    zero(scratch->dattn, (size_t)BT * hq);
+    zero_fill(scratch->dattn, (size_t)BT * hq);
     linear_backward(m, w, PROJ_WO, scratch->dattn, g->wo, dh_full, a->attn, w->wo, BT, hq, D);
-    zero(scratch->dq, (size_t)BT * hq);
-    zero(scratch->dk, (size_t)BT * hkv);
-    zero(scratch->dv, (size_t)BT * hkv);
+    zero_fill(scratch->dq, (size_t)BT * hq);
+    zero_fill(scratch->dk, (size_t)BT * hkv);
+    zero_fill(scratch->dv, (size_t)BT * hkv);
     if (m->cp.attention_backward)
         m->cp.attention_backward(m->cp.ctx, scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v,
                                  a->attn, a->attn_stats);
@@ -384,7 +382,7 @@ void block_backward(const Model *m, const BlockWeights *w, const BlockWeights *g
         attention_flash_backward(scratch->dq, scratch->dk, scratch->dv, scratch->dattn, a->q, a->k, a->v, a->attn, a->attn_stats, &s);
     rope_backward(scratch->dq, &m->rope, m->cp.positions, B, T, local->n_heads);
     rope_backward(scratch->dk, &m->rope, m->cp.positions, B, T, local->n_kv_heads);
-    zero(scratch->dxn, (size_t)BT * D);
+    zero_fill(scratch->dxn, (size_t)BT * D);
     linear_backward(m, w, PROJ_WQ, scratch->dxn, NULL, scratch->dq, a->xn1, w->wq, BT, D, hq);
     linear_backward(m, w, PROJ_WK, scratch->dxn, NULL, scratch->dk, a->xn1, w->wk, BT, D, hkv);
     linear_backward(m, w, PROJ_WV, scratch->dxn, NULL, scratch->dv, a->xn1, w->wv, BT, D, hkv);
@@ -497,11 +495,11 @@ void model_head_backward(Model *m, ModelActs *acts, double dloss) {
     const real *out_unit = c->tied ? unit_params(m, LAYER_EMBEDDING, PASS_BACKWARD) : head;
     real *head_grads = unit_grads(m, L);
     real *out_grads = c->tied ? unit_grads(m, LAYER_EMBEDDING) : head_grads;
-    zero(acts->dlogits, (size_t)BT * V);
+    zero_fill(acts->dlogits, (size_t)BT * V);
     if (m->tp.size == 1) cross_entropy_backward(acts->dlogits, acts->logits, acts->lse, acts->targets, BT, V, dloss);
     else m->tp.loss_backward(m->tp.ctx, acts->dlogits, acts->logits, acts->lse, acts->targets, BT,
                              m->local.vocab_start, V, dloss);
-    zero(acts->dxn, (size_t)BT * D);
+    zero_fill(acts->dxn, (size_t)BT * D);
     real *w_out = unit_tensor(m, out_unit, output_unit(m), output_name(m));
     matmul_backward(acts->dxn, NULL, acts->dlogits, acts->xn_final, w_out, BT, D, V);
     int R = model_rows_here(m, acts->B, acts->T);
@@ -510,7 +508,7 @@ void model_head_backward(Model *m, ModelActs *acts, double dloss) {
     matmul_backward(NULL, unit_tensor(m, out_grads, output_unit(m), output_name(m)), acts->dlogits, acts->xn_final,
                     w_out, BT, D, V);
     tp_wait(m, pending);
-    zero(acts->dx, (size_t)R * D);
+    zero_fill(acts->dx, (size_t)R * D);
     norm_backward(m, acts, acts->dx, unit_tensor(m, head_grads, L, "norm.weight"), dxn_rows, acts->x_final,
                   unit_tensor(m, head, L, "norm.weight"), acts->rstd_final, R, D);
     if (c->tied) unit_params_done(m, LAYER_EMBEDDING, PASS_BACKWARD);
