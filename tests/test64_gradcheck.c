@@ -170,7 +170,7 @@ START_TEST(test_attention_flash) {
     check_attention(zigzag, true);
 }
 END_TEST
-START_TEST(test_attention_flash_multi_tile) {  // Tk > ATTN_TILE: the online-softmax rescaling runs
+START_TEST(test_attention_flash_multi_tile) {  // Tk > ATTN_KV_TILE: the online-softmax rescaling runs
     AttnShape s = {1, 70, 70, 2, 1, 4, NULL, NULL, true};
     check_attention(s, true);
 }
