@@ -215,30 +215,50 @@ void rmsnorm_forward(real *out, real *rstd, const real *inp, const real *weight,
 
 // With y_i = x_i r w_i and r = (mean(x^2) + eps)^-1/2:
 //   dx_i = r w_i dy_i - x_i r^3 / C * sum_k dy_k w_k x_k ;   dw_i += sum_rows dy_i x_i r
+// dweight is summed in two stages, grouped as the GPU kernel groups it (gpu/ops.cu): chunks of
+// RMSNORM_DW_ROWS rows, each summed in row order into partial[chunk] by the thread that computes
+// those rows' dx (while they are in its cache: one pass over dout and inp, not two), then the
+// chunks added in chunk order. The grouping depends only on N, never on the thread count.
+#define RMSNORM_DW_ROWS 64
 void rmsnorm_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight,
                       const real *rstd, int N, int C) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const real *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
-        real r = rstd[n];
-        double proj = 0;
-#pragma omp simd reduction(+ : proj)
-        for (int i = 0; i < C; i++) proj += (double)dy[i] * weight[i] * x[i];
-        real coef = (real)(proj * r * r * r / C);
-        real *dx = dinp + (size_t)n * C;
-        for (int i = 0; i < C; i++) dx[i] += r * weight[i] * dy[i] - x[i] * coef;
+    if (N <= 0 || C <= 0) return;
+    int rows_per_chunk = RMSNORM_DW_ROWS, chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
+    real *partial = malloc(sizeof(real) * (size_t)chunks * C);  // (chunks, C)
+    if (!partial) {
+        fprintf(stderr, "rmsnorm_backward: out of memory for %d x %d partial sums\n", chunks, C);
+        exit(1);
     }
-    // dweight: threads split the columns, each column summed over the rows in row order (a fixed
-    // order whatever the threads). Blocks of 64 columns keep each row's slice contiguous.
 #pragma omp parallel for schedule(static)
-    for (int i0 = 0; i0 < C; i0 += 64) {
-        int i1 = i0 + 64 < C ? i0 + 64 : C;
-        for (int n = 0; n < N; n++) {
+    for (int chunk = 0; chunk < chunks; chunk++) {
+        real *dw = partial + (size_t)chunk * C;
+        for (int i = 0; i < C; i++) dw[i] = 0;
+        int end = (chunk + 1) * rows_per_chunk < N ? (chunk + 1) * rows_per_chunk : N;
+        for (int n = chunk * rows_per_chunk; n < end; n++) {
             const real *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
             real r = rstd[n];
-            for (int i = i0; i < i1; i++) dweight[i] += dy[i] * x[i] * r;
+            double proj = 0;
+#pragma omp simd reduction(+ : proj)
+            for (int i = 0; i < C; i++) proj += (double)dy[i] * weight[i] * x[i];
+            real coef = (real)(proj * r * r * r / C);
+            real *dx = dinp + (size_t)n * C;
+#pragma omp simd
+            for (int i = 0; i < C; i++) {
+                dx[i] += r * weight[i] * dy[i] - x[i] * coef;
+                dw[i] += dy[i] * x[i] * r;
+            }
         }
     }
+#pragma omp parallel for schedule(static)
+    for (int i0 = 0; i0 < C; i0 += 64) {  // blocks of 64 columns: each row of partial read in slices
+        int i1 = i0 + 64 < C ? i0 + 64 : C;
+        for (int i = i0; i < i1; i++) {
+            real sum = 0;
+            for (int chunk = 0; chunk < chunks; chunk++) sum += partial[(size_t)chunk * C + i];
+            dweight[i] += sum;
+        }
+    }
+    free(partial);
 }
 
 // ================================ RoPE ==========================================================

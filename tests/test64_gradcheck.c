@@ -83,22 +83,26 @@ START_TEST(test_embedding) {
 END_TEST
 
 // ---- RMSNorm ---------------------------------------------------------------------------------
-enum { RN_N = 4, RN_C = 8 };
-typedef struct { real *inp, *w, *r, *out, *rstd; } RmsCtx;
+// 4 rows: one chunk of rmsnorm_backward's dweight sums; 150 rows: three chunks of 64, the last partial.
+enum { RN_C = 8 };
+typedef struct { int n; real *inp, *w, *r, *out, *rstd; } RmsCtx;
 static double rmsnorm_loss(void *p) {
     RmsCtx *c = p;
-    rmsnorm_forward(c->out, c->rstd, c->inp, c->w, RN_N, RN_C, 1e-5);
-    return weighted_sum(c->out, c->r, RN_N * RN_C);
+    rmsnorm_forward(c->out, c->rstd, c->inp, c->w, c->n, RN_C, 1e-5);
+    return weighted_sum(c->out, c->r, c->n * RN_C);
 }
-START_TEST(test_rmsnorm) {
-    RmsCtx c = {new_normal(RN_N * RN_C, 1, 6), new_normal(RN_C, 1, 7), new_normal(RN_N * RN_C, 1, 8),
-                new_zeros(RN_N * RN_C), new_zeros(RN_N)};
-    real *dinp = new_zeros(RN_N * RN_C), *dw = new_zeros(RN_C);
+static void check_rmsnorm(int n) {
+    RmsCtx c = {n, new_normal(n * RN_C, 1, 6), new_normal(RN_C, 1, 7), new_normal(n * RN_C, 1, 8),
+                new_zeros(n * RN_C), new_zeros(n)};
+    real *dinp = new_zeros(n * RN_C), *dw = new_zeros(RN_C);
     rmsnorm_loss(&c);
-    rmsnorm_backward(dinp, dw, c.r, c.inp, c.w, c.rstd, RN_N, RN_C);
-    gradcheck("rmsnorm dinp", c.inp, dinp, RN_N * RN_C, rmsnorm_loss, &c, 1000);
+    rmsnorm_backward(dinp, dw, c.r, c.inp, c.w, c.rstd, n, RN_C);
+    gradcheck("rmsnorm dinp", c.inp, dinp, n * RN_C, rmsnorm_loss, &c, 1000);
     gradcheck("rmsnorm dweight", c.w, dw, RN_C, rmsnorm_loss, &c, 1000);
 }
+START_TEST(test_rmsnorm) { check_rmsnorm(4); }
+END_TEST
+START_TEST(test_rmsnorm_chunks) { check_rmsnorm(150); }
 END_TEST
 
 // ---- RoPE ------------------------------------------------------------------------------------
@@ -261,6 +265,7 @@ int main(void) {
     tcase_add_test(ops, test_matmul_loop);
     tcase_add_test(ops, test_embedding);
     tcase_add_test(ops, test_rmsnorm);
+    tcase_add_test(ops, test_rmsnorm_chunks);
     tcase_add_test(ops, test_rope);
     tcase_add_test(ops, test_rope_scaled_positions);
     tcase_add_test(ops, test_attention_naive);
