@@ -625,63 +625,89 @@ static void check_targets(const GpuModel *m, const int *targets) {
             fatal("cross-entropy: the target of row %d is outside [0, %d)", n, V);
 }
 
-// blocks[0].x = the rows of the inputs' tokens. Vocab-parallel: this rank's rows of the table (zero
-// rows for the other tokens) in fp32, summed over the group (one rank holds each token: exact).
-static void embed_forward(GpuModel *m) {
+// ---- the embedding and the head, for the whole model and for a pipeline stage ------------------------------
+// The buffers they use outside the blocks: the model's own (model_head) or a stage's (stage_head).
+typedef struct {
+    void *x_final;           // (BT, D) the last block's output, the head's input
+    void *xn_final, *logits; // (BT, D) the final norm's output, (BT, V) the head's
+    float *rstd_final, *lse_final;
+    const int *targets;      // device (BT)
+} GpuHead;
+
+// x0 = the rows of the tokens (device, BT). Vocab-parallel: this rank's rows of the table (zero rows
+// for the other tokens) in fp32, summed over the group (one rank holds each token: exact).
+static void embed_forward(GpuModel *m, const int *inputs, void *x0) {
     int BT = m->B * m->T, D = m->cfg.dim;
+    gpu_timeline_begin("embedding fwd", "forward");
+    unit_begin(m, LAYER_EMBEDDING, PASS_FORWARD);
     const void *table = weight(m, m->tok_embeddings);
     if (m->tp) {
-        gpu_embedding_forward_rows_bf16_into_f32(m->tp_partial, m->inputs, table, BT, D, m->local.vocab_start,
+        gpu_embedding_forward_rows_bf16_into_f32(m->tp_partial, inputs, table, BT, D, m->local.vocab_start,
                                                  m->local.vocab_size);
-        tp_sum_into_bf16(m, m->blocks[0].x);
-    } else if (BF16(m)) gpu_embedding_forward_bf16(m->blocks[0].x, m->inputs, table, BT, D);
-    else gpu_embedding_forward(m->blocks[0].x, m->inputs, table, BT, D);
+        tp_sum_into_bf16(m, x0);
+    } else if (BF16(m)) gpu_embedding_forward_bf16(x0, inputs, table, BT, D);
+    else gpu_embedding_forward(x0, inputs, table, BT, D);
+    unit_end(m, LAYER_EMBEDDING, PASS_FORWARD);
+    gpu_timeline_end();
 }
 
 // The mean loss into m->loss. Vocab-parallel (tp.c's loss_forward on the device): per token the max
 // over the whole vocabulary (all-reduce MAX), then this rank's sum of exp(logit - max) and the target's
 // logit where this rank holds it (one all-reduce SUM of both), then lse and the mean.
-static void loss_forward(GpuModel *m) {
+static void loss_forward(GpuModel *m, const GpuHead *h) {
     int BT = m->B * m->T, V = m->local.vocab_size;
     if (m->tp) {
-        gpu_vocab_parallel_row_max_bf16(m->tp_row_max, m->logits, BT, V);
+        gpu_vocab_parallel_row_max_bf16(m->tp_row_max, h->logits, BT, V);
         comm_all_reduce(m->tp, m->tp_row_max, (size_t)BT, COMM_FLOAT32, COMM_MAX);
-        gpu_vocab_parallel_sums_bf16(m->tp_sums, m->logits, m->tp_row_max, m->targets, BT, m->local.vocab_start, V);
+        gpu_vocab_parallel_sums_bf16(m->tp_sums, h->logits, m->tp_row_max, h->targets, BT, m->local.vocab_start, V);
         comm_all_reduce(m->tp, m->tp_sums, 2 * (size_t)BT, COMM_FLOAT64, COMM_SUM);
-        gpu_vocab_parallel_loss(m->loss, m->lse_final, m->tp_row_max, m->tp_sums, m->targets, BT);
-    } else if (BF16(m)) gpu_cross_entropy_forward_into_bf16(m->loss, m->lse_final, m->logits, m->targets, BT, V);
-    else gpu_cross_entropy_forward_into(m->loss, m->lse_final, m->logits, m->targets, BT, V);
+        gpu_vocab_parallel_loss(m->loss, h->lse_final, m->tp_row_max, m->tp_sums, h->targets, BT);
+    } else if (BF16(m)) gpu_cross_entropy_forward_into_bf16(m->loss, h->lse_final, h->logits, h->targets, BT, V);
+    else gpu_cross_entropy_forward_into(m->loss, h->lse_final, h->logits, h->targets, BT, V);
+}
+
+// The final norm, the output projection and the loss (into m->loss, queued).
+static void head_forward(GpuModel *m, const GpuHead *h) {
+    const ModelConfig *c = &m->cfg;
+    int BT = m->B * m->T, D = c->dim, V = m->local.vocab_size, L = c->n_layers;
+    gpu_timeline_begin("head fwd + loss", "forward");
+    unit_begin(m, L, PASS_FORWARD);
+    if (c->tied) unit_begin(m, LAYER_EMBEDDING, PASS_FORWARD);  // the output projection is tok_embeddings
+    rmsnorm_fwd(m, h->xn_final, h->rstd_final, h->x_final, weight(m, m->norm));
+    matmul_fwd(m, h->logits, h->xn_final, weight(m, m->output), BT, D, V);
+    if (c->tied) unit_end(m, LAYER_EMBEDDING, PASS_FORWARD);
+    unit_end(m, L, PASS_FORWARD);
+    loss_forward(m, h);
+    gpu_timeline_end();
+}
+
+static GpuHead model_head(const GpuModel *m) {
+    return (GpuHead){m->x_final, m->xn_final, m->logits, m->rstd_final, m->lse_final, m->targets};
+}
+
+// Blocks [first, end) on m->blocks (each reads its x, the next block's x is its output), the last
+// block's output to out.
+static void blocks_forward(GpuModel *m, int first, int end, void *out) {
+    for (int l = first; l < end; l++) {
+        gpu_timeline_begin("block fwd", "forward");
+        gpu_timeline_arg_int("layer", l);
+        unit_begin(m, l, PASS_FORWARD);
+        gpu_block_forward(m, l, l + 1 < end ? m->blocks[l + 1].x : out);
+        unit_end(m, l, PASS_FORWARD);
+        gpu_timeline_end();
+    }
 }
 
 void gpu_model_forward_queued(GpuModel *m, const int *inputs, const int *targets) {
-    const ModelConfig *c = &m->cfg;
-    int BT = m->B * m->T, D = c->dim, V = m->local.vocab_size, L = c->n_layers;
+    int BT = m->B * m->T;
     if (m->fp8 && m->tp) fatal("gpu model: the FP8 linears do not run under tensor parallelism");
     check_targets(m, targets);
     gpu_upload_queued(m->inputs, inputs, sizeof(int) * BT);
     gpu_upload_queued(m->targets, targets, sizeof(int) * BT);
-    gpu_timeline_begin("embedding fwd", "forward");
-    unit_begin(m, LAYER_EMBEDDING, PASS_FORWARD);
-    embed_forward(m);
-    unit_end(m, LAYER_EMBEDDING, PASS_FORWARD);
-    gpu_timeline_end();
-    for (int l = 0; l < L; l++) {
-        gpu_timeline_begin("block fwd", "forward");
-        gpu_timeline_arg_int("layer", l);
-        unit_begin(m, l, PASS_FORWARD);
-        gpu_block_forward(m, l, l + 1 < L ? m->blocks[l + 1].x : m->x_final);
-        unit_end(m, l, PASS_FORWARD);
-        gpu_timeline_end();
-    }
-    gpu_timeline_begin("head fwd + loss", "forward");
-    unit_begin(m, L, PASS_FORWARD);
-    if (c->tied) unit_begin(m, LAYER_EMBEDDING, PASS_FORWARD);  // the output projection is tok_embeddings
-    rmsnorm_fwd(m, m->xn_final, m->rstd_final, m->x_final, weight(m, m->norm));
-    matmul_fwd(m, m->logits, m->xn_final, weight(m, m->output), BT, D, V);
-    if (c->tied) unit_end(m, LAYER_EMBEDDING, PASS_FORWARD);
-    unit_end(m, L, PASS_FORWARD);
-    loss_forward(m);
-    gpu_timeline_end();
+    embed_forward(m, m->inputs, m->blocks[0].x);
+    blocks_forward(m, 0, m->cfg.n_layers, m->x_final);
+    GpuHead head = model_head(m);
+    head_forward(m, &head);
 }
 
 double gpu_model_loss(const GpuModel *m) {
@@ -775,29 +801,54 @@ static void gpu_block_backward(const GpuModel *m, int l, void *dx) {
 
 // dlogits = the loss's gradient, dxn = dlogits W_out (the head's input gradient). Vocab-parallel: on
 // this rank's columns (the lse is the whole row's), and dxn summed over the group in fp32.
-static void loss_and_logits_backward(GpuModel *m, double dloss) {
+static void loss_and_logits_backward(GpuModel *m, const GpuHead *h, double dloss) {
     int BT = m->B * m->T, D = m->cfg.dim, V = m->local.vocab_size;
     zero(m, m->dlogits, (size_t)BT * V);  // cross-entropy's backward accumulates
     if (m->tp) {
-        gpu_cross_entropy_backward_columns_bf16(m->dlogits, m->logits, m->lse_final, m->targets, BT,
+        gpu_cross_entropy_backward_columns_bf16(m->dlogits, h->logits, h->lse_final, h->targets, BT,
                                                 m->local.vocab_start, V, dloss);
         gpu_matmul_backward_input_bf16_into_f32(m->tp_partial, m->dlogits, weight(m, m->output), BT, D, V, false);
         tp_sum_into_bf16(m, m->dxn);
         return;
     }
-    if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
-    else gpu_cross_entropy_backward(m->dlogits, m->logits, m->lse_final, m->targets, BT, V, dloss);
-    matmul_bwd_first(m, m->dxn, NULL, m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
+    if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, h->logits, h->lse_final, h->targets, BT, V, dloss);
+    else gpu_cross_entropy_backward(m->dlogits, h->logits, h->lse_final, h->targets, BT, V, dloss);
+    matmul_bwd_first(m, m->dxn, NULL, m->dlogits, h->xn_final, weight(m, m->output), BT, D, V);
 }
 
-// The lookup's backward into this rank's rows of the table (vocab-parallel: only its tokens).
-static void embed_backward(GpuModel *m) {
+// The head's backward (model_head_backward): loss -> logits -> final norm, into dx (overwritten).
+// Tied: the embedding's gradients are asked for here and reported with the lookup's (embed_backward).
+static void head_backward(GpuModel *m, const GpuHead *h, void *dx, double dloss) {
+    const ModelConfig *c = &m->cfg;
+    int BT = m->B * m->T, D = c->dim, V = m->local.vocab_size, L = c->n_layers;
+    gpu_timeline_begin("head bwd", "backward");
+    unit_begin(m, L, PASS_BACKWARD);
+    unit_grads_begin(m, L);
+    if (c->tied) unit_begin(m, LAYER_EMBEDDING, PASS_BACKWARD), unit_grads_begin(m, LAYER_EMBEDDING);
+    loss_and_logits_backward(m, h, dloss);
+    matmul_bwd(m, NULL, grad(m, m->output), m->dlogits, h->xn_final, weight(m, m->output), BT, D, V);
+    zero(m, dx, (size_t)BT * D);  // RMSNorm's backward accumulates
+    rmsnorm_bwd(m, dx, grad(m, m->norm), m->dxn, h->x_final, weight(m, m->norm), h->rstd_final);
+    if (c->tied) unit_end(m, LAYER_EMBEDDING, PASS_BACKWARD);
+    unit_end(m, L, PASS_BACKWARD);
+    gpu_timeline_end();
+    unit_grads_ready(m, L);  // tied: the output weight's gradient is tok_embeddings', ready with the embedding
+}
+
+// The lookup's backward (model_embed_backward) into this rank's rows of the table (vocab-parallel:
+// only its tokens), from dx (the first block input's gradient) and the forward's tokens (device).
+// Tied: after the output projection's contribution, as the reference.
+static void embed_backward(GpuModel *m, const int *inputs, const void *dx) {
     int BT = m->B * m->T, D = m->cfg.dim;
+    gpu_timeline_begin("embedding bwd", "backward");
+    if (!m->cfg.tied) unit_grads_begin(m, LAYER_EMBEDDING);  // tied: since the head's backward
     float *dtable = grad(m, m->tok_embeddings);
     if (m->tp)
-        gpu_embedding_backward_rows_bf16(dtable, m->dx, m->inputs, BT, D, m->local.vocab_start, m->local.vocab_size);
-    else if (BF16(m)) gpu_embedding_backward_bf16(dtable, m->dx, m->inputs, BT, D);
-    else gpu_embedding_backward(dtable, m->dx, m->inputs, BT, D);
+        gpu_embedding_backward_rows_bf16(dtable, dx, inputs, BT, D, m->local.vocab_start, m->local.vocab_size);
+    else if (BF16(m)) gpu_embedding_backward_bf16(dtable, dx, inputs, BT, D);
+    else gpu_embedding_backward(dtable, dx, inputs, BT, D);
+    gpu_timeline_end();
+    unit_grads_ready(m, LAYER_EMBEDDING);
 }
 
 // Block l's backward as a unit: its weights and gradient buffers asked for, with recompute (full AC)
@@ -823,30 +874,17 @@ static void block_backward_unit(GpuModel *m, int l, void *dx, bool recompute) {
     unit_grads_ready(m, l);
 }
 
+// Blocks [first, end) on m->blocks, last to first (model_blocks_backward), each turning dx into its
+// input's gradient in place. Full AC recomputes every block but the last, whose activations forward left.
+static void blocks_backward(GpuModel *m, int first, int end, void *dx) {
+    for (int l = end - 1; l >= first; l--) block_backward_unit(m, l, dx, m->ac == AC_FULL && l < m->cfg.n_layers - 1);
+}
+
 void gpu_model_backward(GpuModel *m, double dloss) {
-    const ModelConfig *c = &m->cfg;
-    int BT = m->B * m->T, D = c->dim, V = m->local.vocab_size, L = c->n_layers;
-    // head: loss -> logits -> final norm (model_head_backward)
-    gpu_timeline_begin("head bwd", "backward");
-    unit_begin(m, L, PASS_BACKWARD);
-    unit_grads_begin(m, L);
-    if (c->tied) unit_begin(m, LAYER_EMBEDDING, PASS_BACKWARD), unit_grads_begin(m, LAYER_EMBEDDING);
-    loss_and_logits_backward(m, dloss);
-    matmul_bwd(m, NULL, grad(m, m->output), m->dlogits, m->xn_final, weight(m, m->output), BT, D, V);
-    zero(m, m->dx, (size_t)BT * D);  // RMSNorm's backward accumulates
-    rmsnorm_bwd(m, m->dx, grad(m, m->norm), m->dxn, m->x_final, weight(m, m->norm), m->rstd_final);
-    if (c->tied) unit_end(m, LAYER_EMBEDDING, PASS_BACKWARD);
-    unit_end(m, L, PASS_BACKWARD);
-    gpu_timeline_end();
-    unit_grads_ready(m, L);  // tied: the output weight's gradient is tok_embeddings', ready with the embedding
-    // blocks, last to first (model_blocks_backward), each updating m->dx in place
-    for (int l = c->n_layers - 1; l >= 0; l--) block_backward_unit(m, l, m->dx, m->ac == AC_FULL && l < c->n_layers - 1);
-    // the lookup (model_embed_backward); tied: after the output projection's contribution, as the reference
-    gpu_timeline_begin("embedding bwd", "backward");
-    if (!c->tied) unit_grads_begin(m, LAYER_EMBEDDING);  // tied: since the head's backward
-    embed_backward(m);
-    gpu_timeline_end();
-    unit_grads_ready(m, LAYER_EMBEDDING);
+    GpuHead head = model_head(m);
+    head_backward(m, &head, m->dx, dloss);
+    blocks_backward(m, 0, m->cfg.n_layers, m->dx);
+    embed_backward(m, m->inputs, m->dx);
 }
 
 // ---- optimizer step ----------------------------------------------------------------------------------------
@@ -891,8 +929,8 @@ double gpu_model_grad_norm(const GpuModel *m) {
 }
 
 // ---- pipeline stages (model.h, GpuStageActs) ----------------------------------------------------------------
-// The same kernels as gpu_model_forward_queued and gpu_model_backward, on one (chunk, micro-batch)'s
-// activations. The block functions read m->blocks[l]: a stage's blocks are installed there for the
+// The functions gpu_model_forward_queued and gpu_model_backward call (embed_forward, blocks_forward,
+// head_forward, and their backwards), on one (chunk, micro-batch)'s activations. The block functions read m->blocks[l]: a stage's blocks are installed there for the
 // call (an array of n_layers whose [first, end) the stage allocated) and the model's own put back.
 
 void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T) {
@@ -950,78 +988,40 @@ void gpu_model_stage_acts_free(GpuStageActs *s) {
 }
 
 void gpu_model_stage_embed_forward(GpuModel *m, GpuStageActs *s, const int *inputs) {
-    int BT = m->B * m->T, D = m->cfg.dim;
-    gpu_upload_queued(s->inputs, inputs, sizeof(int) * BT);
-    gpu_timeline_begin("embedding fwd", "forward");
-    unit_begin(m, LAYER_EMBEDDING, PASS_FORWARD);
-    if (BF16(m)) gpu_embedding_forward_bf16(s->blocks[0].x, s->inputs, weight(m, m->tok_embeddings), BT, D);
-    else gpu_embedding_forward(s->blocks[0].x, s->inputs, weight(m, m->tok_embeddings), BT, D);
-    unit_end(m, LAYER_EMBEDDING, PASS_FORWARD);
-    gpu_timeline_end();
+    gpu_upload_queued(s->inputs, inputs, sizeof(int) * m->B * m->T);
+    embed_forward(m, s->inputs, s->blocks[0].x);
 }
 
 void gpu_model_stage_blocks_forward(GpuModel *m, GpuStageActs *s) {
     GpuBlockActs *own = m->blocks;
     m->blocks = s->blocks;
-    for (int l = s->first; l < s->end; l++) {
-        gpu_timeline_begin("block fwd", "forward");
-        gpu_timeline_arg_int("layer", l);
-        unit_begin(m, l, PASS_FORWARD);
-        gpu_block_forward(m, l, l + 1 < s->end ? s->blocks[l + 1].x : s->out);
-        unit_end(m, l, PASS_FORWARD);
-        gpu_timeline_end();
-    }
+    blocks_forward(m, s->first, s->end, s->out);
     m->blocks = own;
 }
 
+static GpuHead stage_head(const GpuStageActs *s) {
+    return (GpuHead){s->out, s->xn_final, s->logits, s->rstd_final, s->lse_final, s->targets};
+}
+
 double gpu_model_stage_head_forward(GpuModel *m, GpuStageActs *s, const int *targets) {
-    const ModelConfig *c = &m->cfg;
-    int BT = m->B * m->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
-    if (c->tied) fatal("gpu model: a pipeline's head needs its own output weight (untied)");
+    if (m->cfg.tied) fatal("gpu model: a pipeline's head needs its own output weight (untied)");
     check_targets(m, targets);
-    gpu_upload_queued(s->targets, targets, sizeof(int) * BT);
-    gpu_timeline_begin("head fwd + loss", "forward");
-    unit_begin(m, L, PASS_FORWARD);
-    rmsnorm_fwd(m, s->xn_final, s->rstd_final, s->out, weight(m, m->norm));
-    matmul_fwd(m, s->logits, s->xn_final, weight(m, m->output), BT, D, V);
-    unit_end(m, L, PASS_FORWARD);
-    if (BF16(m)) gpu_cross_entropy_forward_into_bf16(m->loss, s->lse_final, s->logits, s->targets, BT, V);
-    else gpu_cross_entropy_forward_into(m->loss, s->lse_final, s->logits, s->targets, BT, V);
-    gpu_timeline_end();
+    gpu_upload_queued(s->targets, targets, sizeof(int) * m->B * m->T);
+    GpuHead head = stage_head(s);
+    head_forward(m, &head);
     return gpu_model_loss(m);
 }
 
 void gpu_model_stage_head_backward(GpuModel *m, GpuStageActs *s, double dloss) {
-    const ModelConfig *c = &m->cfg;
-    int BT = m->B * m->T, D = c->dim, V = c->vocab_size, L = c->n_layers;
-    gpu_timeline_begin("head bwd", "backward");
-    unit_begin(m, L, PASS_BACKWARD);
-    unit_grads_begin(m, L);
-    zero(m, m->dlogits, (size_t)BT * V);  // cross-entropy's backward accumulates
-    if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, s->logits, s->lse_final, s->targets, BT, V, dloss);
-    else gpu_cross_entropy_backward(m->dlogits, s->logits, s->lse_final, s->targets, BT, V, dloss);
-    matmul_bwd_first(m, m->dxn, NULL, m->dlogits, s->xn_final, weight(m, m->output), BT, D, V);
-    matmul_bwd(m, NULL, grad(m, m->output), m->dlogits, s->xn_final, weight(m, m->output), BT, D, V);
-    zero(m, s->dx, (size_t)BT * D);  // RMSNorm's backward accumulates
-    rmsnorm_bwd(m, s->dx, grad(m, m->norm), m->dxn, s->out, weight(m, m->norm), s->rstd_final);
-    unit_end(m, L, PASS_BACKWARD);
-    gpu_timeline_end();
-    unit_grads_ready(m, L);
+    GpuHead head = stage_head(s);
+    head_backward(m, &head, s->dx, dloss);
 }
 
 void gpu_model_stage_blocks_backward(GpuModel *m, GpuStageActs *s) {
     GpuBlockActs *own = m->blocks;
     m->blocks = s->blocks;
-    for (int l = s->end - 1; l >= s->first; l--) block_backward_unit(m, l, s->dx, false);
+    blocks_backward(m, s->first, s->end, s->dx);  // m->ac is AC_NONE (gpu_model_init_stages)
     m->blocks = own;
 }
 
-void gpu_model_stage_embed_backward(GpuModel *m, GpuStageActs *s) {
-    int BT = m->B * m->T, D = m->cfg.dim;
-    gpu_timeline_begin("embedding bwd", "backward");
-    unit_grads_begin(m, LAYER_EMBEDDING);
-    if (BF16(m)) gpu_embedding_backward_bf16(grad(m, m->tok_embeddings), s->dx, s->inputs, BT, D);
-    else gpu_embedding_backward(grad(m, m->tok_embeddings), s->dx, s->inputs, BT, D);
-    gpu_timeline_end();
-    unit_grads_ready(m, LAYER_EMBEDDING);
-}
+void gpu_model_stage_embed_backward(GpuModel *m, GpuStageActs *s) { embed_backward(m, s->inputs, s->dx); }
