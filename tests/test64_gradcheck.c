@@ -249,6 +249,22 @@ static void check_model(bool tied, AttentionImpl attention) {
         snprintf(name, sizeof name, "model %s", p->name);
         gradcheck(name, c.m.params + p->offset, c.m.grads + p->offset, p->numel, model_loss, &c, 12);
     }
+    // The samples above rarely land on a row of the table the inputs look up (16 of 256 rows): the
+    // lookup's own gradient is checked on whole rows, the first input's and one that two positions
+    // share (their gradients must add).
+    const ParamInfo *emb = param_table_find(&c.m.table, "tok_embeddings.weight");
+    int repeated = -1;
+    for (int i = 0; i < MODEL_B * MODEL_T && repeated < 0; i++)
+        for (int j = i + 1; j < MODEL_B * MODEL_T; j++)
+            if (c.inputs[i] == c.inputs[j]) repeated = c.inputs[i];
+    ck_assert_msg(emb && repeated >= 0, "the gradcheck's inputs need a token used twice");
+    int rows[2] = {c.inputs[0], repeated};
+    for (int r = 0; r < 2; r++) {
+        size_t at = emb->offset + (size_t)rows[r] * cfg.dim;
+        char name[64];
+        snprintf(name, sizeof name, "model tok_embeddings row %d", rows[r]);
+        gradcheck(name, c.m.params + at, c.m.grads + at, cfg.dim, model_loss, &c, cfg.dim);
+    }
     model_acts_free(&c.acts);
     model_free(&c.m);
 }
