@@ -5,8 +5,8 @@ MPIRUN=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
 export OMP_NUM_THREADS=1  # oversubscribed ranks: one thread each
 P="$PYTHON tests/py/compare_runs.py"
 
-# expect_error RANKS WANTED FLAGS...: the trainer under mpirun must fail, and print exactly one
-# line of its own (starting "train") that contains WANTED.
+# expect_error RANKS WANTED FLAGS...: the trainer under mpirun must exit with status 2 (bad input),
+# and print exactly one line of its own (starting "train") that contains WANTED.
 expect_error() {
     local np=$1 want=$2; shift 2
     local out rc
@@ -16,7 +16,7 @@ expect_error() {
     [[ " $* " == *" --steps "* ]] || defaults+=(--steps 1)
     out=$($MPIRUN -np "$np" "$BUILD/train" "${defaults[@]}" "$@" 2>&1 >/dev/null) && rc=0 || rc=$?  # also under set -e
     local ours; ours=$(printf '%s\n' "$out" | grep '^train' || true)
-    if [ "$rc" -eq 0 ] || [ "$(printf '%s\n' "$ours" | grep -c .)" -ne 1 ] || [[ "$ours" != *"$want"* ]]; then
+    if [ "$rc" -ne 2 ] || [ "$(printf '%s\n' "$ours" | grep -c .)" -ne 1 ] || [[ "$ours" != *"$want"* ]]; then
         echo "FAIL: -np $np $* -> rc $rc: $out"; exit 1
     fi
     echo "ok: -np $np $* -> $ours"

@@ -149,6 +149,6 @@ ls "$T/ck" | grep -q tmp && { echo "FAIL: temporary file left in $T/ck"; failure
     || { echo "FAIL: resume with the same settings"; cat "$T/same.log"; failures=$((failures + 1)); }
 
 # --help is generated from the flag table and exits 0
-"$TRAIN" --help | grep -q -- "--checkpoint-dir DIR" || { echo "FAIL: --help"; failures=$((failures + 1)); }
+help=$("$TRAIN" --help) && grep -q -- "--checkpoint-dir DIR" <<<"$help" || { echo "FAIL: --help"; failures=$((failures + 1)); }
 echo "$failures failure(s)"
 [ "$failures" -eq 0 ]

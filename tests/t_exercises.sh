@@ -53,8 +53,10 @@ bad=0
 printf '%-6s %-10s %-30s %s\n' lab code name score
 for job in "${jobs[@]}"; do
     read -r lab kind name _ <<< "$job"
+    passed="" total="" extra=""  # a missing result must not reuse the previous job's
     read -r _ _ _ passed total extra < "$TEST_TMP/results/$lab-$name" || true
     verdict=ok
+    [ -n "$total" ] || verdict="FAIL: no result"
     case $kind in
         solution) [ "$passed" = "$total" ] || verdict="FAIL: the chapter's code should get full marks" ;;
         skeleton) [ "$passed" = 0 ] && [ -z "${extra:-}" ] || verdict="FAIL: the skeleton should get 0 and name its hole" ;;

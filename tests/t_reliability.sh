@@ -51,6 +51,10 @@ echo "== the default comm timeout follows the measured steps; --comm-timeout fix
 "$BUILD/train" --model tiny --batch 2 --steps 4 > "$T/adaptive.log" 2>&1
 grep -Eq "^comm timeout: [0-9]+ s = max\(60 s, 10 x the slowest step, [0-9.]+ s\)$" "$T/adaptive.log" \
     || { cat "$T/adaptive.log"; fail "no comm timeout line"; }
+# and its number is the formula's: N = max(60, 10 X), to the second it is printed in
+sed -nE 's/^comm timeout: ([0-9]+) s = max\(60 s, 10 x the slowest step, ([0-9.]+) s\)$/\1 \2/p' "$T/adaptive.log" |
+    awk '{ want = 10 * $2 > 60 ? 10 * $2 : 60; d = $1 - want; exit !(NR == 1 && d <= 0.5 && d >= -0.5) }' ||
+    fail "the comm timeout is not max(60 s, 10 x the slowest step): $(grep '^comm timeout' "$T/adaptive.log")"
 echo "ok: $(grep '^comm timeout' "$T/adaptive.log")"
 "$BUILD/train" --model tiny --batch 2 --steps 4 --comm-timeout 30 > "$T/fixed.log" 2>&1
 ! grep -q "^comm timeout" "$T/fixed.log" || fail "--comm-timeout 30 was changed"

@@ -47,19 +47,34 @@ def main():
         ours, _ = safetensors_io.load(args.ckpt)
         ref, _ = safetensors_io.load(args.ckpt_ref)
         worst_rel = 0.0
+        matched = 0
         for name in sorted(ref):
             if not name.startswith(args.prefix):
                 continue
+            matched += 1
+            if name not in ours or ours[name].shape != ref[name].shape:
+                print(f"  {name:44s} {'missing' if name not in ours else f'shape {ours[name].shape} vs {ref[name].shape}'}"
+                      f"  MISMATCH")
+                failures += 1
+                continue
             a, b = ours[name].astype(np.float64), ref[name].astype(np.float64)
+            # A NaN or inf anywhere is a mismatch (NaN compares false with every bound: count it apart).
+            nonfinite = int(np.count_nonzero(~np.isfinite(a)) + np.count_nonzero(~np.isfinite(b)))
             diff = np.abs(a - b)
+            diff[np.isnan(diff)] = np.inf
             idx = int(np.argmax(diff))
-            rel = diff.flat[idx] / max(np.abs(b).max(), 1e-30)
+            scale = np.abs(b[np.isfinite(b)]).max() if np.isfinite(b).any() else 0.0
+            rel = diff.flat[idx] / max(scale, 1e-30)
             worst_rel = max(worst_rel, rel)
-            bad = (diff.max() > 0) if args.exact else (rel > args.param_rtol)
+            bad = nonfinite > 0 or (not np.array_equal(a, b) if args.exact else not rel <= args.param_rtol)
             if bad or diff.max() > 0 and rel == worst_rel:
                 print(f"  {name:44s} max_abs {diff.max():.3e} max_rel {rel:.3e} worst [{idx}] "
-                      f"{a.flat[idx]:.9g} vs {b.flat[idx]:.9g}{'  MISMATCH' if bad else ''}")
+                      f"{a.flat[idx]:.9g} vs {b.flat[idx]:.9g}{f' ({nonfinite} not finite)' if nonfinite else ''}"
+                      f"{'  MISMATCH' if bad else ''}")
             failures += bad
+        if matched == 0:
+            print(f"  no tensor named {args.prefix}* in {args.ckpt_ref}  MISMATCH")
+            failures += 1
         print(f"{args.prefix}* tensors{' after the last step' if args.prefix == 'param.' else ''}: max rel err {worst_rel:.3e} "
               f"({'exact required' if args.exact else f'rtol {args.param_rtol:.1e}'})")
     if failures:
