@@ -81,8 +81,8 @@ static const ArgSpec FLAGS[] = {
     {"rope-theta", ARG_DOUBLE, &opt.rope_theta, NULL, "RoPE base (default: the model's, 500000)", .min = 1,
      .max = UNBOUNDED},
     {"device", ARG_CHOICE, &opt.device, "cpu",
-     "where the model runs: cpu (the reference and every chapter), cuda (the GPU model: single process and "
-     "--dp-replicate so far)", .choices = DEVICE_NAMES},
+     "where the model runs: cpu (the reference and every chapter), cuda (the GPU model: the single process, "
+     "--dp-replicate, --dp-shard, --tp, --pp, --cp)", .choices = DEVICE_NAMES},
     {"cuda-sync-debug", ARG_BOOL, &opt.cuda_sync_debug, NULL,
      "with --device cuda: wait for every kernel as it is launched, so a fault names the kernel and its file:line "
      "(slow; the same as LLAMA_CUDA_SYNC_DEBUG=1)", .value_name = ""},
