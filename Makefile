@@ -231,7 +231,7 @@ EMU_OBJ := $(patsubst gpu/%.cu,$(BUILD)/obj/emu/%.o,$(filter-out gpu/matmul.cu g
   $(BUILD)/obj/emu/emu.o $(BUILD)/obj/emu/emu_nccl.o \
   $(patsubst gpu/%.c,$(BUILD)/obj/emu/%.o,$(filter-out gpu/main_%.c gpu/cupti.c gpu/no_nccl.c,$(wildcard gpu/*.c)))
 EMU_TEST_BIN := $(patsubst tests/gpu/%.c,$(BUILD)/tests/emu/%,$(wildcard tests/gpu/test_*.c)) \
-  $(BUILD)/tests/emu/test_emulator $(BUILD)/tests/emu/train
+  $(BUILD)/tests/emu/test_emulator $(BUILD)/tests/emu/train $(BUILD)/tests/emu/bench_gpu
 ifneq ($(shell command -v $(CXX) 2>/dev/null),)
 all: $(EMU_TEST_BIN)
 endif
@@ -252,6 +252,11 @@ $(BUILD)/tests/emu/test_emulator: tests/gpu/emu/test_emulator.cpp $(EMU_OBJ) $(L
 	$(CXX) $(EMU_CXXFLAGS) $(LINK_INPUTS) -o $@ $(LDLIBS)
 # The trainer with --device cuda on the emulator (tests/t_gpu_trainer.sh).
 $(BUILD)/tests/emu/train: chapters/10_trainer/train.c $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Werror $(LINK_INPUTS) -o $@ -lstdc++ $(LDLIBS)
+# The GPU benchmark on the emulator (tests/t_gpu_emulated.sh runs scripts/bench_gpu.sh with it:
+# the times are the emulator's, the plumbing from its lines to a planner profile is what is tested).
+$(BUILD)/tests/emu/bench_gpu: gpu/main_bench_gpu.c $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Werror $(LINK_INPUTS) -o $@ -lstdc++ $(LDLIBS)
 $(BUILD)/tests/emu/%: tests/gpu/%.c $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)

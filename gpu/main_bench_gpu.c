@@ -7,6 +7,11 @@
 //   build/bench_gpu --model llama3_1b --batch 4 --seq-len 2048 --steps 12
 //   build/bench_gpu --model llama3_1b --batch 0 --seq-len 8192      # the largest batch that fits
 //   build/bench_gpu --model llama3_1b --seq-len 2048 --attention-only # one layer's attention, bf16
+//   build/bench_gpu --model llama3_1b --seq-len 2048 --gemm-only      # the linears' GEMMs, bf16 and FP8
+//
+// --attention-only and --gemm-only give the efficiencies a cluster profile of chapter 11's planner
+// holds (scripts/gpu_profile.py turns them into one: scripts/bench_gpu.sh does, and predicts the
+// step it measured with it).
 //
 // MFU is printed by the project's FLOP count (mfu) and by torchtitan's convention (mfu_titan),
 // gpu/mfu.h.
@@ -18,6 +23,7 @@
 #include "common/log.h"
 #include "common/rng.h"
 #include "common/trace.h"
+#include "gpu/fp8.h"
 #include "gpu/mfu.h"
 #include "gpu/model.h"
 #include "gpu/runtime.h"
@@ -27,7 +33,7 @@ static struct {
     const char *model, *precision, *trace;
     int batch, seq_len, steps, warmup, layers;
     double peak_tflops;
-    bool attention_only;
+    bool attention_only, gemm_only;
 } opt;
 
 // The largest batch whose planned memory (gpu_model_plan_bytes) fits in 90% of the free memory: the
@@ -86,6 +92,115 @@ static void bench_attention(const ModelConfig *cfg, int B, int T, int steps, int
     free(host);
 }
 
+// x (n) = bf16 of Gaussian values (stream `stream`), through a device fp32 staging buffer.
+static void fill_bf16(gpu_bf16 *x, size_t n, uint64_t stream) {
+    float *host = malloc(sizeof(float) * n), *dev = gpu_alloc(MEM_OTHER, sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) host[i] = (float)rng_normal(6, stream, i);
+    gpu_upload(dev, host, sizeof(float) * n);
+    gpu_cast_f32_to_bf16(x, dev, n);
+    gpu_free(dev);
+    free(host);
+}
+
+// q (n) = FP8 codes of Gaussian values (per tensor, scale 16: well inside E4M3's and E5M2's range).
+static void fill_fp8(uint8_t *q, size_t n, uint64_t stream, Fp8Format f, const float *scale) {
+    float *host = malloc(sizeof(float) * n), *dev = gpu_alloc(MEM_OTHER, sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) host[i] = (float)rng_normal(6, stream, i);
+    gpu_upload(dev, host, sizeof(float) * n);
+    gpu_fp8_quantize(q, dev, 1, (int)n, FP8_PER_TENSOR, scale, f);
+    gpu_free(dev);
+    free(host);
+}
+
+// The linears of one block and the output head as the model runs them at B x T tokens: for each
+// (K, N), the forward GEMM and both backward ones (input and weight gradients), M = B T; the
+// FLOPs (3 x 2 M K N each) over the CUDA-synchronised host time. In bf16 (the model's GEMMs), and
+// with FP8 codes (E4M3 x E4M3 forward with fast accumulation, E5M2 x E4M3 gradients: chapter 9's
+// tensorwise linear; the head stays bf16 in FP8 training, so it is left out there). Then a
+// device-to-device copy of 1 GiB: the memory bandwidth the element-wise ops run at. The line
+// `gemm:` holds what a cluster profile's gemm_eff, fp8_gemm_eff and hbm_bw are made of.
+static void bench_gemms(const ModelConfig *cfg, int B, int T, int steps, int warmup) {
+    int M = B * T, D = cfg->dim, F = cfg->ffn_dim, V = cfg->vocab_size, hd = model_head_dim(cfg);
+    int hq = cfg->n_heads * hd, hkv = cfg->n_kv_heads * hd;
+    enum { N_SHAPES = 6 };
+    const int shape[N_SHAPES][2] = {{D, hq + 2 * hkv}, {hq, D}, {D, F}, {D, F}, {F, D}, {D, V}};  // (K, N): QKV wo W1 W3 W2 head
+    const bool in_fp8[N_SHAPES] = {true, true, true, true, true, false};
+    // the largest operand of each kind over the shapes (every FP8 operand in both of its layouts)
+    size_t x_n = 0, y_n = 0, w_n = 0, fa_n = 0, fb_n = 0, fout_n = 0;
+#define AT_LEAST(v, n) (v) = (v) > (size_t)(n) ? (v) : (size_t)(n)
+    for (int i = 0; i < N_SHAPES; i++) {
+        size_t K = shape[i][0], N = shape[i][1], rows = (size_t)M;
+        AT_LEAST(x_n, rows * K), AT_LEAST(y_n, rows * N), AT_LEAST(w_n, N * K);
+        if (in_fp8[i]) AT_LEAST(fa_n, rows * (K > N ? K : N)), AT_LEAST(fb_n, K * (N > rows ? N : rows)), AT_LEAST(fb_n, N * K),
+            AT_LEAST(fout_n, rows * (K > N ? K : N)), AT_LEAST(fout_n, N * K);
+    }
+#undef AT_LEAST
+    gpu_bf16 *x = gpu_alloc(MEM_ACTIVATIONS, 2 * x_n), *w = gpu_alloc(MEM_PARAMS, 2 * w_n);
+    gpu_bf16 *y = gpu_alloc(MEM_ACTIVATIONS, 2 * y_n), *dx = gpu_alloc(MEM_ACTIVATIONS, 2 * x_n);
+    float *dw = gpu_alloc(MEM_GRADS, sizeof(float) * w_n);
+    fill_bf16(x, x_n, 1), fill_bf16(w, w_n, 2), fill_bf16(y, y_n, 3);
+    bool fp8_ok = true;  // cuBLASLt's FP8 GEMMs take multiples of 16 only
+    for (int i = 0; i < N_SHAPES; i++)
+        if (in_fp8[i] && (gpu_fp8_gemm_shape_error(M, shape[i][1], shape[i][0]) ||
+                          gpu_fp8_gemm_shape_error(M, shape[i][0], shape[i][1]) ||
+                          gpu_fp8_gemm_shape_error(shape[i][1], shape[i][0], M)))
+            fp8_ok = false;
+    float sixteen = 16, *scale = gpu_alloc(MEM_OTHER, sizeof(float));
+    gpu_upload(scale, &sixteen, sizeof sixteen);
+    // codes: qa holds the (M, K), (M, N) or (N, M) operand, qb the (N, K), (K, N) or (K, M) one
+    uint8_t *qa = fp8_ok ? gpu_alloc(MEM_ACTIVATIONS, fa_n) : NULL, *qb = fp8_ok ? gpu_alloc(MEM_PARAMS, fb_n) : NULL;
+    float *out = fp8_ok ? gpu_alloc(MEM_ACTIVATIONS, sizeof(float) * fout_n) : NULL;
+    if (fp8_ok) fill_fp8(qa, fa_n, 4, FP8_E4M3, scale), fill_fp8(qb, fb_n, 5, FP8_E4M3, scale);
+    double flops[2] = {0, 0}, seconds[2] = {0, 0};  // bf16, FP8
+    for (int i = 0; i < N_SHAPES; i++) {
+        double f = 3 * 2.0 * M * shape[i][0] * shape[i][1];
+        flops[0] += f, flops[1] += in_fp8[i] ? f : 0;
+    }
+    for (int step = 0; step < steps; step++) {
+        gpu_synchronize();
+        long long t0 = now_ns();
+        for (int i = 0; i < N_SHAPES; i++) {
+            int K = shape[i][0], N = shape[i][1];
+            gpu_matmul_forward_bf16(y, x, w, M, K, N);
+            gpu_matmul_backward_bf16(dx, dw, y, x, w, M, K, N);
+        }
+        gpu_synchronize();
+        long long t1 = now_ns();
+        for (int i = 0; fp8_ok && i < N_SHAPES; i++) {
+            if (!in_fp8[i]) continue;
+            int K = shape[i][0], N = shape[i][1];
+            gpu_fp8_gemm(out, qa, FP8_E4M3, scale, qb, FP8_E4M3, scale, M, N, K, false, true);   // y = x w^T
+            gpu_fp8_gemm(out, qa, FP8_E5M2, scale, qb, FP8_E4M3, scale, M, K, N, false, false);  // dx = dy w
+            gpu_fp8_gemm(out, qa, FP8_E5M2, scale, qb, FP8_E4M3, scale, N, K, M, false, false);  // dw = dy^T x
+        }
+        gpu_synchronize();
+        long long t2 = now_ns();
+        if (step >= warmup) seconds[0] += (t1 - t0) * 1e-9, seconds[1] += (t2 - t1) * 1e-9;
+    }
+    int measured = steps - warmup;
+    // memory: a 1 GiB device-to-device copy, read and written (capped at a quarter of what is free)
+    size_t free_bytes, total_bytes;
+    gpu_memory_info(&free_bytes, &total_bytes);
+    size_t copy_bytes = (size_t)1 << 30;
+    if (copy_bytes > free_bytes / 4) copy_bytes = free_bytes / 4 & ~(size_t)255;
+    void *src = gpu_alloc(MEM_OTHER, copy_bytes), *dst = gpu_alloc(MEM_OTHER, copy_bytes);
+    double copy_s = 0;
+    for (int step = 0; step < steps; step++) {
+        gpu_synchronize();
+        long long t0 = now_ns();
+        gpu_copy(dst, src, copy_bytes);
+        gpu_synchronize();
+        if (step >= warmup) copy_s += (now_ns() - t0) * 1e-9;
+    }
+    printf("gemm: tokens=%d bf16_flops=%.6g bf16_ms=%.6g fp8_flops=%.6g fp8_ms=%.6g bf16_tflops=%.2f fp8_tflops=%.2f "
+           "copy_bytes_per_s=%.6g device_bytes=%zu\n",
+           M, flops[0], seconds[0] * 1e3 / measured, fp8_ok ? flops[1] : 0, fp8_ok ? seconds[1] * 1e3 / measured : 0,
+           flops[0] * measured / seconds[0] / 1e12, fp8_ok ? flops[1] * measured / seconds[1] / 1e12 : 0,
+           2.0 * copy_bytes * measured / copy_s, total_bytes);
+    void *owned[] = {x, w, y, dx, dw, scale, qa, qb, out, src, dst};
+    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
+}
+
 int main(int argc, char **argv) {
     log_set_program("bench_gpu");
     const ArgSpec flags[] = {
@@ -100,12 +215,15 @@ int main(int argc, char **argv) {
          .value_name = "FILE"},
         {"attention-only", ARG_BOOL, &opt.attention_only, NULL, "time one layer's attention alone (bf16)",
          .value_name = ""},
+        {"gemm-only", ARG_BOOL, &opt.gemm_only, NULL,
+         "time the linears' GEMMs alone (bf16 and FP8) and a device copy: the planner's efficiencies", .value_name = ""},
         {"peak-tflops", ARG_DOUBLE, &opt.peak_tflops, "989", "the device's dense bf16 peak, for MFU (H100 SXM: 989)",
          .min = 1, .max = 1e6},
     };
     args_parse(flags, sizeof flags / sizeof flags[0], argc, argv, "bench_gpu",
                "times training steps of a Llama-shaped model on the GPU");
     if (opt.steps <= opt.warmup) fatal_input("--steps %d: must exceed --warmup %d", opt.steps, opt.warmup);
+    if (opt.attention_only && opt.gemm_only) fatal_input("--attention-only and --gemm-only: one at a time");
     char why[256];
     if (gpu_device_count(why, sizeof why) == 0) {
         printf("SKIP: no CUDA device (%s)\n", why);
@@ -124,6 +242,12 @@ int main(int argc, char **argv) {
     if (opt.attention_only) {
         printf("bench_gpu: %s; attention of model %s\n", device, cfg.name);
         bench_attention(&cfg, opt.batch, opt.seq_len, opt.steps, opt.warmup);
+        gpu_shutdown();
+        return 0;
+    }
+    if (opt.gemm_only) {
+        printf("bench_gpu: %s; the linears of model %s\n", device, cfg.name);
+        bench_gemms(&cfg, opt.batch, opt.seq_len, opt.steps, opt.warmup);
         gpu_shutdown();
         return 0;
     }

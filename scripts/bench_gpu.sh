@@ -5,7 +5,10 @@
 # (scripts/bench_torch_gpu.py), with the same shapes and the same FLOPs per token. For each
 # sequence length: tokens/s, TFLOP/s and MFU against the peak (989 TFLOP/s dense bf16, H100 SXM) by
 # the project's FLOP count and by torchtitan's 12*L*h*q*T attention convention (gpu/mfu.h); then
-# one layer's attention alone, ours against SDPA (scripts/bench_attention_torch_gpu.py).
+# one layer's attention alone, ours against SDPA (scripts/bench_attention_torch_gpu.py); then this
+# GPU's profile for chapter 11's planner (bench_gpu --gemm-only and the attention alone, through
+# scripts/gpu_profile.py, written to $BUILD/gpu-profile-MODEL-SEQ.json) and the planner's prediction
+# of the step measured above with it (build/plan --cluster that file; with all the model's layers).
 # Without a CUDA device it prints SKIP and exits 0.
 # Settings: BENCH_GPU_MODEL (llama3_1b), BENCH_GPU_LAYERS (0: the model's), BENCH_GPU_BATCH (0:
 # the largest batch that fits ours, given to PyTorch too), BENCH_GPU_SEQS ("2048 8192"),
@@ -76,8 +79,10 @@ for SEQ in $SEQS; do
     "$BUILD/bench_gpu" --model "$MODEL" --batch "$batch" --seq-len "$SEQ" --steps "$STEPS" --attention-only \
         >"$LOG/attn_ours.txt" 2>&1 || { cat "$LOG/attn_ours.txt"; echo "bench-gpu: attention-only failed" >&2; exit 1; }
     read -r H KV HD < <(sed -n 's/.* heads=\([0-9]*\) kv_heads=\([0-9]*\) head_dim=\([0-9]*\).*/\1 \2 \3/p' "$LOG/attn_ours.txt")
-    "$PY" scripts/bench_attention_torch_gpu.py --batch "$batch" --seq-len "$SEQ" --heads "$H" --kv-heads "$KV" \
-        --head-dim "$HD" --steps "$STEPS" >"$LOG/attn_torch.txt" 2>&1 || tail -5 "$LOG/attn_torch.txt"
+    if [ -n "$TORCH_MODES" ]; then
+        "$PY" scripts/bench_attention_torch_gpu.py --batch "$batch" --seq-len "$SEQ" --heads "$H" --kv-heads "$KV" \
+            --head-dim "$HD" --steps "$STEPS" >"$LOG/attn_torch.txt" 2>&1 || tail -5 "$LOG/attn_torch.txt"
+    fi
     table+=$'\n'$(printf "attention alone (one layer) %10s %10s %12s %12s" "fwd ms" "bwd ms" "fwd TFLOP/s" "bwd TFLOP/s")
     for row in "ours|$LOG/attn_ours.txt" "PyTorch SDPA|$LOG/attn_torch.txt"; do
         name=${row%%|*} file=${row#*|}
@@ -85,6 +90,22 @@ for SEQ in $SEQS; do
         table+=$'\n'$(printf "  %-25s %10s %10s %12s %12s" "$name" "$(field "$file" attention: fwd_ms)" \
             "$(field "$file" attention: bwd_ms)" "$(field "$file" attention: fwd_tflops)" "$(field "$file" attention: bwd_tflops)")
     done
+
+    # This GPU as a cluster profile (chapter 11), and the planner's prediction of our step with it.
+    "$BUILD/bench_gpu" --model "$MODEL" --batch "$batch" --seq-len "$SEQ" --steps "$STEPS" --gemm-only \
+        >"$LOG/gemm_ours.txt" 2>&1 || { cat "$LOG/gemm_ours.txt"; echo "bench-gpu: gemm-only failed" >&2; exit 1; }
+    grep '^gemm:' "$LOG/gemm_ours.txt"
+    profile="$BUILD/gpu-profile-$MODEL-$SEQ.json"
+    python3 scripts/gpu_profile.py --gemm "$LOG/gemm_ours.txt" --attention "$LOG/attn_ours.txt" --peak-tflops "$PEAK" \
+        --name "bench_gpu on this GPU, $MODEL at $SEQ tokens" --out "$profile"
+    if [ "$LAYERS" = 0 ]; then
+        plan_args=(--model "$MODEL" --cluster "$profile" --gpus 1 --batch "$batch" --seq-len "$SEQ")
+        predicted=$("$BUILD/plan" "${plan_args[@]}" | sed -n 's/^step \([0-9.]*\) s.*/\1/p')
+        measured=$(field "$LOG/ours.txt" timing: mean_step_ms)
+        table+=$'\n'$(awk -v p="$predicted" -v m="$measured" -v f="$profile" 'BEGIN {
+            printf "build/plan --cluster %s: step %.1f ms predicted, %.1f measured (%+.1f%%)", f, p * 1e3, m,
+                   100 * (p * 1e3 - m) / m }')
+    fi
     summary+=("$table")
 done
 

@@ -113,6 +113,32 @@ out=$($MPIRUN -np 2 "$EMU/test_gpu_cp" alltoall 2>&1) || status=$?
     { echo "FAIL: the all-to-all on device buffers was not refused (status $status): $(tail -3 <<<"$out")"; exit 1; }
 echo "ok: $(grep -o -- '--cp-mode alltoall on device buffers.*' <<<"$out" | head -1)"
 
+# make bench-gpu's plumbing on the emulator (its times are the emulator's, not a GPU's): our steps,
+# the attention and the GEMMs alone, this "GPU" as a chapter 11 profile (scripts/gpu_profile.py),
+# and build/plan's prediction of the measured step with that profile.
+mkdir -p "$TEST_TMP/bench_gpu"
+for f in train plan; do ln -sfn "$(cd "$BUILD" && pwd)/$f" "$TEST_TMP/bench_gpu/$f"; done
+ln -sfn "$(cd "$EMU" && pwd)/bench_gpu" "$TEST_TMP/bench_gpu/bench_gpu"
+out=$(BUILD="$TEST_TMP/bench_gpu" BENCH_GPU_MODEL=tiny BENCH_GPU_SEQS=32 BENCH_GPU_BATCH=2 BENCH_GPU_STEPS=3 \
+    BENCH_GPU_TORCH= bash scripts/bench_gpu.sh 2>&1) || { echo "FAIL: scripts/bench_gpu.sh on the emulator"; tail -20 <<<"$out"; exit 1; }
+profile="$TEST_TMP/bench_gpu/gpu-profile-tiny-32.json"
+grep -qE '^gemm: tokens=64 bf16_flops=[0-9.e+]+ bf16_ms=[0-9.e+-]+ fp8_flops=[0-9.e+]+ fp8_ms=[0-9.e+-]+ ' <<<"$out" &&
+    grep -qE "^build/plan --cluster $profile: step [0-9.]+ ms predicted, [0-9.]+ measured" <<<"$out" &&
+    "$PYTHON" -c 'import json, sys
+p = json.load(open(sys.argv[1]))
+need = ["peak_bf16", "peak_fp8", "gemm_eff", "fp8_gemm_eff", "attn_eff", "hbm_bw", "hbm_bytes"]
+sys.exit(0 if all(p.get(k, 0) > 0 for k in need) else 1)' "$profile" ||
+    { echo "FAIL: bench_gpu.sh's profile and prediction"; tail -20 <<<"$out"; cat "$profile" 2>/dev/null; exit 1; }
+echo "ok: $(grep '^build/plan --cluster' <<<"$out")"
+# A run that left no line is refused by the profile's maker: exit 2, one line.
+echo "SKIP: no CUDA device" > "$TEST_TMP/bench_gpu/skipped.txt"
+status=0
+out=$("$PYTHON" scripts/gpu_profile.py --gemm "$TEST_TMP/bench_gpu/skipped.txt" --attention "$TEST_TMP/bench_gpu/skipped.txt" \
+    --peak-tflops 989 --out "$TEST_TMP/bench_gpu/none.json" 2>&1) || status=$?
+[ "$status" -eq 2 ] && [ "$(grep -c . <<<"$out")" -eq 1 ] && [ ! -e "$TEST_TMP/bench_gpu/none.json" ] ||
+    { echo "FAIL: gpu_profile.py on a skipped run (status $status): $out"; exit 1; }
+echo "ok: $out"
+
 # The traced step's GPU timeline, next to the host's slices, against the Perfetto schema: one
 # process track, "compute" and "cuda:compute".
 "$PYTHON" tests/py/trace_check.py "$TEST_TMP/gpu_timeline.pftrace" --expect-tracks 3 --expect-slice "step 1" \
