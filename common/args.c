@@ -82,8 +82,10 @@ static void set_value(const ArgSpec *s, const char *text) {
     case ARG_STRING:
         *(const char **)s->dest = text;
         break;
-    case ARG_BOOL:
-        *(bool *)s->dest = strcmp(text, "true") == 0 || strcmp(text, "1") == 0;
+    case ARG_BOOL:  // --flag alone, or --flag=true|1|false|0
+        if (strcmp(text, "true") == 0 || strcmp(text, "1") == 0) *(bool *)s->dest = true;
+        else if (strcmp(text, "false") == 0 || strcmp(text, "0") == 0) *(bool *)s->dest = false;
+        else fatal_input("--%s=%s: a switch takes no value, or true|1|false|0", s->name, text);
         break;
     }
 }

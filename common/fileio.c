@@ -1,5 +1,6 @@
 #include "fileio.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -10,11 +11,12 @@
 
 #include "log.h"
 
-// Why `path` may not be replaced by a rename: it exists and is not a regular file (stat follows
-// a symbolic link, so a link to /dev/null counts as /dev/null). NULL when it may.
+// Why `path` may not be replaced by a rename: it exists and is not a regular file (a symbolic link
+// is not: the rename would put a file in the link's place). NULL when it may.
 static const char *not_replaceable(const char *path) {
     struct stat st;
-    if (stat(path, &st) != 0 || S_ISREG(st.st_mode)) return NULL;
+    if (lstat(path, &st) != 0 || S_ISREG(st.st_mode)) return NULL;
+    if (S_ISLNK(st.st_mode)) return "is a symbolic link, which a rename would replace";
     if (S_ISDIR(st.st_mode)) return "is a directory";
     if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "is a device, which a rename would replace";
     if (S_ISFIFO(st.st_mode)) return "is a FIFO, which a rename would replace";
@@ -156,12 +158,70 @@ void fileio_check_output(const char *flag, const char *path, OutputKind kind) {
     else check_file(flag, path);
 }
 
-unsigned char *read_whole_file(const char *path, size_t *size, char *err, size_t err_len) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
+void fileio_check_dir_entries(const char *flag, const char *dir, const char *prefix, const char *suffix) {
+    DIR *d = dir ? opendir(dir) : NULL;
+    if (!d) return;  // fileio_check_output reported what is wrong with the directory itself
+    size_t np = strlen(prefix), ns = strlen(suffix);
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        if (n < np + ns || strncmp(e->d_name, prefix, np) != 0 || strcmp(e->d_name + n - ns, suffix) != 0) continue;
+        char path[PATH_MAX + NAME_MAX + 2];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        const char *why = not_replaceable(path);
+        if (why) {
+            closedir(d);
+            fatal_input("--%s %s: %s %s; the run would write it", flag, dir, path, why);
+        }
+    }
+    closedir(d);
+}
+
+// path's directory resolved (realpath) and its last name: "dir/name" of an existing directory.
+static bool resolved_name(const char *path, char *out, size_t out_len) {
+    char parent[PATH_MAX], real[PATH_MAX];
+    parent_of(path, parent, sizeof parent);
+    if (!realpath(parent, real)) return false;
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    const char *name = path;
+    for (size_t i = 0; i < n; i++)
+        if (path[i] == '/') name = path + i + 1;
+    return snprintf(out, out_len, "%s/%.*s", real, (int)(path + n - name), name) < (int)out_len;
+}
+
+bool fileio_same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    bool has_a = stat(a, &sa) == 0, has_b = stat(b, &sb) == 0;
+    if (has_a && has_b) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (has_a || has_b) return false;
+    char ra[PATH_MAX + NAME_MAX + 2], rb[PATH_MAX + NAME_MAX + 2];
+    return resolved_name(a, ra, sizeof ra) && resolved_name(b, rb, sizeof rb) && strcmp(ra, rb) == 0;
+}
+
+FILE *fopen_regular(const char *path, char *err, size_t err_len) {
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
         snprintf(err, err_len, "%s: cannot open (%s)", path, strerror(errno));
         return NULL;
     }
+    struct stat st = {0};
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(err, err_len, "%s: %s", path, S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
+        close(fd);
+        return NULL;
+    }
+    FILE *fp = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0 ? fdopen(fd, "rb") : NULL;
+    if (!fp) {
+        snprintf(err, err_len, "%s: cannot open (%s)", path, strerror(errno));
+        close(fd);
+    }
+    return fp;
+}
+
+unsigned char *read_whole_file(const char *path, size_t *size, char *err, size_t err_len) {
+    FILE *fp = fopen_regular(path, err, err_len);
+    if (!fp) return NULL;
     unsigned char *data = NULL;
     long length = -1;
     if (fseek(fp, 0, SEEK_END) == 0) length = ftell(fp);

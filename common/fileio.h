@@ -2,10 +2,11 @@
 // atomic_create() opens "<path>.tmp.<pid>"; atomic_commit() flushes, fsyncs and renames it onto
 // path, so a reader (or a crash) only ever sees the old file or the complete new one.
 //
-// Only regular files are ever replaced. An output path naming a device, a FIFO, a socket or a
-// directory is refused: by fileio_check_output() before the run starts (exit 2), and again by
-// atomic_create() as a last guard (a rename would turn /dev/null into a regular file). To discard
-// an output, leave its flag out instead of pointing it at /dev/null.
+// Only regular files are ever replaced. An output path naming a device, a FIFO, a socket, a
+// directory or a symbolic link is refused: by fileio_check_output() before the run starts (exit
+// 2), and again by atomic_create() as a last guard (a rename would turn /dev/null into a regular
+// file, and a link into a file of its own, its target untouched). To discard an output, leave its
+// flag out instead of pointing it at /dev/null.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -34,6 +35,20 @@ typedef enum { OUTPUT_FILE, OUTPUT_DIR } OutputKind;
 // the run would create it next, and kept). Exits with status 2 and one line naming the flag and
 // the reason otherwise.
 void fileio_check_output(const char *flag, const char *path, OutputKind kind);
+
+// For an output directory the run fills with files named PREFIX*SUFFIX (checkpoints step_*): exits 2
+// with one line, before the run, if such an entry exists and is not a regular file (the write would
+// otherwise be refused only when it comes, after the work).
+void fileio_check_dir_entries(const char *flag, const char *dir, const char *prefix, const char *suffix);
+
+// Whether paths a and b name one file: the same device and inode when both exist (links
+// followed), else the same resolved directory and last name (two outputs not written yet). For
+// refusing, before the run, an output that is one of its inputs or another output.
+bool fileio_same_file(const char *a, const char *b);
+
+// fopen(path, "rb") of a regular file; anything else (a directory, a FIFO, a device) is refused at
+// once, never waited on. NULL, with err filled, on failure.
+FILE *fopen_regular(const char *path, char *err, size_t err_len);
 
 // Reads a whole file into a malloc'd buffer. Returns NULL and fills err on failure.
 unsigned char *read_whole_file(const char *path, size_t *size, char *err, size_t err_len);

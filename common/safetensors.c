@@ -592,9 +592,8 @@ StFile *st_open_header(const char *path, char *err, size_t err_len) {
     size_t header_len = 0;
     Span *spans = NULL;
     struct stat st;
-    f->fp = fopen(path, "rb");
-    bool ok = f->fp != NULL && fstat(fileno(f->fp), &st) == 0 && S_ISREG(st.st_mode);
-    if (!ok) set_err(err, err_len, "%s: cannot open as a regular file", path);
+    f->fp = fopen_regular(path, err, err_len);
+    bool ok = f->fp != NULL && fstat(fileno(f->fp), &st) == 0;
     size_t size = ok ? (size_t)st.st_size : 0;
     f->bytes = xrealloc(NULL, 8);
     ok = ok && (size < 8 || read_at(f, 0, 8, f->bytes, err, err_len)) &&

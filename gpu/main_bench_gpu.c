@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include "common/args.h"
+#include "common/fileio.h"
 #include "common/log.h"
 #include "common/rng.h"
 #include "common/trace.h"
@@ -224,6 +225,7 @@ int main(int argc, char **argv) {
                "times training steps of a Llama-shaped model on the GPU");
     if (opt.steps <= opt.warmup) fatal_input("--steps %d: must exceed --warmup %d", opt.steps, opt.warmup);
     if (opt.attention_only && opt.gemm_only) fatal_input("--attention-only and --gemm-only: one at a time");
+    fileio_check_output("trace", opt.trace, OUTPUT_FILE);  // before the timed steps, and before a SKIP
     char why[256];
     if (gpu_device_count(why, sizeof why) == 0) {
         printf("SKIP: no CUDA device (%s)\n", why);

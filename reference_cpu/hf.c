@@ -480,28 +480,58 @@ static void write_index(const char *dir, const ParamTable *t, const int *shard_o
     cJSON_Delete(o);
 }
 
+// Tensors go to shards in table order; a shard is closed when the next tensor would overflow it.
+// shard_of (t->count) gets each tensor's shard; returns the number of shards.
+static int assign_shards(const ParamTable *t, StDtype dtype, size_t max_shard_bytes, int *shard_of) {
+    int shard = 0;
+    size_t in_shard = 0;
+    for (int i = 0; i < t->count; i++) {
+        size_t bytes = t->items[i].numel * st_dtype_size(dtype);
+        if (in_shard > 0 && in_shard + bytes > max_shard_bytes) shard++, in_shard = 0;
+        if (shard_of) shard_of[i] = shard;
+        in_shard += bytes;
+    }
+    return shard + 1;
+}
+
+// transformers reads model.safetensors first, the index otherwise: an export removes whichever of
+// the two an earlier export left in dir that it does not write itself.
+static void stale_path(char *out, size_t len, const char *dir, int n_shards) {
+    snprintf(out, len, "%s/%s", dir, n_shards == 1 ? HF_INDEX : HF_SINGLE);
+}
+
+void hf_export_check(const char *dir, const ModelConfig *cfg, StDtype dtype, size_t max_shard_bytes) {
+    ParamTable t = param_table_build(cfg);
+    int n_shards = assign_shards(&t, dtype, max_shard_bytes, NULL);
+    param_table_free(&t);
+    char path[4200], file[64];
+    for (int s = 0; s < n_shards + 2; s++) {  // the shards, then the index (if any) and config.json
+        if (s == n_shards && n_shards == 1) continue;
+        if (s < n_shards) shard_name(file, sizeof file, s, n_shards);
+        snprintf(path, sizeof path, "%s/%s", dir, s < n_shards ? file : s == n_shards ? HF_INDEX : "config.json");
+        fileio_check_output("export-hf", path, OUTPUT_FILE);
+    }
+    struct stat st;
+    stale_path(path, sizeof path, dir, n_shards);
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        fatal_input("--export-hf %s: %s is not a regular file, and this export would remove it", dir, path);
+}
+
 void hf_export(const char *dir, const ModelConfig *cfg, const real *flat, StDtype dtype, size_t max_shard_bytes) {
     if (dtype != ST_F32 && dtype != ST_F64) fatal("hf_export: dtype %s (F32 or F64 only)", st_dtype_name(dtype));
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) fatal_input("--export-hf %s: cannot create: %s", dir, strerror(errno));
     ParamTable t = param_table_build(cfg);
-    // Tensors go to shards in table order; a shard is closed when the next tensor would overflow it.
-    int *shard_of = malloc(sizeof *shard_of * (size_t)t.count), shard = 0;
-    size_t in_shard = 0;
-    for (int i = 0; i < t.count; i++) {
-        size_t bytes = t.items[i].numel * st_dtype_size(dtype);
-        if (in_shard > 0 && in_shard + bytes > max_shard_bytes) shard++, in_shard = 0;
-        shard_of[i] = shard;
-        in_shard += bytes;
-    }
-    int n_shards = shard + 1;
-    // transformers reads model.safetensors first, the index otherwise: remove whichever of the two
-    // an earlier export left here that this one does not write.
-    char stale[4200];
-    snprintf(stale, sizeof stale, "%s/%s", dir, n_shards == 1 ? HF_INDEX : HF_SINGLE);
-    if (unlink(stale) != 0 && errno != ENOENT) fatal_input("--export-hf: cannot remove %s: %s", stale, strerror(errno));
+    int *shard_of = malloc(sizeof *shard_of * (size_t)t.count);
+    int n_shards = assign_shards(&t, dtype, max_shard_bytes, shard_of);
     for (int s = 0; s < n_shards; s++) write_shard(dir, &t, shard_of, s, n_shards, flat, dtype, model_head_dim(cfg));
     if (n_shards > 1) write_index(dir, &t, shard_of, n_shards, dtype);
     write_config(dir, cfg, dtype);
+    // only now, with the new checkpoint complete, and only a regular file
+    char stale[4200];
+    struct stat st;
+    stale_path(stale, sizeof stale, dir, n_shards);
+    if (lstat(stale, &st) == 0 && S_ISREG(st.st_mode) && unlink(stale) != 0)
+        fatal("--export-hf: cannot remove %s: %s", stale, strerror(errno));
     free(shard_of);
     param_table_free(&t);
 }

@@ -59,3 +59,6 @@ bool hf_name(const char *table_name, char *out, size_t out_len);
 // Creates dir if needed; every file is written atomically.
 #define HF_DEFAULT_MAX_SHARD_BYTES ((size_t)5 << 30)  // transformers' save_pretrained default: 5 GB
 void hf_export(const char *dir, const ModelConfig *cfg, const real *flat, StDtype dtype, size_t max_shard_bytes);
+// Before the run: every file hf_export would write in dir can be (fileio_check_output), and the
+// file it would remove is a regular one. Exits 2 with one line otherwise.
+void hf_export_check(const char *dir, const ModelConfig *cfg, StDtype dtype, size_t max_shard_bytes);

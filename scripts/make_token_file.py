@@ -18,19 +18,48 @@ import argparse
 import array
 import os
 import re
+import stat
 import struct
 import sys
 
 MAGIC = b"LLMTOK1\0"
 
 
+def fail(message):
+    """Bad input: one line, exit status 2 (the trainer's convention)."""
+    print(f"make_token_file: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def check_output(path):
+    """Before reading anything: the output's directory exists and takes a new file, and the output is
+    a regular file or does not exist (a rename would replace a FIFO, a device or a symbolic link)."""
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        fail(f"{path}: directory {parent} does not exist")
+    if os.path.lexists(path):
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+            fail(f"{path}: is {kind}; give a file name")
+    probe = f"{path}.tmp.{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as e:
+        fail(f"{path}: cannot create a file there ({e.strerror})")
+
+
 def read_ids(path):
-    text = sys.stdin.read() if path == "-" else open(path, encoding="ascii").read()
+    try:
+        text = sys.stdin.read() if path == "-" else open(path, encoding="ascii").read()
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"{path}: {e.strerror if isinstance(e, OSError) else 'not ASCII text'}")
     fields = [f for f in re.split(r"[\s,]+", text) if f]
     ids = []
     for position, field in enumerate(fields):
         if not re.fullmatch(r"[0-9]+", field):
-            sys.exit(f"make_token_file: {path}: id {position} is '{field}', not a non-negative integer")
+            fail(f"{path}: id {position} is '{field}', not a non-negative integer")
         ids.append(int(field))
     return ids
 
@@ -39,7 +68,7 @@ def choose_width(ids, requested):
     largest = max(ids, default=0)
     width = requested or (2 if largest < 1 << 16 else 4)
     if largest >= 1 << (8 * width):
-        sys.exit(f"make_token_file: id {largest} does not fit in {width} bytes per token")
+        fail(f"id {largest} does not fit in {width} bytes per token")
     return width
 
 
@@ -72,15 +101,19 @@ def main():
     parser.add_argument("output")
     args = parser.parse_args()
 
+    check_output(args.output)
     if args.text is not None:
-        with open(args.text, "rb") as f:
-            ids = list(f.read())
+        try:
+            with open(args.text, "rb") as f:
+                ids = list(f.read())
+        except OSError as e:
+            fail(f"{args.text}: {e.strerror}")
     else:
         ids = read_ids(args.ids)
     if args.vocab_size is not None:
         for position, token in enumerate(ids):
             if token >= args.vocab_size:
-                sys.exit(f"make_token_file: token {position} is {token}, not below --vocab-size {args.vocab_size}")
+                fail(f"token {position} is {token}, not below --vocab-size {args.vocab_size}")
     width = choose_width(ids, args.width)
     write_atomically(args.output, encode(ids, width))
     print(f"make_token_file: wrote {args.output}: {len(ids)} tokens x {width} bytes")

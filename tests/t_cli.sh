@@ -72,6 +72,43 @@ expect_error "--trace /dev/null: is a device" --trace /dev/null
 expect_error "--dump /dev/full: is a device" --dump /dev/full
 expect_error "--trace-json /dev/null: is a device" --trace-json /dev/null
 [ -p "$T/fifo" ] || { echo "FAIL: $T/fifo is no longer a FIFO"; failures=$((failures + 1)); }
+# A symbolic link is not replaced either (the rename would put a file in its place, the target untouched).
+echo keep > "$T/link_target"
+ln -sfn "$T/link_target" "$T/link"
+expect_error "--trace-json $T/link: is a symbolic link" --trace-json "$T/link"
+[ -L "$T/link" ] && [ "$(cat "$T/link_target")" = keep ] || { echo "FAIL: the link or its target changed"; failures=$((failures + 1)); }
+# A FIFO given as an input is refused at once, not waited on (each under a timeout: a hang is a failure).
+for flag in "--data text:$T/fifo" "--data tokens:$T/fifo" "--resume $T/fifo"; do
+    err=$(timeout 60 "$TRAIN" $flag 2>&1 >/dev/null); rc=$?
+    [ "$rc" -eq 2 ] && [[ "$err" == *"is not a regular file"* ]] && [ "$(grep -c . <<<"$err")" -eq 1 ] ||
+        { echo "FAIL: train $flag -> exit $rc: $err"; failures=$((failures + 1)); }
+done
+echo "ok: a FIFO as --data text:, --data tokens: or --resume is refused at once"
+
+# An output may not be one of the run's inputs, nor another output: refused before training.
+printf 'some training text, kept as it is. %.0s' $(seq 20) > "$T/corpus.txt"
+cp "$T/corpus.txt" "$T/corpus.orig"
+expect_error "--trace $T/corpus.txt: is the file --data reads" --data "text:$T/corpus.txt" --trace "$T/corpus.txt"
+cmp -s "$T/corpus.txt" "$T/corpus.orig" || { echo "FAIL: the training text was overwritten"; failures=$((failures + 1)); }
+expect_error "the same file; one of the two outputs would be lost" --trace "$T/same.out" --trace-json "$T/./same.out"
+expect_error "the same file; one of the two outputs would be lost" --dump "$T/d.st" --grad-dump "$T/d.st"
+# An entry the run will write into an output directory, but that is not a regular file.
+mkdir -p "$T/ckd/step_000001.safetensors" "$T/exd/config.json"
+expect_error "--checkpoint-dir $T/ckd: $T/ckd/step_000001.safetensors is a directory; the run would write it" \
+    --checkpoint-dir "$T/ckd"
+expect_error "--export-hf $T/exd/config.json: is a directory" --export-hf "$T/exd"
+[ ! -e "$T/exd/model.safetensors" ] || { echo "FAIL: --export-hf wrote before refusing"; failures=$((failures + 1)); }
+# scripts/make_token_file.py checks its output the same way, before reading its input.
+for out in "$T/fifo" "$T/link" "$T/outdir" "$T/none/x.tok"; do
+    err=$("$PYTHON" scripts/make_token_file.py --text "$T/corpus.txt" "$out" 2>&1 >/dev/null); rc=$?
+    [ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$err")" -eq 1 ] ||
+        { echo "FAIL: make_token_file.py to $out -> exit $rc: $err"; failures=$((failures + 1)); }
+done
+[ -p "$T/fifo" ] && [ -L "$T/link" ] || { echo "FAIL: make_token_file.py replaced a FIFO or a link"; failures=$((failures + 1)); }
+echo "ok: make_token_file.py refuses a FIFO, a link, a directory and a missing directory as its output"
+# A switch takes no value; --compare runs alone.
+expect_error "--model-info=yes: a switch takes no value" --model-info=yes
+expect_error "--compare: checks a dump and exits; --trace would be ignored" --compare "$T/x.st" --trace "$T/t.pftrace"
 [ -c /dev/null ] && [ -z "$(head -c 1 /dev/null)" ] || { echo "FAIL: /dev/null is not an empty character device"; failures=$((failures + 1)); }
 if [ "$(id -u)" -eq 0 ] && mknod "$T/scratch_null" c 1 3 2>/dev/null; then  # a device of our own
     expect_error "--trace $T/scratch_null: is a device" --trace "$T/scratch_null"

@@ -106,8 +106,9 @@ expect_error() {  # wanted substring, flags...
     echo "ok: $* -> $out"
 }
 expect_error "nothing to do"
+expect_error "--trace $TEST_TMP: is a directory" --check --trace "$TEST_TMP"  # before the check runs, not after
 expect_error "--max-bytes 0: must be between" --bench --max-bytes 0
 expect_error "--min-bytes 4096: must not exceed --max-bytes 1024" --bench --min-bytes 4096 --max-bytes 1024
 expect_error "--iters x: not an integer" --bench --iters x
-expect_error "--trace $TEST_TMP/no/such/dir/r.pftrace: cannot write into directory" --trace "$TEST_TMP/no/such/dir/r.pftrace"
+expect_error "--trace $TEST_TMP/no/such/dir/r.pftrace: directory $TEST_TMP/no/such/dir does not exist" --trace "$TEST_TMP/no/such/dir/r.pftrace"
 echo "t_collectives: OK"

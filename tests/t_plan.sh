@@ -33,6 +33,9 @@ expect_bad "must be a number" --cluster "$T/bad.json"
 echo '{"gemm_eff": 0.5, "warp_drive": 1}' > "$T/unknown.json"
 expect_bad "unknown field warp_drive" --cluster "$T/unknown.json"
 expect_bad "not a profile" --cluster h100
+expect_bad "--trace $T: is a directory" --trace "$T"  # refused before the simulation, not after it
+mkfifo "$T/cluster.fifo"
+expect_bad "is not a regular file" --cluster "$T/cluster.fifo"  # refused at once, not waited on
 
 # A cluster file overrides the default profile field by field.
 echo '{"name": "half", "gemm_eff": 0.225, "fp8_gemm_eff": 0.1785, "attn_eff": 0.108}' > "$T/half.json"

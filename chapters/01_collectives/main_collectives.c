@@ -20,6 +20,7 @@
 #include "chapters/01_collectives/ring.h"
 #include "common/args.h"
 #include "common/comm.h"
+#include "common/fileio.h"
 #include "common/log.h"
 #include "common/trace.h"
 #include "common/trace_dist.h"
@@ -429,14 +430,6 @@ static void run_trace(const char *path) {
              path, opt.trace_iters, count * sizeof(float), n, 2 * (n - 1));
 }
 
-// The directory the trace goes into must exist and be writable: say so now, not after the run.
-static void check_trace_path(const char *path) {
-    char dir[4096] = ".";
-    const char *slash = strrchr(path, '/');
-    if (slash) snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);  // "/x" -> "/"
-    if (access(dir, W_OK) != 0) fatal_input("--trace %s: cannot write into directory %s", path, dir);
-}
-
 int main(int argc, char **argv) {
     args_parse(FLAGS, N_FLAGS, argc, argv, "collectives",
                "Chapter 1: ring all-reduce, reduce-scatter and all-gather from point-to-point transfers, checked "
@@ -444,7 +437,7 @@ int main(int argc, char **argv) {
     if (!opt.check && !opt.bench && !opt.trace) fatal_input("nothing to do: give --check, --bench and/or --trace FILE");
     if (opt.min_bytes > opt.max_bytes)
         fatal_input("--min-bytes %lld: must not exceed --max-bytes %lld", opt.min_bytes, opt.max_bytes);
-    if (opt.trace) check_trace_path(opt.trace);
+    fileio_check_output("trace", opt.trace, OUTPUT_FILE);  // now, not after the run
 
     comm_init(&argc, &argv, &(CommOptions){.trace = opt.trace != NULL});
     double failures = opt.check ? run_check() : 0;

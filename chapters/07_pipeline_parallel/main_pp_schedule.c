@@ -8,6 +8,7 @@
 
 #include "chapters/07_pipeline_parallel/schedule.h"
 #include "common/args.h"
+#include "common/fileio.h"
 #include "common/log.h"
 
 static struct {
@@ -26,6 +27,7 @@ static const ArgSpec FLAGS[] = {
 int main(int argc, char **argv) {
     args_parse(FLAGS, (int)(sizeof FLAGS / sizeof FLAGS[0]), argc, argv, "pp_schedule",
                "Prints, checks and draws a pipeline schedule (chapter 7).");
+    fileio_check_output("dot", opt.dot, OUTPUT_FILE);  // before anything is printed
     PpScheduleKind kind;
     pp_schedule_parse(opt.schedule, &kind);  // one of the choices: args_parse checked it
     int p = opt.pp, m = opt.microbatches, v = opt.virtual_stages;

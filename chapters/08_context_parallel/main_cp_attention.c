@@ -18,6 +18,7 @@
 
 #include "chapters/08_context_parallel/cp.h"
 #include "common/args.h"
+#include "common/fileio.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/rng.h"
@@ -100,6 +101,7 @@ int main(int argc, char **argv) {
     args_parse(flags, N_FLAGS, argc, argv, "cp_attention",
                "Context-parallel attention (ring or all-to-all) against single-process attention.");
     if (opt.heads % opt.kv_heads != 0) fatal_input("--kv-heads %d: must divide --heads %d", opt.kv_heads, opt.heads);
+    fileio_check_output("trace", opt.trace, OUTPUT_FILE);
     comm_init(&argc, &argv, &(CommOptions){.trace = opt.trace != NULL});
     Comm *world = comm_world();
     int rank = comm_rank(world), n = comm_size(world);

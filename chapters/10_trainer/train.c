@@ -15,6 +15,7 @@
 //   ./build/train --init-from hf:llama-3.2-1b --seq-len 512 --data tokens:t.bin --export-hf tuned   (HF.md)
 //   ./build/train --model small --fp8 --fp8-recipe rowwise            (chapter 9: FP8 linears, emulated)
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -237,6 +238,42 @@ static void print_model_info(const ModelConfig *c, int seq_len) {
 // Every output can be created (fileio_check_output), the sizes fit int where the code indexes with
 // int, and the planned memory fits the machine; flags that would be ignored are refused. Runs on
 // every rank before comm_init, so a typo costs a second, not a run.
+// No output file may be one of the run's inputs (it would overwrite what the run reads: the
+// training text, the checkpoint it resumes from, the checkpoint it starts from) or another output
+// (one of the two would be lost); --export-hf may not write over --init-from's checkpoint.
+static void check_outputs_distinct(void) {
+    const struct {
+        const char *flag, *path;
+    } outputs[] = {{"trace", opt.trace},         {"trace-json", opt.trace_json}, {"dump", opt.dump},
+                   {"grad-dump", opt.grad_dump}, {"mesh-dot", opt.mesh_dot},     {"pp-schedule-dot", opt.pp_schedule_dot}};
+    enum { N_OUTPUTS = sizeof outputs / sizeof outputs[0] };
+    char resume[PATH_MAX] = "", init_files[3][PATH_MAX + 48];
+    const char *init_dir = opt.init_from && strncmp(opt.init_from, "hf:", 3) == 0 ? opt.init_from + 3 : NULL;
+    if (opt.resume) checkpoint_resolve(opt.resume, resume, sizeof resume);
+    const char *data = strncmp(opt.data, "text:", 5) == 0 ? opt.data + 5 : strncmp(opt.data, "tokens:", 7) == 0 ? opt.data + 7 : NULL;
+    const char *init_names[3] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
+    struct {
+        const char *flag, *path;
+    } inputs[2 + 3] = {{"data", data}, {"resume", opt.resume ? resume : NULL}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(init_files[i], sizeof init_files[i], "%s/%s", init_dir ? init_dir : ".", init_names[i]);
+        inputs[2 + i].flag = "init-from", inputs[2 + i].path = init_dir ? init_files[i] : NULL;
+    }
+    for (int o = 0; o < N_OUTPUTS; o++) {
+        if (!outputs[o].path) continue;
+        for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
+            if (inputs[i].path && fileio_same_file(outputs[o].path, inputs[i].path))
+                fatal_input("--%s %s: is the file --%s reads (%s); the run would overwrite it", outputs[o].flag,
+                            outputs[o].path, inputs[i].flag, inputs[i].path);
+        for (int p = o + 1; p < N_OUTPUTS; p++)
+            if (outputs[p].path && fileio_same_file(outputs[o].path, outputs[p].path))
+                fatal_input("--%s %s and --%s %s: the same file; one of the two outputs would be lost", outputs[o].flag,
+                            outputs[o].path, outputs[p].flag, outputs[p].path);
+    }
+    if (opt.export_hf && init_dir && fileio_same_file(opt.export_hf, init_dir))
+        fatal_input("--export-hf %s: is the checkpoint --init-from reads; export to another directory", opt.export_hf);
+}
+
 static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
     static const struct {
         const char *flag, **path;
@@ -250,6 +287,11 @@ static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
     };
     for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; i++)
         fileio_check_output(outputs[i].flag, *outputs[i].path, outputs[i].kind);
+    check_outputs_distinct();
+    fileio_check_dir_entries("checkpoint-dir", opt.checkpoint_dir, "step_", "");  // step_N.safetensors and .fp8
+    fileio_check_dir_entries("trace-hta", opt.trace_hta, "rank", ".json");
+    fileio_check_dir_entries("trace-hta", opt.trace_hta, ".merged.json.part", "");
+    if (opt.export_hf) hf_export_check(opt.export_hf, cfg, ST_F32, (size_t)(opt.export_hf_shard_mb * 1048576.0));
     if (args_given(flags, N_FLAGS, "zero-stage") && opt.dp_shard == 1)
         fatal_input("--zero-stage %d: shards over --dp-shard, which is 1 here (give --dp-shard 2 or more, or leave "
                     "--zero-stage out)", opt.zero_stage);
@@ -623,7 +665,16 @@ int main(int argc, char **argv) {
     if (cuda && !trainer_has_cuda()) trainer_exec_cuda_build(argv);  // before MPI starts: the GPU build takes over
     matmul_set_backend((MatmulBackend)args_choice_index(MATMUL_BACKEND_NAMES, opt.matmul));
     AttentionImpl attention = (AttentionImpl)args_choice_index(ATTENTION_IMPL_NAMES, opt.attention);
-    if (opt.compare) return dump_compare(opt.compare, attention, opt.compare_rtol);
+    if (opt.compare) {  // a check of a dump, then exit: a flag of the training run would be ignored
+        const char *used[] = {"compare", "compare-rtol", "attention", "matmul"};
+        for (int i = 0; i < N_FLAGS; i++) {
+            bool is_used = false;
+            for (size_t u = 0; u < sizeof used / sizeof used[0]; u++) is_used |= strcmp(flags[i].name, used[u]) == 0;
+            if (!is_used && args_given(flags, N_FLAGS, flags[i].name))
+                fatal_input("--compare: checks a dump and exits; --%s would be ignored (leave it out)", flags[i].name);
+        }
+        return dump_compare(opt.compare, attention, opt.compare_rtol);
+    }
 
     HfCheckpoint *init_checkpoint;
     ModelConfig cfg = resolve_config(flags, &init_checkpoint);

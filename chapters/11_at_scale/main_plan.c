@@ -12,6 +12,7 @@
 
 #include "chapters/11_at_scale/plan.h"
 #include "common/args.h"
+#include "common/fileio.h"
 #include "common/log.h"
 
 static struct {
@@ -171,6 +172,7 @@ static void search(const PlanConfig *base, const Cluster *c) {
 int main(int argc, char **argv) {
     args_parse(flags, N_FLAGS, argc, argv, "plan",
                "memory per GPU and simulated step time of a training run on a cluster model");
+    fileio_check_output("trace", opt.trace, OUTPUT_FILE);
     Cluster c = load_cluster();
     PlanConfig p = config_from_flags();
     if (opt.search) {
