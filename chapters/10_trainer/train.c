@@ -246,18 +246,21 @@ static void check_outputs_distinct(void) {
         const char *flag, *path;
     } outputs[] = {{"trace", opt.trace},         {"trace-json", opt.trace_json}, {"dump", opt.dump},
                    {"grad-dump", opt.grad_dump}, {"mesh-dot", opt.mesh_dot},     {"pp-schedule-dot", opt.pp_schedule_dot}};
-    enum { N_OUTPUTS = sizeof outputs / sizeof outputs[0] };
-    char resume[PATH_MAX] = "", init_files[3][PATH_MAX + 48];
-    const char *init_dir = opt.init_from && strncmp(opt.init_from, "hf:", 3) == 0 ? opt.init_from + 3 : NULL;
+    enum { N_OUTPUTS = sizeof outputs / sizeof outputs[0], N_INIT = 3 };
+    // The inputs: the data file, the checkpoint resumed from, the Hugging Face checkpoint's files.
+    static const char *const init_names[N_INIT] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
+    char resume[PATH_MAX] = "", init_files[N_INIT][PATH_MAX + 48];
     if (opt.resume) checkpoint_resolve(opt.resume, resume, sizeof resume);
-    const char *data = strncmp(opt.data, "text:", 5) == 0 ? opt.data + 5 : strncmp(opt.data, "tokens:", 7) == 0 ? opt.data + 7 : NULL;
-    const char *init_names[3] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
+    const char *data_file = strncmp(opt.data, "text:", 5) == 0     ? opt.data + 5
+                            : strncmp(opt.data, "tokens:", 7) == 0 ? opt.data + 7
+                                                                   : NULL;
+    const char *init_dir = opt.init_from && strncmp(opt.init_from, "hf:", 3) == 0 ? opt.init_from + 3 : NULL;
     struct {
         const char *flag, *path;
-    } inputs[2 + 3] = {{"data", data}, {"resume", opt.resume ? resume : NULL}};
-    for (int i = 0; i < 3; i++) {
-        snprintf(init_files[i], sizeof init_files[i], "%s/%s", init_dir ? init_dir : ".", init_names[i]);
-        inputs[2 + i].flag = "init-from", inputs[2 + i].path = init_dir ? init_files[i] : NULL;
+    } inputs[2 + N_INIT] = {{"data", data_file}, {"resume", opt.resume ? resume : NULL}};
+    for (int i = 0; init_dir && i < N_INIT; i++) {
+        snprintf(init_files[i], sizeof init_files[i], "%s/%s", init_dir, init_names[i]);
+        inputs[2 + i].flag = "init-from", inputs[2 + i].path = init_files[i];
     }
     for (int o = 0; o < N_OUTPUTS; o++) {
         if (!outputs[o].path) continue;
