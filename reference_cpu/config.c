@@ -111,12 +111,12 @@ double model_flops_per_token(const ModelConfig *c, int seq_len) {
     return 6.0 * matmul_params + 6.0 * c->n_layers * hq * seq_len;
 }
 
-char *model_throughput_text(const ModelConfig *c, int seq_len, double tokens_per_s, double peak_tflops, char *buf,
-                            size_t len) {
+char *model_throughput_text(const ModelConfig *c, int seq_len, double tokens_per_s, int devices, double peak_tflops,
+                            char *buf, size_t len) {
     double flops_per_s = tokens_per_s * model_flops_per_token(c, seq_len);
     int n = snprintf(buf, len, " | %.1f GFLOP/s", flops_per_s * 1e-9);
-    if (peak_tflops > 0 && n >= 0 && (size_t)n < len)
-        snprintf(buf + n, len - n, " | MFU %.1f%%", 100 * flops_per_s / (peak_tflops * 1e12));
+    if (peak_tflops > 0 && devices > 0 && n >= 0 && (size_t)n < len)
+        snprintf(buf + n, len - n, " | MFU %.1f%%", 100 * flops_per_s / ((double)devices * peak_tflops * 1e12));
     return buf;
 }
 

@@ -48,11 +48,12 @@ uint64_t model_plan_bytes(const ModelConfig *c, uint64_t micro, uint64_t seq_len
 // x3 for forward+backward, halved because the causal mask skips the upper triangle.
 // h_q = n_heads * head_dim. See chapters/00_reference/README.md for the derivation.
 double model_flops_per_token(const ModelConfig *c, int seq_len);
-// The trainer's throughput figure for its log line: " | X GFLOP/s" of model FLOPs at tokens_per_s,
-// and " | MFU Y%" when peak_tflops > 0 (gpu/mfu.h's definition: model FLOPs over the device's peak;
-// recomputation is not credited). Written into buf (len bytes); returns buf.
-char *model_throughput_text(const ModelConfig *c, int seq_len, double tokens_per_s, double peak_tflops, char *buf,
-                            size_t len);
+// The trainer's throughput figure for its log line: " | X GFLOP/s" of model FLOPs at tokens_per_s
+// (the whole job's), and " | MFU Y%" when peak_tflops > 0: gpu/mfu.h's definition, per device,
+// so the job's FLOP rate over `devices` x the peak of one (recomputation is not credited).
+// Written into buf (len bytes); returns buf.
+char *model_throughput_text(const ModelConfig *c, int seq_len, double tokens_per_s, int devices, double peak_tflops,
+                            char *buf, size_t len);
 // Forward FLOPs of one transformer block on B sequences of T tokens (matmuls and causal attention);
 // its backward costs twice that. Trace slices carry these as their "flops" argument.
 double model_block_forward_flops(const ModelConfig *c, int B, int T);

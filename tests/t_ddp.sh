@@ -29,6 +29,14 @@ check_vs_ref dp4_accum2
 run dp8 8
 check_vs_ref dp8
 run dp2_no_overlap 2 --no-overlap
+# MFU is per device: the job's model FLOP/s over ranks x --peak-tflops (X GFLOP/s | MFU Y%: Y = X / (2 P) / 10
+# for 2 ranks and P TFLOP/s), on every logged step.
+$MPIRUN -np 2 "$BUILD/train" --model tiny --steps 4 --batch 8 --dp-replicate 2 --peak-tflops 0.05 > "$T/mfu.log" 2>&1 ||
+    { cat "$T/mfu.log"; echo "FAIL: run mfu"; exit 1; }
+sed -nE 's/.*\| ([0-9.]+) GFLOP\/s \| MFU ([0-9.]+)%.*/\1 \2/p' "$T/mfu.log" |
+    awk '{ n++; want = $1 / (2 * 0.05) / 10; if ($2 < want - 0.06 || $2 > want + 0.06) bad++ }
+         END { exit !(n >= 1 && !bad) }' || { grep GFLOP "$T/mfu.log"; echo "FAIL: MFU is not per device"; exit 1; }
+echo "ok: MFU over 2 ranks is the job's FLOP rate over 2 x the peak: $(grep -o 'GFLOP/s | MFU [0-9.]*%' "$T/mfu.log" | tail -1)"
 echo "== overlap off vs on: bit-identical"
 $P --ckpt "$T/dp2_no_overlap/step_000020.safetensors" --ckpt-ref "$T/dp2/step_000020.safetensors" --exact
 run dp2_desync 2 --desync-init

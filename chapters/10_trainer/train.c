@@ -87,7 +87,8 @@ static const ArgSpec FLAGS[] = {
     {"cuda-sync-debug", ARG_BOOL, &opt.cuda_sync_debug, NULL,
      "with --device cuda: wait for every kernel as it is launched, so a fault names the kernel and its file:line "
      "(slow; the same as LLAMA_CUDA_SYNC_DEBUG=1)", .value_name = ""},
-    {"peak-tflops", ARG_DOUBLE, &opt.peak_tflops, "0", "the device's peak TFLOP/s: the log line adds MFU",
+    {"peak-tflops", ARG_DOUBLE, &opt.peak_tflops, "0",
+     "one device's (rank's) peak TFLOP/s: the log line adds MFU, the job's model FLOP/s over ranks x this peak",
      .min = 0, .max = UNBOUNDED},
     {"attention", ARG_CHOICE, &opt.attention, "flash", "attention kernel", .choices = ATTENTION_IMPL_NAMES},
     {"matmul", ARG_CHOICE, &opt.matmul, "blas", "matmul backend", .choices = MATMUL_BACKEND_NAMES},
@@ -786,7 +787,8 @@ int main(int argc, char **argv) {
         if (step % opt.log_every == 0 || step == opt.steps)
             log_info("step %5lld | loss %.6f | grad_norm %.4f | lr %.3e | %.0f tok/s%s | mem %.1f MiB", step, r.loss,
                      r.grad_norm, r.lr, tokens_per_s,
-                     model_throughput_text(&cfg, t.cp_layout.T, tokens_per_s, opt.peak_tflops, rate, sizeof rate),
+                     model_throughput_text(&cfg, t.cp_layout.T, tokens_per_s, t.mesh->world_size, opt.peak_tflops, rate,
+                                           sizeof rate),
                      mem_current_total() / 1048576.0);
         bool periodic = opt.checkpoint_every > 0 && step % opt.checkpoint_every == 0;
         if (opt.checkpoint_dir && (periodic || step == opt.steps)) {

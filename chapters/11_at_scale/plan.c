@@ -263,14 +263,15 @@ static Costs unit_costs(const PlanConfig *p, const Cluster *c) {
     if (p->async_tp) tp_fwd *= 1 - c->async_tp_hidden, tp_bwd *= 1 - c->async_tp_hidden;
     // Context parallel ring: cp - 1 steps, each passing the K and V blocks (b, T/cp, hkv/tp) of
     // this rank; every step but the first hides behind the attention of the previous block.
-    // Backward passes K, V and dK, dV: twice the bytes over the same steps.
+    // Backward passes K and V cp - 1 times and dK, dV cp times (the last hop brings each rank its
+    // own gradients home): 2 cp - 1 hops (chapter 8's count), behind twice the attention.
     double cp_fwd = 0, cp_bwd = 0;
     if (p->cp > 1) {
         double kv = 2 * b * Tl * hkv / tp * p->act_bytes;
         bool local = p->cp * p->tp <= c->gpus_per_node;
-        double ring = (p->cp - 1) * p2p_s(c, local, kv);
-        cp_fwd = fmax(0, ring - t_attn * (p->cp - 1) / p->cp);
-        cp_bwd = fmax(0, 2 * ring - 2 * t_attn * (p->cp - 1) / p->cp) + (p->ac == AC_FULL ? cp_fwd : 0);
+        double hop = p2p_s(c, local, kv);
+        cp_fwd = fmax(0, (p->cp - 1) * hop - t_attn * (p->cp - 1) / p->cp);
+        cp_bwd = fmax(0, (2 * p->cp - 1) * hop - 2 * t_attn * (p->cp - 1) / p->cp) + (p->ac == AC_FULL ? cp_fwd : 0);
     }
     k.block.fwd_wait = tp_fwd + cp_fwd;
     k.block.bwd_wait = tp_bwd + cp_bwd;
