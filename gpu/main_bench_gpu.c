@@ -50,6 +50,16 @@ static int largest_batch(const ModelConfig *cfg, GpuPrecision precision, int T) 
     return B;
 }
 
+// x (n) = bf16 of Gaussian values (stream `stream`), through a device fp32 staging buffer.
+static void fill_bf16(gpu_bf16 *x, size_t n, uint64_t stream) {
+    float *host = malloc(sizeof(float) * n), *dev = gpu_alloc(MEM_OTHER, sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) host[i] = (float)rng_normal(6, stream, i);
+    gpu_upload(dev, host, sizeof(float) * n);
+    gpu_cast_f32_to_bf16(x, dev, n);
+    gpu_free(dev);
+    free(host);
+}
+
 // One layer's attention, bf16, forward and backward timed apart with CUDA-synchronised host clocks:
 // the kernels alone, against PyTorch's SDPA at the same shapes (scripts/bench_attention_torch_gpu.py).
 static void bench_attention(const ModelConfig *cfg, int B, int T, int steps, int warmup) {
@@ -60,15 +70,9 @@ static void bench_attention(const ModelConfig *cfg, int B, int T, int steps, int
     gpu_bf16 *dout = gpu_alloc(MEM_ACTIVATIONS, 2 * nq), *dq = gpu_alloc(MEM_ACTIVATIONS, 2 * nq);
     gpu_bf16 *dk = gpu_alloc(MEM_ACTIVATIONS, 2 * nkv), *dv = gpu_alloc(MEM_ACTIVATIONS, 2 * nkv);
     float *lse = gpu_alloc(MEM_ACTIVATIONS, sizeof(float) * B * H * T);
-    float *host = malloc(sizeof(float) * nq);  // random inputs: scores of a realistic spread
-    float *dev = gpu_alloc(MEM_OTHER, sizeof(float) * nq);
-    gpu_bf16 *targets[] = {q, k, v, dout};
+    gpu_bf16 *targets[] = {q, k, v, dout};  // random inputs: scores of a realistic spread
     size_t counts[] = {nq, nkv, nkv, nq};
-    for (int t = 0; t < 4; t++) {
-        for (size_t i = 0; i < counts[t]; i++) host[i] = (float)(rng_normal(5, (uint64_t)t, i));
-        gpu_upload(dev, host, sizeof(float) * counts[t]);
-        gpu_cast_f32_to_bf16(targets[t], dev, counts[t]);
-    }
+    for (int t = 0; t < 4; t++) fill_bf16(targets[t], counts[t], (uint64_t)t);
     AttnShape s = {B, T, T, H, KV, hd, NULL, NULL, true};
     double fwd_s = 0, bwd_s = 0;
     for (int i = 0; i < steps; i++) {
@@ -88,19 +92,8 @@ static void bench_attention(const ModelConfig *cfg, int B, int T, int steps, int
     printf("attention: batch=%d seq=%d heads=%d kv_heads=%d head_dim=%d fwd_ms=%.3f bwd_ms=%.3f fwd_tflops=%.2f "
            "bwd_tflops=%.2f\n",
            B, T, H, KV, hd, fwd_s * 1e3 / measured, bwd_s * 1e3 / measured, fwd_tflops, bwd_tflops);
-    void *owned[] = {q, k, v, out, dout, dq, dk, dv, lse, dev};
+    void *owned[] = {q, k, v, out, dout, dq, dk, dv, lse};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
-    free(host);
-}
-
-// x (n) = bf16 of Gaussian values (stream `stream`), through a device fp32 staging buffer.
-static void fill_bf16(gpu_bf16 *x, size_t n, uint64_t stream) {
-    float *host = malloc(sizeof(float) * n), *dev = gpu_alloc(MEM_OTHER, sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) host[i] = (float)rng_normal(6, stream, i);
-    gpu_upload(dev, host, sizeof(float) * n);
-    gpu_cast_f32_to_bf16(x, dev, n);
-    gpu_free(dev);
-    free(host);
 }
 
 // q (n) = FP8 codes of Gaussian values (per tensor, scale 16: well inside E4M3's and E5M2's range).

@@ -239,13 +239,16 @@ static void print_model_info(const ModelConfig *c, int seq_len) {
 // Every output can be created (fileio_check_output), the sizes fit int where the code indexes with
 // int, and the planned memory fits the machine; flags that would be ignored are refused. Runs on
 // every rank before comm_init, so a typo costs a second, not a run.
+// A flag and the path it names.
+typedef struct {
+    const char *flag, *path;
+} FlagPath;
+
 // No output file may be one of the run's inputs (it would overwrite what the run reads: the
 // training text, the checkpoint it resumes from, the checkpoint it starts from) or another output
 // (one of the two would be lost); --export-hf may not write over --init-from's checkpoint.
 static void check_outputs_distinct(void) {
-    const struct {
-        const char *flag, *path;
-    } outputs[] = {{"trace", opt.trace},         {"trace-json", opt.trace_json}, {"dump", opt.dump},
+    const FlagPath outputs[] = {{"trace", opt.trace},         {"trace-json", opt.trace_json}, {"dump", opt.dump},
                    {"grad-dump", opt.grad_dump}, {"mesh-dot", opt.mesh_dot},     {"pp-schedule-dot", opt.pp_schedule_dot}};
     enum { N_OUTPUTS = sizeof outputs / sizeof outputs[0], N_INIT = 3 };
     // The inputs: the data file, the checkpoint resumed from, the Hugging Face checkpoint's files.
@@ -256,9 +259,7 @@ static void check_outputs_distinct(void) {
                             : strncmp(opt.data, "tokens:", 7) == 0 ? opt.data + 7
                                                                    : NULL;
     const char *init_dir = opt.init_from && strncmp(opt.init_from, "hf:", 3) == 0 ? opt.init_from + 3 : NULL;
-    struct {
-        const char *flag, *path;
-    } inputs[2 + N_INIT] = {{"data", data_file}, {"resume", opt.resume ? resume : NULL}};
+    FlagPath inputs[2 + N_INIT] = {{"data", data_file}, {"resume", opt.resume ? resume : NULL}};
     for (int i = 0; init_dir && i < N_INIT; i++) {
         snprintf(init_files[i], sizeof init_files[i], "%s/%s", init_dir, init_names[i]);
         inputs[2 + i].flag = "init-from", inputs[2 + i].path = init_files[i];
