@@ -8,7 +8,9 @@
 //
 //   fp32:  A, B, C in fp32, CUBLAS_COMPUTE_32F: true fp32 arithmetic (no TF32), the reference path.
 //   bf16:  A, B in bf16 on the tensor cores, CUBLAS_COMPUTE_32F accumulation; out and dinp stored
-//          bf16, dweight stored and accumulated (beta = 1) in fp32.
+//          bf16, dweight stored and accumulated (beta = 1) in fp32. A bf16 output accumulated with
+//          beta = 1 (dinp +=, the residual's C) is rounded twice on an H200 (cuBLAS 13.0): the product
+//          to bf16, then the sum, as an unfused matmul and add would; tests/gpu/test_gpu_ops.c counts it.
 // Two fused forms for the GPU model: the residual in the epilogue (D = A B + C with C the residual
 // and D the output: cuBLASLt reads C and writes D, so out = residual + inp W^T costs no add kernel
 // and, in bf16, one rounding instead of two), and strided batches (several products of one shape in
@@ -153,6 +155,26 @@ static int fastest(const PlanEntry *e, const cublasLtMatmulHeuristicResult_t *r,
     return best;
 }
 
+// What every algorithm we take must satisfy: our workspace, the operands' real alignments (the
+// heuristic otherwise assumes 256 bytes, and cublasLtMatmul refuses the algorithm on less), and a
+// split-K reduction, if any, in fp32 (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE): the other schemes add
+// the partial sums in the output type, in bf16 a rounding to 8 bits per partial.
+static cublasLtMatmulPreference_t preference(unsigned align_a, unsigned align_b, unsigned align_c) {
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = WORKSPACE_BYTES;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    uint32_t align[3] = {align_a, align_b, align_c};
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0], 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1], 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], 4));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], 4));
+    uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                      sizeof schemes));
+    return pref;
+}
+
 static PlanEntry *plan_for(const PlanKey *key, const GemmPlan *p, const void *A, const void *B) {
     for (int i = 0; i < PLAN_CACHE_SIZE; i++)
         if (cache[i].used && memcmp(&cache[i].key, key, sizeof *key) == 0) return &cache[i];
@@ -176,15 +198,7 @@ static PlanEntry *plan_for(const PlanKey *key, const GemmPlan *p, const void *A,
     set_batch(e->b, p->batch, p->stride_b);
     set_batch(e->c, p->batch, p->stride_c);  // C and D share this layout
 
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = WORKSPACE_BYTES;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    uint32_t align[3] = {key->align_a, key->align_b, key->align_c};
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[0], 4));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align[1], 4));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align[2], 4));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align[2], 4));
+    cublasLtMatmulPreference_t pref = preference(key->align_a, key->align_b, key->align_c);
     cublasLtMatmulHeuristicResult_t results[AUTOTUNE_CANDIDATES];
     int n_results = 0;
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, e->desc, e->a, e->b, e->c, e->c, pref,
@@ -339,6 +353,7 @@ typedef struct {
     int rows_a, rows_b, K;
     Fp8Format fa, fb;
     bool fast_accum;
+    unsigned align_a, align_b, align_out;  // of our a, b and out: part of the key, as in PlanKey
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
@@ -350,11 +365,13 @@ static Fp8Plan fp8_plans[FP8_PLANS];
 static cudaDataType fp8_type(Fp8Format f) { return f == FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
 static const char *fp8_name(Fp8Format f) { return f == FP8_E4M3 ? "e4m3" : "e5m2"; }
 
-static Fp8Plan *fp8_plan(int rows_a, int rows_b, int K, Fp8Format fa, Fp8Format fb, bool fast_accum) {
+static Fp8Plan *fp8_plan(int rows_a, int rows_b, int K, Fp8Format fa, Fp8Format fb, bool fast_accum,
+                         unsigned align_a, unsigned align_b, unsigned align_out) {
     for (int i = 0; i < FP8_PLANS; i++) {
         Fp8Plan *p = &fp8_plans[i];
         if (p->used && p->rows_a == rows_a && p->rows_b == rows_b && p->K == K && p->fa == fa && p->fb == fb &&
-            p->fast_accum == fast_accum)
+            p->fast_accum == fast_accum && p->align_a == align_a && p->align_b == align_b &&
+            p->align_out == align_out)
             return p;
     }
     Fp8Plan *p = NULL;
@@ -363,7 +380,7 @@ static Fp8Plan *fp8_plan(int rows_a, int rows_b, int K, Fp8Format fa, Fp8Format 
     if (!p) fatal("gpu_fp8_gemm: more than %d GEMM shapes", FP8_PLANS);
     memset(p, 0, sizeof *p);
     p->used = true, p->rows_a = rows_a, p->rows_b = rows_b, p->K = K, p->fa = fa, p->fb = fb;
-    p->fast_accum = fast_accum;
+    p->fast_accum = fast_accum, p->align_a = align_a, p->align_b = align_b, p->align_out = align_out;
     p->inverse_scales = (float *)gpu_alloc(MEM_OTHER, 2 * sizeof(float));
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t op_a = CUBLAS_OP_T, op_b = CUBLAS_OP_N;
@@ -377,10 +394,7 @@ static Fp8Plan *fp8_plan(int rows_a, int rows_b, int K, Fp8Format fa, Fp8Format 
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, fp8_type(fb), K, rows_b, K));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, fp8_type(fa), K, rows_a, K));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, rows_b, rows_a, rows_b));
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = WORKSPACE_BYTES;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulPreference_t pref = preference(align_b, align_a, align_out);
     cublasLtMatmulHeuristicResult_t result;
     int n_results = 0;
     CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &n_results));
@@ -417,9 +431,16 @@ extern "C" void gpu_fp8_gemm(float *out, const uint8_t *a, Fp8Format fa, const f
     if (why) fatal("gpu_fp8_gemm (%d, %d) x (%d, %d)^T: %s", rows_a, K, rows_b, K, why);
     if (fa == FP8_E5M2 && fb == FP8_E5M2) fatal("gpu_fp8_gemm: E5M2 x E5M2 has no Hopper kernel");
     ensure_handle();
-    Fp8Plan *p = fp8_plan(rows_a, rows_b, K, fa, fb, fast_accum);
+    Fp8Plan *p = fp8_plan(rows_a, rows_b, K, fa, fb, fast_accum, ptr_alignment((uintptr_t)a),
+                          ptr_alignment((uintptr_t)b), ptr_alignment((uintptr_t)out));
     GPU_LAUNCH(inverse_scales_kernel, 1, 1, 0, p->inverse_scales, scale_b, scale_a);
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    CUBLAS_CHECK(cublasLtMatmul(handle, p->desc, &alpha, b, p->a, a, p->b, &beta, out, p->c, out, p->c, &p->algo,
-                                workspace, WORKSPACE_BYTES, gpu_stream()));
+    cublasStatus_t st = cublasLtMatmul(handle, p->desc, &alpha, b, p->a, a, p->b, &beta, out, p->c, out, p->c,
+                                       &p->algo, workspace, WORKSPACE_BYTES, gpu_stream());
+    // The whole call in the message, so that a refusal can be reproduced (CUBLASLT_LOG_LEVEL=5 says why).
+    if (st != CUBLAS_STATUS_SUCCESS)
+        fatal("gpu_fp8_gemm: cublasLtMatmul %s for %s (%d, %d) x %s (%d, %d)^T into fp32 (beta %g, fast "
+              "accumulation %s; alignments a %u, b %u, out %u bytes)", cublasLtGetStatusString(st), fp8_name(fa),
+              rows_a, K, fp8_name(fb), rows_b, K, beta, fast_accum ? "on" : "off", p->align_a, p->align_b,
+              p->align_out);
 }

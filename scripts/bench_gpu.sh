@@ -107,6 +107,7 @@ for SEQ in $SEQS; do
                    100 * (p * 1e3 - m) / m }')
     fi
     summary+=("$table")
+    echo; echo "$table"  # now as well as at the end: a run stopped during the next length keeps this one
 done
 
 for table in "${summary[@]}"; do echo; echo "$table"; done

@@ -187,15 +187,27 @@ for schedule in GPipe 1F1B Interleaved1F1B; do
        --ckpt "$T/$name/step_000002.safetensors" --ckpt-ref "$T/gpu1_accum2/step_000002.safetensors" --exact
     $P --ckpt "$T/$name.grads.safetensors" --ckpt-ref "$T/gpu1_accum2.grads.safetensors" --prefix grad. --exact
 done
-# The boundary transfers through the other device backend: the emulator's NCCL (grouped sends and
-# receives on the NCCL stream) instead of the staged MPI the 2 ranks sharing a GPU get by default.
-LLAMA_GPU_COMM=nccl $MPIRUN -x LLAMA_GPU_COMM -np 2 "$EMU_TRAIN" "${common[@]}" --device cuda --pp 2 --pp-schedule 1F1B \
-    --pp-microbatches 2 --grad-dump "$T/gpu_pp2_nccl.grads.safetensors" > "$T/gpu_pp2_nccl.log" 2>&1 ||
-    { cat "$T/gpu_pp2_nccl.log"; echo "FAIL: run gpu_pp2_nccl"; exit 1; }
-grep -q "comm on device buffers: nccl (LLAMA_GPU_COMM=nccl)" "$T/gpu_pp2_nccl.log" || { echo "FAIL: gpu_pp2_nccl not on NCCL"; exit 1; }
-echo "== gpu_pp2_nccl vs the single GPU with --grad-accum-steps 2: bit-identical"
-$P --log "$T/gpu_pp2_nccl.log" --log-ref "$T/gpu1_accum2.log" --loss-rtol 0
-$P --ckpt "$T/gpu_pp2_nccl.grads.safetensors" --ckpt-ref "$T/gpu1_accum2.grads.safetensors" --prefix grad. --exact
+# The boundary transfers through the other device backend: NCCL (grouped sends and receives on the
+# NCCL stream) instead of the staged MPI the 2 ranks sharing a GPU get by default. NCCL needs a GPU
+# per rank: the emulator's NCCL has no such limit, a real device needs two GPUs on the host; with one,
+# the trainer must refuse the layout with its one-line error and status 2, before any work.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [ -z "${GPU_TRAIN:-}" ] || [ "${gpus:-0}" -ge 2 ]; then
+    LLAMA_GPU_COMM=nccl $MPIRUN -x LLAMA_GPU_COMM -np 2 "$EMU_TRAIN" "${common[@]}" --device cuda --pp 2 \
+        --pp-schedule 1F1B --pp-microbatches 2 --grad-dump "$T/gpu_pp2_nccl.grads.safetensors" > "$T/gpu_pp2_nccl.log" 2>&1 ||
+        { cat "$T/gpu_pp2_nccl.log"; echo "FAIL: run gpu_pp2_nccl"; exit 1; }
+    grep -q "comm on device buffers: nccl (LLAMA_GPU_COMM=nccl)" "$T/gpu_pp2_nccl.log" || { echo "FAIL: gpu_pp2_nccl not on NCCL"; exit 1; }
+    echo "== gpu_pp2_nccl vs the single GPU with --grad-accum-steps 2: bit-identical"
+    $P --log "$T/gpu_pp2_nccl.log" --log-ref "$T/gpu1_accum2.log" --loss-rtol 0
+    $P --ckpt "$T/gpu_pp2_nccl.grads.safetensors" --ckpt-ref "$T/gpu1_accum2.grads.safetensors" --prefix grad. --exact
+else
+    echo "== 2 ranks on NCCL with $gpus GPU on the host: refused"
+    rc=0
+    LLAMA_GPU_COMM=nccl $MPIRUN -x LLAMA_GPU_COMM -np 2 "$EMU_TRAIN" "${common[@]}" --device cuda --pp 2 \
+        > "$T/gpu_pp2_nccl.log" 2>&1 || rc=$?
+    grep -q "NCCL needs a GPU per rank" "$T/gpu_pp2_nccl.log" && [ "$rc" -ne 0 ] ||
+        { cat "$T/gpu_pp2_nccl.log"; echo "FAIL: 2 NCCL ranks on one GPU were not refused (status $rc)"; exit 1; }
+fi
 
 # Context parallelism: chapter 8's ring on device buffers for the GPU model's attention (fp32 inside,
 # bf16 in and out), 2 ranks holding 8 of each sequence's 16 tokens (zigzag), DDP over the cp ranks;
@@ -329,8 +341,14 @@ echo "== the GPU timeline of a traced run (DDP, 2 steps)"
 # "gpu mem <category>" counters next to the host's, and trace-summary reports the GPU's time.
 $MPIRUN -np 2 "$EMU_TRAIN" "${common[@]}" --device cuda --dp-replicate 2 --trace-json "$T/gpu.json" > "$T/gpu_trace.log" 2>&1 ||
     { cat "$T/gpu_trace.log"; echo "FAIL: traced run"; exit 1; }
-grep -q "GPU timeline: the marked regions, timed by CUDA events (per-kernel records off: the CPU emulator has no CUPTI)" \
-    "$T/gpu_trace.log" || { echo "FAIL: the traced run does not say which GPU timeline it records"; exit 1; }
+# On the emulator the regions are timed by CUDA events; on a device (GPU_TRAIN) CUPTI adds every kernel.
+if [ -n "${GPU_TRAIN:-}" ]; then
+    timeline="GPU timeline: the marked regions, and every kernel, copy and fill per stream (CUPTI)"
+else
+    timeline="GPU timeline: the marked regions, timed by CUDA events (per-kernel records off: the CPU emulator has no CUPTI)"
+fi
+grep -qF "$timeline" "$T/gpu_trace.log" ||
+    { grep "GPU timeline" "$T/gpu_trace.log"; echo "FAIL: the traced run does not say '$timeline'"; exit 1; }
 "$PYTHON" - "$T/gpu.json" <<'PY'
 import json, sys
 from collections import Counter
