@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "common/rng.h"
 #include "common/trace.h"
+#include "gpu/activity.h"
 #include "gpu/fp8.h"
 #include "gpu/mfu.h"
 #include "gpu/model.h"
@@ -278,7 +279,12 @@ int main(int argc, char **argv) {
            flops_per_token, flops_titan);
 
     AdamWConfig adam = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-    if (opt.trace) trace_init(0, "rank 0 [gpu 0]");
+    if (opt.trace) {  // the regions the model marks, and every kernel per stream where CUPTI can record them
+        trace_init(0, "rank 0 [gpu 0]");
+        char why[256];
+        if (gpu_activity_start(why, sizeof why)) printf("trace: every kernel per stream (CUPTI), timings included\n");
+        else printf("trace: the marked regions only (per-kernel records off: %s)\n", why);
+    }
     int host = trace_track("compute");
     long long t0 = 0, waits0 = 0;
     for (int step = 1; step <= opt.steps; step++) {
@@ -302,6 +308,7 @@ int main(int argc, char **argv) {
     double loss = gpu_model_loss(&m);
     if (opt.trace) {
         gpu_timeline_flush();
+        gpu_activity_stop();
         if (!trace_write_pftrace(opt.trace)) fatal("could not write %s", opt.trace);
         printf("trace: %s\n", opt.trace);
     }

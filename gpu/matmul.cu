@@ -357,9 +357,13 @@ typedef struct {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
-    float *inverse_scales;  // device: [0] for cuBLASLt's A (our b), [1] for its B (our a)
+    float *inverse_scales;  // device: [0] for cuBLASLt's A (our b), [SCALE_GAP] for its B (our a)
 } Fp8Plan;
 #define FP8_PLANS 32
+// The two scale pointers 256 bytes apart, each aligned as an allocation is (TransformerEngine's
+// scales are separate tensors): one of the things cuBLASLt may check, suspected while it refused these
+// GEMMs on an H200 with the scales 4 bytes apart.
+#define SCALE_GAP 64
 static Fp8Plan fp8_plans[FP8_PLANS];
 
 static cudaDataType fp8_type(Fp8Format f) { return f == FP8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; }
@@ -381,12 +385,12 @@ static Fp8Plan *fp8_plan(int rows_a, int rows_b, int K, Fp8Format fa, Fp8Format 
     memset(p, 0, sizeof *p);
     p->used = true, p->rows_a = rows_a, p->rows_b = rows_b, p->K = K, p->fa = fa, p->fb = fb;
     p->fast_accum = fast_accum, p->align_a = align_a, p->align_b = align_b, p->align_out = align_out;
-    p->inverse_scales = (float *)gpu_alloc(MEM_OTHER, 2 * sizeof(float));
+    p->inverse_scales = (float *)gpu_alloc(MEM_OTHER, 2 * SCALE_GAP * sizeof(float));
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t op_a = CUBLAS_OP_T, op_b = CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b));
-    const float *scale_a = p->inverse_scales, *scale_b = p->inverse_scales + 1;
+    const float *scale_a = p->inverse_scales, *scale_b = p->inverse_scales + SCALE_GAP;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a, sizeof scale_a));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scale_b, sizeof scale_b));
     int8_t fast = fast_accum ? 1 : 0;
@@ -421,7 +425,7 @@ static void release_fp8_plans(void) {
 
 __global__ void inverse_scales_kernel(float *inverse, const float *scale_b, const float *scale_a) {
     inverse[0] = 1.0f / scale_b[0];
-    inverse[1] = 1.0f / scale_a[0];
+    inverse[SCALE_GAP] = 1.0f / scale_a[0];
 }
 
 extern "C" void gpu_fp8_gemm(float *out, const uint8_t *a, Fp8Format fa, const float *scale_a, const uint8_t *b,

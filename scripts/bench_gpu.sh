@@ -13,8 +13,9 @@
 # Settings: BENCH_GPU_MODEL (llama3_1b), BENCH_GPU_LAYERS (0: the model's), BENCH_GPU_BATCH (0:
 # the largest batch that fits ours, given to PyTorch too), BENCH_GPU_SEQS ("2048 8192"),
 # BENCH_GPU_STEPS (12), BENCH_GPU_PEAK_TFLOPS (989), BENCH_GPU_TORCH (eager compile; empty: ours
-# alone), BENCH_GPU_PYTHON (python3: the one with a CUDA PyTorch), BENCH_GPU_TRACE (a file: our
-# run's Perfetto trace, host steps and the GPU timeline, for the first sequence length).
+# alone), BENCH_GPU_PYTHON (python3: the one with a CUDA PyTorch), BENCH_GPU_TRACE (a file: the
+# Perfetto trace of 4 more steps of ours at the first sequence length, host steps and the GPU
+# timeline with every kernel where CUPTI records them; not the timed run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -38,10 +39,8 @@ summary=()
 
 for SEQ in $SEQS; do
     shapes="--seq-len $SEQ --steps $STEPS --layers $LAYERS"
-    trace=""
-    [ -n "${BENCH_GPU_TRACE:-}" ] && [ ${#summary[@]} -eq 0 ] && trace="--trace $BENCH_GPU_TRACE"
-    echo "bench-gpu: $BUILD/bench_gpu --model $MODEL --batch $BATCH $shapes $trace"
-    "$BUILD/bench_gpu" --model "$MODEL" --batch "$BATCH" $shapes --peak-tflops "$PEAK" $trace >"$LOG/ours.txt" 2>&1 \
+    echo "bench-gpu: $BUILD/bench_gpu --model $MODEL --batch $BATCH $shapes"
+    "$BUILD/bench_gpu" --model "$MODEL" --batch "$BATCH" $shapes --peak-tflops "$PEAK" >"$LOG/ours.txt" 2>&1 \
         || { cat "$LOG/ours.txt"; echo "bench-gpu: $BUILD/bench_gpu failed" >&2; exit 1; }
     if grep -q '^SKIP' "$LOG/ours.txt"; then cat "$LOG/ours.txt"; exit 0; fi
     cat "$LOG/ours.txt"
@@ -49,6 +48,14 @@ for SEQ in $SEQS; do
     flops_titan=$(sed -n 's/.*flops_per_token_titan=\([0-9.e+]*\).*/\1/p' "$LOG/ours.txt")
     batch=$(sed -n 's/.* batch=\([0-9]*\) x.*/\1/p' "$LOG/ours.txt")
     [ -n "$flops" ] && [ -n "$flops_titan" ] && [ -n "$batch" ] || { echo "bench-gpu: could not read the shapes" >&2; exit 1; }
+
+    # The trace from a run of its own (4 steps), so that CUPTI's per-kernel records cost the timed run nothing.
+    if [ -n "${BENCH_GPU_TRACE:-}" ] && [ ${#summary[@]} -eq 0 ]; then
+        "$BUILD/bench_gpu" --model "$MODEL" --batch "$batch" --seq-len "$SEQ" --steps 4 --layers "$LAYERS" \
+            --trace "$BENCH_GPU_TRACE" >"$LOG/traced.txt" 2>&1 || { cat "$LOG/traced.txt"; echo "bench-gpu: traced run failed" >&2; exit 1; }
+        grep '^trace:' "$LOG/traced.txt"
+        echo "bench-gpu: the costliest kernels: traces/trace-summary $BENCH_GPU_TRACE --kernels 20"
+    fi
 
     rows=("ours (gpu/, bf16)|$LOG/ours.txt")
     for mode in $TORCH_MODES; do

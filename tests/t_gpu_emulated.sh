@@ -120,7 +120,11 @@ mkdir -p "$TEST_TMP/bench_gpu"
 for f in train plan; do ln -sfn "$(cd "$BUILD" && pwd)/$f" "$TEST_TMP/bench_gpu/$f"; done
 ln -sfn "$(cd "$EMU" && pwd)/bench_gpu" "$TEST_TMP/bench_gpu/bench_gpu"
 out=$(BUILD="$TEST_TMP/bench_gpu" BENCH_GPU_MODEL=tiny BENCH_GPU_SEQS=32 BENCH_GPU_BATCH=2 BENCH_GPU_STEPS=3 \
-    BENCH_GPU_TORCH= bash scripts/bench_gpu.sh 2>&1) || { echo "FAIL: scripts/bench_gpu.sh on the emulator"; tail -20 <<<"$out"; exit 1; }
+    BENCH_GPU_TORCH= BENCH_GPU_TRACE="$TEST_TMP/bench_gpu/traced.pftrace" bash scripts/bench_gpu.sh 2>&1) ||
+    { echo "FAIL: scripts/bench_gpu.sh on the emulator"; tail -20 <<<"$out"; exit 1; }
+# BENCH_GPU_TRACE: a traced run of its own, which says which timeline it recorded, and its file
+grep -q "^trace: the marked regions only (per-kernel records off: the CPU emulator has no CUPTI)" <<<"$out" &&
+    [ -s "$TEST_TMP/bench_gpu/traced.pftrace" ] || { echo "FAIL: BENCH_GPU_TRACE's run"; tail -20 <<<"$out"; exit 1; }
 profile="$TEST_TMP/bench_gpu/gpu-profile-tiny-32.json"
 grep -qE '^gemm: tokens=64 bf16_flops=[0-9.e+]+ bf16_ms=[0-9.e+-]+ fp8_flops=[0-9.e+]+ fp8_ms=[0-9.e+-]+ ' <<<"$out" &&
     grep -qE "^build/plan --cluster $profile: step [0-9.]+ ms predicted, [0-9.]+ measured" <<<"$out" &&

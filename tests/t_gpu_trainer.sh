@@ -388,6 +388,11 @@ row = json.load(sys.stdin)["ranks"][0]
 got = (row["gpu_compute_us"], row["gpu_comm_us"], row["gpu_exposed_us"])
 sys.exit(0 if got == (10, 15, 10) else f"FAIL: trace-summary GPU figures {got}, want (10, 15, 10)")'
 echo "ok: trace-summary GPU figures on the synthetic timeline: compute 10, nccl 15, exposed 10 us"
+"$PYTHON" traces/trace_summary.py "$T/gpu_synthetic.json" --json --kernels 1 | "$PYTHON" -c '
+import json, sys
+got = json.load(sys.stdin)["ranks"][0]["kernels"]
+sys.exit(0 if got == [{"name": "ncclDevKernel_AllReduce", "us": 15.0, "count": 1}] else f"FAIL: --kernels 1 gave {got}")'
+echo "ok: trace-summary --kernels 1 on the synthetic timeline: the NCCL kernel, 15 us"
 
 echo "== activation checkpointing on the GPU (--ac full)"
 # The block's activations recomputed from its saved input by the same kernels: the same bits, so

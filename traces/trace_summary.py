@@ -102,8 +102,12 @@ class Rank:
         self.compute, self.comm, self.waits, self.pipeline_waits = [], [], [], []  # (begin, end) in ns
         self.comm_by_group = defaultdict(list)  # "cp", "tp", ... -> (begin, end) of its comm track
         self.gpu_compute, self.gpu_comm = [], []  # the "cuda:*" tracks: kernels and regions; NCCL's kernels
+        self.kernels = defaultdict(lambda: [0, 0])  # a "cuda:stream N" slice's name -> [total ns, count]
 
-    def add(self, track_name, begin, end, depth, category=""):
+    def add(self, track_name, begin, end, depth, category="", slice_name=""):
+        if track_name.startswith("cuda:stream") and depth == 0:  # CUPTI's records: kernels, copies, fills
+            self.kernels[slice_name][0] += end - begin
+            self.kernels[slice_name][1] += 1
         # A slice of category "comm-wait" on the compute track (DDP's "ddp wait", FSDP's all-gather
         # waits) is the main thread blocked on communication: not compute, so the comm under it
         # counts as exposed, even when it sits inside a "forward" slice.
@@ -147,11 +151,11 @@ def read_pftrace(data):
     for ts, _, event in events:
         stack = stacks[event.track_uuid]
         if event.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
-            stack.append((ts, event.categories[0] if event.categories else ""))
+            stack.append((ts, event.categories[0] if event.categories else "", event.name))
         elif event.type == pb.TrackEvent.TYPE_SLICE_END and stack:
-            begin, category = stack.pop()
+            begin, category, slice_name = stack.pop()
             pid, name = threads[event.track_uuid]
-            ranks.setdefault(pid, Rank(pid - 1)).add(name, begin, ts, len(stack), category)
+            ranks.setdefault(pid, Rank(pid - 1)).add(name, begin, ts, len(stack), category, slice_name)
     return list(ranks.values())
 
 
@@ -185,7 +189,8 @@ def read_json(text):
         while stack and stack[-1] <= begin:
             stack.pop()
         name = thread_names.get((e["pid"], e["tid"]), "")
-        ranks.setdefault(e["pid"], Rank(e["pid"])).add(name, begin, end, len(stack), e.get("cat", ""))
+        rank = ranks.setdefault(e["pid"], Rank(e["pid"]))
+        rank.add(name, begin, end, len(stack), e.get("cat", ""), e.get("name", ""))
         stack.append(end)
     return list(ranks.values())
 
@@ -286,11 +291,30 @@ def print_table(rows, total):
               + ", ".join(f"{group} {ns / 1e6:.3f}" for group, ns in total["exposed_by_group"].items()))
 
 
+def top_kernels(rank, n):
+    """The n names with the most time on the rank's cuda:stream tracks: (name, ns, count), largest first."""
+    return sorted(((name, ns, count) for name, (ns, count) in rank.kernels.items()), key=lambda k: (-k[1], k[0]))[:n]
+
+
+def print_kernels(rank, n):
+    all_ns = sum(ns for ns, _ in rank.kernels.values())
+    print(f"\nrank {rank.rank}: the {n} kernels with the most GPU time (of {all_ns / 1e6:.3f} ms in "
+          f"{sum(c for _, c in rank.kernels.values())} records on the cuda:stream tracks)")
+    if not rank.kernels:
+        print("  none: no per-kernel records (the trace has no cuda:stream track; CUPTI was off)")
+    for name, ns, count in top_kernels(rank, n):
+        shown = name if len(name) <= 80 else name[:77] + "..."
+        print(f"  {ns / 1e6:10.3f} ms {count:7d}x {100 * ns / all_ns:5.1f}%  {shown}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      epilog="Definitions: see the top of traces/trace_summary.py or traces/README.md.")
     parser.add_argument("trace", help=".pftrace or Chrome-trace .json written by common/trace.c")
     parser.add_argument("--json", action="store_true", help="print JSON (microseconds) instead of the table")
+    parser.add_argument("--kernels", type=int, default=0, metavar="N",
+                        help="also each rank's N kernels (CUPTI's records on the cuda:stream tracks) with the most "
+                             "GPU time: total, count, share of all records' time")
     args = parser.parse_args()
     try:
         ranks = read_trace(args.trace)
@@ -299,10 +323,18 @@ def main():
         return 2
     rows = [summarize(rank) for rank in sorted(ranks, key=lambda r: r.rank)]
     total = total_of(rows)
+    ordered = sorted(ranks, key=lambda r: r.rank)
     if args.json:
-        print(json.dumps({"ranks": [as_us(row) for row in rows], "total": as_us(total)}, indent=1))
+        doc = {"ranks": [as_us(row) for row in rows], "total": as_us(total)}
+        if args.kernels:
+            for row, rank in zip(doc["ranks"], ordered):
+                top = top_kernels(rank, args.kernels)
+                row["kernels"] = [{"name": n, "us": ns / 1e3, "count": c} for n, ns, c in top]
+        print(json.dumps(doc, indent=1))
     else:
         print_table(rows, total)
+        for rank in ordered if args.kernels else []:
+            print_kernels(rank, args.kernels)
     return 0
 
 
