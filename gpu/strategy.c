@@ -133,6 +133,7 @@ static void cuda_load_full(Strategy *s, StateKind kind, const real *local_flat) 
 }
 
 static void cuda_report_memory(const Strategy *s) { gpu_memory_report(); }
+static size_t cuda_memory_in_use(const Strategy *s) { return gpu_mem_current_total(); }  // the device's
 
 // ---- sharded: ZeRO-1/2/3 and HSDP through chapter 3's module --------------------------------------------
 static Fsdp *fsdp_of(const Strategy *s) { return ((GpuTraining *)s->impl)->fsdp; }
@@ -356,7 +357,8 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
                         .end_backward = no_backward_hook, .finish_backward = no_backward_hook,
                         .zero_grads = no_backward_hook, .grad_norm = pipelined_grad_norm, .clip = pipelined_clip,
                         .optimizer_step = pipelined_optimizer_step, .gather_full = pipelined_gather_full,
-                        .load_full = pipelined_load_full, .report_memory = cuda_report_memory, .free = cuda_free};
+                        .load_full = pipelined_load_full, .report_memory = cuda_report_memory,
+                        .memory_in_use = cuda_memory_in_use, .free = cuda_free};
         return s;
     }
     if (t->mesh->degree[MESH_DP_SHARD] > 1) {
@@ -369,7 +371,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
                         .zero_grads = sharded_zero_grads,
                         .grad_norm = sharded_grad_norm, .clip = sharded_clip, .optimizer_step = sharded_optimizer_step,
                         .gather_full = sharded_gather_full, .load_full = sharded_load_full,
-                        .report_memory = cuda_report_memory, .free = cuda_free};
+                        .report_memory = cuda_report_memory, .memory_in_use = cuda_memory_in_use, .free = cuda_free};
         return s;
     }
     gpu_model_init_tp(&g->m, cfg, init, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac, t->mesh->dim[MESH_TP], tp,
@@ -391,6 +393,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
                     .finish_backward = replicas_finish_backward,
                     .zero_grads = cuda_zero_grads, .grad_norm = cuda_grad_norm, .clip = cuda_clip,
                     .optimizer_step = cuda_optimizer_step, .gather_full = cuda_gather_full,
-                    .load_full = cuda_load_full, .report_memory = cuda_report_memory, .free = cuda_free};
+                    .load_full = cuda_load_full, .report_memory = cuda_report_memory,
+                    .memory_in_use = cuda_memory_in_use, .free = cuda_free};
     return s;
 }

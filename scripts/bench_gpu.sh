@@ -11,7 +11,8 @@
 # of the step measured above with it (build/plan --cluster that file; with all the model's layers).
 # Without a CUDA device it prints SKIP and exits 0.
 # Settings: BENCH_GPU_MODEL (llama3_1b), BENCH_GPU_LAYERS (0: the model's), BENCH_GPU_BATCH (0:
-# the largest batch that fits ours, given to PyTorch too), BENCH_GPU_SEQS ("2048 8192"),
+# the largest batch that fits ours, given to PyTorch too; halved for both while PyTorch runs out
+# of memory), BENCH_GPU_SEQS ("2048 8192"),
 # BENCH_GPU_STEPS (12), BENCH_GPU_PEAK_TFLOPS (989), BENCH_GPU_TORCH (eager compile; empty: ours
 # alone), BENCH_GPU_PYTHON (python3: the one with a CUDA PyTorch), BENCH_GPU_TRACE (a file: the
 # Perfetto trace of 4 more steps of ours at the first sequence length, host steps and the GPU
@@ -39,15 +40,40 @@ summary=()
 
 for SEQ in $SEQS; do
     shapes="--seq-len $SEQ --steps $STEPS --layers $LAYERS"
-    echo "bench-gpu: $BUILD/bench_gpu --model $MODEL --batch $BATCH $shapes"
-    "$BUILD/bench_gpu" --model "$MODEL" --batch "$BATCH" $shapes --peak-tflops "$PEAK" >"$LOG/ours.txt" 2>&1 \
-        || { cat "$LOG/ours.txt"; echo "bench-gpu: $BUILD/bench_gpu failed" >&2; exit 1; }
-    if grep -q '^SKIP' "$LOG/ours.txt"; then cat "$LOG/ours.txt"; exit 0; fi
-    cat "$LOG/ours.txt"
-    flops=$(sed -n 's/.* flops_per_token=\([0-9.e+]*\).*/\1/p' "$LOG/ours.txt")
-    flops_titan=$(sed -n 's/.*flops_per_token_titan=\([0-9.e+]*\).*/\1/p' "$LOG/ours.txt")
-    batch=$(sed -n 's/.* batch=\([0-9]*\) x.*/\1/p' "$LOG/ours.txt")
-    [ -n "$flops" ] && [ -n "$flops_titan" ] && [ -n "$batch" ] || { echo "bench-gpu: could not read the shapes" >&2; exit 1; }
+    # Ours at the asked batch (0: the largest that fits ours), then PyTorch at the batch ours ran. If
+    # PyTorch runs out of memory there (its eager step keeps more activations), both again at half
+    # the batch, so that the table compares one batch.
+    want=$BATCH
+    while :; do
+        echo "bench-gpu: $BUILD/bench_gpu --model $MODEL --batch $want $shapes"
+        "$BUILD/bench_gpu" --model "$MODEL" --batch "$want" $shapes --peak-tflops "$PEAK" >"$LOG/ours.txt" 2>&1 \
+            || { cat "$LOG/ours.txt"; echo "bench-gpu: $BUILD/bench_gpu failed" >&2; exit 1; }
+        if grep -q '^SKIP' "$LOG/ours.txt"; then cat "$LOG/ours.txt"; exit 0; fi
+        cat "$LOG/ours.txt"
+        flops=$(sed -n 's/.* flops_per_token=\([0-9.e+]*\).*/\1/p' "$LOG/ours.txt")
+        flops_titan=$(sed -n 's/.*flops_per_token_titan=\([0-9.e+]*\).*/\1/p' "$LOG/ours.txt")
+        batch=$(sed -n 's/.* batch=\([0-9]*\) x.*/\1/p' "$LOG/ours.txt")
+        [ -n "$flops" ] && [ -n "$flops_titan" ] && [ -n "$batch" ] || { echo "bench-gpu: could not read the shapes" >&2; exit 1; }
+
+        rows=("ours (gpu/, bf16)|$LOG/ours.txt")
+        out_of_memory=""
+        for mode in $TORCH_MODES; do
+            echo "bench-gpu: $PY scripts/bench_torch_gpu.py --mode $mode <model $MODEL> --batch $batch $shapes"
+            if "$PY" scripts/bench_torch_gpu.py --config-json "$config_json" --mode "$mode" --batch "$batch" $shapes \
+                --flops-per-token "$flops" --peak-tflops "$PEAK" >"$LOG/torch_$mode.txt" 2>&1; then
+                grep -E '^(bench_torch_gpu|timing|memory|SKIP)' "$LOG/torch_$mode.txt" || true
+                rows+=("PyTorch $mode (SDPA)|$LOG/torch_$mode.txt")
+            elif grep -qi "out of memory" "$LOG/torch_$mode.txt"; then
+                out_of_memory="$out_of_memory $mode"
+            else
+                tail -20 "$LOG/torch_$mode.txt"; echo "bench-gpu: PyTorch $mode failed (left out of the table)"
+            fi
+        done
+        [ -n "$out_of_memory" ] && [ "$batch" -gt 1 ] || break
+        want=$((batch / 2))
+        echo "bench-gpu: PyTorch ($out_of_memory ) ran out of memory at batch $batch: ours and PyTorch again at $want"
+    done
+    [ -z "$out_of_memory" ] || echo "bench-gpu: PyTorch ($out_of_memory ) ran out of memory even at batch 1 (left out)"
 
     # The trace from a run of its own (4 steps), so that CUPTI's per-kernel records cost the timed run nothing.
     if [ -n "${BENCH_GPU_TRACE:-}" ] && [ ${#summary[@]} -eq 0 ]; then
@@ -56,18 +82,6 @@ for SEQ in $SEQS; do
         grep '^trace:' "$LOG/traced.txt"
         echo "bench-gpu: the costliest kernels: traces/trace-summary $BENCH_GPU_TRACE --kernels 20"
     fi
-
-    rows=("ours (gpu/, bf16)|$LOG/ours.txt")
-    for mode in $TORCH_MODES; do
-        echo "bench-gpu: $PY scripts/bench_torch_gpu.py --mode $mode <model $MODEL> --batch $batch $shapes"
-        if "$PY" scripts/bench_torch_gpu.py --config-json "$config_json" --mode "$mode" --batch "$batch" $shapes \
-            --flops-per-token "$flops" --peak-tflops "$PEAK" >"$LOG/torch_$mode.txt" 2>&1; then
-            grep -E '^(bench_torch_gpu|timing|memory|SKIP)' "$LOG/torch_$mode.txt" || true
-            rows+=("PyTorch $mode (SDPA)|$LOG/torch_$mode.txt")
-        else
-            tail -20 "$LOG/torch_$mode.txt"; echo "bench-gpu: PyTorch $mode failed (left out of the table)"
-        fi
-    done
 
     layers=$([ "$LAYERS" = 0 ] && echo "all layers" || echo "$LAYERS layers")
     table="model $MODEL ($layers), batch $batch x $SEQ tokens, $STEPS steps (mean over the last $((STEPS - 2))), peak $PEAK TFLOP/s"

@@ -134,6 +134,23 @@ need = ["peak_bf16", "peak_fp8", "gemm_eff", "fp8_gemm_eff", "attn_eff", "hbm_bw
 sys.exit(0 if all(p.get(k, 0) > 0 for k in need) else 1)' "$profile" ||
     { echo "FAIL: bench_gpu.sh's profile and prediction"; tail -20 <<<"$out"; cat "$profile" 2>/dev/null; exit 1; }
 echo "ok: $(grep '^build/plan --cluster' <<<"$out")"
+# PyTorch out of memory at ours' batch: both again at half of it, one table. A stand-in for PyTorch's
+# script: out of memory above batch 1 (as CUDA words it), else a timing line; no attention line.
+cat > "$TEST_TMP/bench_gpu/fake_torch" <<'FAKE'
+#!/usr/bin/env bash
+batch=$(sed -n 's/.*--batch \([0-9]*\).*/\1/p' <<<"$*")
+[ "$batch" -le 1 ] || { echo "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"; exit 1; }
+echo "timing: steps=3 measured=1 mean_step_ms=10.0 tokens_per_s=3200.0 tflops=0.01 mfu=0.0001 last_loss=5.0"
+FAKE
+chmod +x "$TEST_TMP/bench_gpu/fake_torch"
+out=$(BUILD="$TEST_TMP/bench_gpu" BENCH_GPU_MODEL=tiny BENCH_GPU_SEQS=32 BENCH_GPU_BATCH=2 BENCH_GPU_STEPS=3 \
+    BENCH_GPU_TORCH=eager BENCH_GPU_PYTHON="$TEST_TMP/bench_gpu/fake_torch" bash scripts/bench_gpu.sh 2>&1) ||
+    { echo "FAIL: scripts/bench_gpu.sh with PyTorch out of memory"; tail -20 <<<"$out"; exit 1; }
+grep -q "^bench-gpu: PyTorch ( eager ) ran out of memory at batch 2: ours and PyTorch again at 1" <<<"$out" &&
+    grep -q "^model tiny (all layers), batch 1 x 32 tokens" <<<"$out" && grep -q "^PyTorch eager (SDPA) .* 3200 " <<<"$out" &&
+    grep -q "^ours (gpu/, bf16) " <<<"$out" ||
+    { echo "FAIL: bench_gpu.sh did not retry at half the batch"; tail -30 <<<"$out"; exit 1; }
+echo "ok: PyTorch out of memory at batch 2: ours and PyTorch compared at batch 1"
 # A run that left no line is refused by the profile's maker: exit 2, one line.
 echo "SKIP: no CUDA device" > "$TEST_TMP/bench_gpu/skipped.txt"
 status=0

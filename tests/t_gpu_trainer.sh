@@ -235,10 +235,15 @@ import re, sys
 def current(path):
     lines = open(path).read().splitlines()
     start = next(i for i, l in enumerate(lines) if "memory by category (MiB)" in l)
-    return {m.group(1): float(m.group(2)) for l in lines[start + 1:start + 7]
+    return {m.group(1): float(m.group(2)) for l in lines[start + 1:start + 8]
             if (m := re.match(r"\s+(\w+)\s+([\d.]+)\s+[\d.]+", l))}
 one = current(f"{sys.argv[1]}/gpu1.log")
 fourP = one["grads"]  # 4P bytes, in MiB
+# The step line's "mem" is the device's memory in use (the strategy's memory_in_use): after the last
+# step, the report's current total, to the line's one decimal.
+mem = re.findall(r"^step +\d+ \|.*\| mem ([\d.]+) MiB", open(f"{sys.argv[1]}/gpu1.log").read(), re.M)
+if not mem or abs(float(mem[-1]) - one["total"]) > 0.051:
+    sys.exit(f"FAIL: the step line's mem {mem[-1:]} MiB is not the device's {one['total']} MiB in use")
 want_one = {"params": 1.5 * fourP, "optimizer": 2 * fourP}
 problems = [f"single GPU {k} {one[k]} MiB, want {v:.3f}" for k, v in want_one.items() if abs(one[k] - v) > 0.011]
 for stage in (1, 2, 3):

@@ -52,11 +52,13 @@ static double microbatch_loop(Strategy *s, const StepBatch *b) {
     return loss_sum / b->n_micro;
 }
 
+static size_t host_memory_in_use(const Strategy *s) { return mem_current_total(); }
+
 static Strategy *strategy_new(const char *name, Model *model, void *impl) {
     Strategy *s = calloc(1, sizeof *s);
     *s = (Strategy){.name = name, .model = model, .impl = impl, .forward_backward = microbatch_loop,
                     .begin_backward = no_op_begin, .end_backward = no_op, .finish_backward = no_op,
-                    .zero_grads = no_op, .report_memory = no_memory_model};
+                    .zero_grads = no_op, .report_memory = no_memory_model, .memory_in_use = host_memory_in_use};
     return s;
 }
 

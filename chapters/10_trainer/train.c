@@ -790,7 +790,7 @@ int main(int argc, char **argv) {
                      r.grad_norm, r.lr, tokens_per_s,
                      model_throughput_text(&cfg, t.cp_layout.T, tokens_per_s, t.mesh->world_size, opt.peak_tflops, rate,
                                            sizeof rate),
-                     mem_current_total() / 1048576.0);
+                     t.strategy->memory_in_use(t.strategy) / 1048576.0);
         bool periodic = opt.checkpoint_every > 0 && step % opt.checkpoint_every == 0;
         if (opt.checkpoint_dir && (periodic || step == opt.steps)) {
             char path[4096];

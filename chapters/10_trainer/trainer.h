@@ -52,6 +52,7 @@ struct Strategy {
     void (*gather_full)(Strategy *s, StateKind kind, real *local_flat);
     void (*load_full)(Strategy *s, StateKind kind, const real *local_flat);
     void (*report_memory)(const Strategy *s);  // the layout's memory model next to the measured peaks
+    size_t (*memory_in_use)(const Strategy *s);  // bytes held now, for the step line: host or device
     void (*free)(Strategy *s);
     ModelActs acts;  // one micro-batch's activations (the pipeline keeps its own per micro-batch in flight)
 };

@@ -17,9 +17,11 @@
 //                   of a wrong gradient.
 //   fp32 curve      1e-4 relative per step: AdamW divides by sqrt(v), which amplifies relative
 //                   gradient differences where gradients are tiny; 10 steps keep it small.
-//   bf16            loss 2e-2 relative, gradients 1e-1 relative L2 per tensor, curve 3e-2 per step
+//   bf16            loss 2e-2 relative, gradients 5e-2 relative L2 per tensor, curve 3e-2 per step
 //                   and decreasing: a bf16 model differs from fp32 by ~1e-2 (bf16's 2^-8 per
-//                   rounding, over many roundings); a wrong gradient or update differs by O(1).
+//                   rounding, over many roundings); a wrong gradient or update differs by O(1). The
+//                   worst gradient tensor measured 0.0108 (tiny) and 0.0199 (small), the same on the
+//                   emulator and on an H200; 5e-2 is the trainer tests' bf16 bound too.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,7 +103,7 @@ static void test_first_step(const char *config, int B, int T) {
         double tol = bf16 ? 2e-2 : 1e-5;
         report(name, fabs(loss - loss_ref) <= tol * fabs(loss_ref), "%.7f vs reference %.7f (bound %.0e relative)", loss,
                loss_ref, tol);
-        compare_grads(label, &ref.table, grads, ref.grads, bf16 ? 1e-1 : 1e-4);
+        compare_grads(label, &ref.table, grads, ref.grads, bf16 ? 5e-2 : 1e-4);
         gpu_model_free(&m);
     }
     free(grads), free(inputs), free(targets);
