@@ -78,6 +78,13 @@ for name in gpu1 gpu_ddp2; do
 done
 echo "== GPU DDP vs the single GPU"
 $P --ckpt "$T/gpu_ddp2.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 1e-5
+# Determinism: the same run twice gives the same bits. Every sum on the device runs in a fixed order
+# (no atomics in the kernels; cuBLASLt takes the heuristic's first algorithm unless
+# LLAMA_CUBLASLT_AUTOTUNE=1), so the step-1 gradients and the losses are equal, not close.
+run gpu1_again 1
+echo "== the single GPU twice: bit-identical"
+$P --log "$T/gpu1_again.log" --log-ref "$T/gpu1.log" --loss-rtol 0
+$P --ckpt "$T/gpu1_again.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --exact
 
 # Tensor parallelism (--tp 2: Megatron on the GPU model, the sums over the tp group in fp32 on device
 # buffers through the staged backend) against the CPU reference with the tolerances above, and against
