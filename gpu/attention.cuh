@@ -50,20 +50,27 @@ __device__ inline void load_positions(int *dst, const int *pos, int r0, int T_le
         dst[r] = t < T_len ? (pos ? pos[t] : t) : outside;
     }
 }
-// Loads the query tile's positions; returns the largest (every thread gets it). Its barrier also
-// covers whatever the block wrote to shared memory before the call.
-__device__ inline int load_query_positions(int *q_pos_s, const AttnParams &p, int i0) {
+// Loads the query tile's positions; returns the largest (every thread gets it), and the smallest in
+// *min_q_pos where asked. Its barrier also covers whatever the block wrote to shared memory before
+// the call.
+__device__ inline int load_query_positions(int *q_pos_s, const AttnParams &p, int i0, int *min_q_pos = nullptr) {
     load_positions(q_pos_s, p.q_pos, i0, p.Tq, INT_MIN);
     __syncthreads();
-    int max_q_pos = INT_MIN;
-    for (int r = 0; r < ATTN_BR; r++) max_q_pos = max(max_q_pos, q_pos_s[r]);
+    int max_q_pos = INT_MIN, smallest = INT_MAX;
+    for (int r = 0; r < ATTN_BR; r++) max_q_pos = max(max_q_pos, q_pos_s[r]), smallest = min(smallest, q_pos_s[r]);
+    if (min_q_pos) *min_q_pos = smallest;
     return max_q_pos;
 }
-// The smallest position of a key tile already in shared memory.
+// The smallest and the largest position of a key tile already in shared memory.
 __device__ inline int min_key_position(const int *k_pos_s) {
     int min_k_pos = INT_MAX;
     for (int c = 0; c < ATTN_BC; c++) min_k_pos = min(min_k_pos, k_pos_s[c]);
     return min_k_pos;
+}
+__device__ inline int max_key_position(const int *k_pos_s) {
+    int max_k_pos = INT_MIN;
+    for (int c = 0; c < ATTN_BC; c++) max_k_pos = max(max_k_pos, k_pos_s[c]);
+    return max_k_pos;
 }
 
 // The dK/dV kernels' step to query tile i0 of head h: its positions, lse and D (rows past Tq: -inf

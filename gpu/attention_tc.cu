@@ -25,6 +25,8 @@
 //             dS = P (dP - D) scale, dQ += bf16(dS) K.
 //     dK, dV  grid (Tk/64, KV, B)  per query head of the group, per query tile: S^T = K Q^T and
 //             dP^T = V dO^T (a row per key), P^T, dS^T; dV += bf16(P^T) dO, dK += bf16(dS^T) Q.
+// Masking: a tile wholly visible (in range, and causal with every key at or before every query) skips
+// the per-element mask; the barrier after its loads votes on that (__syncthreads_and).
 // Each gradient element is summed by one lane of one warp over the tiles in a fixed order (heads,
 // then query tiles, then the instruction's own order inside a tile): two runs are bit-identical.
 //
@@ -55,16 +57,21 @@ __device__ void load_tile_tc(bf16 *dst, int ld, const bf16 *src, int b, int r0, 
 }
 
 // The forward and dQ kernels' step to the key tile at j0: its positions, then, unless no query of
-// the block (largest position max_q_pos) can see any of its keys, its K and V. False: skip the tile.
-// Either way every thread has passed a barrier after its last read of the previous tile's positions.
+// the block (positions min_q_pos .. max_q_pos, the tile at i0) can see any of its keys, its K and V.
+// False: skip the tile. Either way every thread has passed a barrier after its last read of the
+// previous tile's positions. *full: the whole 64 x 64 tile is visible (every query and key in range
+// and, causal, every key at or before every query), so the kernel can skip the per-element mask:
+// FlashAttention-2 masks only the tiles that cross the diagonal. The vote is the barrier after K, V.
 __device__ bool load_key_tile_tc(bf16 *Ks, bf16 *Vs, int *k_pos_s, int ld, const bf16 *k, const bf16 *v,
-                                 const AttnParams &p, int b, int g, int j0, int max_q_pos) {
+                                 const AttnParams &p, int b, int g, int i0, int j0, int max_q_pos, int min_q_pos,
+                                 bool *full) {
     load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX);
     __syncthreads();
     if (p.causal && !__syncthreads_or(threadIdx.x < ATTN_BC && k_pos_s[threadIdx.x] <= max_q_pos)) return false;
     load_tile_tc(Ks, ld, k, b, j0, p.Tk, p.KV, g, p.hd);
     load_tile_tc(Vs, ld, v, b, j0, p.Tk, p.KV, g, p.hd);
-    __syncthreads();
+    bool in_range = i0 + ATTN_BR <= p.Tq && j0 + ATTN_BC <= p.Tk;
+    *full = __syncthreads_and(in_range && (!p.causal || threadIdx.x >= ATTN_BC || k_pos_s[threadIdx.x] <= min_q_pos));
     return true;
 }
 
@@ -153,14 +160,16 @@ flash_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, con
     const int row0 = (int)(threadIdx.x / 32) * ATTN_TC_ROWS_PER_WARP;  // the warp's rows of the tile
 
     load_tile_tc(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
-    const int max_q_pos = load_query_positions(q_pos_s, p, i0);  // its barrier also covers Qs
+    int min_q_pos;
+    const int max_q_pos = load_query_positions(q_pos_s, p, i0, &min_q_pos);  // its barrier also covers Qs
 
     OnlineSoftmax st[2] = {{-INFINITY, 0.0f}, {-INFINITY, 0.0f}};  // of the lane's rows g, g + 8
     float o[HD_MAX / 8][4];  // unnormalised output: sum over keys of exp(s - m) v
     zero<HD_MAX / 8>(o);
 
     for (int j0 = 0; j0 < p.Tk; j0 += ATTN_BC) {
-        if (!load_key_tile_tc(Ks, Vs, k_pos_s, L.ld, k, v, p, b, g, j0, max_q_pos)) continue;
+        bool full;
+        if (!load_key_tile_tc(Ks, Vs, k_pos_s, L.ld, k, v, p, b, g, i0, j0, max_q_pos, min_q_pos, &full)) continue;
 
         float s[SCORE_TILES][4];  // S = Q K^T, then P: the warp's 16 rows x the tile's 64 keys
         warp_scores<HD_MAX>(s, Qs, Ks, L.ld, row0, p.hd);
@@ -170,7 +179,8 @@ flash_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, con
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int r = row0 + acc_row(e), c = n * 8 + acc_col(e);
-                bool visible = i0 + r < p.Tq && j0 + c < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c]);
+                bool visible =
+                    full || (i0 + r < p.Tq && j0 + c < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c]));
                 s[n][e] = visible ? s[n][e] * p.scale : -INFINITY;
                 tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
             }
@@ -223,7 +233,8 @@ flash_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf1
 
     load_tile_tc(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
     load_tile_tc(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
-    const int max_q_pos = load_query_positions(q_pos_s, p, i0);
+    int min_q_pos;
+    const int max_q_pos = load_query_positions(q_pos_s, p, i0, &min_q_pos);
     float row_lse[2], row_D[2];  // of the lane's rows g, g + 8; -inf: no gradient (past Tq, or saw no key)
     for (int half = 0; half < 2; half++) {
         int i = i0 + row0 + lane_group() + 8 * half;
@@ -235,7 +246,8 @@ flash_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf1
     zero<HD_MAX / 8>(acc);
 
     for (int j0 = 0; j0 < p.Tk; j0 += ATTN_BC) {
-        if (!load_key_tile_tc(Ks, Vs, k_pos_s, L.ld, k, v, p, b, g, j0, max_q_pos)) continue;
+        bool full;  // then every row saw a key of this tile: its lse is finite
+        if (!load_key_tile_tc(Ks, Vs, k_pos_s, L.ld, k, v, p, b, g, i0, j0, max_q_pos, min_q_pos, &full)) continue;
 
         float s[SCORE_TILES][4], dp[SCORE_TILES][4];  // S = Q K^T (then dS) and dP = dO V^T
         warp_scores<HD_MAX>(s, Qs, Ks, L.ld, row0, p.hd);
@@ -245,8 +257,8 @@ flash_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf1
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int r = row0 + acc_row(e), c = n * 8 + acc_col(e), half = e / 2;
-                bool visible = row_lse[half] != -INFINITY && j0 + c < p.Tk &&
-                               attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c]);
+                bool visible = full || (row_lse[half] != -INFINITY && j0 + c < p.Tk &&
+                                        attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c]));
                 float prob = visible ? expf(s[n][e] * p.scale - row_lse[half]) : 0.0f;
                 s[n][e] = prob * (dp[n][e] - row_D[half]) * p.scale;
             }
@@ -277,7 +289,7 @@ flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *
     load_tile_tc(Vs, L.ld, v, b, j0, p.Tk, p.KV, g, p.hd);
     load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX);
     __syncthreads();
-    const int min_k_pos = min_key_position(k_pos_s);
+    const int min_k_pos = min_key_position(k_pos_s), max_k_pos = max_key_position(k_pos_s);
 
     float dk_acc[HD_MAX / 8][4], dv_acc[HD_MAX / 8][4];  // of the warp's keys
     zero<HD_MAX / 8>(dk_acc);
@@ -288,7 +300,11 @@ flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *
             if (!load_query_tile_stats(q_pos_s, lse_s, D_s, p, lse, dvec, b, h, i0, min_k_pos)) continue;
             load_tile_tc(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
             load_tile_tc(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
-            __syncthreads();
+            // The whole tile visible (as load_key_tile_tc's *full): no per-element mask, and every
+            // query saw this tile's keys, so its lse is finite. The vote is the barrier after Q, dO.
+            bool in_range = i0 + ATTN_BR <= p.Tq && j0 + ATTN_BC <= p.Tk;
+            const bool full = __syncthreads_and(
+                in_range && (!p.causal || threadIdx.x >= ATTN_BR || q_pos_s[threadIdx.x] >= max_k_pos));
 
             float st[SCORE_TILES][4], dpt[SCORE_TILES][4];  // S^T = K Q^T (then P^T), dP^T = V dO^T (then dS^T)
             warp_scores<HD_MAX>(st, Ks, Qs, L.ld, row0, p.hd);
@@ -298,8 +314,8 @@ flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int key = row0 + acc_row(e), r = n * 8 + acc_col(e);  // a row per key, a column per query
-                    bool visible = j0 + key < p.Tk && lse_s[r] != -INFINITY &&
-                                   attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[key]);
+                    bool visible = full || (j0 + key < p.Tk && lse_s[r] != -INFINITY &&
+                                            attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[key]));
                     float prob = visible ? expf(st[n][e] * p.scale - lse_s[r]) : 0.0f;
                     st[n][e] = prob;
                     dpt[n][e] = prob * (dpt[n][e] - D_s[r]) * p.scale;

@@ -201,6 +201,7 @@ int __syncthreads_or(int predicate) {
     wait_at(AT_BLOCK_BARRIER);
     return or_result;
 }
+int __syncthreads_and(int predicate) { return !__syncthreads_or(predicate == 0); }  // all true: none false
 void __syncwarp(unsigned mask) {
     if (mask != 0xffffffffu) fatal("emulator: __syncwarp with a partial mask is not emulated");
     wait_at(AT_WARP_BARRIER);

@@ -27,10 +27,11 @@ __global__ void warp_sum_kernel(int *out) {
     out[blockIdx.x * blockDim.x + threadIdx.x] = x;
 }
 
-// Only thread 77 votes true in odd blocks.
+// Only thread 77 votes true in odd blocks (or), and only thread 77 votes false in odd blocks (and).
 __global__ void vote_kernel(int *out) {
     int any = __syncthreads_or(blockIdx.x % 2 == 1 && threadIdx.x == 77);
-    out[blockIdx.x * blockDim.x + threadIdx.x] = any;
+    int all = __syncthreads_and(!(blockIdx.x % 2 == 1 && threadIdx.x == 77));
+    out[blockIdx.x * blockDim.x + threadIdx.x] = any + 2 * all;
 }
 
 // Warp 1 reads what warp 0 wrote. With a block barrier between them it always sees it; with only a
@@ -140,8 +141,8 @@ int main(int argc, char **argv) {
     gpu_synchronize();
     ok = true;
     for (int b = 0; b < 6; b++)
-        for (int t = 0; t < 128; t++) ok = ok && votes[b * 128 + t] == b % 2;
-    expect(ok, "__syncthreads_or: one thread's vote reaches all, per block");
+        for (int t = 0; t < 128; t++) ok = ok && votes[b * 128 + t] == (b % 2 ? 1 : 2);
+    expect(ok, "__syncthreads_or and __syncthreads_and: one thread's vote reaches all, per block");
 
     const int blocks = 64;
     std::vector<int> seen(blocks * 32);

@@ -36,6 +36,7 @@ using std::min;
 
 void __syncthreads();
 int __syncthreads_or(int predicate);
+int __syncthreads_and(int predicate);
 void __syncwarp(unsigned mask = 0xffffffffu);
 // Every lane of the warp deposits its value; after a warp barrier each reads its partner's.
 void *emu_warp_exchange_slot(unsigned lane);
