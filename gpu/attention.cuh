@@ -61,16 +61,18 @@ __device__ inline int load_query_positions(int *q_pos_s, const AttnParams &p, in
     if (min_q_pos) *min_q_pos = smallest;
     return max_q_pos;
 }
-// The smallest and the largest position of a key tile already in shared memory.
-__device__ inline int min_key_position(const int *k_pos_s) {
-    int min_k_pos = INT_MAX;
-    for (int c = 0; c < ATTN_BC; c++) min_k_pos = min(min_k_pos, k_pos_s[c]);
+// The smallest position of a key tile already in shared memory, and the largest in *max_k_pos where
+// asked.
+__device__ inline int min_key_position(const int *k_pos_s, int *max_k_pos = nullptr) {
+    int min_k_pos = INT_MAX, largest = INT_MIN;
+    for (int c = 0; c < ATTN_BC; c++) min_k_pos = min(min_k_pos, k_pos_s[c]), largest = max(largest, k_pos_s[c]);
+    if (max_k_pos) *max_k_pos = largest;
     return min_k_pos;
 }
-__device__ inline int max_key_position(const int *k_pos_s) {
-    int max_k_pos = INT_MIN;
-    for (int c = 0; c < ATTN_BC; c++) max_k_pos = max(max_k_pos, k_pos_s[c]);
-    return max_k_pos;
+// The tensor-core kernels' test for skipping the mask: the 64 x 64 tile of queries from i0 and keys
+// from j0 lies inside (Tq, Tk).
+__device__ inline bool tile_in_range(const AttnParams &p, int i0, int j0) {
+    return i0 + ATTN_BR <= p.Tq && j0 + ATTN_BC <= p.Tk;
 }
 
 // The dK/dV kernels' step to query tile i0 of head h: its positions, lse and D (rows past Tq: -inf

@@ -70,8 +70,8 @@ __device__ bool load_key_tile_tc(bf16 *Ks, bf16 *Vs, int *k_pos_s, int ld, const
     if (p.causal && !__syncthreads_or(threadIdx.x < ATTN_BC && k_pos_s[threadIdx.x] <= max_q_pos)) return false;
     load_tile_tc(Ks, ld, k, b, j0, p.Tk, p.KV, g, p.hd);
     load_tile_tc(Vs, ld, v, b, j0, p.Tk, p.KV, g, p.hd);
-    bool in_range = i0 + ATTN_BR <= p.Tq && j0 + ATTN_BC <= p.Tk;
-    *full = __syncthreads_and(in_range && (!p.causal || threadIdx.x >= ATTN_BC || k_pos_s[threadIdx.x] <= min_q_pos));
+    *full = __syncthreads_and(tile_in_range(p, i0, j0) &&
+                              (threadIdx.x >= ATTN_BC || attn_pos_visible(p.causal, min_q_pos, k_pos_s[threadIdx.x])));
     return true;
 }
 
@@ -289,7 +289,8 @@ flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *
     load_tile_tc(Vs, L.ld, v, b, j0, p.Tk, p.KV, g, p.hd);
     load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX);
     __syncthreads();
-    const int min_k_pos = min_key_position(k_pos_s), max_k_pos = max_key_position(k_pos_s);
+    int max_k_pos;
+    const int min_k_pos = min_key_position(k_pos_s, &max_k_pos);
 
     float dk_acc[HD_MAX / 8][4], dv_acc[HD_MAX / 8][4];  // of the warp's keys
     zero<HD_MAX / 8>(dk_acc);
@@ -302,9 +303,9 @@ flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *
             load_tile_tc(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
             // The whole tile visible (as load_key_tile_tc's *full): no per-element mask, and every
             // query saw this tile's keys, so its lse is finite. The vote is the barrier after Q, dO.
-            bool in_range = i0 + ATTN_BR <= p.Tq && j0 + ATTN_BC <= p.Tk;
             const bool full = __syncthreads_and(
-                in_range && (!p.causal || threadIdx.x >= ATTN_BR || q_pos_s[threadIdx.x] >= max_k_pos));
+                tile_in_range(p, i0, j0) &&
+                (threadIdx.x >= ATTN_BR || attn_pos_visible(p.causal, q_pos_s[threadIdx.x], max_k_pos)));
 
             float st[SCORE_TILES][4], dpt[SCORE_TILES][4];  // S^T = K Q^T (then P^T), dP^T = V dO^T (then dS^T)
             warp_scores<HD_MAX>(st, Ks, Qs, L.ld, row0, p.hd);

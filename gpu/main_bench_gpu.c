@@ -63,16 +63,24 @@ static void repeat_block(void *buf, size_t block, size_t bytes) {
         gpu_copy((char *)buf + have, buf, have < bytes - have ? have : bytes - have);
 }
 
-// x (n) = bf16 of Gaussian values (stream `stream`), through a device fp32 staging buffer.
+// The first min(n, FILL_DRAWN) Gaussian values of stream `stream`, drawn on the host, in a device
+// fp32 buffer (the caller frees it); *drawn: how many.
+static float *gaussians_on_device(size_t n, uint64_t stream, size_t *drawn) {
+    *drawn = n < FILL_DRAWN ? n : FILL_DRAWN;
+    float *host = malloc(sizeof(float) * *drawn), *dev = gpu_alloc(MEM_OTHER, sizeof(float) * *drawn);
+    for (size_t i = 0; i < *drawn; i++) host[i] = (float)rng_normal(6, stream, i);
+    gpu_upload(dev, host, sizeof(float) * *drawn);
+    free(host);
+    return dev;
+}
+
+// x (n) = bf16 of Gaussian values (stream `stream`).
 static void fill_bf16(gpu_bf16 *x, size_t n, uint64_t stream) {
-    size_t drawn = n < FILL_DRAWN ? n : FILL_DRAWN;
-    float *host = malloc(sizeof(float) * drawn), *dev = gpu_alloc(MEM_OTHER, sizeof(float) * drawn);
-    for (size_t i = 0; i < drawn; i++) host[i] = (float)rng_normal(6, stream, i);
-    gpu_upload(dev, host, sizeof(float) * drawn);
+    size_t drawn;
+    float *dev = gaussians_on_device(n, stream, &drawn);
     gpu_cast_f32_to_bf16(x, dev, drawn);
     repeat_block(x, 2 * drawn, 2 * n);
     gpu_free(dev);
-    free(host);
 }
 
 // One layer's attention, bf16, forward and backward timed apart with CUDA-synchronised host clocks:
@@ -113,14 +121,11 @@ static void bench_attention(const ModelConfig *cfg, int B, int T, int steps, int
 
 // q (n) = FP8 codes of Gaussian values (per tensor, scale 16: well inside E4M3's and E5M2's range).
 static void fill_fp8(uint8_t *q, size_t n, uint64_t stream, Fp8Format f, const float *scale) {
-    size_t drawn = n < FILL_DRAWN ? n : FILL_DRAWN;
-    float *host = malloc(sizeof(float) * drawn), *dev = gpu_alloc(MEM_OTHER, sizeof(float) * drawn);
-    for (size_t i = 0; i < drawn; i++) host[i] = (float)rng_normal(6, stream, i);
-    gpu_upload(dev, host, sizeof(float) * drawn);
+    size_t drawn;
+    float *dev = gaussians_on_device(n, stream, &drawn);
     gpu_fp8_quantize(q, dev, 1, (int)drawn, FP8_PER_TENSOR, scale, f);
     repeat_block(q, drawn, n);
     gpu_free(dev);
-    free(host);
 }
 
 // The linears of one block and the output head as the model runs them at B x T tokens: for each

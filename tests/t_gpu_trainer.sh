@@ -212,7 +212,7 @@ else
     rc=0
     LLAMA_GPU_COMM=nccl $MPIRUN -x LLAMA_GPU_COMM -np 2 "$EMU_TRAIN" "${common[@]}" --device cuda --pp 2 \
         > "$T/gpu_pp2_nccl.log" 2>&1 || rc=$?
-    grep -q "NCCL needs a GPU per rank" "$T/gpu_pp2_nccl.log" && [ "$rc" -ne 0 ] ||
+    grep -q "NCCL needs a GPU per rank" "$T/gpu_pp2_nccl.log" && [ "$rc" -eq 2 ] ||
         { cat "$T/gpu_pp2_nccl.log"; echo "FAIL: 2 NCCL ranks on one GPU were not refused (status $rc)"; exit 1; }
 fi
 

@@ -304,7 +304,15 @@ def print_kernels(rank, n):
         print("  none: no per-kernel records (the trace has no cuda:stream track; CUPTI was off)")
     for name, ns, count in top_kernels(rank, n):
         shown = name if len(name) <= 80 else name[:77] + "..."
-        print(f"  {ns / 1e6:10.3f} ms {count:7d}x {100 * ns / all_ns:5.1f}%  {shown}")
+        print(f"  {ns / 1e6:10.3f} ms {count:7d}x {100 * ns / max(all_ns, 1):5.1f}%  {shown}")
+
+
+def non_negative_int(text):
+    """argparse type: an integer >= 0 (a bad one: argparse's one-line error, exit 2)."""
+    n = int(text)
+    if n < 0:
+        raise ValueError(text)
+    return n
 
 
 def main():
@@ -312,7 +320,7 @@ def main():
                                      epilog="Definitions: see the top of traces/trace_summary.py or traces/README.md.")
     parser.add_argument("trace", help=".pftrace or Chrome-trace .json written by common/trace.c")
     parser.add_argument("--json", action="store_true", help="print JSON (microseconds) instead of the table")
-    parser.add_argument("--kernels", type=int, default=0, metavar="N",
+    parser.add_argument("--kernels", type=non_negative_int, default=0, metavar="N",
                         help="also each rank's N kernels (CUPTI's records on the cuda:stream tracks) with the most "
                              "GPU time: total, count, share of all records' time")
     args = parser.parse_args()
@@ -321,9 +329,9 @@ def main():
     except (OSError, ValueError, KeyError) as e:
         print(f"trace-summary: {args.trace}: {e}", file=sys.stderr)
         return 2
-    rows = [summarize(rank) for rank in sorted(ranks, key=lambda r: r.rank)]
-    total = total_of(rows)
     ordered = sorted(ranks, key=lambda r: r.rank)
+    rows = [summarize(rank) for rank in ordered]
+    total = total_of(rows)
     if args.json:
         doc = {"ranks": [as_us(row) for row in rows], "total": as_us(total)}
         if args.kernels:
@@ -333,8 +341,9 @@ def main():
         print(json.dumps(doc, indent=1))
     else:
         print_table(rows, total)
-        for rank in ordered if args.kernels else []:
-            print_kernels(rank, args.kernels)
+        if args.kernels:
+            for rank in ordered:
+                print_kernels(rank, args.kernels)
     return 0
 
 
