@@ -321,7 +321,7 @@ static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
 // max(60 s, 10 x the slowest step) once two steps are measured; the start-up value around the
 // writes of rank 0 (checkpoints, dumps, traces), which the other ranks wait for.
 static void adapt_comm_timeout(double step_seconds, bool measured, const ArgSpec *flags) {
-    static double slowest;
+    static double slowest, derived;  // derived: the value last set from the steps (0: none yet)
     static int n_measured;
     if (args_given(flags, N_FLAGS, "comm-timeout")) return;
     if (!measured) {
@@ -330,11 +330,14 @@ static void adapt_comm_timeout(double step_seconds, bool measured, const ArgSpec
     }
     if (step_seconds > slowest) slowest = step_seconds;
     if (++n_measured < 2) return;
-    double before = comm_timeout(), now = comm_timeout_for_step(slowest);
+    double now = comm_timeout_for_step(slowest);
     comm_set_timeout(now);
-    if (n_measured == 2 || (before != now && before != COMM_STARTUP_TIMEOUT_S))
+    // Logged when it changes, compared with what was derived before (the timeout itself is stored
+    // in nanoseconds, so reading it back need not give the same double).
+    if (now != derived)
         log_info("comm timeout: %.0f s = max(%.0f s, %.0f x the slowest step, %.3f s)", now, COMM_TIMEOUT_FLOOR_S,
                  COMM_TIMEOUT_STEP_FACTOR, slowest);
+    derived = now;
 }
 
 // Chapter 5's figures: what each block keeps for backward and what the recompute costs, per
