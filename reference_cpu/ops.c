@@ -1,6 +1,7 @@
 // ops.c: the reference ops, forward and backward side by side. Loops are parallel only over
 // independent outputs (rows, heads), never over a reduction, so results do not depend on the
 // number of threads: a run is bit-reproducible.
+#define _GNU_SOURCE  // sched_setaffinity, for the restart below
 #include "reference_cpu/ops.h"
 
 #include <float.h>
@@ -13,6 +14,9 @@
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#ifdef __linux__
+#include <sched.h>  // sched_getaffinity, sched_setaffinity
 #endif
 
 #ifdef HAVE_OPENBLAS
@@ -57,6 +61,46 @@ bool matmul_blas_available(void) {
 void matmul_set_backend(MatmulBackend backend) { matmul_backend = matmul_blas_available() ? backend : MATMUL_LOOP; }
 MatmulBackend matmul_get_backend(void) { return matmul_backend; }
 
+int matmul_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+#ifdef __linux__
+// The CPUs of all OpenMP places (false: no places, OMP_PROC_BIND unset).
+static bool places_cpus(cpu_set_t *all) {
+    CPU_ZERO(all);
+#ifdef _OPENMP
+    for (int p = 0; p < omp_get_num_places(); p++) {
+        int n = omp_get_place_num_procs(p), ids[CPU_SETSIZE];
+        if (n <= 0 || n > CPU_SETSIZE) continue;
+        omp_get_place_proc_ids(p, ids);
+        for (int i = 0; i < n; i++)
+            if (ids[i] >= 0 && ids[i] < CPU_SETSIZE) CPU_SET(ids[i], all);
+    }
+#endif
+    return CPU_COUNT(all) > 0;
+}
+
+int matmul_cpus_usable(void) {
+    cpu_set_t cpus;
+    if (places_cpus(&cpus) || sched_getaffinity(0, sizeof cpus, &cpus) == 0) return CPU_COUNT(&cpus);
+    return 1;
+}
+#else
+int matmul_cpus_usable(void) {
+#ifdef _OPENMP
+    return omp_get_num_procs();
+#else
+    return 1;
+#endif
+}
+
+#endif
+
 // ---- OpenBLAS's kernels for this CPU --------------------------------------------------------------
 // OpenBLAS (built for every x86 CPU at once, as Debian's is) picks its kernels when the library loads,
 // mostly from the CPU's model number. A virtual machine that hides the model ("Intel(R) Xeon(R)
@@ -86,6 +130,15 @@ static int cpu_tier(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
 }
 
+// With OMP_PROC_BIND set, libgomp has already bound this thread to the first of its places when
+// the constructor below runs, and a program started by execv inherits that one-core mask: it would
+// then build its places, and run every thread, on that core alone (half the speed on 2 cores). The
+// places were built from the mask the program was started with, so their union gives it back.
+static void restore_affinity_of_all_places(void) {
+    cpu_set_t all;
+    if (places_cpus(&all)) sched_setaffinity(0, sizeof all, &all);
+}
+
 // glibc passes the program's argc, argv and environment to constructors.
 __attribute__((constructor)) static void blas_kernels_for_this_cpu(int argc, char **argv, char **envp) {
     (void)argc, (void)envp;
@@ -99,6 +152,7 @@ __attribute__((constructor)) static void blas_kernels_for_this_cpu(int argc, cha
     self[len] = 0;
     setenv(BLAS_DETECTED_ENV, core, 1);
     setenv("OPENBLAS_CORETYPE", names[tier], 1);
+    restore_affinity_of_all_places();
     execv(self, argv);  // only returns on failure: carry on with OpenBLAS's choice
     unsetenv("OPENBLAS_CORETYPE");
     unsetenv(BLAS_DETECTED_ENV);

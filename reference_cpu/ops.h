@@ -26,6 +26,10 @@ bool matmul_blas_available(void);
 // Which BLAS kernels run, for logs: "OpenBLAS SkylakeX kernels", and whether OPENBLAS_CORETYPE was set
 // because the library had chosen kernels below the CPU's instruction sets (reference_cpu/ops.c).
 const char *matmul_blas_kernels(char *out, size_t out_len);
+// The CPUs this process's threads may run on: those of all OpenMP places when OMP_PROC_BIND binds
+// threads to places, else the process's affinity mask.
+int matmul_cpus_usable(void);
+int matmul_threads(void);  // OpenMP's thread count for the parallel loops and OpenBLAS (1 without OpenMP)
 
 // ---- embedding -------------------------------------------------------------------------------
 // out (N,C) = table[tokens[n]] ; tokens (N) in [0, V)

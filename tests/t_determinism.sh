@@ -26,3 +26,13 @@ OMP_NUM_THREADS=1 "$TRAIN" "${loop[@]}" --checkpoint-dir "$T/e1" > /dev/null
 OMP_NUM_THREADS=2 "$TRAIN" "${loop[@]}" --checkpoint-dir "$T/e2" > /dev/null
 cmp "$T/e1/step_000003.safetensors" "$T/e2/step_000003.safetensors"
 echo "ok: OMP_NUM_THREADS=1 == OMP_NUM_THREADS=2, bit for bit (loop matmul)"
+# OMP_PROC_BIND binds threads to places built from the CPUs the program starts with. The program
+# may restart itself to choose OpenBLAS's kernels (reference_cpu/ops.c); the restart must not
+# inherit the one-core mask libgomp gave the first image's main thread (every thread on one core).
+cpus() { sed -n 's/^matmuls: .* threads on \([0-9]*\) CPUs*$/\1/p' "$1"; }
+"$TRAIN" --model tiny --steps 1 --batch 2 > "$T/bind0.log" 2>&1
+OMP_PROC_BIND=true "$TRAIN" --model tiny --steps 1 --batch 2 > "$T/bind1.log" 2>&1
+[ -n "$(cpus "$T/bind0.log")" ] || { cat "$T/bind0.log"; echo "FAIL: no 'matmuls: ... threads on N CPUs' line"; exit 1; }
+[ "$(cpus "$T/bind0.log")" = "$(cpus "$T/bind1.log")" ] ||
+    { echo "FAIL: OMP_PROC_BIND=true runs on $(cpus "$T/bind1.log") CPU(s), unbound on $(cpus "$T/bind0.log")"; exit 1; }
+echo "ok: OMP_PROC_BIND=true keeps all $(cpus "$T/bind0.log") CPU(s) the program started with"
