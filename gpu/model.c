@@ -230,6 +230,17 @@ static void *device_buffer(size_t *plan, MemCategory category, size_t bytes) {
     return NULL;
 }
 
+// A block's activations in three groups, by what checkpointing does with them: its input (always
+// kept), what selective checkpointing keeps (the matmul and attention outputs: x is not among them),
+// and what it recomputes (the norms' outputs and statistics, SwiGLU's output). Block 0 owns all
+// three; block l > 0 owns its input, plus the kept group unless --ac full, plus the recomputed group
+// only without checkpointing. What a block does not own is block 0's, shared.
+typedef enum { BLOCK_INPUT, BLOCK_KEPT, BLOCK_RECOMPUTED } BlockGroup;
+static bool block_owns(const GpuModel *m, int l, BlockGroup group) {
+    if (l == 0 || group == BLOCK_INPUT || m->ac == AC_NONE) return true;
+    return m->ac == AC_SELECTIVE && group == BLOCK_KEPT;
+}
+
 // sharded: no weights, gradients or moments (their storage holds them).
 static void model_buffers(GpuModel *m, size_t *plan, bool sharded) {
     const ModelConfig *cfg = &m->cfg;
@@ -259,19 +270,22 @@ static void model_buffers(GpuModel *m, size_t *plan, bool sharded) {
 #define STATS(count) (float *)device_buffer(plan, MEM_ACTIVATIONS, (count) * sizeof(float))
     // Full activation checkpointing keeps each block's input alone; the rest of a block's activations
     // live in block 0's set, which every block's forward, and its recomputation before its backward,
-    // reuses.
+    // reuses. Selective keeps the kept fields (block_owns) per block and shares the recomputed ones.
     for (int l = 0; l < cfg->n_layers; l++) {
         GpuBlockActs *a = &m->blocks[l];
-        if (m->ac == AC_FULL && l > 0) {
-            *a = m->blocks[0];
-            a->x = ACTS(BT * D);
-            continue;
+        if (l > 0 && m->ac != AC_NONE) *a = m->blocks[0];
+        if (block_owns(m, l, BLOCK_INPUT)) a->x = ACTS(BT * D);
+        if (block_owns(m, l, BLOCK_KEPT)) {
+            a->h = ACTS(BT * D);
+            a->q = ACTS(BT * hq), a->attn = ACTS(BT * hq), a->k = ACTS(BT * hkv), a->v = ACTS(BT * hkv);
+            a->gate = ACTS(2 * BT * F);  // gate, then up: the batched GEMM's outputs
+            a->up = plan ? NULL : act_at(m, a->gate, BT * F);
+            a->lse = STATS((size_t)m->B * local->n_heads * m->T);
         }
-        a->x = ACTS(BT * D), a->xn1 = ACTS(BT * D), a->h = ACTS(BT * D), a->xn2 = ACTS(BT * D);
-        a->q = ACTS(BT * hq), a->attn = ACTS(BT * hq), a->k = ACTS(BT * hkv), a->v = ACTS(BT * hkv);
-        a->gate = ACTS(2 * BT * F), a->act = ACTS(BT * F);  // gate, then up: the batched GEMM's outputs
-        a->up = plan ? NULL : act_at(m, a->gate, BT * F);
-        a->rstd1 = STATS(BT), a->rstd2 = STATS(BT), a->lse = STATS((size_t)m->B * local->n_heads * m->T);
+        if (block_owns(m, l, BLOCK_RECOMPUTED)) {
+            a->xn1 = ACTS(BT * D), a->xn2 = ACTS(BT * D), a->act = ACTS(BT * F);
+            a->rstd1 = STATS(BT), a->rstd2 = STATS(BT);
+        }
     }
     m->x_final = ACTS(BT * D), m->xn_final = ACTS(BT * D);
     m->logits = ACTS(BT * V), m->dlogits = ACTS(BT * V);
@@ -301,7 +315,6 @@ static void model_buffers(GpuModel *m, size_t *plan, bool sharded) {
 // the table and shapes of its shards (model_init_tp's; tp_size 1: the whole model).
 static void model_shape_tp(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
                            ActCheckpoint ac, int tp_size, int tp_rank) {
-    if (ac == AC_SELECTIVE) fatal("gpu_model: AC_SELECTIVE is not implemented (AC_NONE or AC_FULL)");
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ac = ac;
@@ -445,21 +458,28 @@ void gpu_model_init_sharded(GpuModel *m, const ModelConfig *cfg, GpuPrecision pr
     gpu_model_init_sharded_tp(m, cfg, precision, B, T, ac, NULL, 1, 0);
 }
 
-// One block's activation buffers (up lives in gate's).
+// One block's whole activation set (up lives in gate's).
 static void block_acts_free(GpuBlockActs *a) {
     void *owned[] = {a->x, a->xn1, a->q, a->k, a->v, a->attn, a->h, a->xn2, a->gate, a->act, a->rstd1, a->rstd2, a->lse};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
 }
 
-void gpu_model_free(GpuModel *m) {
-    for (int l = m->cfg.n_layers - 1; l >= 0; l--) {
-        GpuBlockActs *a = &m->blocks[l];
-        if (m->ac == AC_FULL && l > 0) {  // its input alone; the rest is block 0's
-            gpu_free(a->x);
-            continue;
-        }
+// Block l's own buffers (block_owns): the whole set, or its input and (selective) the kept group.
+static void block_acts_free_owned(const GpuModel *m, int l) {
+    GpuBlockActs *a = &m->blocks[l];
+    if (block_owns(m, l, BLOCK_RECOMPUTED)) {
         block_acts_free(a);
+        return;
     }
+    gpu_free(a->x);
+    if (block_owns(m, l, BLOCK_KEPT)) {
+        void *kept[] = {a->q, a->k, a->v, a->attn, a->h, a->gate, a->lse};
+        for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++) gpu_free(kept[i]);
+    }
+}
+
+void gpu_model_free(GpuModel *m) {
+    for (int l = m->cfg.n_layers - 1; l >= 0; l--) block_acts_free_owned(m, l);
     void *owned[] = {m->params, m->grads, m->adam_m, m->adam_v, m->params_bf16, m->x_final, m->xn_final,
                      m->logits, m->rstd_final, m->lse_final, m->qkv, m->dx, m->dxn,
                      m->dq /* and dk, dv */, m->dattn, m->dgate /* and dup */, m->dact, m->dlogits, m->inputs,
@@ -851,19 +871,30 @@ static void embed_backward(GpuModel *m, const int *inputs, const void *dx) {
     unit_grads_ready(m, LAYER_EMBEDDING);
 }
 
-// Block l's backward as a unit: its weights and gradient buffers asked for, with recompute (full AC)
+// Selective checkpointing (block_recompute_selective): the norms from the kept x and h, SwiGLU from
+// the kept gate and up, with block_forward's kernels on the same inputs (the same bits).
+static void gpu_block_recompute_selective(const GpuModel *m, int l) {
+    const GpuBlockOffsets *o = &m->offsets[l];
+    GpuBlockActs *a = &m->blocks[l];
+    rmsnorm_fwd(m, a->xn1, a->rstd1, a->x, weight(m, o->attention_norm));
+    rmsnorm_fwd(m, a->xn2, a->rstd2, a->h, weight(m, o->ffn_norm));
+    swiglu_fwd(m, a->act, a->gate, a->up, (size_t)m->B * m->T * m->local.ffn_dim);
+}
+
+// Block l's backward as a unit: its weights and gradient buffers asked for, with recompute (AC)
 // its activations again first, dx (the gradient of its output) turned into its input's in place, and
-// its gradients reported final. The recompute rebuilds the block's activations from its saved input
-// into the shared set (the last block's are still there from forward); its output, unread, goes to
-// x_final, which the head's backward has read already and the next forward writes again. The same
-// kernels on the same input: the same bits.
+// its gradients reported final. The recompute rebuilds what the block does not own (block_owns) into
+// the shared set (the last block's are still there from forward). Full: the whole block from its
+// saved input; its output, unread, goes to x_final, which the head's backward has read already and
+// the next forward writes again. The same kernels on the same inputs: the same bits.
 static void block_backward_unit(GpuModel *m, int l, void *dx, bool recompute) {
     unit_begin(m, l, PASS_BACKWARD);
     unit_grads_begin(m, l);
     if (recompute) {
         gpu_timeline_begin("block recompute", "recompute");
         gpu_timeline_arg_int("layer", l);
-        gpu_block_forward(m, l, m->x_final);
+        if (m->ac == AC_FULL) gpu_block_forward(m, l, m->x_final);
+        else gpu_block_recompute_selective(m, l);
         gpu_timeline_end();
     }
     gpu_timeline_begin("block bwd", "backward");
@@ -875,9 +906,9 @@ static void block_backward_unit(GpuModel *m, int l, void *dx, bool recompute) {
 }
 
 // Blocks [first, end) on m->blocks, last to first (model_blocks_backward), each turning dx into its
-// input's gradient in place. Full AC recomputes every block but the last, whose activations forward left.
+// input's gradient in place. AC recomputes every block but the last, whose activations forward left.
 static void blocks_backward(GpuModel *m, int first, int end, void *dx) {
-    for (int l = end - 1; l >= first; l--) block_backward_unit(m, l, dx, m->ac == AC_FULL && l < m->cfg.n_layers - 1);
+    for (int l = end - 1; l >= first; l--) block_backward_unit(m, l, dx, m->ac != AC_NONE && l < m->cfg.n_layers - 1);
 }
 
 void gpu_model_backward(GpuModel *m, double dloss) {

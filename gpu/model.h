@@ -7,8 +7,9 @@
 // chapter 6) is built in: see "Tensor parallelism" below (gpu_model_init_tp; gpu/strategy.c, --tp).
 // Context parallelism: chapter 8's ring on device buffers for attention
 // (gpu_model_set_context_parallel, --cp). Activation checkpointing: AC_FULL keeps each block's input
-// alone and recomputes the block before its backward (bit-identical gradients); AC_SELECTIVE is
-// refused.
+// alone and recomputes the block before its backward; AC_SELECTIVE keeps the matmul and attention
+// outputs (x, q, k, v, attn, lse, h, gate, up) and recomputes the RMSNorms and SwiGLU (chapter 5's
+// policy). Both give bit-identical gradients.
 //
 //   GpuModel m;
 //   gpu_model_init(&m, &cfg, seed, GPU_BF16, B, T);
@@ -103,7 +104,8 @@ typedef struct {
     GpuPrecision precision;
     size_t act_size;                  // bytes per activation element: 4 (fp32) or 2 (bf16)
     int B, T;
-    ActCheckpoint ac;                 // AC_NONE, or AC_FULL: blocks[l] share block 0's buffers but x
+    ActCheckpoint ac;                 // AC_FULL: blocks[l > 0] share block 0's buffers but x;
+                                      // AC_SELECTIVE: only its xn1, xn2, act, rstd1, rstd2
     bool fp8;                         // the blocks' projections as FP8 linears (gpu/fp8.h; set after init)
     struct Comm *fp8_tokens;          // with fp8 under data parallelism: the replicas (amaxes reduced), else NULL
     float *params, *grads, *adam_m, *adam_v;  // (table.total_numel) fp32 on the device

@@ -3,8 +3,8 @@
 // on the device. With --dp-replicate > 1 it is DDP: each rank runs its slice of the batch and the
 // gradients are averaged over the data-parallel ranks after the last micro-batch: comm.h's
 // all-reduce on the device buffer, which the device backend runs (gpu/comm_device.h: NCCL with a GPU
-// per rank, else staged through host memory, so ranks may share one GPU). Also --ac full (the GPU model recomputes
-// blocks), --fp8 (tensorwise: gpu/fp8.h's linears) and --trace (the GPU's timeline).
+// per rank, else staged through host memory, so ranks may share one GPU). Also --ac full and --ac selective
+// (the GPU model recomputes blocks, or their norms and SwiGLU), --fp8 (tensorwise: gpu/fp8.h's linears) and --trace (the GPU's timeline).
 //
 // With --dp-shard N it is ZeRO-1/2/3 (and HSDP with --dp-replicate too): chapter 3's module itself
 // (chapters/03_fsdp/fsdp.h), given device memory (gpu/fsdp_device.h), on the GPU model built without
@@ -239,8 +239,6 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
             fatal_input("--device cuda --cp %d with %s: not on the GPU so far", mesh->degree[MESH_CP],
                         o->fp8 ? "--fp8" : "--pp");
     }
-    if (o->ac == AC_SELECTIVE)
-        fatal_input("--device cuda --ac selective: the GPU model recomputes whole blocks only so far (--ac full)");
 }
 
 // With tracing on: the regions the model marks on "cuda:compute" (always), and every kernel on its

@@ -7,7 +7,7 @@
 # sharing the emulated GPU, against the CPU reference on the same seed and data. Also: the layouts the GPU trainer does not run yet are
 # refused with one line, and build/train says so cleanly when there is no device. A traced run's
 # GPU timeline (regions, memory counters) and trace-summary's GPU figures. Activation
-# checkpointing on the GPU (--ac full) against the run without it.
+# checkpointing on the GPU (--ac full and --ac selective) against the run without it.
 # Tolerances (bf16 compute, fp32 master weights):
 #   losses rtol 1e-3: the logits come from bf16 activations (8 significant bits, relative
 #     rounding <= 2^-9 = 2e-3 per stored value), but the mean over 32 tokens averages the
@@ -28,7 +28,7 @@
 #   GPU TP against the single GPU: gradients 2e-2, losses 1e-4, and the logged gradient norm against
 #     the gathered gradients' within 6e-5 (the reasons where the runs are); TP x DDP against TP: 1e-5.
 #     A resumed TP run equals the uninterrupted one exactly; its gathered checkpoint after 2 steps is
-#     within AdamW's 2 (lr_1 + lr_2) of the single GPU's. TP with --ac full equals TP without, exactly.
+#     within AdamW's 2 (lr_1 + lr_2) of the single GPU's. TP with --ac full equals TP without, and TP x ZeRO-3 with --ac selective the same without, exactly.
 # Pipeline mutations tried (each made a check here fail): the stage output sent from the stage's
 # input buffer (wrong activations downstream: the losses against the reference); the
 # last stage's backward started from d(loss) instead of d(loss)/M (step-1 gradients 2x); chunk 1's
@@ -125,10 +125,16 @@ $P --ckpt "$T/gpu_tp2_z3.grads.safetensors" --ckpt-ref "$T/gpu_tp2.grads.safeten
 $P --log "$T/gpu_tp2_z3.log" --log-ref "$T/gpu_tp2.log" --loss-rtol 1e-5
 # --ac full under TP: each block recomputed before its backward, its all-reduces run again on the
 # same partial sums in the same rank order (the staged backend's MPI reduction): bit-identical.
+# --ac selective under ZeRO-3 x TP: the norms and SwiGLU again from the kept tensors, the units
+# gathered again for them: bit-identical to the same layout without.
 run gpu_tp2_ac 2 --tp 2 --ac full
 echo "== GPU TP with --ac full vs without"
 $P --ckpt "$T/gpu_tp2_ac.grads.safetensors" --ckpt-ref "$T/gpu_tp2.grads.safetensors" --prefix grad. --exact
 $P --log "$T/gpu_tp2_ac.log" --log-ref "$T/gpu_tp2.log" --loss-rtol 0
+run gpu_tp2_z3_sel 4 --tp 2 --dp-shard 2 --zero-stage 3 --ac selective
+echo "== GPU TP x ZeRO-3 with --ac selective vs without"
+$P --ckpt "$T/gpu_tp2_z3_sel.grads.safetensors" --ckpt-ref "$T/gpu_tp2_z3.grads.safetensors" --prefix grad. --exact
+$P --log "$T/gpu_tp2_z3_sel.log" --log-ref "$T/gpu_tp2_z3.log" --loss-rtol 0
 "$PYTHON" - "$T" gpu1 gpu_tp2 gpu_tp2_ddp2 gpu_tp2_z3 <<'PY'
 import re, sys
 import numpy as np
@@ -406,33 +412,42 @@ got = json.load(sys.stdin)["ranks"][0]["kernels"]
 sys.exit(0 if got == [{"name": "ncclDevKernel_AllReduce", "us": 15.0, "count": 1}] else f"FAIL: --kernels 1 gave {got}")'
 echo "ok: trace-summary --kernels 1 on the synthetic timeline: the NCCL kernel, 15 us"
 
-echo "== activation checkpointing on the GPU (--ac full)"
+echo "== activation checkpointing on the GPU (--ac full, --ac selective)"
 # The block's activations recomputed from its saved input by the same kernels: the same bits, so
 # the gradients and the weights after 2 steps equal the run without AC exactly. What it saves: every
 # block but the first keeps only its input x, so the peak of "gpu mem activations" falls by
 # (L - 1) x [(3 D + 2 hq + 2 hkv + 3 F) BT x 2 bytes (bf16) + (2 BT + B H T) x 4 bytes (fp32 stats)]:
-# tiny at batch 2 x 16: 3 x (768 x 32 x 2 + 320 x 4) = 151296 bytes.
-for ac in none full; do
+# tiny at batch 2 x 16: 3 x (768 x 32 x 2 + 320 x 4) = 151296 bytes. Selective drops only the norms'
+# outputs and SwiGLU's (2 D + F) BT x 2 bytes and the norms' statistics 2 BT x 4 bytes:
+# 3 x (256 x 32 x 2 + 64 x 4) = 49920 bytes.
+for ac in none full selective; do
     "$EMU_TRAIN" "${common[@]}" --device cuda --ac $ac --grad-dump "$T/ac_$ac.grads.safetensors" \
         --checkpoint-dir "$T/ac_$ac" --trace-json "$T/ac_$ac.json" > "$T/ac_$ac.log" 2>&1 ||
         { cat "$T/ac_$ac.log"; echo "FAIL: --ac $ac"; exit 1; }
 done
-$P --ckpt "$T/ac_full.grads.safetensors" --ckpt-ref "$T/ac_none.grads.safetensors" --prefix grad. --exact
-$P --ckpt "$T/ac_full/step_000002.safetensors" --ckpt-ref "$T/ac_none/step_000002.safetensors" --exact
-"$PYTHON" - "$T/ac_none.json" "$T/ac_full.json" <<'PY'
+for ac in full selective; do
+    $P --ckpt "$T/ac_$ac.grads.safetensors" --ckpt-ref "$T/ac_none.grads.safetensors" --prefix grad. --exact
+    $P --ckpt "$T/ac_$ac/step_000002.safetensors" --ckpt-ref "$T/ac_none/step_000002.safetensors" --exact
+done
+"$PYTHON" - "$T/ac_none.json" "$T/ac_full.json" "$T/ac_selective.json" <<'PY'
 import json, sys
 def read(path):
     doc = json.load(open(path))
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     peak = max(next(iter(e["args"].values())) for e in events if e.get("ph") == "C" and e["name"] == "gpu mem activations")
     return peak, sum(1 for e in events if e.get("ph") == "X" and e["name"] == "block recompute")
-(peak_none, rec_none), (peak_full, rec_full) = read(sys.argv[1]), read(sys.argv[2])
-want_saved, want_recomputes = 3 * (768 * 32 * 2 + 320 * 4), 2 * 3  # 2 steps x blocks 2, 1, 0
-if peak_none - peak_full != want_saved or rec_full != want_recomputes or rec_none:
-    sys.exit(f"FAIL: --ac full saved {peak_none - peak_full} bytes of activations (want {want_saved}) with "
-             f"{rec_full} block recomputes (want {want_recomputes}; without AC: {rec_none})")
-print(f"ok: --ac full on the GPU: bit-identical; activation peak {peak_none} -> {peak_full} bytes, "
-      f"{rec_full} block recomputes")
+(peak_none, rec_none) = read(sys.argv[1])
+want_recomputes = 2 * 3  # 2 steps x blocks 2, 1, 0
+if rec_none:
+    sys.exit(f"FAIL: {rec_none} block recomputes without AC")
+for ac, path, want_saved in (("full", sys.argv[2], 3 * (768 * 32 * 2 + 320 * 4)),
+                             ("selective", sys.argv[3], 3 * (256 * 32 * 2 + 64 * 4))):
+    peak, rec = read(path)
+    if peak_none - peak != want_saved or rec != want_recomputes:
+        sys.exit(f"FAIL: --ac {ac} saved {peak_none - peak} bytes of activations (want {want_saved}) with "
+                 f"{rec} block recomputes (want {want_recomputes})")
+    print(f"ok: --ac {ac} on the GPU: bit-identical; activation peak {peak_none} -> {peak} bytes, "
+          f"{rec} block recomputes")
 PY
 
 echo "== FP8 on the GPU (--device cuda --fp8, tensorwise)"
@@ -534,9 +549,6 @@ done
 out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --device cuda --dp-shard 2 --zero-stage 4 2>&1 >/dev/null) && rc=0 || rc=$?
 [ "$rc" -eq 2 ] && [[ "$out" == *"--zero-stage"* ]] || { echo "FAIL: --dp-shard 2 --zero-stage 4 -> rc $rc: $out"; exit 1; }
 echo "ok: --device cuda --dp-shard 2 --zero-stage 4 -> $(grep '^train' <<<"$out" | head -1)"
-out=$("$EMU_TRAIN" --model tiny --steps 1 --device cuda --ac selective 2>&1 >/dev/null) && rc=0 || rc=$?
-[ "$rc" -eq 2 ] && [[ "$out" == *"--device cuda --ac selective: "* ]] || { echo "FAIL: --ac selective -> rc $rc: $out"; exit 1; }
-echo "ok: --device cuda --ac selective -> $(grep '^train' <<<"$out")"
 # build/train without a usable device (this machine has none, or the build has no CUDA).
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi >/dev/null 2>&1; then
     out=$("$BUILD/train" --model tiny --steps 1 --device cuda 2>&1 >/dev/null) && rc=0 || rc=$?
