@@ -29,8 +29,9 @@
 // compute and device memory (gpu/pipeline_device.h), on the GPU model built without its own weights
 // or per-block activations (gpu_model_init_stages). pipeline_create installs its UnitStorage (the
 // chunks' device buffers) on the trainer's Model; the GPU model gets the same, and casts each unit to
-// bf16 as it runs, as under --dp-shard (--fp8: cast to FP8 from them). Not with --dp-replicate,
-// --dp-shard or --ac full so far (refused).
+// bf16 as it runs, as under --dp-shard (--fp8: cast to FP8 from them). With --dp-replicate, chapter
+// 2's DDP over the chunks' device buffers (pipeline_create's). Not with --dp-shard or --ac so far
+// (refused).
 //
 // With --cp N the GPU model's attention runs chapter 8's ring on device buffers (gpu/cp_device.h,
 // gpu_model_set_context_parallel), and the layout above it averages over dp x cp (DDP) or shards
@@ -279,10 +280,10 @@ static void pipelined_load_full(Strategy *s, StateKind kind, const real *local_f
 static void refuse_pipelined(const Trainer *t, const LayoutOptions *o) {
     const Mesh *mesh = t->mesh;
     int pp = mesh->degree[MESH_PP];
-    if (mesh->degree[MESH_DP_REPLICATE] > 1 || mesh->degree[MESH_DP_SHARD] > 1)
-        fatal_input("--device cuda --pp %d with data parallelism (--dp-replicate %d, --dp-shard %d): the GPU's pipeline "
-                    "runs one replica so far (chapter 7's DDP and ZeRO-1 over stages take host buffers)", pp,
-                    mesh->degree[MESH_DP_REPLICATE], mesh->degree[MESH_DP_SHARD]);
+    if (mesh->degree[MESH_DP_SHARD] > 1)
+        fatal_input("--device cuda --pp %d --dp-shard %d: the GPU's pipeline replicates its stages (--dp-replicate) "
+                    "but does not shard them so far (chapter 7's ZeRO-1 over stages stages its slices in host memory)",
+                    pp, mesh->degree[MESH_DP_SHARD]);
     if (o->ac != AC_NONE)
         fatal_input("--device cuda --pp %d --ac %s: the GPU's pipeline stages keep every block's activations "
                     "(--ac none) so far", pp, o->ac == AC_FULL ? "full" : "selective");
@@ -299,8 +300,17 @@ static void create_pipelined(GpuTraining *g, Trainer *t, const ModelConfig *cfg,
                                .virtual_stages = o->pp_virtual_stages, .micro_batch = t->micro, .seq_len = t->T,
                                .ac = AC_NONE, .dot_path = o->pp_schedule_dot, .compute = &gpu_pipeline_compute,
                                .compute_ctx = &g->m, .memory = &gpu_fsdp_memory};
-    g->pipeline = pipeline_create(&t->model, t->mesh->dim[MESH_PP], NULL, &options, init);
+    int replicas = comm_size(t->mesh->dp_cp);
+    options.bucket_bytes = (size_t)(o->bucket_mb * 1048576.0), options.overlap = o->overlap;
+    g->pipeline = pipeline_create(&t->model, t->mesh->dim[MESH_PP], replicas > 1 ? t->mesh->dp_cp : NULL, &options, init);
     g->m.storage = t->model.storage;
+    // With replicas, chapter 2's DDP over the chunks' buffers (its buckets' all-reduces on device
+    // buffers): the GPU model reports each unit's gradients final to the hook DDP installed.
+    g->m.grads_ready = t->model.grads_ready;
+    g->m.grads_ready_ctx = t->model.grads_ready_ctx;
+    if (replicas > 1)
+        log_info("pp x ddp on the GPU: %d replicas of every stage, gradients all-reduced in buckets (%s)", replicas,
+                 o->overlap ? "overlapping backward" : "after backward");
     log_info("pp on the GPU: %d stages (chapter 7's executor on device buffers, %s backend); bf16 activations "
              "between stages, each unit's fp32 weights cast to bf16 where it runs",
              t->mesh->degree[MESH_PP] * o->pp_virtual_stages, gpu_comm_backend_name());

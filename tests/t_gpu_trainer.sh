@@ -285,7 +285,12 @@ echo "== gpu_z3_cp2 (ZeRO-3 over dp_shard 2 x cp 2) vs the single GPU (batch 4),
 $P --log "$T/gpu_z3_cp2.log" --log-ref "$T/gpu1_b4.log" --loss-rtol 1e-3 \
    --ckpt "$T/gpu_z3_cp2.grads.safetensors" --ckpt-ref "$T/gpu1_b4.grads.safetensors" --prefix grad. --param-rtol 1e-2
 grep -q "hsdp on the GPU: zero stage 3 over 2 shards x replicated" "$T/gpu_hsdp.log" || { echo "FAIL: gpu_hsdp did not run HSDP"; exit 1; }
-for name in gpu_hsdp gpu_z1_accum; do
+# Pipeline x DDP: 2 replicas of 2 stages (1F1B, 2 micro-batches of 1 sequence per replica), chapter
+# 2's buckets all-reduced on the chunks' device buffers as each unit's gradients become final.
+b4run gpu_pp2_ddp2 4 --pp 2 --dp-replicate 2 --pp-microbatches 2
+grep -q "pp x ddp on the GPU: 2 replicas of every stage, gradients all-reduced in buckets (overlapping backward)" \
+    "$T/gpu_pp2_ddp2.log" || { cat "$T/gpu_pp2_ddp2.log"; echo "FAIL: gpu_pp2_ddp2 did not run DDP over the stages"; exit 1; }
+for name in gpu_hsdp gpu_z1_accum gpu_pp2_ddp2; do
     echo "== $name vs the single GPU (batch 4)"
     $P --ckpt "$T/$name.grads.safetensors" --ckpt-ref "$T/gpu1_b4.grads.safetensors" --prefix grad. --param-rtol 1e-5
     $P --log "$T/$name.log" --log-ref "$T/gpu1_b4.log" --loss-rtol 1e-5
@@ -525,8 +530,7 @@ for bad in "--cp 2 --cp-mode alltoall|--device cuda --cp 2 --cp-mode alltoall: "
 done
 # What the GPU's pipeline does not run yet: refused with one line, exit 2 (ranks|flags|message).
 for bad in "4|--pp 2 --tp 2|--device cuda with --tp 2: " \
-           "4|--pp 2 --dp-replicate 2|--device cuda --pp 2 with data parallelism" \
-           "4|--pp 2 --dp-shard 2 --zero-stage 1|--device cuda --pp 2 with data parallelism" \
+           "4|--pp 2 --dp-shard 2 --zero-stage 1|--device cuda --pp 2 --dp-shard 2: " \
            "2|--pp 2 --ac full|--device cuda --pp 2 --ac full: "; do
     IFS='|' read -r np flags want <<<"$bad"
     out=$($MPIRUN -np "$np" "$EMU_TRAIN" --model tiny --steps 1 --batch 4 --seq-len 16 --device cuda $flags 2>&1 >/dev/null) &&
