@@ -232,13 +232,38 @@ static void *device_buffer(size_t *plan, MemCategory category, size_t bytes) {
 
 // A block's activations in three groups, by what checkpointing does with them: its input (always
 // kept), what selective checkpointing keeps (the matmul and attention outputs: x is not among them),
-// and what it recomputes (the norms' outputs and statistics, SwiGLU's output). Block 0 owns all
-// three; block l > 0 owns its input, plus the kept group unless --ac full, plus the recomputed group
-// only without checkpointing. What a block does not own is block 0's, shared.
+// and what it recomputes (the norms' outputs and statistics, SwiGLU's output). The shared set (the
+// model's block 0) owns all three; any other block owns its input, plus the kept group unless --ac
+// full, plus the recomputed group only without checkpointing. What a block does not own is the
+// shared set's.
 typedef enum { BLOCK_INPUT, BLOCK_KEPT, BLOCK_RECOMPUTED } BlockGroup;
-static bool block_owns(const GpuModel *m, int l, BlockGroup group) {
-    if (l == 0 || group == BLOCK_INPUT || m->ac == AC_NONE) return true;
+static bool block_owns(const GpuModel *m, bool shared_set, BlockGroup group) {
+    if (shared_set || group == BLOCK_INPUT || m->ac == AC_NONE) return true;
     return m->ac == AC_SELECTIVE && group == BLOCK_KEPT;
+}
+
+// The groups of a's buffers it owns (block_owns), at the model's B, T and shapes; the rest of *a is
+// left as it is (the shared set's pointers). plan: count the bytes instead of allocating.
+static void block_acts_alloc(const GpuModel *m, GpuBlockActs *a, bool shared_set, size_t *plan) {
+    const LocalShape *local = &m->local;  // this tp rank's heads and ffn columns
+    size_t BT = (size_t)m->B * m->T, D = m->cfg.dim, F = local->ffn_dim, hd = model_head_dim(&m->cfg);
+    size_t hq = local->n_heads * hd, hkv = local->n_kv_heads * hd, as = m->act_size;
+#define ACTS(count) device_buffer(plan, MEM_ACTIVATIONS, (count) * as)
+#define STATS(count) (float *)device_buffer(plan, MEM_ACTIVATIONS, (count) * sizeof(float))
+    if (block_owns(m, shared_set, BLOCK_INPUT)) a->x = ACTS(BT * D);
+    if (block_owns(m, shared_set, BLOCK_KEPT)) {
+        a->h = ACTS(BT * D);
+        a->q = ACTS(BT * hq), a->attn = ACTS(BT * hq), a->k = ACTS(BT * hkv), a->v = ACTS(BT * hkv);
+        a->gate = ACTS(2 * BT * F);  // gate, then up: the batched GEMM's outputs
+        a->up = plan ? NULL : act_at(m, a->gate, BT * F);
+        a->lse = STATS((size_t)m->B * local->n_heads * m->T);
+    }
+    if (block_owns(m, shared_set, BLOCK_RECOMPUTED)) {
+        a->xn1 = ACTS(BT * D), a->xn2 = ACTS(BT * D), a->act = ACTS(BT * F);
+        a->rstd1 = STATS(BT), a->rstd2 = STATS(BT);
+    }
+#undef ACTS
+#undef STATS
 }
 
 // sharded: no weights, gradients or moments (their storage holds them).
@@ -274,18 +299,7 @@ static void model_buffers(GpuModel *m, size_t *plan, bool sharded) {
     for (int l = 0; l < cfg->n_layers; l++) {
         GpuBlockActs *a = &m->blocks[l];
         if (l > 0 && m->ac != AC_NONE) *a = m->blocks[0];
-        if (block_owns(m, l, BLOCK_INPUT)) a->x = ACTS(BT * D);
-        if (block_owns(m, l, BLOCK_KEPT)) {
-            a->h = ACTS(BT * D);
-            a->q = ACTS(BT * hq), a->attn = ACTS(BT * hq), a->k = ACTS(BT * hkv), a->v = ACTS(BT * hkv);
-            a->gate = ACTS(2 * BT * F);  // gate, then up: the batched GEMM's outputs
-            a->up = plan ? NULL : act_at(m, a->gate, BT * F);
-            a->lse = STATS((size_t)m->B * local->n_heads * m->T);
-        }
-        if (block_owns(m, l, BLOCK_RECOMPUTED)) {
-            a->xn1 = ACTS(BT * D), a->xn2 = ACTS(BT * D), a->act = ACTS(BT * F);
-            a->rstd1 = STATS(BT), a->rstd2 = STATS(BT);
-        }
+        block_acts_alloc(m, a, l == 0, plan);
     }
     m->x_final = ACTS(BT * D), m->xn_final = ACTS(BT * D);
     m->logits = ACTS(BT * V), m->dlogits = ACTS(BT * V);
@@ -464,22 +478,21 @@ static void block_acts_free(GpuBlockActs *a) {
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
 }
 
-// Block l's own buffers (block_owns): the whole set, or its input and (selective) the kept group.
-static void block_acts_free_owned(const GpuModel *m, int l) {
-    GpuBlockActs *a = &m->blocks[l];
-    if (block_owns(m, l, BLOCK_RECOMPUTED)) {
+// a's own buffers (block_owns): the whole set, or its input and (selective) the kept group.
+static void block_acts_free_owned(const GpuModel *m, GpuBlockActs *a, bool shared_set) {
+    if (block_owns(m, shared_set, BLOCK_RECOMPUTED)) {
         block_acts_free(a);
         return;
     }
     gpu_free(a->x);
-    if (block_owns(m, l, BLOCK_KEPT)) {
+    if (block_owns(m, shared_set, BLOCK_KEPT)) {
         void *kept[] = {a->q, a->k, a->v, a->attn, a->h, a->gate, a->lse};
         for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++) gpu_free(kept[i]);
     }
 }
 
 void gpu_model_free(GpuModel *m) {
-    for (int l = m->cfg.n_layers - 1; l >= 0; l--) block_acts_free_owned(m, l);
+    for (int l = m->cfg.n_layers - 1; l >= 0; l--) block_acts_free_owned(m, &m->blocks[l], l == 0);
     void *owned[] = {m->params, m->grads, m->adam_m, m->adam_v, m->params_bf16, m->x_final, m->xn_final,
                      m->logits, m->rstd_final, m->lse_final, m->qkv, m->dx, m->dxn,
                      m->dq /* and dk, dv */, m->dattn, m->dgate /* and dup */, m->dact, m->dlogits, m->inputs,
@@ -906,15 +919,18 @@ static void block_backward_unit(GpuModel *m, int l, void *dx, bool recompute) {
 }
 
 // Blocks [first, end) on m->blocks, last to first (model_blocks_backward), each turning dx into its
-// input's gradient in place. AC recomputes every block but the last, whose activations forward left.
-static void blocks_backward(GpuModel *m, int first, int end, void *dx) {
-    for (int l = end - 1; l >= first; l--) block_backward_unit(m, l, dx, m->ac != AC_NONE && l < m->cfg.n_layers - 1);
+// input's gradient in place. AC recomputes every block but the model's last, whose activations
+// forward left in the shared set; a pipeline stage (recompute_all) recomputes every block, since other
+// micro-batches' forwards have used the shared set since.
+static void blocks_backward(GpuModel *m, int first, int end, void *dx, bool recompute_all) {
+    for (int l = end - 1; l >= first; l--)
+        block_backward_unit(m, l, dx, m->ac != AC_NONE && (recompute_all || l < m->cfg.n_layers - 1));
 }
 
 void gpu_model_backward(GpuModel *m, double dloss) {
     GpuHead head = model_head(m);
     head_backward(m, &head, m->dx, dloss);
-    blocks_backward(m, 0, m->cfg.n_layers, m->dx);
+    blocks_backward(m, 0, m->cfg.n_layers, m->dx, false);
     embed_backward(m, m->inputs, m->dx);
 }
 
@@ -964,36 +980,36 @@ double gpu_model_grad_norm(const GpuModel *m) {
 // head_forward, and their backwards), on one (chunk, micro-batch)'s activations. The block functions read m->blocks[l]: a stage's blocks are installed there for the
 // call (an array of n_layers whose [first, end) the stage allocated) and the model's own put back.
 
-void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T) {
+void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
+                           ActCheckpoint ac) {
     gpu_model_init_sharded(m, cfg, precision, B, T, AC_NONE);
-    for (int l = 0; l < cfg->n_layers; l++) {  // every block's set, its own (no AC)
+    // With AC, block 0's set stays as the shared set every stage's blocks recompute into, and
+    // x_final as the sink of a full recompute's unread output.
+    for (int l = ac == AC_NONE ? 0 : 1; l < cfg->n_layers; l++) {
         GpuBlockActs *a = &m->blocks[l];
         block_acts_free(a);
         memset(a, 0, sizeof *a);
     }
-    void **held[] = {&m->x_final, &m->xn_final, &m->logits, (void **)&m->rstd_final, (void **)&m->lse_final, &m->dx,
-                     (void **)&m->inputs, (void **)&m->targets};
-    for (size_t i = 0; i < sizeof held / sizeof held[0]; i++) gpu_free(*held[i]), *held[i] = NULL;
+    m->ac = ac;
+    void **held[] = {&m->xn_final, &m->logits, (void **)&m->rstd_final, (void **)&m->lse_final, &m->dx,
+                     (void **)&m->inputs, (void **)&m->targets, ac == AC_FULL ? NULL : &m->x_final};
+    for (size_t i = 0; i < sizeof held / sizeof held[0]; i++)
+        if (held[i]) gpu_free(*held[i]), *held[i] = NULL;
 }
 
 GpuStageActs *gpu_model_stage_acts_alloc(const GpuModel *m, int first, int end) {
     const ModelConfig *cfg = &m->cfg;
-    size_t BT = (size_t)m->B * m->T, D = cfg->dim, F = cfg->ffn_dim, V = cfg->vocab_size, hd = model_head_dim(cfg);
-    size_t hq = cfg->n_heads * hd, hkv = cfg->n_kv_heads * hd, as = m->act_size;
-    if (m->ac != AC_NONE) fatal("gpu model: pipeline stages keep every block's activations (AC_NONE)");
+    size_t BT = (size_t)m->B * m->T, D = cfg->dim, V = cfg->vocab_size, as = m->act_size;
     GpuStageActs *s = mem_alloc(MEM_OTHER, sizeof *s);
     s->first = first, s->end = end;
     s->blocks = mem_alloc(MEM_OTHER, sizeof(GpuBlockActs) * cfg->n_layers);
+    for (int l = first; l < end; l++) {  // as model_buffers; with AC, around the model's shared set
+        GpuBlockActs *a = &s->blocks[l];
+        if (m->ac != AC_NONE) *a = m->blocks[0];
+        block_acts_alloc(m, a, false, NULL);
+    }
 #define ACTS(count) gpu_alloc(MEM_ACTIVATIONS, (count) * as)
 #define STATS(count) (float *)gpu_alloc(MEM_ACTIVATIONS, (count) * sizeof(float))
-    for (int l = first; l < end; l++) {  // as model_buffers
-        GpuBlockActs *a = &s->blocks[l];
-        a->x = ACTS(BT * D), a->xn1 = ACTS(BT * D), a->h = ACTS(BT * D), a->xn2 = ACTS(BT * D);
-        a->q = ACTS(BT * hq), a->attn = ACTS(BT * hq), a->k = ACTS(BT * hkv), a->v = ACTS(BT * hkv);
-        a->gate = ACTS(2 * BT * F), a->act = ACTS(BT * F);
-        a->up = act_at(m, a->gate, BT * F);
-        a->rstd1 = STATS(BT), a->rstd2 = STATS(BT), a->lse = STATS((size_t)m->B * cfg->n_heads * m->T);
-    }
     s->out = ACTS(BT * D), s->dx = ACTS(BT * D);
     if (first == 0) s->inputs = gpu_alloc(MEM_OTHER, sizeof(int) * BT);
     if (end == cfg->n_layers) {
@@ -1006,12 +1022,9 @@ GpuStageActs *gpu_model_stage_acts_alloc(const GpuModel *m, int first, int end) 
     return s;
 }
 
-void gpu_model_stage_acts_free(GpuStageActs *s) {
+void gpu_model_stage_acts_free(const GpuModel *m, GpuStageActs *s) {
     if (!s) return;
-    for (int l = s->first; l < s->end; l++) {
-        GpuBlockActs *a = &s->blocks[l];
-        block_acts_free(a);
-    }
+    for (int l = s->first; l < s->end; l++) block_acts_free_owned(m, &s->blocks[l], false);
     void *owned[] = {s->out, s->dx, s->inputs, s->xn_final, s->logits, s->rstd_final, s->lse_final, s->targets};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
     mem_free(s->blocks);
@@ -1051,7 +1064,7 @@ void gpu_model_stage_head_backward(GpuModel *m, GpuStageActs *s, double dloss) {
 void gpu_model_stage_blocks_backward(GpuModel *m, GpuStageActs *s) {
     GpuBlockActs *own = m->blocks;
     m->blocks = s->blocks;
-    blocks_backward(m, s->first, s->end, s->dx);  // m->ac is AC_NONE (gpu_model_init_stages)
+    blocks_backward(m, s->first, s->end, s->dx, true);
     m->blocks = own;
 }
 

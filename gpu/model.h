@@ -209,6 +209,9 @@ double gpu_model_grad_sum_sq(const GpuModel *m);
 // n_layers. The executor keeps one GpuStageActs per (chunk, micro-batch) in flight; the model's own
 // per-block activations are not used (gpu_model_init_stages does not keep them), its backward
 // scratch (qkv, dxn, dq, ..., dlogits) is shared, since the stream runs one stage's kernels at a time.
+// With activation checkpointing the same holds of the model's block 0 set: every stage block keeps
+// what the policy keeps (its input; with selective also q, k, v, attn, lse, h, gate, up) and
+// recomputes the rest into that shared set before its backward, the stage's last block included.
 // Weights and gradients come, unit by unit, from m->storage (the executor's chunk buffers, device
 // pointers): a sharded model, as with FSDP. The entry points run what gpu_model_forward_queued and
 // gpu_model_backward run, on these activations; a stage's kernels read them as the model's own by
@@ -228,10 +231,11 @@ typedef struct {
 // The model for pipeline stages: gpu_model_init_sharded (weights and gradients from storage), then
 // the per-block activations, the head's, dx and the token buffers released (GpuStageActs hold them;
 // the memory check before allocating still counts them once).
-void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T);
-// MEM_ACTIVATIONS, at the model's B and T. AC_NONE only: every block keeps its activations.
+void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
+                           ActCheckpoint ac);
+// MEM_ACTIVATIONS, at the model's B and T, what the model's checkpointing keeps of each block.
 GpuStageActs *gpu_model_stage_acts_alloc(const GpuModel *m, int first, int end);
-void gpu_model_stage_acts_free(GpuStageActs *a);  // stream-ordered, as gpu_free
+void gpu_model_stage_acts_free(const GpuModel *m, GpuStageActs *a);  // stream-ordered, as gpu_free
 // inputs: host tokens (B*T) -> blocks[0].x (queued upload, kept for the backward).
 void gpu_model_stage_embed_forward(GpuModel *m, GpuStageActs *a, const int *inputs);
 // blocks[first].x -> out.

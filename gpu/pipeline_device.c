@@ -15,11 +15,14 @@ static size_t device_boundary_count(void *ctx, int B, int T) {
         fatal("gpu pipeline: micro-batches of %d x %d, the model was built for %d x %d", B, T, m->B, m->T);
     return (size_t)B * T * m->cfg.dim * m->act_size;
 }
+// The model was built for the executor's checkpointing (gpu_model_init_stages): its stages keep and
+// recompute what it does.
 static void *device_acts_alloc(void *ctx, int B, int T, ActCheckpoint ac, int first, int end) {
-    if (ac != AC_NONE) fatal("gpu pipeline: activation checkpointing is not supported on pipeline stages");
-    return gpu_model_stage_acts_alloc(ctx, first, end);
+    const GpuModel *m = ctx;
+    if (ac != m->ac) fatal("gpu pipeline: activation checkpointing %d asked of a model built for %d", ac, m->ac);
+    return gpu_model_stage_acts_alloc(m, first, end);
 }
-static void device_acts_free(void *ctx, void *acts) { gpu_model_stage_acts_free(acts); }
+static void device_acts_free(void *ctx, void *acts) { gpu_model_stage_acts_free(ctx, acts); }
 static void *device_stage_input(void *ctx, void *acts, int first) { return ((GpuStageActs *)acts)->blocks[first].x; }
 static void *device_stage_output(void *ctx, void *acts, int end) { return ((GpuStageActs *)acts)->out; }
 static void *device_dx(void *ctx, void *acts) { return ((GpuStageActs *)acts)->dx; }

@@ -30,8 +30,8 @@
 // or per-block activations (gpu_model_init_stages). pipeline_create installs its UnitStorage (the
 // chunks' device buffers) on the trainer's Model; the GPU model gets the same, and casts each unit to
 // bf16 as it runs, as under --dp-shard (--fp8: cast to FP8 from them). With --dp-replicate, chapter
-// 2's DDP over the chunks' device buffers (pipeline_create's). Not with --dp-shard or --ac so far
-// (refused).
+// 2's DDP over the chunks' device buffers (pipeline_create's). With --ac, each stage keeps what the
+// policy keeps and recomputes the rest before each block's backward. Not with --dp-shard so far.
 //
 // With --cp N the GPU model's attention runs chapter 8's ring on device buffers (gpu/cp_device.h,
 // gpu_model_set_context_parallel), and the layout above it averages over dp x cp (DDP) or shards
@@ -284,9 +284,6 @@ static void refuse_pipelined(const Trainer *t, const LayoutOptions *o) {
         fatal_input("--device cuda --pp %d --dp-shard %d: the GPU's pipeline replicates its stages (--dp-replicate) "
                     "but does not shard them so far (chapter 7's ZeRO-1 over stages stages its slices in host memory)",
                     pp, mesh->degree[MESH_DP_SHARD]);
-    if (o->ac != AC_NONE)
-        fatal_input("--device cuda --pp %d --ac %s: the GPU's pipeline stages keep every block's activations "
-                    "(--ac none) so far", pp, o->ac == AC_FULL ? "full" : "selective");
 }
 
 // The executor over the pp group with the GPU model's stage compute and device memory; its storage
@@ -294,11 +291,11 @@ static void refuse_pipelined(const Trainer *t, const LayoutOptions *o) {
 static void create_pipelined(GpuTraining *g, Trainer *t, const ModelConfig *cfg, const ParamSource *init,
                              const LayoutOptions *o) {
     refuse_pipelined(t, o);
-    gpu_model_init_stages(&g->m, cfg, GPU_BF16, t->micro, t->T);
+    gpu_model_init_stages(&g->m, cfg, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
     g->m.fp8 = o->fp8;  // each projection cast to FP8 from its unit's fp32 weights (the chunk's buffers)
     PipelineOptions options = {.schedule = (PpScheduleKind)o->pp_schedule, .microbatches = t->n_micro,
                                .virtual_stages = o->pp_virtual_stages, .micro_batch = t->micro, .seq_len = t->T,
-                               .ac = AC_NONE, .dot_path = o->pp_schedule_dot, .compute = &gpu_pipeline_compute,
+                               .ac = (ActCheckpoint)o->ac, .dot_path = o->pp_schedule_dot, .compute = &gpu_pipeline_compute,
                                .compute_ctx = &g->m, .memory = &gpu_fsdp_memory};
     int replicas = comm_size(t->mesh->dp_cp);
     options.bucket_bytes = (size_t)(o->bucket_mb * 1048576.0), options.overlap = o->overlap;

@@ -200,6 +200,19 @@ for schedule in GPipe 1F1B Interleaved1F1B; do
        --ckpt "$T/$name/step_000002.safetensors" --ckpt-ref "$T/gpu1_accum2/step_000002.safetensors" --exact
     $P --ckpt "$T/$name.grads.safetensors" --ckpt-ref "$T/gpu1_accum2.grads.safetensors" --prefix grad. --exact
 done
+# Checkpointing on the stages: --ac full under GPipe (every forward before any backward, so the
+# shared set holds the other micro-batch's blocks when a backward starts: each stage's last block too
+# must be recomputed) and --ac selective under Interleaved1F1B, each bit-identical to its schedule
+# without AC.
+run gpu_pp2_GPipe_acfull 2 --pp 2 --pp-schedule GPipe --pp-microbatches 2 --ac full
+run gpu_pp2_Interleaved1F1B_acsel 2 --pp 2 --pp-schedule Interleaved1F1B --pp-virtual-stages 2 --pp-microbatches 2 \
+    --ac selective
+for pair in gpu_pp2_GPipe_acfull:gpu_pp2_GPipe gpu_pp2_Interleaved1F1B_acsel:gpu_pp2_Interleaved1F1B; do
+    name=${pair%%:*} ref=${pair#*:}
+    echo "== $name vs $ref: bit-identical"
+    $P --ckpt "$T/$name.grads.safetensors" --ckpt-ref "$T/$ref.grads.safetensors" --prefix grad. --exact
+    $P --log "$T/$name.log" --log-ref "$T/$ref.log" --loss-rtol 0
+done
 # The boundary transfers through the other device backend: NCCL (grouped sends and receives on the
 # NCCL stream) instead of the staged MPI the 2 ranks sharing a GPU get by default. NCCL needs a GPU
 # per rank: the emulator's NCCL has no such limit, a real device needs two GPUs on the host; with one,
@@ -530,8 +543,7 @@ for bad in "--cp 2 --cp-mode alltoall|--device cuda --cp 2 --cp-mode alltoall: "
 done
 # What the GPU's pipeline does not run yet: refused with one line, exit 2 (ranks|flags|message).
 for bad in "4|--pp 2 --tp 2|--device cuda with --tp 2: " \
-           "4|--pp 2 --dp-shard 2 --zero-stage 1|--device cuda --pp 2 --dp-shard 2: " \
-           "2|--pp 2 --ac full|--device cuda --pp 2 --ac full: "; do
+           "4|--pp 2 --dp-shard 2 --zero-stage 1|--device cuda --pp 2 --dp-shard 2: "; do
     IFS='|' read -r np flags want <<<"$bad"
     out=$($MPIRUN -np "$np" "$EMU_TRAIN" --model tiny --steps 1 --batch 4 --seq-len 16 --device cuda $flags 2>&1 >/dev/null) &&
         rc=0 || rc=$?

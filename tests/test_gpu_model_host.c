@@ -641,7 +641,7 @@ static void run_stages(const ModelConfig *cfg, GpuPrecision precision, int B, in
     model_init_unallocated(&layout, cfg, ATTN_FLASH);
     size_t n = layout.table.total_numel;
     TestStorage st = {.layout = &layout, .params = whole.params, .grads = calloc(n, sizeof(float))};
-    gpu_model_init_stages(&m, cfg, precision, B, T);
+    gpu_model_init_stages(&m, cfg, precision, B, T, AC_NONE);
     ck_assert(!m.params && !m.blocks[0].x && !m.x_final && !m.dx);  // the stages' activations hold them
     m.storage = (UnitStorage){storage_params, storage_params_done, stage_grads, &st};
     size_t boundary = (size_t)BT * cfg->dim * m.act_size;  // bytes
@@ -659,7 +659,7 @@ static void run_stages(const ModelConfig *cfg, GpuPrecision precision, int B, in
         memcpy(first->dx, last->dx, boundary);  // the send of the stage input's gradient
         gpu_model_stage_blocks_backward(&m, first);
         gpu_model_stage_embed_backward(&m, first);
-        gpu_model_stage_acts_free(first), gpu_model_stage_acts_free(last);
+        gpu_model_stage_acts_free(&m, first), gpu_model_stage_acts_free(&m, last);
     }
     expect_equal_bits("gradients through pipeline stages", st.grads, whole.grads, n);
     ck_assert_msg(st.open == 0, "%d units still held after backward", st.open);
