@@ -184,8 +184,8 @@ Pipeline *pipeline_create(Model *model, Comm *pp, Comm *dp, const PipelineOption
     pl->ctx = options->compute ? options->compute_ctx : model;
     pl->mem = options->memory ? options->memory : &fsdp_host_memory;
     if (pl->p < 2) fatal("pipeline_create: needs at least 2 pipeline ranks");  // p = 1 hands over in memory: not here
-    if (pl->mem->on_device && ((dp && comm_size(dp) > 1) || options->shard_group || options->tp_group))
-        fatal("pipeline_create: %s buffers take no data or tensor parallelism", pl->mem->name);
+    if (pl->mem->on_device && (options->shard_group || options->tp_group))
+        fatal("pipeline_create: %s buffers take no ZeRO-1 or tensor parallelism", pl->mem->name);
     const char *err = pipeline_check(&model->cfg, pl->p, pl->v);
     if (err) fatal_input("--pp %d x --pp-virtual-stages %d with %d layers: %s", pl->p, pl->v, model->cfg.n_layers, err);
     setup_schedule(pl);
