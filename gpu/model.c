@@ -983,14 +983,22 @@ double gpu_model_grad_norm(const GpuModel *m) {
 void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
                            ActCheckpoint ac) {
     gpu_model_init_sharded(m, cfg, precision, B, T, AC_NONE);
-    // With AC, block 0's set stays as the shared set every stage's blocks recompute into, and
-    // x_final as the sink of a full recompute's unread output.
+    // With AC, block 0's set stays as the shared set every stage's blocks recompute into, less what
+    // those blocks own themselves (block_owns), and x_final as the sink of a full recompute's unread
+    // output.
     for (int l = ac == AC_NONE ? 0 : 1; l < cfg->n_layers; l++) {
         GpuBlockActs *a = &m->blocks[l];
         block_acts_free(a);
         memset(a, 0, sizeof *a);
     }
     m->ac = ac;
+    if (ac != AC_NONE) {
+        GpuBlockActs *shared = &m->blocks[0], all = *shared;
+        block_acts_free_owned(m, shared, false);
+        if (ac == AC_FULL) shared->x = NULL;  // all but the input
+        else *shared = (GpuBlockActs){.xn1 = all.xn1, .xn2 = all.xn2, .act = all.act, .rstd1 = all.rstd1,
+                                      .rstd2 = all.rstd2};  // the recomputed group
+    }
     void **held[] = {&m->xn_final, &m->logits, (void **)&m->rstd_final, (void **)&m->lse_final, &m->dx,
                      (void **)&m->inputs, (void **)&m->targets, ac == AC_FULL ? NULL : &m->x_final};
     for (size_t i = 0; i < sizeof held / sizeof held[0]; i++)

@@ -3,8 +3,9 @@
 // on the device. With --dp-replicate > 1 it is DDP: each rank runs its slice of the batch and the
 // gradients are averaged over the data-parallel ranks after the last micro-batch: comm.h's
 // all-reduce on the device buffer, which the device backend runs (gpu/comm_device.h: NCCL with a GPU
-// per rank, else staged through host memory, so ranks may share one GPU). Also --ac full and --ac selective
-// (the GPU model recomputes blocks, or their norms and SwiGLU), --fp8 (tensorwise: gpu/fp8.h's linears) and --trace (the GPU's timeline).
+// per rank, else staged through host memory, so ranks may share one GPU). Also --ac full and
+// --ac selective (the GPU model recomputes blocks, or their norms and SwiGLU), --fp8 (tensorwise:
+// gpu/fp8.h's linears) and --trace (the GPU's timeline).
 //
 // With --dp-shard N it is ZeRO-1/2/3 (and HSDP with --dp-replicate too): chapter 3's module itself
 // (chapters/03_fsdp/fsdp.h), given device memory (gpu/fsdp_device.h), on the GPU model built without
@@ -277,7 +278,7 @@ static void pipelined_load_full(Strategy *s, StateKind kind, const real *local_f
 }
 
 // What the GPU's pipeline does not run yet, refused before any work.
-static void refuse_pipelined(const Trainer *t, const LayoutOptions *o) {
+static void refuse_pipelined(const Trainer *t) {
     const Mesh *mesh = t->mesh;
     int pp = mesh->degree[MESH_PP];
     if (mesh->degree[MESH_DP_SHARD] > 1)
@@ -290,15 +291,15 @@ static void refuse_pipelined(const Trainer *t, const LayoutOptions *o) {
 // (the chunks' fp32 device buffers) handed to the GPU model. Every rank initialises its chunks only.
 static void create_pipelined(GpuTraining *g, Trainer *t, const ModelConfig *cfg, const ParamSource *init,
                              const LayoutOptions *o) {
-    refuse_pipelined(t, o);
+    refuse_pipelined(t);
     gpu_model_init_stages(&g->m, cfg, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
     g->m.fp8 = o->fp8;  // each projection cast to FP8 from its unit's fp32 weights (the chunk's buffers)
     PipelineOptions options = {.schedule = (PpScheduleKind)o->pp_schedule, .microbatches = t->n_micro,
                                .virtual_stages = o->pp_virtual_stages, .micro_batch = t->micro, .seq_len = t->T,
-                               .ac = (ActCheckpoint)o->ac, .dot_path = o->pp_schedule_dot, .compute = &gpu_pipeline_compute,
+                               .ac = (ActCheckpoint)o->ac, .bucket_bytes = (size_t)(o->bucket_mb * 1048576.0),
+                               .overlap = o->overlap, .dot_path = o->pp_schedule_dot, .compute = &gpu_pipeline_compute,
                                .compute_ctx = &g->m, .memory = &gpu_fsdp_memory};
     int replicas = comm_size(t->mesh->dp_cp);
-    options.bucket_bytes = (size_t)(o->bucket_mb * 1048576.0), options.overlap = o->overlap;
     g->pipeline = pipeline_create(&t->model, t->mesh->dim[MESH_PP], replicas > 1 ? t->mesh->dp_cp : NULL, &options, init);
     g->m.storage = t->model.storage;
     // With replicas, chapter 2's DDP over the chunks' buffers (its buckets' all-reduces on device

@@ -98,7 +98,6 @@ int matmul_cpus_usable(void) {
     return 1;
 #endif
 }
-
 #endif
 
 // ---- OpenBLAS's kernels for this CPU --------------------------------------------------------------
@@ -135,8 +134,10 @@ static int cpu_tier(void) {
 // then build its places, and run every thread, on that core alone (half the speed on 2 cores). The
 // places were built from the mask the program was started with, so their union gives it back.
 static void restore_affinity_of_all_places(void) {
+#ifdef __linux__
     cpu_set_t all;
     if (places_cpus(&all)) sched_setaffinity(0, sizeof all, &all);
+#endif
 }
 
 // glibc passes the program's argc, argv and environment to constructors.

@@ -28,7 +28,8 @@
 #   GPU TP against the single GPU: gradients 2e-2, losses 1e-4, and the logged gradient norm against
 #     the gathered gradients' within 6e-5 (the reasons where the runs are); TP x DDP against TP: 1e-5.
 #     A resumed TP run equals the uninterrupted one exactly; its gathered checkpoint after 2 steps is
-#     within AdamW's 2 (lr_1 + lr_2) of the single GPU's. TP with --ac full equals TP without, and TP x ZeRO-3 with --ac selective the same without, exactly.
+#     within AdamW's 2 (lr_1 + lr_2) of the single GPU's. TP with --ac full equals TP without, and
+#     TP x ZeRO-3 with --ac selective the same layout without, exactly.
 # Pipeline mutations tried (each made a check here fail): the stage output sent from the stage's
 # input buffer (wrong activations downstream: the losses against the reference); the
 # last stage's backward started from d(loss) instead of d(loss)/M (step-1 gradients 2x); chunk 1's
@@ -203,15 +204,24 @@ done
 # Checkpointing on the stages: --ac full under GPipe (every forward before any backward, so the
 # shared set holds the other micro-batch's blocks when a backward starts: each stage's last block too
 # must be recomputed) and --ac selective under Interleaved1F1B, each bit-identical to its schedule
-# without AC.
-run gpu_pp2_GPipe_acfull 2 --pp 2 --pp-schedule GPipe --pp-microbatches 2 --ac full
+# without AC, and each with a "block recompute" region for every block, micro-batch and step (4 x 2
+# x 2 = 16 over both ranks: equal bits alone would also pass if the stages kept everything).
+run gpu_pp2_GPipe_acfull 2 --pp 2 --pp-schedule GPipe --pp-microbatches 2 --ac full \
+    --trace-json "$T/gpu_pp2_GPipe_acfull.json"
 run gpu_pp2_Interleaved1F1B_acsel 2 --pp 2 --pp-schedule Interleaved1F1B --pp-virtual-stages 2 --pp-microbatches 2 \
-    --ac selective
+    --ac selective --trace-json "$T/gpu_pp2_Interleaved1F1B_acsel.json"
 for pair in gpu_pp2_GPipe_acfull:gpu_pp2_GPipe gpu_pp2_Interleaved1F1B_acsel:gpu_pp2_Interleaved1F1B; do
     name=${pair%%:*} ref=${pair#*:}
     echo "== $name vs $ref: bit-identical"
     $P --ckpt "$T/$name.grads.safetensors" --ckpt-ref "$T/$ref.grads.safetensors" --prefix grad. --exact
     $P --log "$T/$name.log" --log-ref "$T/$ref.log" --loss-rtol 0
+    "$PYTHON" - "$T/$name.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+events = doc["traceEvents"] if isinstance(doc, dict) else doc
+n = sum(1 for e in events if e.get("ph") == "X" and e["name"] == "block recompute")
+sys.exit(0 if n == 16 else f"FAIL: {n} block recompute regions, want 16 (4 blocks x 2 micro-batches x 2 steps)")
+PY
 done
 # The boundary transfers through the other device backend: NCCL (grouped sends and receives on the
 # NCCL stream) instead of the staged MPI the 2 ranks sharing a GPU get by default. NCCL needs a GPU

@@ -690,8 +690,9 @@ int main(int argc, char **argv) {
     if (opt.model_info) return 0;
     if (matmul_get_backend() == MATMUL_BLAS) {
         char kernels[192];
+        int cpus = matmul_cpus_usable();
         log_info("matmuls: %s; %d threads on %d CPU%s", matmul_blas_kernels(kernels, sizeof kernels),
-                 matmul_threads(), matmul_cpus_usable(), matmul_cpus_usable() == 1 ? "" : "s");
+                 matmul_threads(), cpus, cpus == 1 ? "" : "s");
     }
     check_pipeline_flags(&cfg, flags);
     check_context_parallel_flags(&cfg, flags);
