@@ -31,7 +31,9 @@
 // then query tiles, then the instruction's own order inside a tile): two runs are bit-identical.
 //
 // Differences from attention.cu's arithmetic, all FlashAttention-2's: the operands of the second
-// products (P, dS) are rounded to bf16; the sums inside a 16-wide k-step are the tensor core's.
+// products (P, dS) are rounded to bf16; the sums inside a 16-wide k-step are the tensor core's; the
+// probabilities' exp is the device's __expf (numerics.h's exp_fast), a few ulp off expf.
+// Every fragment is loaded from shared memory by ldmatrix (gpu/mma.cuh): four 8x8 blocks per instruction.
 #include "gpu/attention.cuh"
 #include "gpu/mma.cuh"
 
@@ -44,35 +46,92 @@ struct alignas(16) Chunk16 {
 };
 
 // Rows [r0, r0 + 64) of head `head` of a (B, T_len, n_heads, hd) bf16 tensor into a shared tile with
-// row stride ld elements, 8 elements (16 bytes) per access; rows past T_len are zero.
-__device__ void load_tile_tc(bf16 *dst, int ld, const bf16 *src, int b, int r0, int T_len, int n_heads, int head,
-                             int hd) {
-    const int chunks = hd / 8;
+// row stride ld elements, queued 16 bytes at a time by cp.async (gpu/mma.cuh); rows past T_len are
+// zeros, stored at once. The caller commits the group, and waits for it before a barrier.
+__device__ void copy_tile_async(bf16 *dst, int ld, const bf16 *src, int b, int r0, int T_len, int n_heads, int head,
+                                int hd) {
+    const int chunks = hd / 8, step_rows = blockDim.x / chunks, step_chunks = blockDim.x % chunks;
+    int r = threadIdx.x / chunks, c = threadIdx.x % chunks;  // of element e = r chunks + c, stepping by blockDim
     for (int e = threadIdx.x; e < ATTN_BR * chunks; e += blockDim.x) {
-        int r = e / chunks, c = e % chunks, t = r0 + r;
-        Chunk16 x = {{0u, 0u, 0u, 0u}};
-        if (t < T_len) x = *reinterpret_cast<const Chunk16 *>(src + (((size_t)b * T_len + t) * n_heads + head) * hd + c * 8);
-        *reinterpret_cast<Chunk16 *>(dst + r * ld + c * 8) = x;
+        bf16 *to = dst + r * ld + c * 8;
+        int t = r0 + r;
+        if (t < T_len) cp_async16(to, src + (((size_t)b * T_len + t) * n_heads + head) * hd + c * 8);
+        else *reinterpret_cast<Chunk16 *>(to) = Chunk16{{0u, 0u, 0u, 0u}};
+        r += step_rows, c += step_chunks;
+        if (c >= chunks) c -= chunks, r++;
     }
 }
 
-// The forward and dQ kernels' step to the key tile at j0: its positions, then, unless no query of
-// the block (positions min_q_pos .. max_q_pos, the tile at i0) can see any of its keys, its K and V.
-// False: skip the tile. Either way every thread has passed a barrier after its last read of the
-// previous tile's positions. *full: the whole 64 x 64 tile is visible (every query and key in range
-// and, causal, every key at or before every query), so the kernel can skip the per-element mask:
-// FlashAttention-2 masks only the tiles that cross the diagonal. The vote is the barrier after K, V.
-__device__ bool load_key_tile_tc(bf16 *Ks, bf16 *Vs, int *k_pos_s, int ld, const bf16 *k, const bf16 *v,
-                                 const AttnParams &p, int b, int g, int i0, int j0, int max_q_pos, int min_q_pos,
-                                 bool *full) {
-    load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX);
-    __syncthreads();
-    if (p.causal && !__syncthreads_or(threadIdx.x < ATTN_BC && k_pos_s[threadIdx.x] <= max_q_pos)) return false;
-    load_tile_tc(Ks, ld, k, b, j0, p.Tk, p.KV, g, p.hd);
-    load_tile_tc(Vs, ld, v, b, j0, p.Tk, p.KV, g, p.hd);
-    *full = __syncthreads_and(tile_in_range(p, i0, j0) &&
-                              (threadIdx.x >= ATTN_BC || attn_pos_visible(p.causal, min_q_pos, k_pos_s[threadIdx.x])));
-    return true;
+// ---- the streamed side's two stages ------------------------------------------------------------------
+// A kernel computes on one stage of the other side's tiles while the next tile is copied into the
+// other stage (launch.h's attn_tc_smem_layout). Each step: prefetch tile n + 1 (its positions, a vote
+// on whether it can be skipped, its copies queued and committed: one group per step, empty when
+// skipped), wait for tile n's group, a barrier, compute on tile n, a barrier (before its stage is
+// refilled, two tiles on).
+#define SMEM_AT(type, offset) reinterpret_cast<type *>(reinterpret_cast<unsigned char *>(smem) + (offset))
+
+struct KeyStage {  // the forward and dQ kernels' key tile
+    bf16 *K, *V;
+    int *pos;
+};
+__device__ KeyStage key_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int stage) {
+    const int at = stage * L.stage_bytes;
+    return KeyStage{SMEM_AT(bf16, L.k + at), SMEM_AT(bf16, L.v + at), SMEM_AT(int, L.k_pos + at)};
+}
+// The key tile at j0 into stage st: its positions, then, unless no query of the block (positions up
+// to max_q_pos) can see any of its keys, its K and V queued; the group committed. Returns whether the
+// tile is needed, the same on every thread. Thread t < 64 writes position t and votes on it: the vote
+// needs no barrier before it.
+__device__ bool prefetch_key_tile(const KeyStage &st, int ld, const bf16 *k, const bf16 *v, const AttnParams &p, int b,
+                                  int g, int j0, int max_q_pos) {
+    load_positions(st.pos, p.k_pos, j0, p.Tk, INT_MAX);
+    const bool needed = !p.causal || __syncthreads_or(threadIdx.x < ATTN_BC && st.pos[threadIdx.x] <= max_q_pos);
+    if (needed) {
+        copy_tile_async(st.K, ld, k, b, j0, p.Tk, p.KV, g, p.hd);
+        copy_tile_async(st.V, ld, v, b, j0, p.Tk, p.KV, g, p.hd);
+    }
+    cp_async_commit();
+    return needed;
+}
+// Waits for every group but the newest (the next tile's), then the barrier after which the copies of
+// every thread are visible, which also votes: true when the whole 64 x 64 tile (queries from i0,
+// positions from min_q_pos; keys from j0) is visible -- every query and key in range and, causal,
+// every key at or before every query -- so the kernel can skip the per-element mask: FlashAttention-2
+// masks only the tiles that cross the diagonal.
+__device__ bool wait_key_tile(const KeyStage &st, const AttnParams &p, int i0, int j0, int min_q_pos) {
+    cp_async_wait<1>();
+    return __syncthreads_and(tile_in_range(p, i0, j0) &&
+                             (threadIdx.x >= ATTN_BC || attn_pos_visible(p.causal, min_q_pos, st.pos[threadIdx.x])));
+}
+
+struct QueryStage {  // the dK/dV kernel's query tile
+    bf16 *Q, *dO;
+    int *pos;
+    float *lse, *D;
+};
+__device__ QueryStage query_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int stage) {
+    const int at = stage * L.stage_bytes;
+    return QueryStage{SMEM_AT(bf16, L.q + at), SMEM_AT(bf16, L.dout + at), SMEM_AT(int, L.q_pos + at),
+                      SMEM_AT(float, L.lse + at), SMEM_AT(float, L.dvec + at)};
+}
+// Query tile i0 of head h into stage st: its positions, lse and D (rows past Tq: -inf and 0; thread t
+// writes row t), then, unless causal and no query of it reaches the block's first key (min_k_pos),
+// its Q and dO queued; the group committed. Returns whether the tile is needed, on every thread.
+__device__ bool prefetch_query_tile(const QueryStage &st, int ld, const bf16 *q, const bf16 *dout, const float *lse,
+                                    const float *dvec, const AttnParams &p, int b, int h, int i0, int min_k_pos) {
+    load_positions(st.pos, p.q_pos, i0, p.Tq, INT_MIN);
+    for (int r = threadIdx.x; r < ATTN_BR; r += blockDim.x) {
+        bool valid = i0 + r < p.Tq;
+        st.lse[r] = valid ? lse[stat_offset(p, b, h, i0 + r)] : -INFINITY;
+        st.D[r] = valid ? dvec[stat_offset(p, b, h, i0 + r)] : 0.0f;
+    }
+    const bool needed = !p.causal || __syncthreads_or(threadIdx.x < ATTN_BR && st.pos[threadIdx.x] >= min_k_pos);
+    if (needed) {
+        copy_tile_async(st.Q, ld, q, b, i0, p.Tq, p.H, h, p.hd);
+        copy_tile_async(st.dO, ld, dout, b, i0, p.Tq, p.H, h, p.hd);
+    }
+    cp_async_commit();
+    return needed;
 }
 
 // Max or sum over the 4 lanes of a group (the lanes sharing accumulator rows); all get the same bits.
@@ -99,10 +158,11 @@ __device__ void warp_scores(float scores[SCORE_TILES][4], const bf16 *mine, cons
         uint32_t a[4];
         load_frag_a(a, mine, ld, row0, ks * 16);
 #pragma unroll
-        for (int n = 0; n < SCORE_TILES; n++) {
-            uint32_t bf[2];
-            load_frag_b_from_rows_n(bf, other, ld, n * 8, ks * 16);
-            mma_bf16_m16n8k16(scores[n], a, bf);
+        for (int n = 0; n < SCORE_TILES; n += 2) {
+            uint32_t bf[2][2];
+            load_frag_b2_from_rows_n(bf, other, ld, n * 8, ks * 16);
+            mma_bf16_m16n8k16(scores[n], a, bf[0]);
+            mma_bf16_m16n8k16(scores[n + 1], a, bf[1]);
         }
     }
 }
@@ -116,11 +176,12 @@ __device__ void warp_accumulate(float acc[HD_MAX / 8][4], const float weights[SC
         uint32_t a[4];
         frag_a_from_accumulators(a, weights[2 * kk], weights[2 * kk + 1]);
 #pragma unroll
-        for (int n = 0; n < HD_MAX / 8; n++) {
-            if (n * 8 >= hd) break;
-            uint32_t bf[2];
-            load_frag_b_from_rows_k(bf, other, ld, kk * 16, n * 8);
-            mma_bf16_m16n8k16(acc[n], a, bf);
+        for (int n = 0; n < HD_MAX / 8; n += 2) {
+            if (n * 8 >= hd) break;  // hd a multiple of 16: the pair is whole
+            uint32_t bf[2][2];
+            load_frag_b2_from_rows_k(bf, other, ld, kk * 16, n * 8);
+            mma_bf16_m16n8k16(acc[n], a, bf[0]);
+            mma_bf16_m16n8k16(acc[n + 1], a, bf[1]);
         }
     }
 }
@@ -145,8 +206,6 @@ __device__ void store_row(bf16 *row, const float acc[HD_MAX / 8][4], int half, i
     }
 }
 
-#define SMEM_AT(type, offset) reinterpret_cast<type *>(reinterpret_cast<unsigned char *>(smem) + (offset))
-
 // ================================ forward ========================================================
 
 template <int HD_MAX>
@@ -154,22 +213,30 @@ __global__ void __launch_bounds__(ATTN_TC_THREADS)
 flash_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, AttnParams p) {
     GPU_DYNAMIC_SMEM(Chunk16, smem);
     const AttnTcSmemLayout L = attn_tc_smem_layout(ATTN_KERNEL_FORWARD, p.hd);
-    bf16 *Qs = SMEM_AT(bf16, L.q), *Ks = SMEM_AT(bf16, L.k), *Vs = SMEM_AT(bf16, L.v);
-    int *q_pos_s = SMEM_AT(int, L.q_pos), *k_pos_s = SMEM_AT(int, L.k_pos);
+    bf16 *Qs = SMEM_AT(bf16, L.q);
+    int *q_pos_s = SMEM_AT(int, L.q_pos);
     const int i0 = blockIdx.x * ATTN_BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
     const int row0 = (int)(threadIdx.x / 32) * ATTN_TC_ROWS_PER_WARP;  // the warp's rows of the tile
 
-    load_tile_tc(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
+    copy_tile_async(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
+    cp_async_commit();  // Q: waited for with the first key tile
     int min_q_pos;
-    const int max_q_pos = load_query_positions(q_pos_s, p, i0, &min_q_pos);  // its barrier also covers Qs
+    const int max_q_pos = load_query_positions(q_pos_s, p, i0, &min_q_pos);
 
     OnlineSoftmax st[2] = {{-INFINITY, 0.0f}, {-INFINITY, 0.0f}};  // of the lane's rows g, g + 8
     float o[HD_MAX / 8][4];  // unnormalised output: sum over keys of exp(s - m) v
     zero<HD_MAX / 8>(o);
 
-    for (int j0 = 0; j0 < p.Tk; j0 += ATTN_BC) {
-        bool full;
-        if (!load_key_tile_tc(Ks, Vs, k_pos_s, L.ld, k, v, p, b, g, i0, j0, max_q_pos, min_q_pos, &full)) continue;
+    bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos);
+    for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
+        const bool needed = next_needed;
+        if (j0 + ATTN_BC < p.Tk) next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos);
+        else cp_async_commit();  // an empty group: the wait leaves the newest group, and it is this one
+        const KeyStage kt = key_stage(smem, L, stage);
+        const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos);
+        if (!needed) continue;
+        const bf16 *Ks = kt.K, *Vs = kt.V;
+        const int *k_pos_s = kt.pos;
 
         float s[SCORE_TILES][4];  // S = Q K^T, then P: the warp's 16 rows x the tile's 64 keys
         warp_scores<HD_MAX>(s, Qs, Ks, L.ld, row0, p.hd);
@@ -191,7 +258,7 @@ flash_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, con
         for (int n = 0; n < SCORE_TILES; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                s[n][e] = online_softmax_weight(&st[e / 2], s[n][e]);
+                s[n][e] = online_softmax_weight_fast(&st[e / 2], s[n][e]);
                 weight_sum[e / 2] += s[n][e];
             }
 #pragma unroll
@@ -203,7 +270,7 @@ flash_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, con
 #pragma unroll
             for (int e = 0; e < 4; e++) o[n][e] *= correction[e / 2];
         warp_accumulate<HD_MAX>(o, s, Vs, L.ld, p.hd);
-        __syncthreads();  // before the next tile overwrites K, V and the key positions
+        __syncthreads();  // before this stage is refilled with the tile after next
     }
 
 #pragma unroll
@@ -226,13 +293,14 @@ flash_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf1
                             const float *lse, const float *dvec, AttnParams p) {
     GPU_DYNAMIC_SMEM(Chunk16, smem);
     const AttnTcSmemLayout L = attn_tc_smem_layout(ATTN_KERNEL_BACKWARD_DQ, p.hd);
-    bf16 *Qs = SMEM_AT(bf16, L.q), *dOs = SMEM_AT(bf16, L.dout), *Ks = SMEM_AT(bf16, L.k), *Vs = SMEM_AT(bf16, L.v);
-    int *q_pos_s = SMEM_AT(int, L.q_pos), *k_pos_s = SMEM_AT(int, L.k_pos);
+    bf16 *Qs = SMEM_AT(bf16, L.q), *dOs = SMEM_AT(bf16, L.dout);
+    int *q_pos_s = SMEM_AT(int, L.q_pos);
     const int i0 = blockIdx.x * ATTN_BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
     const int row0 = (int)(threadIdx.x / 32) * ATTN_TC_ROWS_PER_WARP;
 
-    load_tile_tc(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
-    load_tile_tc(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
+    copy_tile_async(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
+    copy_tile_async(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
+    cp_async_commit();  // Q and dO: waited for with the first key tile
     int min_q_pos;
     const int max_q_pos = load_query_positions(q_pos_s, p, i0, &min_q_pos);
     float row_lse[2], row_D[2];  // of the lane's rows g, g + 8; -inf: no gradient (past Tq, or saw no key)
@@ -245,9 +313,16 @@ flash_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf1
     float acc[HD_MAX / 8][4];  // dQ of the warp's rows
     zero<HD_MAX / 8>(acc);
 
-    for (int j0 = 0; j0 < p.Tk; j0 += ATTN_BC) {
-        bool full;  // then every row saw a key of this tile: its lse is finite
-        if (!load_key_tile_tc(Ks, Vs, k_pos_s, L.ld, k, v, p, b, g, i0, j0, max_q_pos, min_q_pos, &full)) continue;
+    bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos);
+    for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
+        const bool needed = next_needed;
+        if (j0 + ATTN_BC < p.Tk) next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos);
+        else cp_async_commit();  // an empty group, as in forward
+        const KeyStage kt = key_stage(smem, L, stage);
+        const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos);  // then every row saw a key of this tile: its lse is finite
+        if (!needed) continue;
+        const bf16 *Ks = kt.K, *Vs = kt.V;
+        const int *k_pos_s = kt.pos;
 
         float s[SCORE_TILES][4], dp[SCORE_TILES][4];  // S = Q K^T (then dS) and dP = dO V^T
         warp_scores<HD_MAX>(s, Qs, Ks, L.ld, row0, p.hd);
@@ -259,11 +334,11 @@ flash_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf1
                 int r = row0 + acc_row(e), c = n * 8 + acc_col(e), half = e / 2;
                 bool visible = full || (row_lse[half] != -INFINITY && j0 + c < p.Tk &&
                                         attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c]));
-                float prob = visible ? expf(s[n][e] * p.scale - row_lse[half]) : 0.0f;
+                float prob = visible ? exp_fast(s[n][e] * p.scale - row_lse[half]) : 0.0f;
                 s[n][e] = prob * (dp[n][e] - row_D[half]) * p.scale;
             }
         warp_accumulate<HD_MAX>(acc, s, Ks, L.ld, p.hd);  // dQ += bf16(dS) K
-        __syncthreads();
+        __syncthreads();  // before this stage is refilled
     }
 
 #pragma unroll
@@ -279,14 +354,14 @@ flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *
                               const float *lse, const float *dvec, AttnParams p) {
     GPU_DYNAMIC_SMEM(Chunk16, smem);
     const AttnTcSmemLayout L = attn_tc_smem_layout(ATTN_KERNEL_BACKWARD_DKDV, p.hd);
-    bf16 *Qs = SMEM_AT(bf16, L.q), *dOs = SMEM_AT(bf16, L.dout), *Ks = SMEM_AT(bf16, L.k), *Vs = SMEM_AT(bf16, L.v);
-    int *q_pos_s = SMEM_AT(int, L.q_pos), *k_pos_s = SMEM_AT(int, L.k_pos);
-    float *lse_s = SMEM_AT(float, L.lse), *D_s = SMEM_AT(float, L.dvec);
+    bf16 *Ks = SMEM_AT(bf16, L.k), *Vs = SMEM_AT(bf16, L.v);
+    int *k_pos_s = SMEM_AT(int, L.k_pos);
     const int j0 = blockIdx.x * ATTN_BC, g = blockIdx.y, b = blockIdx.z;
     const int row0 = (int)(threadIdx.x / 32) * ATTN_TC_ROWS_PER_WARP;  // the warp's keys of the tile
 
-    load_tile_tc(Ks, L.ld, k, b, j0, p.Tk, p.KV, g, p.hd);
-    load_tile_tc(Vs, L.ld, v, b, j0, p.Tk, p.KV, g, p.hd);
+    copy_tile_async(Ks, L.ld, k, b, j0, p.Tk, p.KV, g, p.hd);
+    copy_tile_async(Vs, L.ld, v, b, j0, p.Tk, p.KV, g, p.hd);
+    cp_async_commit();  // K and V: waited for with the first query tile
     load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX);
     __syncthreads();
     int max_k_pos;
@@ -296,35 +371,47 @@ flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *
     zero<HD_MAX / 8>(dk_acc);
     zero<HD_MAX / 8>(dv_acc);
 
-    for (int h = g * p.group; h < (g + 1) * p.group; h++)
-        for (int i0 = 0; i0 < p.Tq; i0 += ATTN_BR) {
-            if (!load_query_tile_stats(q_pos_s, lse_s, D_s, p, lse, dvec, b, h, i0, min_k_pos)) continue;
-            load_tile_tc(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
-            load_tile_tc(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
-            // The whole tile visible (as load_key_tile_tc's *full): no per-element mask, and every
-            // query saw this tile's keys, so its lse is finite. The vote is the barrier after Q, dO.
-            const bool full = __syncthreads_and(
-                tile_in_range(p, i0, j0) &&
-                (threadIdx.x >= ATTN_BR || attn_pos_visible(p.causal, q_pos_s[threadIdx.x], max_k_pos)));
+    // The query tiles of the group's heads, head by head: step n is head g group + n / tiles, tile n % tiles.
+    const int tiles = (p.Tq + ATTN_BR - 1) / ATTN_BR, steps = p.group * tiles;
+    bool next_needed = prefetch_query_tile(query_stage(smem, L, 0), L.ld, q, dout, lse, dvec, p, b, g * p.group, 0,
+                                           min_k_pos);
+    for (int n = 0, stage = 0; n < steps; n++, stage ^= 1) {
+        const int i0 = (n % tiles) * ATTN_BR;  // of head g group + n / tiles
+        const bool needed = next_needed;
+        if (n + 1 < steps)
+            next_needed = prefetch_query_tile(query_stage(smem, L, stage ^ 1), L.ld, q, dout, lse, dvec, p, b,
+                                              g * p.group + (n + 1) / tiles, ((n + 1) % tiles) * ATTN_BR, min_k_pos);
+        else cp_async_commit();  // an empty group, as in forward
+        const QueryStage qt = query_stage(smem, L, stage);
+        cp_async_wait<1>();
+        // The whole tile visible (as wait_key_tile's vote): no per-element mask, and every query saw
+        // this tile's keys, so its lse is finite. The vote is the barrier after the copies.
+        const bool full = __syncthreads_and(
+            tile_in_range(p, i0, j0) &&
+            (threadIdx.x >= ATTN_BR || attn_pos_visible(p.causal, qt.pos[threadIdx.x], max_k_pos)));
+        if (!needed) continue;
+        const bf16 *Qs = qt.Q, *dOs = qt.dO;
+        const int *q_pos_s = qt.pos;
+        const float *lse_s = qt.lse, *D_s = qt.D;
 
-            float st[SCORE_TILES][4], dpt[SCORE_TILES][4];  // S^T = K Q^T (then P^T), dP^T = V dO^T (then dS^T)
-            warp_scores<HD_MAX>(st, Ks, Qs, L.ld, row0, p.hd);
-            warp_scores<HD_MAX>(dpt, Vs, dOs, L.ld, row0, p.hd);
+        float st[SCORE_TILES][4], dpt[SCORE_TILES][4];  // S^T = K Q^T (then P^T), dP^T = V dO^T (then dS^T)
+        warp_scores<HD_MAX>(st, Ks, Qs, L.ld, row0, p.hd);
+        warp_scores<HD_MAX>(dpt, Vs, dOs, L.ld, row0, p.hd);
 #pragma unroll
-            for (int n = 0; n < SCORE_TILES; n++)
+        for (int t = 0; t < SCORE_TILES; t++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int key = row0 + acc_row(e), r = n * 8 + acc_col(e);  // a row per key, a column per query
-                    bool visible = full || (j0 + key < p.Tk && lse_s[r] != -INFINITY &&
-                                            attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[key]));
-                    float prob = visible ? expf(st[n][e] * p.scale - lse_s[r]) : 0.0f;
-                    st[n][e] = prob;
-                    dpt[n][e] = prob * (dpt[n][e] - D_s[r]) * p.scale;
-                }
-            warp_accumulate<HD_MAX>(dv_acc, st, dOs, L.ld, p.hd);  // dV += bf16(P^T) dO
-            warp_accumulate<HD_MAX>(dk_acc, dpt, Qs, L.ld, p.hd);  // dK += bf16(dS^T) Q
-            __syncthreads();  // before the next query tile overwrites Q, dO, lse, D and the positions
-        }
+            for (int e = 0; e < 4; e++) {
+                int key = row0 + acc_row(e), r = t * 8 + acc_col(e);  // a row per key, a column per query
+                bool visible = full || (j0 + key < p.Tk && lse_s[r] != -INFINITY &&
+                                        attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[key]));
+                float prob = visible ? exp_fast(st[t][e] * p.scale - lse_s[r]) : 0.0f;
+                st[t][e] = prob;
+                dpt[t][e] = prob * (dpt[t][e] - D_s[r]) * p.scale;
+            }
+        warp_accumulate<HD_MAX>(dv_acc, st, dOs, L.ld, p.hd);  // dV += bf16(P^T) dO
+        warp_accumulate<HD_MAX>(dk_acc, dpt, Qs, L.ld, p.hd);  // dK += bf16(dS^T) Q
+        __syncthreads();  // before this stage is refilled
+    }
 
 #pragma unroll
     for (int half = 0; half < 2; half++) {
@@ -338,8 +425,8 @@ flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *
 // ================================ the fragments alone, for tests ====================================
 
 // One warp (gpu_attention_tc_fragment_check in ops.h): a and b (16x16, row-major) into shared tiles,
-// b also transposed; c = a b through load_frag_b_from_rows_k, c_t = a b through
-// load_frag_b_from_rows_n on b^T, e = bf16(c) b with c's accumulators as the A fragment.
+// b also transposed; c = a b through load_frag_b2_from_rows_k, c_t = a b through
+// load_frag_b2_from_rows_n on b^T, e = bf16(c) b with c's accumulators as the A fragment.
 constexpr int CHECK_LD = 24;  // as a head_dim 16 tile: 16 + ATTN_TC_PAD
 __global__ void mma_fragment_check_kernel(float *c, float *c_t, float *e, const bf16 *a, const bf16 *b) {
     GPU_DYNAMIC_SMEM(Chunk16, smem);
@@ -357,20 +444,16 @@ __global__ void mma_fragment_check_kernel(float *c, float *c_t, float *e, const 
     zero<2>(acc);
     zero<2>(acc_t);
     zero<2>(acc_e);
+    uint32_t fb[2][2], fbt[2][2];
+    load_frag_b2_from_rows_k(fb, Bs, CHECK_LD, 0, 0);
+    load_frag_b2_from_rows_n(fbt, Bt, CHECK_LD, 0, 0);
     for (int n = 0; n < 2; n++) {
-        uint32_t fb[2], fbt[2];
-        load_frag_b_from_rows_k(fb, Bs, CHECK_LD, 0, n * 8);
-        mma_bf16_m16n8k16(acc[n], fa, fb);
-        load_frag_b_from_rows_n(fbt, Bt, CHECK_LD, n * 8, 0);
-        mma_bf16_m16n8k16(acc_t[n], fa, fbt);
+        mma_bf16_m16n8k16(acc[n], fa, fb[n]);
+        mma_bf16_m16n8k16(acc_t[n], fa, fbt[n]);
     }
     uint32_t fc[4];
     frag_a_from_accumulators(fc, acc[0], acc[1]);
-    for (int n = 0; n < 2; n++) {
-        uint32_t fb[2];
-        load_frag_b_from_rows_k(fb, Bs, CHECK_LD, 0, n * 8);
-        mma_bf16_m16n8k16(acc_e[n], fc, fb);
-    }
+    for (int n = 0; n < 2; n++) mma_bf16_m16n8k16(acc_e[n], fc, fb[n]);
     for (int n = 0; n < 2; n++)
         for (int el = 0; el < 4; el++) {
             int at = acc_row(el) * 16 + n * 8 + acc_col(el);

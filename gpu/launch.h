@@ -96,16 +96,20 @@ static inline size_t attn_smem_bytes(AttnKernel kernel, int head_dim) {
 #define ATTN_TC_PAD 8  // bf16 elements added to every tile row: 16 bytes
 
 // Shared memory of one block, in bytes. The bf16 tiles (64 rows by head_dim) have row stride
-// head_dim + 8 elements: rows of whole 16-byte chunks (the tiles are stored 16 bytes at a time), and
-// for every multiple of 16 up to 128 the lanes of a warp loading a fragment (gpu/mma.cuh) hit 32
-// different banks or share a word (tests/test_gpu_host.c checks it). Then the positions of the
-// tiles' rows (ints) and, for dK/dV, the query tile's lse and D (floats). Offsets are -1 for
-// regions a kernel does not use.
+// head_dim + 8 elements: rows of whole 16-byte chunks (the tiles are copied 16 bytes at a time), and
+// every ldmatrix of gpu/mma.cuh reads 8 rows that fall in 8 different bank quads
+// (tests/test_gpu_host.c checks it). Then the positions of the tiles' rows (ints) and, for dK/dV, the
+// query tile's lse and D (floats). A kernel holds its own tile (queries in forward and dQ, keys in
+// dK/dV) once and streams the other side's through two stages: while it computes on one, the next
+// is copied into the other (cp.async). The fixed regions come first, then stage 0's regions, then
+// stage 1's in the same order: stage s of a streamed region is at its offset + s * stage_bytes.
+// Offsets are -1 for regions a kernel does not use.
 typedef struct {
     int ld;               // row stride of the tiles, in bf16 elements
     int q, dout, k, v;    // (ATTN_BR or ATTN_BC, head_dim) bf16 tiles
     int q_pos, k_pos;     // positions of the tiles' rows (ints)
     int lse, dvec;        // per query row (dK/dV only)
+    int stage_bytes;      // from a streamed region's stage 0 to its stage 1
     int bytes;            // total
 } AttnTcSmemLayout;
 
@@ -114,16 +118,28 @@ GPU_HD AttnTcSmemLayout attn_tc_smem_layout(AttnKernel kernel, int head_dim) {
     L.ld = head_dim + ATTN_TC_PAD;
     L.q = L.dout = L.k = L.v = L.q_pos = L.k_pos = L.lse = L.dvec = -1;
     int tile = ATTN_BR * L.ld * 2, at = 0;  // ATTN_BR == ATTN_BC
-    L.q = at, at += tile;
-    if (kernel != ATTN_KERNEL_FORWARD) L.dout = at, at += tile;
-    L.k = at, at += tile;
-    L.v = at, at += tile;
-    L.q_pos = at, at += ATTN_BR * 4;
-    L.k_pos = at, at += ATTN_BC * 4;
-    if (kernel == ATTN_KERNEL_BACKWARD_DKDV) {
+    if (kernel != ATTN_KERNEL_BACKWARD_DKDV) {  // fixed: the query side; streamed: K, V, their positions
+        L.q = at, at += tile;
+        if (kernel == ATTN_KERNEL_BACKWARD_DQ) L.dout = at, at += tile;
+        L.q_pos = at, at += ATTN_BR * 4;
+        int stage = at;
+        L.k = at, at += tile;
+        L.v = at, at += tile;
+        L.k_pos = at, at += ATTN_BC * 4;
+        L.stage_bytes = at - stage;
+    } else {  // fixed: the key side; streamed: Q, dO and the query rows' positions, lse and D
+        L.k = at, at += tile;
+        L.v = at, at += tile;
+        L.k_pos = at, at += ATTN_BC * 4;
+        int stage = at;
+        L.q = at, at += tile;
+        L.dout = at, at += tile;
+        L.q_pos = at, at += ATTN_BR * 4;
         L.lse = at, at += ATTN_BR * 4;
         L.dvec = at, at += ATTN_BR * 4;
+        L.stage_bytes = at - stage;
     }
+    at += L.stage_bytes;  // stage 1
     L.bytes = at;
     return L;
 }

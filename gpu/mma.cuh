@@ -24,6 +24,7 @@
 // against a plain matrix product, tests/gpu/emu/test_emulator.cpp the emulated one alone).
 #pragma once
 #include <stdint.h>
+#include <string.h>
 
 #include "gpu/internal.cuh"
 
@@ -35,8 +36,6 @@ __device__ __forceinline__ uint32_t pack_bf16x2(bf16 lo, bf16 hi) {
 __device__ __forceinline__ uint32_t pack_f32_as_bf16x2(float lo, float hi) {
     return pack_bf16x2(from_f32<bf16>(lo), from_f32<bf16>(hi));
 }
-// Two consecutive bf16 in (shared) memory, p 4-byte aligned, as one register.
-__device__ __forceinline__ uint32_t load_bf16x2(const bf16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
 #ifdef GPU_EMULATOR
 // The lane's bf16 element `half` (0: low, 1: high) of register `reg` of its fragment, as float.
@@ -89,29 +88,119 @@ __device__ __forceinline__ int lane_in_group() { return (int)(threadIdx.x % 4); 
 __device__ __forceinline__ int acc_row(int e) { return lane_group() + 8 * (e / 2); }
 __device__ __forceinline__ int acc_col(int e) { return 2 * lane_in_group() + e % 2; }
 
-// ---- fragments from bf16 tiles in shared memory (row stride ld elements, even) --------------------
+// ---- ldmatrix: four 8x8 bf16 matrices from shared memory into fragments ------------------------------
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lane l gives the address of row l % 8 of matrix l / 8 (16
+// bytes, 16-byte aligned); register j of lane l receives matrix j's elements at row l / 4, columns
+// 2 (l % 4) and 2 (l % 4) + 1 -- the A and B fragment layout above, for one 8x8 block. With .trans
+// the matrix is read transposed: rows 2 (l % 4) and 2 (l % 4) + 1 at column l / 4. One instruction
+// does what eight 32-bit (or sixteen 16-bit) shared loads and their packing did.
+#ifdef GPU_EMULATOR
+// The warp's 32 row addresses meet in a per-warp scratch (as mma_bf16_m16n8k16's fragments), and each
+// lane reads its elements from the rows the others named.
+inline void ldmatrix_x4_emulated(uint32_t r[4], const bf16 *row, bool trans) {
+    static const bf16 *rows[32][32];  // [warp][lane]
+    const unsigned warp = (threadIdx.x / 32) % 32, lane = threadIdx.x % 32;
+    rows[warp][lane] = row;
+    __syncwarp();
+    const int g = (int)lane / 4, t = (int)lane % 4;
+    for (int j = 0; j < 4; j++) {
+        const bf16 *const *m = rows[warp] + 8 * j;  // matrix j's rows
+        r[j] = trans ? pack_bf16x2(m[2 * t][g], m[2 * t + 1][g]) : pack_bf16x2(m[g][2 * t], m[g][2 * t + 1]);
+    }
+    __syncwarp();  // every lane has read the scratch before the next ldmatrix overwrites it
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16 *row) { ldmatrix_x4_emulated(r, row, false); }
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *row) { ldmatrix_x4_emulated(r, row, true); }
+#else
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const bf16 *row) {
+    unsigned at = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *row) {
+    unsigned at = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+}
+#endif
+// ---- cp.async: 16-byte copies from global to shared memory that do not pass through registers ----
+// cp_async16 queues a copy; cp_async_commit closes the thread's group of copies queued since the last
+// commit; cp_async_wait<N> waits until all but the newest N of the thread's committed groups are done.
+// A copy is visible to the other threads only after their wait and a barrier: the kernels wait, then
+// pass a __syncthreads, before reading a streamed tile. (cp.async.cg: cached in L2 only.)
+#ifdef GPU_EMULATOR
+// Emulated as late as the hardware may do it: a thread's copies wait in its list and are done when
+// that thread waits for their group. So a kernel that reads a tile before its wait and barrier reads
+// the stale tile here too, and its test fails on the CPU. Blocks run one after another: a slot per thread.
+struct EmuAsyncCopy {
+    void *dst;
+    const void *src;
+    int group;  // the thread's commit count when it was queued
+};
+struct EmuAsyncQueue {
+    EmuAsyncCopy copies[64];
+    int n, committed;
+};
+inline EmuAsyncQueue &emu_async_queue() {
+    static EmuAsyncQueue queues[1024];
+    return queues[threadIdx.x % 1024];
+}
+inline void cp_async16(void *dst, const void *src) {
+    EmuAsyncQueue &q = emu_async_queue();
+    if (q.n == 64) __builtin_trap();  // more copies in flight than any kernel here queues
+    q.copies[q.n++] = EmuAsyncCopy{dst, src, q.committed};
+}
+inline void cp_async_commit() { emu_async_queue().committed++; }
+template <int N> inline void cp_async_wait() {
+    EmuAsyncQueue &q = emu_async_queue();
+    int kept = 0;
+    for (int i = 0; i < q.n; i++) {
+        if (q.copies[i].group < q.committed - N) memcpy(q.copies[i].dst, q.copies[i].src, 16);
+        else q.copies[kept++] = q.copies[i];
+    }
+    q.n = kept;
+}
+#else
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    unsigned at = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+#endif
+
+// The calling lane's matrix (0..3) and row in it (0..7), for the address it gives ldmatrix.
+__device__ __forceinline__ int ldmatrix_matrix() { return (int)(threadIdx.x % 32) / 8; }
+__device__ __forceinline__ int ldmatrix_row() { return (int)(threadIdx.x % 8); }
+
+// ---- fragments from bf16 tiles in shared memory (row stride ld elements, a multiple of 8; rows
+// 16-byte aligned) ------------------------------------------------------------------------------------
 
 // A = tile[r0 .. r0+15][k0 .. k0+15] (the tile row-major, as Q, dO, K, V with dimensions along rows).
+// Matrices: 0 rows r0.., columns k0..; 1 rows r0+8..; 2 columns k0+8..; 3 both: a[0..3] above.
 __device__ __forceinline__ void load_frag_a(uint32_t a[4], const bf16 *tile, int ld, int r0, int k0) {
-    const bf16 *p = tile + (r0 + lane_group()) * ld + k0 + 2 * lane_in_group();
-    a[0] = load_bf16x2(p);
-    a[1] = load_bf16x2(p + 8 * ld);
-    a[2] = load_bf16x2(p + 8);
-    a[3] = load_bf16x2(p + 8 * ld + 8);
+    const int m = ldmatrix_matrix();
+    ldmatrix_x4(a, tile + (r0 + ldmatrix_row() + 8 * (m & 1)) * ld + k0 + 8 * (m >> 1));
 }
-// B[k][n] = tile[n0 + n][k0 + k]: the tile holds B transposed, a row per column of B (as K holds
-// K^T for S = Q K^T). The pairs along k are adjacent in memory: one 32-bit load per register.
-__device__ __forceinline__ void load_frag_b_from_rows_n(uint32_t b[2], const bf16 *tile, int ld, int n0, int k0) {
-    const bf16 *p = tile + (n0 + lane_group()) * ld + k0 + 2 * lane_in_group();
-    b[0] = load_bf16x2(p);
-    b[1] = load_bf16x2(p + 8);
+// The B fragments of two adjacent 16x8 blocks, columns n0 .. n0+7 (b[0]) and n0+8 .. n0+15 (b[1]),
+// where B[k][n] = tile[n0 + n][k0 + k]: the tile holds B transposed, a row per column of B (as K
+// holds K^T for S = Q K^T). Matrices: 0 rows n0.., columns k0..; 1 columns k0+8..; 2 rows n0+8..; 3 both.
+__device__ __forceinline__ void load_frag_b2_from_rows_n(uint32_t b[2][2], const bf16 *tile, int ld, int n0, int k0) {
+    const int m = ldmatrix_matrix();
+    uint32_t r[4];
+    ldmatrix_x4(r, tile + (n0 + ldmatrix_row() + 8 * (m >> 1)) * ld + k0 + 8 * (m & 1));
+    b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
 }
-// B[k][n] = tile[k0 + k][n0 + n]: the tile holds B as it is, a row per row of B (as V for O = P V).
-// The pairs along k are a row apart: two 16-bit loads per register.
-__device__ __forceinline__ void load_frag_b_from_rows_k(uint32_t b[2], const bf16 *tile, int ld, int k0, int n0) {
-    const bf16 *p = tile + (k0 + 2 * lane_in_group()) * ld + n0 + lane_group();
-    b[0] = pack_bf16x2(p[0], p[ld]);
-    b[1] = pack_bf16x2(p[8 * ld], p[9 * ld]);
+// The same pair where B[k][n] = tile[k0 + k][n0 + n]: the tile holds B as it is, a row per row of B
+// (as V for O = P V), read transposed. Matrices: 0 rows k0.., columns n0..; 1 rows k0+8..; 2 columns
+// n0+8..; 3 both.
+__device__ __forceinline__ void load_frag_b2_from_rows_k(uint32_t b[2][2], const bf16 *tile, int ld, int k0, int n0) {
+    const int m = ldmatrix_matrix();
+    uint32_t r[4];
+    ldmatrix_x4_trans(r, tile + (k0 + ldmatrix_row() + 8 * (m & 1)) * ld + n0 + 8 * (m >> 1));
+    b[0][0] = r[0], b[0][1] = r[1], b[1][0] = r[2], b[1][1] = r[3];
 }
 // The A fragment of a 16x16 block from the accumulators of its two 16x8 halves (columns 0..7 in
 // left, 8..15 in right), rounded to bf16: the same lanes hold the same elements (see the top).

@@ -108,6 +108,19 @@ GPU_HD float online_softmax_rescale(OnlineSoftmax *st, float tile_max) {
 GPU_HD float online_softmax_weight(const OnlineSoftmax *st, float score) {
     return score == -INFINITY ? 0.0f : exp_kernel(score - st->m);
 }
+// The same for the tensor-core kernels, whose weights are rounded to bf16 (2^-9 relative) before
+// their product: the device's __expf, ex2.approx of x log2(e), two instructions against expf's range
+// reduction around the same ex2 (its error, a few ulp for the arguments softmax sees, is far below
+// that rounding). On the host the reference's exp, as exp_kernel.
+GPU_HD float exp_fast(float x) {
+#ifdef __CUDA_ARCH__
+    return __expf(x);
+#endif
+    return exp_kernel(x);
+}
+GPU_HD float online_softmax_weight_fast(const OnlineSoftmax *st, float score) {
+    return score == -INFINITY ? 0.0f : exp_fast(score - st->m);
+}
 GPU_HD void online_softmax_add(OnlineSoftmax *st, float tile_weight_sum) { st->l += tile_weight_sum; }
 // The row's log-sum-exp, and an element of its output from the accumulator: -inf and 0 when the
 // row saw no key (as in reference_cpu, which ring attention relies on to merge such rows away).

@@ -268,13 +268,15 @@ $P --log "$T/gpu_cp2.log" --log-ref "$T/gpu1.log" --loss-rtol 1e-3 \
 # the report's rounding.
 "$PYTHON" - "$T" <<'PY'
 import re, sys
-def current(path):
+def current(path):  # the last report: the strategy's (the device's), after the host's (all 0 on a device)
     lines = open(path).read().splitlines()
-    start = next(i for i, l in enumerate(lines) if "memory by category (MiB)" in l)
+    start = max(i for i, l in enumerate(lines) if "memory by category (MiB)" in l)
     return {m.group(1): float(m.group(2)) for l in lines[start + 1:start + 8]
             if (m := re.match(r"\s+(\w+)\s+([\d.]+)\s+[\d.]+", l))}
 one = current(f"{sys.argv[1]}/gpu1.log")
 fourP = one["grads"]  # 4P bytes, in MiB
+if fourP <= 0:
+    sys.exit(f"FAIL: the single GPU's report shows no gradient memory: {one}")
 # The step line's "mem" is the device's memory in use (the strategy's memory_in_use): after the last
 # step, the report's current total, to the line's one decimal.
 mem = re.findall(r"^step +\d+ \|.*\| mem ([\d.]+) MiB", open(f"{sys.argv[1]}/gpu1.log").read(), re.M)
@@ -511,19 +513,25 @@ sys.exit(0 if ok else 1)
 PY
 # Under DDP the activations' and output gradients' amaxes are MAX-reduced over the replicas, so each
 # casts with the single GPU's scales: the step-1 gradients equal the single GPU's FP8 ones within
-# 1e-5, as for bf16 DDP (measured 3.4e-6; each replica casting with its own amaxes: 0.1 and more).
+# FP8_DP_RTOL (each replica casting with its own amaxes: 0.1 and more). The emulator sums FP8 products
+# in fp32: 1e-5, as for bf16 DDP (measured 3.4e-6). On a device cuBLASLt sums them on Hopper's tensor
+# cores, whose FP8 accumulators keep fewer bits than fp32 (about 14 significant bits per partial sum
+# before its promotion to fp32, as DeepSeek-V3's report measured), so splitting the weight gradients'
+# sum over tokens between two ranks moves their last bits: 1.04e-4 measured on an H200; 5e-4 there,
+# 4 x 2^-13.
+FP8_DP_RTOL=$([ -n "${GPU_TRAIN:-}" ] && echo 5e-4 || echo 1e-5)
 run gpu_fp8_ddp2 2 --fp8 --dp-replicate 2
-echo "== GPU FP8 DDP vs the single GPU's FP8"
-$P --ckpt "$T/gpu_fp8_ddp2.grads.safetensors" --ckpt-ref "$T/gpu_fp8.grads.safetensors" --prefix grad. --param-rtol 1e-5
+echo "== GPU FP8 DDP vs the single GPU's FP8 (rtol $FP8_DP_RTOL)"
+$P --ckpt "$T/gpu_fp8_ddp2.grads.safetensors" --ckpt-ref "$T/gpu_fp8.grads.safetensors" --prefix grad. --param-rtol "$FP8_DP_RTOL"
 # Sharded: each projection is cast to FP8 from its unit's gathered fp32 weights (the same values as
 # the single GPU's master weights; the auto all-gather stays fp32 with --fp8 for that reason) and the
-# amaxes are MAX-reduced over the shards as over DDP's replicas: the same 1e-5 against the single
-# GPU's FP8, at ZeRO-3 and ZeRO-1.
+# amaxes are MAX-reduced over the shards as over DDP's replicas: the same FP8_DP_RTOL against the
+# single GPU's FP8, at ZeRO-3 and ZeRO-1 (the losses within 1e-5).
 for stage in 3 1; do
     run gpu_fp8_z$stage 2 --fp8 --dp-shard 2 --zero-stage $stage
     grep -q "fp32 weights gathered" "$T/gpu_fp8_z$stage.log" || { echo "FAIL: gpu_fp8_z$stage gathered bf16"; exit 1; }
     echo "== GPU FP8 ZeRO-$stage vs the single GPU's FP8"
-    $P --ckpt "$T/gpu_fp8_z$stage.grads.safetensors" --ckpt-ref "$T/gpu_fp8.grads.safetensors" --prefix grad. --param-rtol 1e-5
+    $P --ckpt "$T/gpu_fp8_z$stage.grads.safetensors" --ckpt-ref "$T/gpu_fp8.grads.safetensors" --prefix grad. --param-rtol "$FP8_DP_RTOL"
     $P --log "$T/gpu_fp8_z$stage.log" --log-ref "$T/gpu_fp8.log" --loss-rtol 1e-5
 done
 # Pipelined: each stage's FP8 linears cast from the chunk's fp32 weights and take each micro-batch's

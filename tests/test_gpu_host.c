@@ -334,8 +334,8 @@ END_TEST
 
 // The tensor-core kernels' layouts (gpu/attention_tc.cu): regions inside the allocation, apart, with
 // no gaps; tiles and tile rows 16-byte aligned (the kernels store 16-byte chunks); within the sm_90
-// opt-in limit; and every fragment load of gpu/mma.cuh free of bank conflicts at every head_dim the
-// kernels take: lanes that hit the same bank read the same 4-byte word.
+// opt-in limit; and every fragment load of gpu/mma.cuh (an ldmatrix) free of bank conflicts at every
+// head_dim the kernels take: lanes that hit the same bank read the same 4-byte word.
 static bool conflict_free(const long byte_addr[32]) {
     for (int a = 0; a < 32; a++)
         for (int b = a + 1; b < 32; b++) {
@@ -350,12 +350,22 @@ START_TEST(test_attention_tc_smem_layouts) {
             AttnTcSmemLayout L = attn_tc_smem_layout((AttnKernel)kernel, hd);
             ck_assert_int_eq(L.ld * 2 % 16, 0);
             int tile = ATTN_BR * L.ld * 2;
-            struct { int at, bytes; const char *name; } r[] = {
-                {L.q, tile, "q"},          {L.dout, tile, "dout"},    {L.k, tile, "k"},
-                {L.v, tile, "v"},          {L.q_pos, ATTN_BR * 4, "q_pos"}, {L.k_pos, ATTN_BC * 4, "k_pos"},
-                {L.lse, ATTN_BR * 4, "lse"}, {L.dvec, ATTN_BR * 4, "dvec"},
+            // Every region, and the second stage of the streamed ones (the other side's tile: K, V
+            // and positions in forward and dQ; Q, dO, positions, lse and D in dK/dV).
+            const bool keys_streamed = kernel != ATTN_KERNEL_BACKWARD_DKDV;
+            struct { int at, bytes; const char *name; bool streamed; } base[] = {
+                {L.q, tile, "q", !keys_streamed},          {L.dout, tile, "dout", !keys_streamed},
+                {L.k, tile, "k", keys_streamed},           {L.v, tile, "v", keys_streamed},
+                {L.q_pos, ATTN_BR * 4, "q_pos", !keys_streamed}, {L.k_pos, ATTN_BC * 4, "k_pos", keys_streamed},
+                {L.lse, ATTN_BR * 4, "lse", true},        {L.dvec, ATTN_BR * 4, "dvec", true},
             };
-            int n = sizeof r / sizeof r[0], used = 0;
+            struct { int at, bytes; const char *name; } r[16];
+            int n = 0, used = 0;
+            for (int a = 0; a < 8; a++) {
+                r[n].at = base[a].at, r[n].bytes = base[a].bytes, r[n++].name = base[a].name;
+                if (base[a].at >= 0 && base[a].streamed)
+                    r[n].at = base[a].at + L.stage_bytes, r[n].bytes = base[a].bytes, r[n++].name = "(stage 1)";
+            }
             for (int a = 0; a < n; a++) {
                 if (r[a].at < 0) continue;
                 used += r[a].bytes;
@@ -372,23 +382,23 @@ START_TEST(test_attention_tc_smem_layouts) {
             ck_assert(kernel == ATTN_KERNEL_BACKWARD_DKDV ? L.lse >= 0 && L.dvec >= 0 : L.lse < 0 && L.dvec < 0);
             ck_assert_int_le(L.bytes, ATTN_SMEM_LIMIT);
 
-            // Lane (g, t) = (l / 4, l % 4). load_frag_a and load_frag_b_from_rows_n: 32-bit words at
-            // element (g + 8 i) ld + 2 t + 8 j; load_frag_b_from_rows_k: 16-bit halves at element
-            // (2 t + i) ld + g (+ 8 ld). Byte addresses are twice the element index.
-            for (int i = 0; i < 2; i++)
-                for (int j = 0; j < 2; j++) {
-                    long rows_n[32], rows_k[32];
-                    for (int l = 0; l < 32; l++) {
-                        int g = l / 4, t = l % 4;
-                        rows_n[l] = 2L * ((g + 8 * i) * L.ld + 2 * t + 8 * j);
-                        rows_k[l] = 2L * ((2 * t + i + 8 * j) * L.ld + g);
-                    }
-                    ck_assert_msg(conflict_free(rows_n), "hd %d: 32-bit fragment load (%d, %d) has bank conflicts", hd, i, j);
-                    ck_assert_msg(conflict_free(rows_k), "hd %d: 16-bit fragment load (%d, %d) has bank conflicts", hd, i, j);
+            // Every fragment load of gpu/mma.cuh is an ldmatrix.x4, which reads its 4 matrices one
+            // after another: 8 rows of 16 bytes each, at element row ld + column, for rows r0 .. r0+7
+            // and a column a multiple of 8. Any r0, any such column: the 8 rows' 4-word pieces must
+            // lie in 8 different bank quads (then the 32 words hit 32 banks).
+            for (int r0 = 0; r0 < 16; r0++)
+                for (int col = 0; col < hd; col += 8) {
+                    long bytes[32];  // word l % 4 of row r0 + l / 4
+                    for (int l = 0; l < 32; l++) bytes[l] = 2L * ((r0 + l / 4) * L.ld + col) + 4 * (l % 4);
+                    ck_assert_msg(conflict_free(bytes), "hd %d: ldmatrix of rows %d.. at column %d has bank conflicts",
+                                  hd, r0, col);
                 }
         }
-    // Forward at head_dim 64: q, k, v tiles of 64 rows by 72 bf16, then the positions.
-    ck_assert_int_eq(attn_tc_smem_layout(ATTN_KERNEL_FORWARD, 64).bytes, 3 * 64 * 72 * 2 + 2 * 64 * 4);
+    // Forward at head_dim 64: the q tile of 64 rows by 72 bf16 and its positions, then two stages
+    // of k and v tiles and their positions.
+    AttnTcSmemLayout f64 = attn_tc_smem_layout(ATTN_KERNEL_FORWARD, 64);
+    ck_assert_int_eq(f64.stage_bytes, 2 * 64 * 72 * 2 + 64 * 4);
+    ck_assert_int_eq(f64.bytes, 64 * 72 * 2 + 64 * 4 + 2 * f64.stage_bytes);
 }
 END_TEST
 
