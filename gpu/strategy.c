@@ -36,7 +36,8 @@
 //
 // With --cp N the GPU model's attention runs chapter 8's ring on device buffers (gpu/cp_device.h,
 // gpu_model_set_context_parallel), and the layout above it averages over dp x cp (DDP) or shards
-// over dp_shard x cp (FSDP), as on the CPU. Ring only; not with --pp or --fp8 so far.
+// over dp_shard x cp (FSDP), as on the CPU. With --fp8 the amaxes are MAX-reduced over dp x cp (the
+// sequence's chunks split a micro-batch's tokens as the replicas do). Ring only; not with --pp so far.
 //
 // Each rank uses device (local rank mod device count), the local rank being its index among the
 // ranks on its host (comm_local_rank): one rank per GPU under mpirun on every node, whatever the
@@ -167,6 +168,11 @@ static void log_tp(const GpuModel *m, const ModelConfig *cfg) {
              cfg->ffn_dim, local->vocab_start, local->vocab_start + local->vocab_size, gpu_comm_backend_name());
 }
 
+// The ranks among which a micro-batch's tokens are split (dp x cp: replicas, shards and the sequence's
+// chunks), over which --fp8's activation and output-gradient amaxes are MAX-reduced so that every rank
+// casts with the scales of the whole micro-batch, as one GPU does; NULL when there is one.
+static Comm *fp8_token_group(const Trainer *t) { return comm_size(t->mesh->dp_cp) > 1 ? t->mesh->dp_cp : NULL; }
+
 // The module over the shard group (dp_shard; HSDP: averaged over dp_replicate too), its storage and
 // grads-ready hook handed to the GPU model. Every rank asks init for its shards only.
 static void create_sharded(GpuTraining *g, Trainer *t, const ModelConfig *cfg, const ParamSource *init,
@@ -181,7 +187,7 @@ static void create_sharded(GpuTraining *g, Trainer *t, const ModelConfig *cfg, c
     Comm *replicate = mesh->degree[MESH_DP_REPLICATE] > 1 ? mesh->dim[MESH_DP_REPLICATE] : NULL;
     g->fsdp = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, tp_group, &options, init);
     g->m.fp8 = o->fp8;  // each projection cast to FP8 from its unit's gathered fp32 weights
-    g->m.fp8_tokens = t->dp_size > 1 ? t->mesh->dp : NULL;  // activations' amaxes agree across the shards
+    g->m.fp8_tokens = fp8_token_group(t);
     g->m.storage = t->model.storage;
     g->m.grads_ready = t->model.grads_ready;
     g->m.grads_ready_ctx = t->model.grads_ready_ctx;
@@ -237,9 +243,8 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
         if (o->cp_mode != CP_RING)
             fatal_input("--device cuda --cp %d --cp-mode alltoall: the GPU runs chapter 8's ring (its all-to-all's "
                         "layout moves are host loops); use --cp-mode ring", mesh->degree[MESH_CP]);
-        if (mesh->degree[MESH_PP] > 1 || o->fp8)
-            fatal_input("--device cuda --cp %d with %s: not on the GPU so far", mesh->degree[MESH_CP],
-                        o->fp8 ? "--fp8" : "--pp");
+        if (mesh->degree[MESH_PP] > 1)
+            fatal_input("--device cuda --cp %d with --pp: not on the GPU so far", mesh->degree[MESH_CP]);
     }
 }
 
@@ -384,7 +389,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
                       tp_rank);
     if (tp > 1) log_tp(&g->m, cfg);
     g->m.fp8 = o->fp8;
-    g->m.fp8_tokens = t->dp_size > 1 ? t->mesh->dp : NULL;  // activations' amaxes agree across replicas
+    g->m.fp8_tokens = fp8_token_group(t);
     install_context_parallel(g, t, o);
     int replicas = comm_size(t->mesh->dp_cp);  // data-parallel ranks, times cp (they average gradients too)
     if (replicas > 1) {
