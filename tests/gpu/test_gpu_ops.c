@@ -634,8 +634,9 @@ static void test_elementwise(bool bf16) {
 
 // ================================ cross-entropy ==================================================
 
-static void test_cross_entropy(bool bf16) {
-    int N = 64, V = 5003;
+// V = 5003: rows of scalars; V = 5008: rows that start 16-byte aligned, read in 16-byte packs (ops.cu).
+static void test_cross_entropy(bool bf16, int V) {
+    int N = 64;
     size_t n = (size_t)N * V;
     // Initial dlogits of the size of the gradient's own entries (coef * p ~ 1e-5), so that the
     // accumulated term is visible in a bf16 result.
@@ -689,8 +690,8 @@ static void test_cross_entropy(bool bf16) {
         dl = from_dev_bf16(d_dl, n), dl_untouched = from_dev_bf16(d_dl2, n);
         gpu_free(d_logits), gpu_free(d_dl), gpu_free(d_dl2);
     }
-    const char *tag = bf16 ? "bf16" : "f32";
-    char name[64];
+    char tag[32], name[96];
+    snprintf(tag, sizeof tag, "%s V=%d", bf16 ? "bf16" : "f32", V);
     snprintf(name, sizeof name, "cross-entropy %s lse", tag);
     check_fp32(name, lse, lse_ref, N, 1e-6);
     snprintf(name, sizeof name, "cross-entropy %s loss", tag);
@@ -720,8 +721,9 @@ static void test_cross_entropy(bool bf16) {
 // fp32 rule: the same formulas, the sum of exp in another order), the gradients of each shard's
 // columns against the reference's columns (bf16 norm). Targets fall in both shards, on the boundary
 // column too, and some are ignored.
-static void test_cross_entropy_vocab_parallel(void) {
-    int N = 64, V = 5004, Vr = V / 2;
+// V = 5004: shards of 2502 columns (scalars); V = 5024: of 2512 (16-byte packs).
+static void test_cross_entropy_vocab_parallel(int V) {
+    int N = 64, Vr = V / 2;
     size_t n = (size_t)N * V;
     float *logits = host_normal(n, 2.0, 52), *dl0 = host_normal(n, 1e-5, 53);
     round_to_bf16(logits, n), round_to_bf16(dl0, n);
@@ -771,15 +773,16 @@ static void test_cross_entropy_vocab_parallel(void) {
     double loss;
     gpu_download(&loss, d_loss, sizeof loss);
     float *lse = from_dev_f32(d_lse, N);
-    check_fp32("cross-entropy vocab-parallel lse", lse, lse_ref, N, 1e-6);
-    report("cross-entropy vocab-parallel loss", fabs(loss - loss_ref) <= 1e-5 * fabs(loss_ref), "%.9f vs reference %.9f",
-           loss, loss_ref);
+    char name[96];
+    snprintf(name, sizeof name, "cross-entropy vocab-parallel V=%d lse", V);
+    check_fp32(name, lse, lse_ref, N, 1e-6);
+    snprintf(name, sizeof name, "cross-entropy vocab-parallel V=%d loss", V);
+    report(name, fabs(loss - loss_ref) <= 1e-5 * fabs(loss_ref), "%.9f vs reference %.9f", loss, loss_ref);
     for (int r = 0; r < 2; r++) {
         gpu_bf16 *d_dl = dev_bf16(shard_dl0[r], (size_t)N * Vr);
         gpu_cross_entropy_backward_columns_bf16(d_dl, d_logits[r], d_lse, d_targets, N, r * Vr, Vr, 1.7);
         float *dl = from_dev_bf16(d_dl, (size_t)N * Vr);
-        char name[64];
-        snprintf(name, sizeof name, "cross-entropy vocab-parallel dlogits shard %d", r);
+        snprintf(name, sizeof name, "cross-entropy vocab-parallel V=%d dlogits shard %d", V, r);
         check_bf16_norm(name, dl, shard_dl_ref[r], (size_t)N * Vr);
         free(dl), gpu_free(d_dl);
     }
@@ -1329,9 +1332,10 @@ int main(void) {
         test_rope(bf16);
         test_qkv_split_merge(bf16);
         test_elementwise(bf16);
-        test_cross_entropy(bf16);
+        for (int V = 5003; V <= 5008; V += 5) test_cross_entropy(bf16, V);
     }
-    test_cross_entropy_vocab_parallel();
+    test_cross_entropy_vocab_parallel(5004);
+    test_cross_entropy_vocab_parallel(5024);
     test_embedding();
     test_tensor_parallel_pieces();
     test_adamw();
