@@ -8,6 +8,8 @@
 // dtable by tiles of the table (each element summed by one thread in the reference's row order).
 #include <limits.h>
 
+#include <initializer_list>
+
 #include "gpu/internal.cuh"
 #include "gpu/numerics.h"
 #include "gpu/ops.h"
@@ -38,6 +40,25 @@ static bool aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes =
 // How many of n elements the vector kernel takes: n rounded down to W, or none if some pointer is
 // not aligned to its pack.
 static size_t vector_part(size_t n, int W, bool all_aligned) { return all_aligned ? n / W * W : 0; }
+
+// The row kernels (RMSNorm, cross-entropy: one block per row) read their rows in packs of W elements
+// (16-byte loads) when every row starts 16-byte aligned: with scalar 2-byte loads the loads in
+// flight, not the bandwidth, set their speed (about 0.65 TB/s on an H200 for the cross-entropy's).
+// Thread i takes packs i, i + blockDim, ... and, within a pack, its elements in order; the block's
+// sums are then a fixed tree, so a shape and alignment always sum in the same order.
+template <typename T> static bool rows_packed(std::initializer_list<const void *> rows, int len) {
+    bool ok = (size_t)len * sizeof(T) % 16 == 0;
+    for (const void *p : rows) ok = ok && aligned(p, 16);
+    return ok;
+}
+// f(j, x[j]) for this thread's elements of a row of V (a multiple of W) elements.
+template <int W, typename T, typename F> __device__ __forceinline__ void for_my_elements(const T *x, int V, F f) {
+    for (int p = threadIdx.x; p < V / W; p += blockDim.x) {
+        Pack<T, W> v = load_pack<W>(x, p);
+#pragma unroll
+        for (int k = 0; k < W; k++) f(p * W + k, to_f32(v.v[k]));
+    }
+}
 
 // ================================ embedding ======================================================
 
@@ -159,25 +180,28 @@ extern "C" void gpu_embedding_backward_rows_bf16(float *dtable, const gpu_bf16 *
 
 // Block per row of (N,C): rstd = 1/sqrt(mean(x^2) + eps) with the sum in double (as the reference:
 // C can be 16384), then out = x * rstd * weight.
-template <typename T>
+// In packs of W elements (the row kernels above).
+template <typename T, int W>
 __global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const T *weight, int C, double eps) {
     __shared__ double scratch[32];
     size_t row = blockIdx.x;
     const T *x = inp + row * C;
     double sum_sq = 0;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        double xc = to_f32(x[c]);
-        sum_sq += xc * xc;
-    }
+    for_my_elements<W>(x, C, [&](int, float v) { sum_sq += (double)v * v; });
     sum_sq = block_sum(sum_sq, scratch);
     float r = (float)(1.0 / sqrt(sum_sq / C + eps));
     if (threadIdx.x == 0) rstd[row] = r;
     T *y = out + row * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = from_f32<T>(to_f32(x[c]) * r * to_f32(weight[c]));
+    for (int p = threadIdx.x; p < C / W; p += blockDim.x) {
+        Pack<T, W> xv = load_pack<W>(x, p), wv = load_pack<W>(weight, p), yv;
+#pragma unroll
+        for (int k = 0; k < W; k++) yv.v[k] = from_f32<T>(to_f32(xv.v[k]) * r * to_f32(wv.v[k]));
+        store_pack<W>(y, p, yv);
+    }
 }
 
 // dx_i += r w_i dy_i - x_i r^3 / C * sum_k dy_k w_k x_k  (block per row; the sum in double)
-template <typename T>
+template <typename T, int W>
 __global__ void rmsnorm_backward_input_kernel(T *dinp, const T *dout, const T *inp, const T *weight, const float *rstd,
                                               int C) {
     __shared__ double scratch[32];
@@ -185,13 +209,22 @@ __global__ void rmsnorm_backward_input_kernel(T *dinp, const T *dout, const T *i
     const T *x = inp + row * C, *dy = dout + row * C;
     float r = rstd[row];
     double proj = 0;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        proj += (double)to_f32(dy[c]) * to_f32(weight[c]) * to_f32(x[c]);
+    for (int p = threadIdx.x; p < C / W; p += blockDim.x) {
+        Pack<T, W> xv = load_pack<W>(x, p), dyv = load_pack<W>(dy, p), wv = load_pack<W>(weight, p);
+#pragma unroll
+        for (int k = 0; k < W; k++) proj += (double)to_f32(dyv.v[k]) * to_f32(wv.v[k]) * to_f32(xv.v[k]);
+    }
     proj = block_sum(proj, scratch);
     float coef = (float)(proj * r * r * r / C);
     T *dx = dinp + row * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
-        dx[c] = from_f32<T>(to_f32(dx[c]) + (r * to_f32(weight[c]) * to_f32(dy[c]) - to_f32(x[c]) * coef));
+    for (int p = threadIdx.x; p < C / W; p += blockDim.x) {
+        Pack<T, W> xv = load_pack<W>(x, p), dyv = load_pack<W>(dy, p), wv = load_pack<W>(weight, p),
+                   dxv = load_pack<W>(dx, p);
+#pragma unroll
+        for (int k = 0; k < W; k++)
+            dxv.v[k] = from_f32<T>(to_f32(dxv.v[k]) + (r * to_f32(wv.v[k]) * to_f32(dyv.v[k]) - to_f32(xv.v[k]) * coef));
+        store_pack<W>(dx, p, dxv);
+    }
 }
 
 // dweight_c += sum over rows of dy_c x_c r, in two deterministic stages. Stage 1: block (x, y) sums
@@ -222,13 +255,17 @@ __global__ void rmsnorm_dweight_sum_kernel(float *dweight, const float *partial,
 template <typename T>
 static void launch_rmsnorm_forward(T *out, float *rstd, const T *inp, const T *weight, int N, int C, double eps) {
     if (N == 0) return;
-    GPU_LAUNCH(rmsnorm_forward_kernel<T>, N, ROW_THREADS, 0, out, rstd, inp, weight, C, eps);
+    if (rows_packed<T>({out, inp, weight}, C))
+        GPU_LAUNCH((rmsnorm_forward_kernel<T, 16 / sizeof(T)>), N, ROW_THREADS, 0, out, rstd, inp, weight, C, eps);
+    else GPU_LAUNCH((rmsnorm_forward_kernel<T, 1>), N, ROW_THREADS, 0, out, rstd, inp, weight, C, eps);
 }
 template <typename T>
 static void launch_rmsnorm_backward(T *dinp, float *dweight, const T *dout, const T *inp, const T *weight,
                                     const float *rstd, int N, int C) {
     if (N == 0 || C == 0) return;
-    GPU_LAUNCH(rmsnorm_backward_input_kernel<T>, N, ROW_THREADS, 0, dinp, dout, inp, weight, rstd, C);
+    if (rows_packed<T>({dinp, dout, inp, weight}, C))
+        GPU_LAUNCH((rmsnorm_backward_input_kernel<T, 16 / sizeof(T)>), N, ROW_THREADS, 0, dinp, dout, inp, weight, rstd, C);
+    else GPU_LAUNCH((rmsnorm_backward_input_kernel<T, 1>), N, ROW_THREADS, 0, dinp, dout, inp, weight, rstd, C);
     int rows_per_chunk = max(RMSNORM_DW_ROWS, (N + 65534) / 65535);  // grid.y <= 65535
     int chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
     float *partial = (float *)gpu_scratch_alloc(sizeof(float) * (size_t)chunks * C);
@@ -439,24 +476,6 @@ extern "C" void gpu_swiglu_backward_bf16(gpu_bf16 *dgate, gpu_bf16 *dup, const g
 }
 
 // ================================ cross-entropy ==================================================
-// The row kernels read their rows (a vocabulary's logits: 128,256 bf16 for Llama 3) in packs of W
-// elements (16-byte loads) when every row starts 16-byte aligned: one row per block, so with scalar
-// 2-byte loads the loads in flight, not the bandwidth, set the speed (about 0.65 TB/s on an H200).
-// Thread i takes packs i, i + blockDim, ... and, within a pack, its elements in order; the block's
-// sums are then a fixed tree, so a shape and alignment always sum in the same order.
-template <typename T> static int row_pack(const void *a, const void *b, int V) {  // W for rows of V elements
-    constexpr int W = 16 / sizeof(T);
-    return aligned(a, 16) && aligned(b, 16) && (size_t)V * sizeof(T) % 16 == 0 ? W : 1;
-}
-// f(j, x[j]) for this thread's elements of a row of V (a multiple of W) elements.
-template <int W, typename T, typename F> __device__ __forceinline__ void for_my_elements(const T *x, int V, F f) {
-    for (int p = threadIdx.x; p < V / W; p += blockDim.x) {
-        Pack<T, W> v = load_pack<W>(x, p);
-#pragma unroll
-        for (int k = 0; k < W; k++) f(p * W + k, to_f32(v.v[k]));
-    }
-}
-
 // lse (N): block per row of logits (N,V): the row's max, then log of the sum of exp(x - max) (the
 // sum in double, as the reference), plus the max.
 template <typename T, int W>
@@ -514,7 +533,7 @@ __global__ void cross_entropy_loss_kernel(LossSum *result, double *loss, const f
 }
 
 template <typename T> static void launch_lse(float *lse, const T *logits, int N, int V) {
-    if (row_pack<T>(logits, logits, V) > 1) GPU_LAUNCH((cross_entropy_lse_kernel<T, 16 / sizeof(T)>), N, ROW_THREADS, 0, lse, logits, V);
+    if (rows_packed<T>({logits}, V)) GPU_LAUNCH((cross_entropy_lse_kernel<T, 16 / sizeof(T)>), N, ROW_THREADS, 0, lse, logits, V);
     else GPU_LAUNCH((cross_entropy_lse_kernel<T, 1>), N, ROW_THREADS, 0, lse, logits, V);
 }
 
@@ -581,7 +600,7 @@ static void launch_cross_entropy_backward(T *dlogits, const T *logits, const flo
     if (N == 0) return;
     int *n_valid = (int *)gpu_scratch_alloc(sizeof(int));
     GPU_LAUNCH(count_valid_targets_kernel, 1, 1024, 0, n_valid, targets, N);
-    if (row_pack<T>(dlogits, logits, V) > 1)
+    if (rows_packed<T>({dlogits, logits}, V))
         GPU_LAUNCH((cross_entropy_backward_kernel<T, 16 / sizeof(T)>), N, ROW_THREADS, 0, dlogits, logits, lse, targets,
                    n_valid, v_start, V, dloss);
     else GPU_LAUNCH((cross_entropy_backward_kernel<T, 1>), N, ROW_THREADS, 0, dlogits, logits, lse, targets, n_valid,
@@ -638,14 +657,14 @@ __global__ void vocab_parallel_loss_kernel(double *loss, float *lse, const float
 
 extern "C" void gpu_vocab_parallel_row_max_bf16(float *row_max, const gpu_bf16 *logits, int N, int v_count) {
     if (N == 0) return;
-    if (row_pack<gpu_bf16>(logits, logits, v_count) > 1)
+    if (rows_packed<gpu_bf16>({logits}, v_count))
         GPU_LAUNCH(vocab_parallel_row_max_kernel<8>, N, ROW_THREADS, 0, row_max, logits, v_count);
     else GPU_LAUNCH(vocab_parallel_row_max_kernel<1>, N, ROW_THREADS, 0, row_max, logits, v_count);
 }
 extern "C" void gpu_vocab_parallel_sums_bf16(double *sums, const gpu_bf16 *logits, const float *row_max,
                                              const int *targets, int N, int v_start, int v_count) {
     if (N == 0) return;
-    if (row_pack<gpu_bf16>(logits, logits, v_count) > 1)
+    if (rows_packed<gpu_bf16>({logits}, v_count))
         GPU_LAUNCH(vocab_parallel_sums_kernel<8>, N, ROW_THREADS, 0, sums, logits, row_max, targets, N, v_start, v_count);
     else GPU_LAUNCH(vocab_parallel_sums_kernel<1>, N, ROW_THREADS, 0, sums, logits, row_max, targets, N, v_start,
                     v_count);

@@ -409,8 +409,17 @@ static void test_embedding(void) {
 
 // ================================ RMSNorm ========================================================
 
-static void test_rmsnorm(bool bf16) {
-    int N = 67, C = 1000;  // C not a multiple of the block: the strided loops' tails
+// A check's name from a format with one int (a static buffer: used before the next call).
+static const char *check_name(const char *format, int value) {
+    static char buffer[128];
+    snprintf(buffer, sizeof buffer, format, value);
+    return buffer;
+}
+
+// C not a multiple of the block: the strided loops' tails. C = 1000: rows read in 16-byte packs
+// (ops.cu's row kernels); C = 1001: rows that do not start aligned, read element by element.
+static void test_rmsnorm(bool bf16, int C) {
+    int N = 67;
     size_t n = (size_t)N * C;
     double eps = 1e-5;
     float *x = host_normal(n, 2.0, 20), *w = host_normal(C, 1.0, 21), *dy = host_normal(n, 1.0, 22);
@@ -438,14 +447,14 @@ static void test_rmsnorm(bool bf16) {
     }
     float *rstd = from_dev_f32(d_rstd, N), *dw = from_dev_f32(d_dw, C);
     if (!bf16) {
-        check_fp32("rmsnorm f32 forward", y, y_ref, n, 1e-5);
-        check_fp32("rmsnorm f32 dinp", dx, dx_ref, n, 1e-5);
+        check_fp32(check_name("rmsnorm f32 C=%d forward", C), y, y_ref, n, 1e-5);
+        check_fp32(check_name("rmsnorm f32 C=%d dinp", C), dx, dx_ref, n, 1e-5);
     } else {
-        check_bf16_norm("rmsnorm bf16 forward", y, y_ref, n);
-        check_bf16_norm("rmsnorm bf16 dinp", dx, dx_ref, n);
+        check_bf16_norm(check_name("rmsnorm bf16 C=%d forward", C), y, y_ref, n);
+        check_bf16_norm(check_name("rmsnorm bf16 C=%d dinp", C), dx, dx_ref, n);
     }
-    check_fp32(bf16 ? "rmsnorm bf16 rstd (fp32)" : "rmsnorm f32 rstd", rstd, rstd_ref, N, 1e-6);
-    check_fp32(bf16 ? "rmsnorm bf16 dweight (fp32)" : "rmsnorm f32 dweight", dw, dw_ref, C, 1e-5);
+    check_fp32(check_name(bf16 ? "rmsnorm bf16 C=%d rstd (fp32)" : "rmsnorm f32 C=%d rstd", C), rstd, rstd_ref, N, 1e-6);
+    check_fp32(check_name(bf16 ? "rmsnorm bf16 C=%d dweight (fp32)" : "rmsnorm f32 C=%d dweight", C), dw, dw_ref, C, 1e-5);
     free(x), free(w), free(dy), free(dx0), free(dw0), free(y_ref), free(rstd_ref), free(dx_ref), free(dw_ref);
     free(y), free(dx), free(rstd), free(dw);
     gpu_free(d_rstd), gpu_free(d_dw);
@@ -1328,7 +1337,7 @@ int main(void) {
     for (int bf16 = 0; bf16 < 2; bf16++) {
         test_matmul(bf16);
         test_matmul_fused(bf16);
-        test_rmsnorm(bf16);
+        for (int C = 1000; C <= 1001; C++) test_rmsnorm(bf16, C);
         test_rope(bf16);
         test_qkv_split_merge(bf16);
         test_elementwise(bf16);
