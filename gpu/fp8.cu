@@ -1,5 +1,8 @@
 // fp8.cu: FP8 casts, amaxes and the cast-and-back on the GPU (fp8.h).
 #include "gpu/fp8.h"
+
+#include <initializer_list>
+
 #include "gpu/internal.cuh"
 
 extern "C" {
@@ -158,14 +161,16 @@ template <typename T> struct Cast {
     float *scale;  // device: [0] the scale, [1] the amax
 };
 
-// reduce_over: the GPUs holding the rest of the tensor (its amax is MAX-reduced over them), or NULL.
+// Its amax MAX-reduced over a and b, the GPUs holding the rest of the tensor (either NULL): MAX is
+// exact, so the order of the two does not matter.
 template <typename T>
-static Cast<T> cast_operand(const T *x, int rows, int cols, Fp8Format f, bool transposed, Comm *reduce_over) {
+static Cast<T> cast_operand(const T *x, int rows, int cols, Fp8Format f, bool transposed, Comm *a, Comm *b) {
     Cast<T> c;
     c.scale = (float *)gpu_scratch_alloc(2 * sizeof(float));
     c.codes = (uint8_t *)gpu_scratch_alloc((size_t)rows * cols);
     amax_tensor(c.scale + 1, x, rows, cols);
-    if (reduce_over && comm_size(reduce_over) > 1) comm_all_reduce(reduce_over, c.scale + 1, 1, COMM_FLOAT32, COMM_MAX);
+    for (Comm *g : {a, b})
+        if (g && comm_size(g) > 1) comm_all_reduce(g, c.scale + 1, 1, COMM_FLOAT32, COMM_MAX);
     GPU_LAUNCH(tensorwise_scale_kernel, 1, 1, 0, c.scale, c.scale + 1, f == FP8_E4M3 ? 448.0 : 57344.0);
     if (transposed) LAUNCH_1D(quantize_transposed_kernel<T>, (size_t)rows * cols, c.codes, x, rows, cols, c.scale, f);
     else LAUNCH_1D(quantize_kernel<T>, (size_t)rows * cols, c.codes, x, rows, cols, FP8_PER_TENSOR, c.scale, f);
@@ -182,46 +187,70 @@ template <typename T> __global__ void store_kernel(T *out, const float *y, size_
     GRID_STRIDE_LOOP(i, n) out[i] = from_f32<T>(overwrite ? y[i] : to_f32(out[i]) + y[i]);
 }
 
+// y (M,N) fp32 = x w^T, overwritten or added to.
 template <typename T>
-static void linear_forward(T *out, const T *x, const float *w, int M, int K, int N, Comm *tokens) {
-    Cast<T> cx = cast_operand(x, M, K, FP8_E4M3, false, tokens);
-    Cast<float> cw = cast_operand(w, N, K, FP8_E4M3, false, (Comm *)NULL);
+static void forward_gemm(float *y, bool accumulate, const T *x, const float *w, int M, int K, int N, const GpuFp8Groups *g) {
+    Cast<T> cx = cast_operand(x, M, K, FP8_E4M3, false, g->tokens, g->x_columns);
+    Cast<float> cw = cast_operand(w, N, K, FP8_E4M3, false, g->w_parts, (Comm *)NULL);
+    gpu_fp8_gemm(y, cx.codes, FP8_E4M3, cx.scale, cw.codes, FP8_E4M3, cw.scale, M, N, K, accumulate, true);
+    release(&cx), release(&cw);
+}
+// y (M,K) fp32 = dy w (both N-major, w transposed), overwritten or added to.
+template <typename T>
+static void input_gradient_gemm(float *y, bool accumulate, const T *dy, const float *w, int M, int K, int N,
+                                const GpuFp8Groups *g) {
+    Cast<T> cdy = cast_operand(dy, M, N, FP8_E5M2, false, g->tokens, g->dy_columns);
+    Cast<float> cwt = cast_operand(w, N, K, FP8_E4M3, true, g->w_parts, (Comm *)NULL);
+    gpu_fp8_gemm(y, cdy.codes, FP8_E5M2, cdy.scale, cwt.codes, FP8_E4M3, cwt.scale, M, K, N, accumulate, false);
+    release(&cdy), release(&cwt);
+}
+
+template <typename T>
+static void linear_forward(T *out, const T *x, const float *w, int M, int K, int N, const GpuFp8Groups *g) {
     float *y = (float *)gpu_scratch_alloc(sizeof(float) * (size_t)M * N);
-    gpu_fp8_gemm(y, cx.codes, FP8_E4M3, cx.scale, cw.codes, FP8_E4M3, cw.scale, M, N, K, false, true);
+    forward_gemm(y, false, x, w, M, K, N, g);
     LAUNCH_1D(store_kernel<T>, (size_t)M * N, out, y, (size_t)M * N, true);
     gpu_scratch_free(y);
-    release(&cx), release(&cw);
 }
 
 template <typename T>
 static void linear_backward(T *dx, bool dx_overwrite, float *dw, const T *dy, const T *x, const float *w, int M, int K,
-                            int N, Comm *tokens) {
-    if (dx) {  // dX (M,K) = dY (M,N) W (N,K): both N-major, W transposed
-        Cast<T> cdy = cast_operand(dy, M, N, FP8_E5M2, false, tokens);
-        Cast<float> cwt = cast_operand(w, N, K, FP8_E4M3, true, (Comm *)NULL);
+                            int N, const GpuFp8Groups *g) {
+    if (dx) {  // dX (M,K) = dY (M,N) W (N,K)
         float *y = (float *)gpu_scratch_alloc(sizeof(float) * (size_t)M * K);
-        gpu_fp8_gemm(y, cdy.codes, FP8_E5M2, cdy.scale, cwt.codes, FP8_E4M3, cwt.scale, M, K, N, false, false);
+        input_gradient_gemm(y, false, dy, w, M, K, N, g);
         LAUNCH_1D(store_kernel<T>, (size_t)M * K, dx, y, (size_t)M * K, dx_overwrite);
         gpu_scratch_free(y);
-        release(&cdy), release(&cwt);
     }
     if (dw) {  // dW (N,K) += dY^T (N,M) X (M,K): both M-major, both transposed
-        Cast<T> cdyt = cast_operand(dy, M, N, FP8_E5M2, true, tokens);
-        Cast<T> cxt = cast_operand(x, M, K, FP8_E4M3, true, tokens);
+        Cast<T> cdyt = cast_operand(dy, M, N, FP8_E5M2, true, g->tokens, g->dy_columns);
+        Cast<T> cxt = cast_operand(x, M, K, FP8_E4M3, true, g->tokens, g->x_columns);
         gpu_fp8_gemm(dw, cdyt.codes, FP8_E5M2, cdyt.scale, cxt.codes, FP8_E4M3, cxt.scale, N, K, M, true, false);
         release(&cdyt), release(&cxt);
     }
 }
 
 void gpu_fp8_linear_forward(void *out, const void *x, const float *w, int M, int K, int N, bool activations_bf16,
-                            Comm *tokens) {
-    if (activations_bf16) linear_forward((bf16 *)out, (const bf16 *)x, w, M, K, N, tokens);
-    else linear_forward((float *)out, (const float *)x, w, M, K, N, tokens);
+                            const GpuFp8Groups *g) {
+    if (activations_bf16) linear_forward((bf16 *)out, (const bf16 *)x, w, M, K, N, g);
+    else linear_forward((float *)out, (const float *)x, w, M, K, N, g);
 }
 
 void gpu_fp8_linear_backward(void *dx, bool dx_overwrite, float *dw, const void *dy, const void *x, const float *w,
-                             int M, int K, int N, bool activations_bf16, Comm *tokens) {
+                             int M, int K, int N, bool activations_bf16, const GpuFp8Groups *g) {
     if (activations_bf16)
-        linear_backward((bf16 *)dx, dx_overwrite, dw, (const bf16 *)dy, (const bf16 *)x, w, M, K, N, tokens);
-    else linear_backward((float *)dx, dx_overwrite, dw, (const float *)dy, (const float *)x, w, M, K, N, tokens);
+        linear_backward((bf16 *)dx, dx_overwrite, dw, (const bf16 *)dy, (const bf16 *)x, w, M, K, N, g);
+    else linear_backward((float *)dx, dx_overwrite, dw, (const float *)dy, (const float *)x, w, M, K, N, g);
+}
+
+void gpu_fp8_linear_forward_partial(float *out, const void *x, const float *w, int M, int K, int N,
+                                    bool activations_bf16, const GpuFp8Groups *g) {
+    if (activations_bf16) forward_gemm(out, false, (const bf16 *)x, w, M, K, N, g);
+    else forward_gemm(out, false, (const float *)x, w, M, K, N, g);
+}
+
+void gpu_fp8_linear_backward_input_partial(float *dx, bool accumulate, const void *dy, const float *w, int M, int K,
+                                           int N, bool activations_bf16, const GpuFp8Groups *g) {
+    if (activations_bf16) input_gradient_gemm(dx, accumulate, (const bf16 *)dy, w, M, K, N, g);
+    else input_gradient_gemm(dx, accumulate, (const float *)dy, w, M, K, N, g);
 }

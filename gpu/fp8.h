@@ -48,20 +48,32 @@ void gpu_fp8_gemm(float *out, const uint8_t *a, Fp8Format fa, const float *scale
 // The rule gpu_fp8_gemm enforces: NULL when (rows_a, rows_b, K) are multiples of 16, else why not.
 const char *gpu_fp8_gemm_shape_error(int rows_a, int rows_b, int K);
 
-// ---- the GPU model's FP8 linears (tensorwise, one device) -------------------------------------------
+// ---- the GPU model's FP8 linears (tensorwise) ----------------------------------------------------------
 // Chapter 9's FP8 linear with the tensorwise recipe, on activations of the model's type (fp32, or
 // bf16 when activations_bf16 is set) and the fp32 master weights. Each GEMM's operands get dynamic scales from
 // their amaxes, computed on the device as fp8_scale_from_amax does (no wait for the host); inputs and
-// weights E4M3, output gradients E5M2; fast accumulation in the forward only. tokens: the group of
-// GPUs holding the other tokens of the batch (data parallel), over which the activations' and the
-// output gradients' amaxes are MAX-reduced so that every replica casts with the single process's
-// scales (NULL: one GPU). The weights are the same everywhere: their amax needs no reduction.
+// weights E4M3, output gradients E5M2; fast accumulation in the forward only.
+// Each operand's amax is MAX-reduced over the GPUs holding the rest of its tensor, so that every GPU
+// casts with the scales one GPU holding the whole tensors would use (a NULL group: nobody else).
+typedef struct {
+    Comm *tokens;      // the GPUs holding the batch's other tokens (dp x cp): x's and dy's other rows
+    Comm *x_columns;   // the GPUs holding x's other columns (a row-parallel linear's input under TP)
+    Comm *w_parts;     // the GPUs holding the rest of w (its other rows or columns under TP)
+    Comm *dy_columns;  // the GPUs holding dy's other columns (a column-parallel linear's output under TP)
+} GpuFp8Groups;
 //   out (M,N) = x (M,K) w (N,K)^T                       (overwritten)
 //   dx (M,K) = or += dy (M,N) w;  dw (N,K) += dy^T x    (dx overwritten when dx_overwrite; either NULL)
 void gpu_fp8_linear_forward(void *out, const void *x, const float *w, int M, int K, int N, bool activations_bf16,
-                            Comm *tokens);
+                            const GpuFp8Groups *groups);
 void gpu_fp8_linear_backward(void *dx, bool dx_overwrite, float *dw, const void *dy, const void *x, const float *w,
-                             int M, int K, int N, bool activations_bf16, Comm *tokens);
+                             int M, int K, int N, bool activations_bf16, const GpuFp8Groups *groups);
+// Tensor parallelism's partial sums, in fp32 (summed over the tp group by the caller):
+//   out (M,N) = x w^T, a row-parallel linear's output;  dx (M,K) = or += dy w, a column-parallel one's
+//   input gradient (dx overwritten unless accumulate).
+void gpu_fp8_linear_forward_partial(float *out, const void *x, const float *w, int M, int K, int N,
+                                    bool activations_bf16, const GpuFp8Groups *groups);
+void gpu_fp8_linear_backward_input_partial(float *dx, bool accumulate, const void *dy, const float *w, int M, int K,
+                                           int N, bool activations_bf16, const GpuFp8Groups *groups);
 
 #ifdef __cplusplus
 }

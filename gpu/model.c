@@ -71,14 +71,26 @@ static void matmul_bwd_first(const GpuModel *m, void *dinp, float *dw, const voi
 }
 // A block's projection (the weight at offset w_off): with FP8 on, chapter 9's FP8 linear on the fp32
 // master weights (gpu/fp8.h); else the matmul in the model's precision. first: dinp's first writer.
-static void linear_fwd(const GpuModel *m, void *out, const void *inp, size_t w_off, int M, int K, int N) {
-    if (m->fp8) gpu_fp8_linear_forward(out, inp, master_weight(m, w_off), M, K, N, BF16(m), m->fp8_tokens);
+// Under tensor parallelism a projection is column-parallel (wq, wk, wv, w1, w3: this rank's rows of W,
+// its output's columns) or row-parallel (wo, w2: W's columns, its input's); FP8 reduces the amaxes of
+// the operands split over the tp group over it (fp8_groups).
+typedef enum { COLUMN_PARALLEL, ROW_PARALLEL } LinearSplit;
+static GpuFp8Groups fp8_groups(const GpuModel *m, LinearSplit split) {
+    GpuFp8Groups g = {m->fp8_tokens, NULL, m->tp, NULL};
+    if (split == COLUMN_PARALLEL) g.dy_columns = m->tp;
+    else g.x_columns = m->tp;
+    return g;
+}
+static void linear_fwd(const GpuModel *m, LinearSplit split, void *out, const void *inp, size_t w_off, int M, int K,
+                       int N) {
+    GpuFp8Groups g = fp8_groups(m, split);
+    if (m->fp8) gpu_fp8_linear_forward(out, inp, master_weight(m, w_off), M, K, N, BF16(m), &g);
     else matmul_fwd(m, out, inp, weight(m, w_off), M, K, N);
 }
-static void linear_bwd(const GpuModel *m, void *dinp, bool first, float *dw, const void *dout, const void *inp,
-                       size_t w_off, int M, int K, int N) {
-    if (m->fp8)
-        gpu_fp8_linear_backward(dinp, first, dw, dout, inp, master_weight(m, w_off), M, K, N, BF16(m), m->fp8_tokens);
+static void linear_bwd(const GpuModel *m, LinearSplit split, void *dinp, bool first, float *dw, const void *dout,
+                       const void *inp, size_t w_off, int M, int K, int N) {
+    GpuFp8Groups g = fp8_groups(m, split);
+    if (m->fp8) gpu_fp8_linear_backward(dinp, first, dw, dout, inp, master_weight(m, w_off), M, K, N, BF16(m), &g);
     else if (first) matmul_bwd_first(m, dinp, dw, dout, inp, weight(m, w_off), M, K, N);
     else matmul_bwd(m, dinp, dw, dout, inp, weight(m, w_off), M, K, N);
 }
@@ -587,9 +599,9 @@ static void qkv_forward(const GpuModel *m, const GpuBlockOffsets *o, GpuBlockAct
     const LocalShape *c = &m->local;
     int BT = m->B * m->T, D = m->cfg.dim, hd = model_head_dim(&m->cfg), hq = c->n_heads * hd, hkv = c->n_kv_heads * hd;
     if (m->fp8) {
-        linear_fwd(m, a->q, a->xn1, o->wq, BT, D, hq);
-        linear_fwd(m, a->k, a->xn1, o->wk, BT, D, hkv);
-        linear_fwd(m, a->v, a->xn1, o->wv, BT, D, hkv);
+        linear_fwd(m, COLUMN_PARALLEL, a->q, a->xn1, o->wq, BT, D, hq);
+        linear_fwd(m, COLUMN_PARALLEL, a->k, a->xn1, o->wk, BT, D, hkv);
+        linear_fwd(m, COLUMN_PARALLEL, a->v, a->xn1, o->wv, BT, D, hkv);
         rope(m, a->q, c->n_heads, false);
         rope(m, a->k, c->n_kv_heads, false);
         return;
@@ -606,13 +618,15 @@ static void qkv_forward(const GpuModel *m, const GpuBlockOffsets *o, GpuBlockAct
 static void linear_fwd_residual(const GpuModel *m, void *out, const void *residual, const void *inp, size_t w_off,
                                 int M, int K, int N) {
     if (m->tp) {
-        gpu_matmul_forward_bf16_into_f32(m->tp_partial, inp, weight(m, w_off), M, K, N);
+        GpuFp8Groups g = fp8_groups(m, ROW_PARALLEL);
+        if (m->fp8) gpu_fp8_linear_forward_partial(m->tp_partial, inp, master_weight(m, w_off), M, K, N, BF16(m), &g);
+        else gpu_matmul_forward_bf16_into_f32(m->tp_partial, inp, weight(m, w_off), M, K, N);
         comm_all_reduce(m->tp, m->tp_partial, (size_t)M * N, COMM_FLOAT32, COMM_SUM);
         gpu_add_f32_into_bf16(out, residual, m->tp_partial, (size_t)M * N);
         return;
     }
     if (m->fp8) {
-        linear_fwd(m, out, inp, w_off, M, K, N);
+        linear_fwd(m, ROW_PARALLEL, out, inp, w_off, M, K, N);
         add(m, out, residual, (size_t)M * N);
         return;
     }
@@ -624,8 +638,8 @@ static void linear_fwd_residual(const GpuModel *m, void *out, const void *residu
 static void gate_up_forward(const GpuModel *m, const GpuBlockOffsets *o, GpuBlockActs *a) {
     int BT = m->B * m->T, D = m->cfg.dim, F = m->local.ffn_dim;
     if (m->fp8) {
-        linear_fwd(m, a->gate, a->xn2, o->w1, BT, D, F);
-        linear_fwd(m, a->up, a->xn2, o->w3, BT, D, F);
+        linear_fwd(m, COLUMN_PARALLEL, a->gate, a->xn2, o->w1, BT, D, F);
+        linear_fwd(m, COLUMN_PARALLEL, a->up, a->xn2, o->w3, BT, D, F);
         return;
     }
     long long w_stride = (long long)o->w3 - (long long)o->w1;
@@ -733,7 +747,6 @@ static void blocks_forward(GpuModel *m, int first, int end, void *out) {
 
 void gpu_model_forward_queued(GpuModel *m, const int *inputs, const int *targets) {
     int BT = m->B * m->T;
-    if (m->fp8 && m->tp) fatal("gpu model: the FP8 linears do not run under tensor parallelism");
     check_targets(m, targets);
     gpu_upload_queued(m->inputs, inputs, sizeof(int) * BT);
     gpu_upload_queued(m->targets, targets, sizeof(int) * BT);
@@ -767,12 +780,23 @@ static void qkv_backward(const GpuModel *m, const GpuBlockOffsets *o, const GpuB
     if (m->fp8) {
         rope(m, m->dq, c->n_heads, true);
         rope(m, m->dk, c->n_kv_heads, true);
-        linear_bwd(m, m->dxn, true, NULL, m->dq, a->xn1, o->wq, BT, D, hq);
-        linear_bwd(m, m->dxn, false, NULL, m->dk, a->xn1, o->wk, BT, D, hkv);
-        linear_bwd(m, m->dxn, false, NULL, m->dv, a->xn1, o->wv, BT, D, hkv);
-        linear_bwd(m, NULL, false, grad(m, o->wq), m->dq, a->xn1, o->wq, BT, D, hq);
-        linear_bwd(m, NULL, false, grad(m, o->wk), m->dk, a->xn1, o->wk, BT, D, hkv);
-        linear_bwd(m, NULL, false, grad(m, o->wv), m->dv, a->xn1, o->wv, BT, D, hkv);
+        if (m->tp) {  // the three products into one fp32 partial sum, summed over the group
+            GpuFp8Groups g = fp8_groups(m, COLUMN_PARALLEL);
+            gpu_fp8_linear_backward_input_partial(m->tp_partial, false, m->dq, master_weight(m, o->wq), BT, D, hq,
+                                                  BF16(m), &g);
+            gpu_fp8_linear_backward_input_partial(m->tp_partial, true, m->dk, master_weight(m, o->wk), BT, D, hkv,
+                                                  BF16(m), &g);
+            gpu_fp8_linear_backward_input_partial(m->tp_partial, true, m->dv, master_weight(m, o->wv), BT, D, hkv,
+                                                  BF16(m), &g);
+            tp_sum_into_bf16(m, m->dxn);
+        } else {
+            linear_bwd(m, COLUMN_PARALLEL, m->dxn, true, NULL, m->dq, a->xn1, o->wq, BT, D, hq);
+            linear_bwd(m, COLUMN_PARALLEL, m->dxn, false, NULL, m->dk, a->xn1, o->wk, BT, D, hkv);
+            linear_bwd(m, COLUMN_PARALLEL, m->dxn, false, NULL, m->dv, a->xn1, o->wv, BT, D, hkv);
+        }
+        linear_bwd(m, COLUMN_PARALLEL, NULL, false, grad(m, o->wq), m->dq, a->xn1, o->wq, BT, D, hq);
+        linear_bwd(m, COLUMN_PARALLEL, NULL, false, grad(m, o->wk), m->dk, a->xn1, o->wk, BT, D, hkv);
+        linear_bwd(m, COLUMN_PARALLEL, NULL, false, grad(m, o->wv), m->dv, a->xn1, o->wv, BT, D, hkv);
         return;
     }
     qkv_merge_rope_bwd(m);
@@ -792,17 +816,24 @@ static void qkv_backward(const GpuModel *m, const GpuBlockOffsets *o, const GpuB
 // sum, summed over the group, rounded once into dxn.
 static void gate_up_backward(const GpuModel *m, const GpuBlockOffsets *o, const GpuBlockActs *a) {
     int BT = m->B * m->T, D = m->cfg.dim, F = m->local.ffn_dim;
-    if (m->tp) {
+    if (m->tp && m->fp8) {
+        GpuFp8Groups g = fp8_groups(m, COLUMN_PARALLEL);
+        gpu_fp8_linear_backward_input_partial(m->tp_partial, false, m->dgate, master_weight(m, o->w1), BT, D, F,
+                                              BF16(m), &g);
+        gpu_fp8_linear_backward_input_partial(m->tp_partial, true, m->dup, master_weight(m, o->w3), BT, D, F, BF16(m),
+                                              &g);
+        tp_sum_into_bf16(m, m->dxn);
+    } else if (m->tp) {
         gpu_matmul_backward_input_bf16_into_f32(m->tp_partial, m->dgate, weight(m, o->w1), BT, D, F, false);
         gpu_matmul_backward_input_bf16_into_f32(m->tp_partial, m->dup, weight(m, o->w3), BT, D, F, true);
         tp_sum_into_bf16(m, m->dxn);
     } else {
-        linear_bwd(m, m->dxn, true, NULL, m->dgate, a->xn2, o->w1, BT, D, F);
-        linear_bwd(m, m->dxn, false, NULL, m->dup, a->xn2, o->w3, BT, D, F);
+        linear_bwd(m, COLUMN_PARALLEL, m->dxn, true, NULL, m->dgate, a->xn2, o->w1, BT, D, F);
+        linear_bwd(m, COLUMN_PARALLEL, m->dxn, false, NULL, m->dup, a->xn2, o->w3, BT, D, F);
     }
     if (m->fp8) {
-        linear_bwd(m, NULL, false, grad(m, o->w1), m->dgate, a->xn2, o->w1, BT, D, F);
-        linear_bwd(m, NULL, false, grad(m, o->w3), m->dup, a->xn2, o->w3, BT, D, F);
+        linear_bwd(m, COLUMN_PARALLEL, NULL, false, grad(m, o->w1), m->dgate, a->xn2, o->w1, BT, D, F);
+        linear_bwd(m, COLUMN_PARALLEL, NULL, false, grad(m, o->w3), m->dup, a->xn2, o->w3, BT, D, F);
         return;
     }
     long long stride = (long long)o->w3 - (long long)o->w1;
@@ -820,12 +851,12 @@ static void gpu_block_backward(const GpuModel *m, int l, void *dx) {
     int BT = m->B * m->T, D = c->dim, F = m->local.ffn_dim, hd = model_head_dim(c);
     int hq = m->local.n_heads * hd, hkv = m->local.n_kv_heads * hd;
     // feed-forward half, in reverse: w2's gradients read dx before the ffn norm's backward adds to it
-    linear_bwd(m, m->dact, true, grad(m, o->w2), dx, a->act, o->w2, BT, F, D);
+    linear_bwd(m, ROW_PARALLEL, m->dact, true, grad(m, o->w2), dx, a->act, o->w2, BT, F, D);
     swiglu_bwd(m, m->dgate, m->dup, m->dact, a->gate, a->up, (size_t)BT * F);
     gate_up_backward(m, o, a);
     rmsnorm_bwd(m, dx, grad(m, o->ffn_norm), m->dxn, a->h, weight(m, o->ffn_norm), a->rstd2);  // dx is dh now
     // attention half
-    linear_bwd(m, m->dattn, true, grad(m, o->wo), dx, a->attn, o->wo, BT, hq, D);
+    linear_bwd(m, ROW_PARALLEL, m->dattn, true, grad(m, o->wo), dx, a->attn, o->wo, BT, hq, D);
     zero(m, m->dq, (size_t)BT * (hq + 2 * hkv));  // dq, dk, dv: attention's backward accumulates
     attention_bwd(m, a);
     qkv_backward(m, o, a);

@@ -23,7 +23,9 @@
 // The gradient norm counts the replicated norm weights once (gpu_model_grad_sum_sq); checkpoints and
 // dumps go through trainer_full_state's tp_gather_full, on the table of t->model (model_init_tp's,
 // without weights). With --dp-shard too: chapter 3's module shards this tp rank's table (2D, FSDP x
-// TP, the norm over both groups). Not yet with --sequence-parallel, --fp8, --pp or --cp.
+// TP, the norm over both groups). With --fp8 the FP8 linears run on the shards, each operand's amax
+// MAX-reduced over the tp group where tp splits it (gpu/fp8.h's GpuFp8Groups). Not yet with
+// --sequence-parallel, --pp or --cp.
 //
 // With --pp N it is pipeline parallelism, every schedule of chapter 7 (GPipe, 1F1B, Interleaved1F1B):
 // chapter 7's executor itself (chapters/07_pipeline_parallel/pipeline.h), given the GPU model's stage
@@ -216,12 +218,14 @@ static void check_fp8(const Trainer *t, const ModelConfig *c, const LayoutOption
     if (o->fp8_recipe != FP8_TENSORWISE)
         fatal_input("--device cuda --fp8: the GPU's FP8 linears scale tensorwise only so far (not --fp8-recipe %s)",
                     o->fp8_recipe == FP8_ROWWISE ? "rowwise" : "delayed");
-    int hd = model_head_dim(c);
+    int hd = model_head_dim(c), tp = t->mesh->degree[MESH_TP];  // under TP, one rank's share of each
     struct {
         const char *what;
         int value;
-    } dims[] = {{"tokens per micro-batch", t->micro * t->T}, {"dim", c->dim}, {"n_heads x head_dim", c->n_heads * hd},
-                {"n_kv_heads x head_dim", c->n_kv_heads * hd}, {"ffn_dim", c->ffn_dim}};
+    } dims[] = {{"tokens per micro-batch", t->micro * t->T}, {"dim", c->dim},
+                {tp > 1 ? "n_heads x head_dim / tp" : "n_heads x head_dim", c->n_heads * hd / tp},
+                {tp > 1 ? "n_kv_heads x head_dim / tp" : "n_kv_heads x head_dim", c->n_kv_heads * hd / tp},
+                {tp > 1 ? "ffn_dim / tp" : "ffn_dim", c->ffn_dim / tp}};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
         if (dims[i].value % 16)
             fatal_input("--device cuda --fp8: %s is %d; cuBLASLt's FP8 GEMMs need every dimension a multiple of 16",
@@ -234,8 +238,6 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     if (tp > 1 && o->sequence_parallel)
         fatal_input("--device cuda --tp %d --sequence-parallel: the GPU model all-reduces the tp partial sums; "
                     "sequence parallelism is not on the GPU yet (drop --sequence-parallel)", tp);
-    if (tp > 1 && o->fp8)
-        fatal_input("--device cuda --fp8 with --tp %d: the GPU's FP8 linears do not run on tp shards yet", tp);
     if (tp > 1 && (mesh->degree[MESH_PP] > 1 || mesh->degree[MESH_CP] > 1))
         fatal_input("--device cuda with --tp %d: not with %s on the GPU so far", tp,
                     mesh->degree[MESH_PP] > 1 ? "--pp" : "--cp");

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make test-gpu: everything that needs a CUDA device, in one command. Stops at the first failure.
 #   1. every kernel against its CPU op (tests/gpu/test_gpu_ops), fp32 and bf16; the FP8 casts,
-#      amaxes and cast-back (tests/gpu/test_gpu_fp8) against chapter 9's, bit for bit;
+#      amaxes and cast-back (tests/gpu/test_gpu_fp8) against chapter 9's, bit for bit, and its FP8 linears'
+#      tensor-parallel pieces on 2 ranks sharing the GPU;
 #   2. compute-sanitizer's memcheck, racecheck and synccheck on the same kernel tests: clean;
 #   3. the model: tiny and small, one step and a loss curve, against the reference
 #      (test_gpu_model), with a traced step whose GPU timeline passes the Perfetto schema check;
@@ -54,6 +55,7 @@ if ! (run test_gpu_fp8 "$BUILD/tests/gpu/test_gpu_fp8"); then
     CUBLASLT_LOG_LEVEL=5 "$BUILD/tests/gpu/test_gpu_fp8" 2>&1 | tail -60 || true
     exit 1
 fi
+run "test_gpu_fp8, tensor parallel, 2 ranks on one GPU" $MPIRUN -np 2 "$BUILD/tests/gpu/test_gpu_fp8"
 
 step "3. the model against the reference, and its GPU timeline"
 run test_gpu_model "$BUILD/tests/gpu/test_gpu_model" --trace "$TMP/gpu_timeline.pftrace"

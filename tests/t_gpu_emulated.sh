@@ -107,6 +107,13 @@ for np in 1 2 4; do
         { echo "FAIL: test_gpu_cp on $np ranks (status $status)"; grep -E '^FAIL|error' <<<"$out" | head -20; tail -3 <<<"$out"; exit 1; }
     echo "ok: $EMU/test_gpu_cp on $np ranks: $summary"
 done
+# The FP8 linears' tensor-parallel pieces on 2 ranks (staged backend), against chapter 9's.
+status=0
+out=$(timeout 300 $MPIRUN -np 2 "$EMU/test_gpu_fp8" 2>&1) || status=$?
+summary=$(grep -E '^test_gpu_fp8: [0-9]+ checks, 0 failed$' <<<"$out" || true)
+[ "$status" -eq 0 ] && [ -n "$summary" ] && grep -q '^PASS fp8 tp row-parallel rank 1 dW' <<<"$out" ||
+    { echo "FAIL: test_gpu_fp8 on 2 ranks (status $status)"; grep -E '^FAIL|error' <<<"$out" | head -20; tail -3 <<<"$out"; exit 1; }
+echo "ok: $EMU/test_gpu_fp8 on 2 ranks (tensor parallel): $summary"
 status=0
 out=$($MPIRUN -np 2 "$EMU/test_gpu_cp" alltoall 2>&1) || status=$?
 [ "$status" -ne 0 ] && grep -q -- '--cp-mode alltoall on device buffers' <<<"$out" ||

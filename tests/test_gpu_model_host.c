@@ -681,11 +681,19 @@ END_TEST
 // The FP8 linears are kernels this host implementation does not have: tests/gpu/test_gpu_fp8.c and
 // tests/t_gpu_trainer.sh check them on the emulator. Models here never turn FP8 on.
 void gpu_fp8_linear_forward(void *out, const void *x, const float *w, int M, int K, int N, bool activations_bf16,
-                            Comm *tokens) {
+                            const GpuFp8Groups *groups) {
     fatal("test_gpu_model_host: no FP8 linears in the host implementation");
 }
 void gpu_fp8_linear_backward(void *dx, bool dx_overwrite, float *dw, const void *dy, const void *x, const float *w,
-                             int M, int K, int N, bool activations_bf16, Comm *tokens) {
+                             int M, int K, int N, bool activations_bf16, const GpuFp8Groups *groups) {
+    fatal("test_gpu_model_host: no FP8 linears in the host implementation");
+}
+void gpu_fp8_linear_forward_partial(float *out, const void *x, const float *w, int M, int K, int N,
+                                    bool activations_bf16, const GpuFp8Groups *groups) {
+    fatal("test_gpu_model_host: no FP8 linears in the host implementation");
+}
+void gpu_fp8_linear_backward_input_partial(float *dx, bool accumulate, const void *dy, const float *w, int M, int K,
+                                           int N, bool activations_bf16, const GpuFp8Groups *groups) {
     fatal("test_gpu_model_host: no FP8 linears in the host implementation");
 }
 

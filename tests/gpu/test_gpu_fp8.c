@@ -19,12 +19,20 @@
 //              a device within torchao's 3e-3 of it (the tensor cores' accumulation, fast in the
 //              forward). Plain Gaussian operands, so no few outputs set the scale.
 //   shapes     gpu_fp8_gemm_shape_error: multiples of 16 pass, anything else is named.
+//   tensor parallel (under mpirun, 2 ranks: the only check then) the GPU model's FP8 linears on
+//              one rank's shards, the amaxes MAX-reduced over the ranks as gpu/fp8.h's GpuFp8Groups
+//              say: a column-parallel linear (W's rows, dY's columns split) and a row-parallel one
+//              (W's columns, X's split; the output and the column-parallel input gradient as fp32
+//              partial sums), against chapter 9's fp8_linear_* on the same shards with its tp group,
+//              with the linear's tolerances above. Without the reductions the scales are the shards'
+//              own and the checks fail.
 // Every output buffer is poisoned first, so an element a kernel never wrote fails.
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "common/rng.h"
+#include "gpu/comm_device.h"
 #include "gpu/fp8.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -292,15 +300,106 @@ static void test_shape_rule(void) {
     report("fp8 gemm shape rule (multiples of 16)", ok, "%s", ok ? "as stated" : "wrong");
 }
 
-int main(void) {
-    if (!gpu_test_start("test_gpu_fp8")) return 0;
+// Columns [c0, c0 + n) of a (rows, cols) row-major matrix, as a (rows, n) one.
+static float *columns(const float *a, int rows, int cols, int c0, int n) {
+    float *out = malloc(sizeof(float) * rows * n);
+    for (int i = 0; i < rows; i++) memcpy(out + (size_t)i * n, a + (size_t)i * cols + c0, sizeof(float) * n);
+    return out;
+}
+
+// This rank's shard of a column-parallel (PROJ_WQ) and a row-parallel (PROJ_WO) FP8 linear, on the
+// GPU and through chapter 9 with the same tp group (the world), compared as test_linear compares.
+static void test_linear_tensor_parallel(bool emulated) {
+    Comm *tp = comm_world();
+    const int M = 64, K = 64, N = 96, rank = comm_rank(tp), size = comm_size(tp);
+    float *x = matrix(M, K, false, false, 41), *w = matrix(N, K, false, false, 42), *dy = matrix(M, N, false, false, 43);
+    for (int i = 0; i < N * K; i++) w[i] *= 0.02f;
+    double fwd_tol = emulated ? 0 : 3e-3, grad_tol = emulated ? 1e-5 : 3e-3;
+    Fp8Options o = {FP8_TENSORWISE, 1, 0};
+    Fp8 *f = fp8_create(&o, 1, (Fp8Groups){tp, NULL});
+    char name[96];
+
+    {  // column-parallel: W's rows [r Nr, (r + 1) Nr), dY's columns likewise; X whole
+        int Nr = N / size;
+        const float *w_r = w + (size_t)rank * Nr * K;
+        float *dy_r = columns(dy, M, N, rank * Nr, Nr);
+        float *y_want = calloc((size_t)M * Nr, sizeof(float)), *dx_want = calloc((size_t)M * K, sizeof(float));
+        float *dw_want = calloc((size_t)Nr * K, sizeof(float));
+        fp8_linear_forward(f, 0, PROJ_WQ, y_want, x, w_r, M, K, Nr);
+        fp8_linear_backward(f, 0, PROJ_WQ, dx_want, dw_want, dy_r, x, w_r, M, K, Nr);
+        GpuFp8Groups g = {NULL, NULL, tp, tp};
+        float *dx_ = to_device(x, (size_t)M * K), *dw_ = to_device(w_r, (size_t)Nr * K), *ddy = to_device(dy_r, (size_t)M * Nr);
+        float *d_y = poisoned((size_t)M * Nr), *d_dx = poisoned((size_t)M * K);
+        float *d_dw = gpu_alloc(MEM_OTHER, sizeof(float) * Nr * K);
+        gpu_fill_bytes(d_dw, 0, sizeof(float) * Nr * K);  // dW accumulates
+        gpu_fp8_linear_forward(d_y, dx_, dw_, M, K, Nr, false, &g);
+        gpu_fp8_linear_backward_input_partial(d_dx, false, ddy, dw_, M, K, Nr, false, &g);
+        gpu_fp8_linear_backward(NULL, false, d_dw, ddy, dx_, dw_, M, K, Nr, false, &g);
+        double *y_sums = abs_product_sums(x, K, 1, w_r, 1, K, M, Nr, K);
+        double *dx_sums = abs_product_sums(dy_r, Nr, 1, w_r, K, 1, M, K, Nr);
+        double *dw_sums = abs_product_sums(dy_r, 1, Nr, x, K, 1, Nr, K, M);
+        snprintf(name, sizeof name, "fp8 tp column-parallel rank %d output", rank);
+        compare_linear(name, d_y, y_want, y_sums, (size_t)M * Nr, fwd_tol);
+        snprintf(name, sizeof name, "fp8 tp column-parallel rank %d dX partial", rank);
+        compare_linear(name, d_dx, dx_want, dx_sums, (size_t)M * K, grad_tol);
+        snprintf(name, sizeof name, "fp8 tp column-parallel rank %d dW", rank);
+        compare_linear(name, d_dw, dw_want, dw_sums, (size_t)Nr * K, grad_tol);
+        void *owned[] = {dx_, dw_, ddy, d_y, d_dx, d_dw};
+        for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
+        free(dy_r), free(y_want), free(dx_want), free(dw_want), free(y_sums), free(dx_sums), free(dw_sums);
+    }
+    {  // row-parallel: W's columns [r Kr, (r + 1) Kr) and X's likewise; dY whole
+        int Kr = K / size;
+        float *w_r = columns(w, N, K, rank * Kr, Kr), *x_r = columns(x, M, K, rank * Kr, Kr);
+        float *y_want = calloc((size_t)M * N, sizeof(float)), *dx_want = calloc((size_t)M * Kr, sizeof(float));
+        float *dw_want = calloc((size_t)N * Kr, sizeof(float));
+        fp8_linear_forward(f, 0, PROJ_WO, y_want, x_r, w_r, M, Kr, N);
+        fp8_linear_backward(f, 0, PROJ_WO, dx_want, dw_want, dy, x_r, w_r, M, Kr, N);
+        GpuFp8Groups g = {NULL, tp, tp, NULL};
+        float *dx_ = to_device(x_r, (size_t)M * Kr), *dw_ = to_device(w_r, (size_t)N * Kr), *ddy = to_device(dy, (size_t)M * N);
+        float *d_y = poisoned((size_t)M * N), *d_dx = poisoned((size_t)M * Kr), *d_dw = gpu_alloc(MEM_OTHER, sizeof(float) * N * Kr);
+        gpu_fill_bytes(d_dw, 0, sizeof(float) * N * Kr);
+        gpu_fp8_linear_forward_partial(d_y, dx_, dw_, M, Kr, N, false, &g);
+        gpu_fp8_linear_backward(d_dx, true, d_dw, ddy, dx_, dw_, M, Kr, N, false, &g);
+        double *y_sums = abs_product_sums(x_r, Kr, 1, w_r, 1, Kr, M, N, Kr);
+        double *dx_sums = abs_product_sums(dy, N, 1, w_r, Kr, 1, M, Kr, N);
+        double *dw_sums = abs_product_sums(dy, 1, N, x_r, Kr, 1, N, Kr, M);
+        snprintf(name, sizeof name, "fp8 tp row-parallel rank %d output partial", rank);
+        compare_linear(name, d_y, y_want, y_sums, (size_t)M * N, fwd_tol);
+        snprintf(name, sizeof name, "fp8 tp row-parallel rank %d dX", rank);
+        compare_linear(name, d_dx, dx_want, dx_sums, (size_t)M * Kr, grad_tol);
+        snprintf(name, sizeof name, "fp8 tp row-parallel rank %d dW", rank);
+        compare_linear(name, d_dw, dw_want, dw_sums, (size_t)N * Kr, grad_tol);
+        void *owned[] = {dx_, dw_, ddy, d_y, d_dx, d_dw};
+        for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
+        free(w_r), free(x_r), free(y_want), free(dx_want), free(dw_want), free(y_sums), free(dx_sums), free(dw_sums);
+    }
+    fp8_free(f);
+    free(x), free(w), free(dy);
+}
+
+int main(int argc, char **argv) {
+    if (!gpu_test_start_ranks("test_gpu_fp8", &argc, &argv, false)) return 0;
     char device[256];
     gpu_device_description(device, sizeof device);
     bool emulated = strstr(device, "CPU emulation") != NULL;
-    test_casts();
-    test_decode();
-    test_amax_and_cast_back();
-    test_linear(emulated);
-    test_shape_rule();
-    return gpu_test_finish("test_gpu_fp8");
+    int size = comm_size(comm_world());
+    if (size == 1) {
+        test_casts();
+        test_decode();
+        test_amax_and_cast_back();
+        test_linear(emulated);
+        test_shape_rule();
+    } else {
+        gpu_comm_backend_init(GPU_COMM_AUTO);
+        test_linear_tensor_parallel(emulated);
+        gpu_comm_backend_shutdown();
+    }
+    int failed = n_failed, checks = n_checks;  // over all ranks
+    comm_all_reduce(comm_world(), &failed, 1, COMM_INT32, COMM_SUM);
+    comm_all_reduce(comm_world(), &checks, 1, COMM_INT32, COMM_SUM);
+    n_failed = failed, n_checks = checks;
+    int status = comm_rank(comm_world()) == 0 ? gpu_test_finish("test_gpu_fp8") : (gpu_shutdown(), failed ? 1 : 0);
+    comm_finalize();
+    return status;
 }
