@@ -268,7 +268,7 @@ $P --log "$T/gpu_cp2.log" --log-ref "$T/gpu1.log" --loss-rtol 1e-3 \
 # the report's rounding.
 "$PYTHON" - "$T" <<'PY'
 import re, sys
-def current(path):  # the last report: the strategy's (the device's), after the host's (all 0 on a device)
+def current(path):  # the device's report (the trainer prints the host's only on the CPU)
     lines = open(path).read().splitlines()
     start = max(i for i, l in enumerate(lines) if "memory by category (MiB)" in l)
     return {m.group(1): float(m.group(2)) for l in lines[start + 1:start + 8]

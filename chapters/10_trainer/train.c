@@ -812,7 +812,8 @@ int main(int argc, char **argv) {
         log_info("timing: steps=%d measured=%d mean_step_ms=%.2f tokens_per_s=%.1f", opt.steps, measured_steps,
                  1e3 * measured_seconds / measured_steps, (double)t.B * t.cp_layout.T * measured_steps / measured_seconds);
     if (opt.export_hf) export_hf(&t);
-    mem_print_report();
+    // On a GPU the strategy's report is the device's; the host's categories hold nothing there.
+    if (!cuda) mem_print_report();
     t.strategy->report_memory(t.strategy);
     for (int i = 0; i < n_ext; i++)
         if (extensions[i].finish) extensions[i].finish(extensions[i].ctx, &t);
