@@ -79,15 +79,21 @@ __device__ inline bool tile_in_range(const AttnParams &p, int i0, int j0) {
 // and 0) into shared memory. False, on every thread, when the tile can be skipped: causal, and no
 // query of it reaches the block's first key (min_k_pos). Either way every thread has passed a
 // barrier after writing them.
-__device__ inline bool load_query_tile_stats(int *q_pos_s, float *lse_s, float *D_s, const AttnParams &p,
-                                             const float *lse, const float *dvec, int b, int h, int i0,
-                                             int min_k_pos) {
+// The positions, lse and D of query tile i0 of head h (rows past Tq: -inf and 0); thread t < 64 writes
+// row t. No barrier.
+__device__ inline void load_query_rows(int *q_pos_s, float *lse_s, float *D_s, const AttnParams &p, const float *lse,
+                                       const float *dvec, int b, int h, int i0) {
     load_positions(q_pos_s, p.q_pos, i0, p.Tq, INT_MIN);
     for (int r = threadIdx.x; r < ATTN_BR; r += blockDim.x) {
         bool valid = i0 + r < p.Tq;
         lse_s[r] = valid ? lse[stat_offset(p, b, h, i0 + r)] : -INFINITY;
         D_s[r] = valid ? dvec[stat_offset(p, b, h, i0 + r)] : 0.0f;
     }
+}
+__device__ inline bool load_query_tile_stats(int *q_pos_s, float *lse_s, float *D_s, const AttnParams &p,
+                                             const float *lse, const float *dvec, int b, int h, int i0,
+                                             int min_k_pos) {
+    load_query_rows(q_pos_s, lse_s, D_s, p, lse, dvec, b, h, i0);
     __syncthreads();
     return !p.causal || __syncthreads_or(threadIdx.x < ATTN_BR && q_pos_s[threadIdx.x] >= min_k_pos);
 }

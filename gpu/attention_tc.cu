@@ -81,9 +81,14 @@ __device__ KeyStage key_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int stag
 // The key tile at j0 into stage st: its positions, then, unless no query of the block (positions up
 // to max_q_pos) can see any of its keys, its K and V queued; the group committed. Returns whether the
 // tile is needed, the same on every thread. Thread t < 64 writes position t and votes on it: the vote
-// needs no barrier before it.
+// needs no barrier before it. Past the last tile (j0 >= Tk) an empty group, so that the wait for the
+// last tile leaves exactly one group in flight as for every other.
 __device__ bool prefetch_key_tile(const KeyStage &st, int ld, const bf16 *k, const bf16 *v, const AttnParams &p, int b,
                                   int g, int j0, int max_q_pos) {
+    if (j0 >= p.Tk) {
+        cp_async_commit();
+        return false;
+    }
     load_positions(st.pos, p.k_pos, j0, p.Tk, INT_MAX);
     const bool needed = !p.causal || __syncthreads_or(threadIdx.x < ATTN_BC && st.pos[threadIdx.x] <= max_q_pos);
     if (needed) {
@@ -114,17 +119,20 @@ __device__ QueryStage query_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int 
     return QueryStage{SMEM_AT(bf16, L.q + at), SMEM_AT(bf16, L.dout + at), SMEM_AT(int, L.q_pos + at),
                       SMEM_AT(float, L.lse + at), SMEM_AT(float, L.dvec + at)};
 }
-// Query tile i0 of head h into stage st: its positions, lse and D (rows past Tq: -inf and 0; thread t
-// writes row t), then, unless causal and no query of it reaches the block's first key (min_k_pos),
-// its Q and dO queued; the group committed. Returns whether the tile is needed, on every thread.
+// Step n of the dK/dV kernel's walk over its group's query tiles (head g group + n / tiles, tile
+// n % tiles) into stage st: the rows' positions, lse and D (attention.cuh's load_query_rows), then,
+// unless causal and no query of it reaches the block's first key (min_k_pos), its Q and dO queued;
+// the group committed (empty past the last step, as prefetch_key_tile). Returns whether the tile is
+// needed, on every thread.
 __device__ bool prefetch_query_tile(const QueryStage &st, int ld, const bf16 *q, const bf16 *dout, const float *lse,
-                                    const float *dvec, const AttnParams &p, int b, int h, int i0, int min_k_pos) {
-    load_positions(st.pos, p.q_pos, i0, p.Tq, INT_MIN);
-    for (int r = threadIdx.x; r < ATTN_BR; r += blockDim.x) {
-        bool valid = i0 + r < p.Tq;
-        st.lse[r] = valid ? lse[stat_offset(p, b, h, i0 + r)] : -INFINITY;
-        st.D[r] = valid ? dvec[stat_offset(p, b, h, i0 + r)] : 0.0f;
+                                    const float *dvec, const AttnParams &p, int b, int g, int n, int tiles,
+                                    int min_k_pos) {
+    if (n >= p.group * tiles) {
+        cp_async_commit();
+        return false;
     }
+    const int h = g * p.group + n / tiles, i0 = (n % tiles) * ATTN_BR;
+    load_query_rows(st.pos, st.lse, st.D, p, lse, dvec, b, h, i0);
     const bool needed = !p.causal || __syncthreads_or(threadIdx.x < ATTN_BR && st.pos[threadIdx.x] >= min_k_pos);
     if (needed) {
         copy_tile_async(st.Q, ld, q, b, i0, p.Tq, p.H, h, p.hd);
@@ -230,8 +238,7 @@ flash_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, con
     bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos);
     for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
         const bool needed = next_needed;
-        if (j0 + ATTN_BC < p.Tk) next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos);
-        else cp_async_commit();  // an empty group: the wait leaves the newest group, and it is this one
+        next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos);
         const KeyStage kt = key_stage(smem, L, stage);
         const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos);
         if (!needed) continue;
@@ -272,6 +279,7 @@ flash_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, con
         warp_accumulate<HD_MAX>(o, s, Vs, L.ld, p.hd);
         __syncthreads();  // before this stage is refilled with the tile after next
     }
+    cp_async_wait<0>();  // no copy outlives the kernel (with Tk = 0 the loop never waited for Q)
 
 #pragma unroll
     for (int n = 0; n < HD_MAX / 8; n++)
@@ -316,8 +324,7 @@ flash_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf1
     bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos);
     for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
         const bool needed = next_needed;
-        if (j0 + ATTN_BC < p.Tk) next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos);
-        else cp_async_commit();  // an empty group, as in forward
+        next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos);
         const KeyStage kt = key_stage(smem, L, stage);
         const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos);  // then every row saw a key of this tile: its lse is finite
         if (!needed) continue;
@@ -340,6 +347,7 @@ flash_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf1
         warp_accumulate<HD_MAX>(acc, s, Ks, L.ld, p.hd);  // dQ += bf16(dS) K
         __syncthreads();  // before this stage is refilled
     }
+    cp_async_wait<0>();  // as in forward
 
 #pragma unroll
     for (int half = 0; half < 2; half++) {
@@ -373,15 +381,12 @@ flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *
 
     // The query tiles of the group's heads, head by head: step n is head g group + n / tiles, tile n % tiles.
     const int tiles = (p.Tq + ATTN_BR - 1) / ATTN_BR, steps = p.group * tiles;
-    bool next_needed = prefetch_query_tile(query_stage(smem, L, 0), L.ld, q, dout, lse, dvec, p, b, g * p.group, 0,
-                                           min_k_pos);
+    bool next_needed = prefetch_query_tile(query_stage(smem, L, 0), L.ld, q, dout, lse, dvec, p, b, g, 0, tiles, min_k_pos);
     for (int n = 0, stage = 0; n < steps; n++, stage ^= 1) {
         const int i0 = (n % tiles) * ATTN_BR;  // of head g group + n / tiles
         const bool needed = next_needed;
-        if (n + 1 < steps)
-            next_needed = prefetch_query_tile(query_stage(smem, L, stage ^ 1), L.ld, q, dout, lse, dvec, p, b,
-                                              g * p.group + (n + 1) / tiles, ((n + 1) % tiles) * ATTN_BR, min_k_pos);
-        else cp_async_commit();  // an empty group, as in forward
+        next_needed = prefetch_query_tile(query_stage(smem, L, stage ^ 1), L.ld, q, dout, lse, dvec, p, b, g, n + 1,
+                                          tiles, min_k_pos);
         const QueryStage qt = query_stage(smem, L, stage);
         cp_async_wait<1>();
         // The whole tile visible (as wait_key_tile's vote): no per-element mask, and every query saw

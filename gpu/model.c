@@ -94,6 +94,17 @@ static void linear_bwd(const GpuModel *m, LinearSplit split, void *dinp, bool fi
     else if (first) matmul_bwd_first(m, dinp, dw, dout, inp, weight(m, w_off), M, K, N);
     else matmul_bwd(m, dinp, dw, dout, inp, weight(m, w_off), M, K, N);
 }
+// Tensor parallel: a column-parallel projection's input gradient, dout W (this rank's rows of W), as
+// an fp32 partial sum into m->tp_partial (overwritten, or added to with accumulate) for the group's
+// all-reduce; FP8, or bf16 operands.
+static void linear_bwd_input_partial(const GpuModel *m, bool accumulate, const void *dout, size_t w_off, int M, int K,
+                                     int N) {
+    GpuFp8Groups g = fp8_groups(m, COLUMN_PARALLEL);
+    if (m->fp8)
+        gpu_fp8_linear_backward_input_partial(m->tp_partial, accumulate, dout, master_weight(m, w_off), M, K, N,
+                                              BF16(m), &g);
+    else gpu_matmul_backward_input_bf16_into_f32(m->tp_partial, dout, weight(m, w_off), M, K, N, accumulate);
+}
 static void rmsnorm_fwd(const GpuModel *m, void *out, float *rstd, const void *inp, const void *w) {
     int N = m->B * m->T, C = m->cfg.dim;
     if (BF16(m)) gpu_rmsnorm_forward_bf16(out, rstd, inp, w, N, C, m->cfg.norm_eps);
@@ -781,13 +792,9 @@ static void qkv_backward(const GpuModel *m, const GpuBlockOffsets *o, const GpuB
         rope(m, m->dq, c->n_heads, true);
         rope(m, m->dk, c->n_kv_heads, true);
         if (m->tp) {  // the three products into one fp32 partial sum, summed over the group
-            GpuFp8Groups g = fp8_groups(m, COLUMN_PARALLEL);
-            gpu_fp8_linear_backward_input_partial(m->tp_partial, false, m->dq, master_weight(m, o->wq), BT, D, hq,
-                                                  BF16(m), &g);
-            gpu_fp8_linear_backward_input_partial(m->tp_partial, true, m->dk, master_weight(m, o->wk), BT, D, hkv,
-                                                  BF16(m), &g);
-            gpu_fp8_linear_backward_input_partial(m->tp_partial, true, m->dv, master_weight(m, o->wv), BT, D, hkv,
-                                                  BF16(m), &g);
+            linear_bwd_input_partial(m, false, m->dq, o->wq, BT, D, hq);
+            linear_bwd_input_partial(m, true, m->dk, o->wk, BT, D, hkv);
+            linear_bwd_input_partial(m, true, m->dv, o->wv, BT, D, hkv);
             tp_sum_into_bf16(m, m->dxn);
         } else {
             linear_bwd(m, COLUMN_PARALLEL, m->dxn, true, NULL, m->dq, a->xn1, o->wq, BT, D, hq);
@@ -801,7 +808,7 @@ static void qkv_backward(const GpuModel *m, const GpuBlockOffsets *o, const GpuB
     }
     qkv_merge_rope_bwd(m);
     if (m->tp) {
-        gpu_matmul_backward_input_bf16_into_f32(m->tp_partial, m->qkv, weight(m, o->wq), BT, D, hq + 2 * hkv, false);
+        linear_bwd_input_partial(m, false, m->qkv, o->wq, BT, D, hq + 2 * hkv);
         tp_sum_into_bf16(m, m->dxn);
         matmul_bwd(m, NULL, grad(m, o->wq), m->qkv, a->xn1, weight(m, o->wq), BT, D, hq + 2 * hkv);
         return;
@@ -816,16 +823,9 @@ static void qkv_backward(const GpuModel *m, const GpuBlockOffsets *o, const GpuB
 // sum, summed over the group, rounded once into dxn.
 static void gate_up_backward(const GpuModel *m, const GpuBlockOffsets *o, const GpuBlockActs *a) {
     int BT = m->B * m->T, D = m->cfg.dim, F = m->local.ffn_dim;
-    if (m->tp && m->fp8) {
-        GpuFp8Groups g = fp8_groups(m, COLUMN_PARALLEL);
-        gpu_fp8_linear_backward_input_partial(m->tp_partial, false, m->dgate, master_weight(m, o->w1), BT, D, F,
-                                              BF16(m), &g);
-        gpu_fp8_linear_backward_input_partial(m->tp_partial, true, m->dup, master_weight(m, o->w3), BT, D, F, BF16(m),
-                                              &g);
-        tp_sum_into_bf16(m, m->dxn);
-    } else if (m->tp) {
-        gpu_matmul_backward_input_bf16_into_f32(m->tp_partial, m->dgate, weight(m, o->w1), BT, D, F, false);
-        gpu_matmul_backward_input_bf16_into_f32(m->tp_partial, m->dup, weight(m, o->w3), BT, D, F, true);
+    if (m->tp) {
+        linear_bwd_input_partial(m, false, m->dgate, o->w1, BT, D, F);
+        linear_bwd_input_partial(m, true, m->dup, o->w3, BT, D, F);
         tp_sum_into_bf16(m, m->dxn);
     } else {
         linear_bwd(m, COLUMN_PARALLEL, m->dxn, true, NULL, m->dgate, a->xn2, o->w1, BT, D, F);

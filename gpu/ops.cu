@@ -51,12 +51,12 @@ template <typename T> static bool rows_packed(std::initializer_list<const void *
     for (const void *p : rows) ok = ok && aligned(p, 16);
     return ok;
 }
-// f(j, x[j]) for this thread's elements of a row of V (a multiple of W) elements.
+// f(x[j]) for this thread's elements j of a row of V (a multiple of W) elements.
 template <int W, typename T, typename F> __device__ __forceinline__ void for_my_elements(const T *x, int V, F f) {
     for (int p = threadIdx.x; p < V / W; p += blockDim.x) {
         Pack<T, W> v = load_pack<W>(x, p);
 #pragma unroll
-        for (int k = 0; k < W; k++) f(p * W + k, to_f32(v.v[k]));
+        for (int k = 0; k < W; k++) f(to_f32(v.v[k]));
     }
 }
 
@@ -187,7 +187,7 @@ __global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *inp, const 
     size_t row = blockIdx.x;
     const T *x = inp + row * C;
     double sum_sq = 0;
-    for_my_elements<W>(x, C, [&](int, float v) { sum_sq += (double)v * v; });
+    for_my_elements<W>(x, C, [&](float v) { sum_sq += (double)v * v; });
     sum_sq = block_sum(sum_sq, scratch);
     float r = (float)(1.0 / sqrt(sum_sq / C + eps));
     if (threadIdx.x == 0) rstd[row] = r;
@@ -484,10 +484,10 @@ __global__ void cross_entropy_lse_kernel(float *lse, const T *logits, int V) {
     __shared__ double sum_scratch[32];
     const T *x = logits + (size_t)blockIdx.x * V;
     float row_max = -INFINITY;
-    for_my_elements<W>(x, V, [&](int, float v) { row_max = fmaxf(row_max, v); });
+    for_my_elements<W>(x, V, [&](float v) { row_max = fmaxf(row_max, v); });
     row_max = block_max(row_max, max_scratch);
     double sum = 0;
-    for_my_elements<W>(x, V, [&](int, float v) { sum += expf(v - row_max); });
+    for_my_elements<W>(x, V, [&](float v) { sum += expf(v - row_max); });
     sum = block_sum(sum, sum_scratch);
     if (threadIdx.x == 0) lse[blockIdx.x] = (float)(row_max + log(sum));
 }
@@ -614,7 +614,7 @@ template <int W> __global__ void vocab_parallel_row_max_kernel(float *row_max, c
     __shared__ float scratch[32];
     const gpu_bf16 *x = logits + (size_t)blockIdx.x * V;
     float best = -INFINITY;
-    for_my_elements<W>(x, V, [&](int, float v) { best = fmaxf(best, v); });
+    for_my_elements<W>(x, V, [&](float v) { best = fmaxf(best, v); });
     best = block_max(best, scratch);
     if (threadIdx.x == 0) row_max[blockIdx.x] = best;
 }
@@ -629,7 +629,7 @@ __global__ void vocab_parallel_sums_kernel(double *sums, const gpu_bf16 *logits,
     const gpu_bf16 *x = logits + (size_t)n * V;
     const float m = row_max[n];
     double sum = 0;
-    for_my_elements<W>(x, V, [&](int, float v) { sum += expf(v - m); });
+    for_my_elements<W>(x, V, [&](float v) { sum += expf(v - m); });
     sum = block_sum(sum, scratch);
     if (threadIdx.x != 0) return;
     sums[n] = sum;

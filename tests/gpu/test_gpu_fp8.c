@@ -307,6 +307,14 @@ static float *columns(const float *a, int rows, int cols, int c0, int n) {
     return out;
 }
 
+// compare_linear on one rank's shard of a tensor-parallel linear's output or gradient.
+static void compare_shard(const char *split, int rank, const char *what, const float *dgot, const float *want,
+                          const double *abs_sums, size_t n, double tol) {
+    char name[96];
+    snprintf(name, sizeof name, "fp8 tp %s rank %d %s", split, rank, what);
+    compare_linear(name, dgot, want, abs_sums, n, tol);
+}
+
 // This rank's shard of a column-parallel (PROJ_WQ) and a row-parallel (PROJ_WO) FP8 linear, on the
 // GPU and through chapter 9 with the same tp group (the world), compared as test_linear compares.
 static void test_linear_tensor_parallel(bool emulated) {
@@ -317,7 +325,6 @@ static void test_linear_tensor_parallel(bool emulated) {
     double fwd_tol = emulated ? 0 : 3e-3, grad_tol = emulated ? 1e-5 : 3e-3;
     Fp8Options o = {FP8_TENSORWISE, 1, 0};
     Fp8 *f = fp8_create(&o, 1, (Fp8Groups){tp, NULL});
-    char name[96];
 
     {  // column-parallel: W's rows [r Nr, (r + 1) Nr), dY's columns likewise; X whole
         int Nr = N / size;
@@ -338,12 +345,9 @@ static void test_linear_tensor_parallel(bool emulated) {
         double *y_sums = abs_product_sums(x, K, 1, w_r, 1, K, M, Nr, K);
         double *dx_sums = abs_product_sums(dy_r, Nr, 1, w_r, K, 1, M, K, Nr);
         double *dw_sums = abs_product_sums(dy_r, 1, Nr, x, K, 1, Nr, K, M);
-        snprintf(name, sizeof name, "fp8 tp column-parallel rank %d output", rank);
-        compare_linear(name, d_y, y_want, y_sums, (size_t)M * Nr, fwd_tol);
-        snprintf(name, sizeof name, "fp8 tp column-parallel rank %d dX partial", rank);
-        compare_linear(name, d_dx, dx_want, dx_sums, (size_t)M * K, grad_tol);
-        snprintf(name, sizeof name, "fp8 tp column-parallel rank %d dW", rank);
-        compare_linear(name, d_dw, dw_want, dw_sums, (size_t)Nr * K, grad_tol);
+        compare_shard("column-parallel", rank, "output", d_y, y_want, y_sums, (size_t)M * Nr, fwd_tol);
+        compare_shard("column-parallel", rank, "dX partial", d_dx, dx_want, dx_sums, (size_t)M * K, grad_tol);
+        compare_shard("column-parallel", rank, "dW", d_dw, dw_want, dw_sums, (size_t)Nr * K, grad_tol);
         void *owned[] = {dx_, dw_, ddy, d_y, d_dx, d_dw};
         for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
         free(dy_r), free(y_want), free(dx_want), free(dw_want), free(y_sums), free(dx_sums), free(dw_sums);
@@ -364,12 +368,9 @@ static void test_linear_tensor_parallel(bool emulated) {
         double *y_sums = abs_product_sums(x_r, Kr, 1, w_r, 1, Kr, M, N, Kr);
         double *dx_sums = abs_product_sums(dy, N, 1, w_r, Kr, 1, M, Kr, N);
         double *dw_sums = abs_product_sums(dy, 1, N, x_r, Kr, 1, N, Kr, M);
-        snprintf(name, sizeof name, "fp8 tp row-parallel rank %d output partial", rank);
-        compare_linear(name, d_y, y_want, y_sums, (size_t)M * N, fwd_tol);
-        snprintf(name, sizeof name, "fp8 tp row-parallel rank %d dX", rank);
-        compare_linear(name, d_dx, dx_want, dx_sums, (size_t)M * Kr, grad_tol);
-        snprintf(name, sizeof name, "fp8 tp row-parallel rank %d dW", rank);
-        compare_linear(name, d_dw, dw_want, dw_sums, (size_t)N * Kr, grad_tol);
+        compare_shard("row-parallel", rank, "output partial", d_y, y_want, y_sums, (size_t)M * N, fwd_tol);
+        compare_shard("row-parallel", rank, "dX", d_dx, dx_want, dx_sums, (size_t)M * Kr, grad_tol);
+        compare_shard("row-parallel", rank, "dW", d_dw, dw_want, dw_sums, (size_t)N * Kr, grad_tol);
         void *owned[] = {dx_, dw_, ddy, d_y, d_dx, d_dw};
         for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
         free(w_r), free(x_r), free(y_want), free(dx_want), free(dw_want), free(y_sums), free(dx_sums), free(dw_sums);
