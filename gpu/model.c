@@ -105,14 +105,16 @@ static void linear_bwd_input_partial(const GpuModel *m, bool accumulate, const v
                                               BF16(m), &g);
     else gpu_matmul_backward_input_bf16_into_f32(m->tp_partial, dout, weight(m, w_off), M, K, N, accumulate);
 }
+// The RMSNorms run on the residual stream's rows here (m->rows: all BT, or this rank's share under
+// sequence parallelism).
 static void rmsnorm_fwd(const GpuModel *m, void *out, float *rstd, const void *inp, const void *w) {
-    int N = m->B * m->T, C = m->cfg.dim;
+    int N = m->rows, C = m->cfg.dim;
     if (BF16(m)) gpu_rmsnorm_forward_bf16(out, rstd, inp, w, N, C, m->cfg.norm_eps);
     else gpu_rmsnorm_forward(out, rstd, inp, w, N, C, m->cfg.norm_eps);
 }
 static void rmsnorm_bwd(const GpuModel *m, void *dinp, float *dw, const void *dout, const void *inp, const void *w,
                         const float *rstd) {
-    int N = m->B * m->T, C = m->cfg.dim;
+    int N = m->rows, C = m->cfg.dim;
     if (BF16(m)) gpu_rmsnorm_backward_bf16(dinp, dw, dout, inp, w, rstd, N, C);
     else gpu_rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
 }
@@ -273,9 +275,10 @@ static void block_acts_alloc(const GpuModel *m, GpuBlockActs *a, bool shared_set
     size_t hq = local->n_heads * hd, hkv = local->n_kv_heads * hd, as = m->act_size;
 #define ACTS(count) device_buffer(plan, MEM_ACTIVATIONS, (count) * as)
 #define STATS(count) (float *)device_buffer(plan, MEM_ACTIVATIONS, (count) * sizeof(float))
-    if (block_owns(m, shared_set, BLOCK_INPUT)) a->x = ACTS(BT * D);
+    size_t R = (size_t)m->rows;  // the residual stream's rows here (sequence parallel: BT / tp)
+    if (block_owns(m, shared_set, BLOCK_INPUT)) a->x = ACTS(R * D);
     if (block_owns(m, shared_set, BLOCK_KEPT)) {
-        a->h = ACTS(BT * D);
+        a->h = ACTS(R * D);
         a->q = ACTS(BT * hq), a->attn = ACTS(BT * hq), a->k = ACTS(BT * hkv), a->v = ACTS(BT * hkv);
         a->gate = ACTS(2 * BT * F);  // gate, then up: the batched GEMM's outputs
         a->up = plan ? NULL : act_at(m, a->gate, BT * F);
@@ -283,7 +286,7 @@ static void block_acts_alloc(const GpuModel *m, GpuBlockActs *a, bool shared_set
     }
     if (block_owns(m, shared_set, BLOCK_RECOMPUTED)) {
         a->xn1 = ACTS(BT * D), a->xn2 = ACTS(BT * D), a->act = ACTS(BT * F);
-        a->rstd1 = STATS(BT), a->rstd2 = STATS(BT);
+        a->rstd1 = STATS(R), a->rstd2 = STATS(R);
     }
 #undef ACTS
 #undef STATS
@@ -313,7 +316,7 @@ static void model_buffers(GpuModel *m, size_t *plan, bool sharded) {
 
     const LocalShape *local = &m->local;  // this tp rank's heads, ffn columns and vocab rows
     size_t BT = (size_t)m->B * m->T, D = cfg->dim, F = local->ffn_dim, V = local->vocab_size, hd = model_head_dim(cfg);
-    size_t hq = local->n_heads * hd, hkv = local->n_kv_heads * hd;
+    size_t hq = local->n_heads * hd, hkv = local->n_kv_heads * hd, R = (size_t)m->rows;
 #define ACTS(count) device_buffer(plan, MEM_ACTIVATIONS, (count) * as)
 #define STATS(count) (float *)device_buffer(plan, MEM_ACTIVATIONS, (count) * sizeof(float))
     // Full activation checkpointing keeps each block's input alone; the rest of a block's activations
@@ -324,11 +327,11 @@ static void model_buffers(GpuModel *m, size_t *plan, bool sharded) {
         if (l > 0 && m->ac != AC_NONE) *a = m->blocks[0];
         block_acts_alloc(m, a, l == 0, plan);
     }
-    m->x_final = ACTS(BT * D), m->xn_final = ACTS(BT * D);
+    m->x_final = ACTS(R * D), m->xn_final = ACTS(BT * D);
     m->logits = ACTS(BT * V), m->dlogits = ACTS(BT * V);
-    m->rstd_final = STATS(BT), m->lse_final = STATS(BT);
+    m->rstd_final = STATS(R), m->lse_final = STATS(BT);
     m->qkv = ACTS(BT * (hq + 2 * hkv));
-    m->dx = ACTS(BT * D), m->dxn = ACTS(BT * D);
+    m->dx = ACTS(R * D), m->dxn = ACTS(BT * D);
     m->dq = ACTS(BT * (hq + 2 * hkv)), m->dattn = ACTS(BT * hq);  // dq, then dk, then dv: one zero-fill
     m->dk = plan ? NULL : act_at(m, m->dq, BT * hq);
     m->dv = plan ? NULL : act_at(m, m->dk, BT * hkv);
@@ -346,16 +349,28 @@ static void model_buffers(GpuModel *m, size_t *plan, bool sharded) {
         m->tp_sums = device_buffer(plan, MEM_ACTIVATIONS, sizeof(double) * 2 * BT);
         m->tp_sq = device_buffer(plan, MEM_OTHER, sizeof(double) * m->table.count);
     }
+    if (m->sequence_parallel) {  // the row shares of the sums, the norms' rows, the gathered rows
+        m->tp_rows = device_buffer(plan, MEM_ACTIVATIONS, sizeof(float) * R * D);
+        m->sp_rows = device_buffer(plan, MEM_ACTIVATIONS, as * R * D);
+        m->sp_full = device_buffer(plan, MEM_ACTIVATIONS, as * BT * D);
+        m->sp_norm_grad = device_buffer(plan, MEM_OTHER, sizeof(float) * D);
+    }
 }
 
-// The model's fields that the buffers' sizes depend on: tensor-parallel rank tp_rank of tp_size holds
-// the table and shapes of its shards (model_init_tp's; tp_size 1: the whole model).
+// The model's fields that the buffers' sizes depend on: tensor-parallel rank tp->rank of tp->size holds
+// the table and shapes of its shards (model_init_tp's; tp NULL: the whole model), and under sequence
+// parallelism its share of the residual stream's rows.
 static void model_shape_tp(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
-                           ActCheckpoint ac, int tp_size, int tp_rank) {
+                           ActCheckpoint ac, const GpuTensorParallel *tp) {
+    int tp_size = tp ? tp->size : 1, tp_rank = tp ? tp->rank : 0;
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ac = ac;
     m->tp_size = tp_size, m->tp_rank = tp_rank;
+    m->sequence_parallel = tp_size > 1 && tp->sequence_parallel;
+    if (m->sequence_parallel && (B * T) % tp_size)
+        fatal_input("--sequence-parallel: the %d tokens of a micro-batch must divide by --tp %d", B * T, tp_size);
+    m->rows = m->sequence_parallel ? B * T / tp_size : B * T;
     m->table = tp_size > 1 ? param_table_build_tp(cfg, tp_size) : param_table_build(cfg);  // exits 2 unless tp divides
     int vocab = cfg->vocab_size / tp_size;
     m->local = (LocalShape){cfg->n_heads / tp_size, cfg->n_kv_heads / tp_size, cfg->ffn_dim / tp_size, vocab,
@@ -367,9 +382,9 @@ static void model_shape_tp(GpuModel *m, const ModelConfig *cfg, GpuPrecision pre
 }
 
 static size_t plan_bytes_tp(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac,
-                            bool sharded, int tp_size) {
+                            bool sharded, const GpuTensorParallel *tp) {
     GpuModel m;
-    model_shape_tp(&m, cfg, precision, B, T, ac, tp_size, 0);
+    model_shape_tp(&m, cfg, precision, B, T, ac, tp);
     size_t plan = 0;
     model_buffers(&m, &plan, sharded);
     mem_free(m.blocks);
@@ -378,7 +393,7 @@ static size_t plan_bytes_tp(const ModelConfig *cfg, GpuPrecision precision, int 
 }
 static size_t plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac,
                          bool sharded) {
-    return plan_bytes_tp(cfg, precision, B, T, ac, sharded, 1);
+    return plan_bytes_tp(cfg, precision, B, T, ac, sharded, NULL);
 }
 
 size_t gpu_model_plan_bytes(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac) {
@@ -393,9 +408,9 @@ void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPreci
 // Stops before allocating anything if the planned buffers do not fit in the device's free memory
 // (sharded: the activations alone; the storage's shards and gathered units are its own to count).
 static void check_plan_tp(const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac,
-                          bool sharded, int tp_size) {
+                          bool sharded, const GpuTensorParallel *tp) {
     if (T > cfg->max_seq_len) fatal_input("--seq-len %d: longer than the model's max_seq_len %d", T, cfg->max_seq_len);
-    size_t planned = plan_bytes_tp(cfg, precision, B, T, ac, sharded, tp_size), free_bytes = 0, total_bytes = 0;
+    size_t planned = plan_bytes_tp(cfg, precision, B, T, ac, sharded, tp), free_bytes = 0, total_bytes = 0;
     gpu_memory_info(&free_bytes, &total_bytes);
     if (planned > free_bytes)
         fatal("out of GPU memory: the model needs %.2f MiB (%s, batch %d x %d tokens), the device has %.2f MiB free "
@@ -447,17 +462,17 @@ static void model_layout(GpuModel *m) {
 // What every init does first: refuse what does not fit (before allocating), the shapes (this tp
 // rank's), the buffers (sharded: without the weights, gradients and moments).
 static void model_setup(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T, ActCheckpoint ac,
-                        bool sharded, struct Comm *tp, int tp_size, int tp_rank) {
-    if (tp_size > 1 && precision != GPU_BF16) fatal("gpu model: tensor parallelism runs in GPU_BF16 only");
-    check_plan_tp(cfg, precision, B, T, ac, sharded, tp_size);
-    model_shape_tp(m, cfg, precision, B, T, ac, tp_size, tp_rank);
-    m->tp = tp_size > 1 ? tp : NULL;
+                        bool sharded, const GpuTensorParallel *tp) {
+    if (tp && tp->size > 1 && precision != GPU_BF16) fatal("gpu model: tensor parallelism runs in GPU_BF16 only");
+    check_plan_tp(cfg, precision, B, T, ac, sharded, tp);
+    model_shape_tp(m, cfg, precision, B, T, ac, tp);
+    m->tp = tp && tp->size > 1 ? tp->group : NULL;
     model_buffers(m, NULL, sharded);
 }
 
 void gpu_model_init_tp(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
-                       int T, ActCheckpoint ac, struct Comm *tp, int tp_size, int tp_rank) {
-    model_setup(m, cfg, precision, B, T, ac, false, tp, tp_size, tp_rank);
+                       int T, ActCheckpoint ac, const GpuTensorParallel *tp) {
+    model_setup(m, cfg, precision, B, T, ac, false, tp);
     size_t n = m->table.total_numel;
 
     // The reference's weights: element j of parameter p is a pure function of (init, p, j), so the
@@ -481,18 +496,18 @@ void gpu_model_init_tp(GpuModel *m, const ModelConfig *cfg, const ParamSource *i
 
 void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
                          int T, ActCheckpoint ac) {
-    gpu_model_init_tp(m, cfg, init, precision, B, T, ac, NULL, 1, 0);
+    gpu_model_init_tp(m, cfg, init, precision, B, T, ac, NULL);
 }
 
 void gpu_model_init_sharded_tp(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
-                               ActCheckpoint ac, struct Comm *tp, int tp_size, int tp_rank) {
-    model_setup(m, cfg, precision, B, T, ac, true, tp, tp_size, tp_rank);
+                               ActCheckpoint ac, const GpuTensorParallel *tp) {
+    model_setup(m, cfg, precision, B, T, ac, true, tp);
     model_layout(m);
 }
 
 void gpu_model_init_sharded(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
                             ActCheckpoint ac) {
-    gpu_model_init_sharded_tp(m, cfg, precision, B, T, ac, NULL, 1, 0);
+    gpu_model_init_sharded_tp(m, cfg, precision, B, T, ac, NULL);
 }
 
 // One block's whole activation set (up lives in gate's).
@@ -519,7 +534,8 @@ void gpu_model_free(GpuModel *m) {
     void *owned[] = {m->params, m->grads, m->adam_m, m->adam_v, m->params_bf16, m->x_final, m->xn_final,
                      m->logits, m->rstd_final, m->lse_final, m->qkv, m->dx, m->dxn,
                      m->dq /* and dk, dv */, m->dattn, m->dgate /* and dup */, m->dact, m->dlogits, m->inputs,
-                     m->targets, m->loss, m->grad_sum_sq, m->tp_partial, m->tp_row_max, m->tp_sums, m->tp_sq};
+                     m->targets, m->loss, m->grad_sum_sq, m->tp_partial, m->tp_row_max, m->tp_sums, m->tp_sq,
+                     m->tp_rows, m->sp_rows, m->sp_full, m->sp_norm_grad};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
     gpu_rope_table_free(&m->rope);
     gpu_free(m->positions);
@@ -590,12 +606,54 @@ static void unit_grads_ready(GpuModel *m, int unit) {
 }
 
 // ---- tensor parallelism: the sums over the tp group (model.h; nothing runs them without it) ---------------
-// A partial result of (BT, D) in m->tp_partial, fp32, summed in place over the group (comm.h on the
-// device buffer), then rounded once to bf16 into dst.
-static void tp_sum_into_bf16(const GpuModel *m, void *dst) {
-    size_t n = (size_t)m->B * m->T * m->cfg.dim;
+// A partial result of (BT, D) in m->tp_partial, fp32, summed over the group (comm.h on the device
+// buffer): all-reduced in place, or under sequence parallelism reduce-scattered into this rank's rows
+// (m->tp_rows). Returns the m->rows rows of the sum that this rank keeps.
+static const float *tp_sum_partial(const GpuModel *m) {
+    size_t n = (size_t)m->rows * m->cfg.dim;
+    if (m->sequence_parallel) {
+        comm_reduce_scatter(m->tp, m->tp_partial, m->tp_rows, n, COMM_FLOAT32, COMM_SUM);
+        return m->tp_rows;
+    }
     comm_all_reduce(m->tp, m->tp_partial, n, COMM_FLOAT32, COMM_SUM);
-    gpu_cast_f32_to_bf16(dst, m->tp_partial, n);
+    return m->tp_partial;
+}
+
+// The sum of tp_sum_partial rounded once to bf16 into dst (m->rows rows).
+static void tp_sum_into_bf16(const GpuModel *m, void *dst) {
+    gpu_cast_f32_to_bf16(dst, tp_sum_partial(m), (size_t)m->rows * m->cfg.dim);
+}
+
+// ---- sequence parallelism (model.h): the residual stream's rows, and the (BT, D) tensors around them ----------
+// The (BT, D) activations a column-parallel projection (or the embedding's backward) reads, from the
+// m->rows rows of this rank: the rows themselves, or under sequence parallelism all-gathered into
+// full (bf16 bytes in rank order: rank r's rows are rows [r R, (r + 1) R)).
+static const void *gather_rows(const GpuModel *m, const void *rows, void *full) {
+    if (!m->sequence_parallel) return rows;
+    comm_all_gather(m->tp, rows, full, (size_t)m->rows * m->cfg.dim * m->act_size, COMM_BYTE);
+    return full;
+}
+
+// out_full (BT, D) = RMSNorm of the rows inp: on this rank's rows, then gathered (sequence parallel).
+static void norm_then_gather(const GpuModel *m, void *out_full, float *rstd, const void *inp, const void *w) {
+    void *rows = m->sequence_parallel ? m->sp_rows : out_full;
+    rmsnorm_fwd(m, rows, rstd, inp, w);
+    gather_rows(m, rows, out_full);
+}
+
+// RMSNorm's backward on this rank's rows. Under sequence parallelism the weight's gradient from them
+// is a partial sum over the sequence: summed over the group before it is accumulated into dw.
+static void norm_bwd(const GpuModel *m, void *dinp, float *dw, const void *dout, const void *inp, const void *w,
+                     const float *rstd) {
+    if (!m->sequence_parallel) {
+        rmsnorm_bwd(m, dinp, dw, dout, inp, w, rstd);
+        return;
+    }
+    size_t D = m->cfg.dim;
+    gpu_fill_bytes(m->sp_norm_grad, 0, sizeof(float) * D);
+    rmsnorm_bwd(m, dinp, m->sp_norm_grad, dout, inp, w, rstd);
+    comm_all_reduce(m->tp, m->sp_norm_grad, D, COMM_FLOAT32, COMM_SUM);
+    gpu_add_inplace(dw, m->sp_norm_grad, D);
 }
 
 // ---- forward -----------------------------------------------------------------------------------------------
@@ -625,15 +683,15 @@ static void qkv_forward(const GpuModel *m, const GpuBlockOffsets *o, GpuBlockAct
 // FP8 linear.
 // Tensor parallel (wo, w2 are row-parallel: this rank's heads' or ffn columns' share of the inner
 // dimension): the partial product in fp32, summed over the group, then added to the residual and
-// rounded once (the epilogue's arithmetic, the sum in another order).
+// rounded once (the epilogue's arithmetic, the sum in another order); under sequence parallelism on
+// this rank's rows of out and residual alone.
 static void linear_fwd_residual(const GpuModel *m, void *out, const void *residual, const void *inp, size_t w_off,
                                 int M, int K, int N) {
     if (m->tp) {
         GpuFp8Groups g = fp8_groups(m, ROW_PARALLEL);
         if (m->fp8) gpu_fp8_linear_forward_partial(m->tp_partial, inp, master_weight(m, w_off), M, K, N, BF16(m), &g);
         else gpu_matmul_forward_bf16_into_f32(m->tp_partial, inp, weight(m, w_off), M, K, N);
-        comm_all_reduce(m->tp, m->tp_partial, (size_t)M * N, COMM_FLOAT32, COMM_SUM);
-        gpu_add_f32_into_bf16(out, residual, m->tp_partial, (size_t)M * N);
+        gpu_add_f32_into_bf16(out, residual, tp_sum_partial(m), (size_t)m->rows * N);
         return;
     }
     if (m->fp8) {
@@ -664,11 +722,11 @@ static void gpu_block_forward(const GpuModel *m, int l, void *out) {
     GpuBlockActs *a = &m->blocks[l];
     const ModelConfig *c = &m->cfg;
     int BT = m->B * m->T, D = c->dim, F = m->local.ffn_dim, hq = m->local.n_heads * model_head_dim(c);
-    rmsnorm_fwd(m, a->xn1, a->rstd1, a->x, weight(m, o->attention_norm));
+    norm_then_gather(m, a->xn1, a->rstd1, a->x, weight(m, o->attention_norm));
     qkv_forward(m, o, a);
     attention_fwd(m, a);
     linear_fwd_residual(m, a->h, a->x, a->attn, o->wo, BT, hq, D);
-    rmsnorm_fwd(m, a->xn2, a->rstd2, a->h, weight(m, o->ffn_norm));
+    norm_then_gather(m, a->xn2, a->rstd2, a->h, weight(m, o->ffn_norm));
     gate_up_forward(m, o, a);
     swiglu_fwd(m, a->act, a->gate, a->up, (size_t)BT * F);
     linear_fwd_residual(m, out, a->h, a->act, o->w2, BT, F, D);
@@ -686,14 +744,15 @@ static void check_targets(const GpuModel *m, const int *targets) {
 // ---- the embedding and the head, for the whole model and for a pipeline stage ------------------------------
 // The buffers they use outside the blocks: the model's own (model_head) or a stage's (stage_head).
 typedef struct {
-    void *x_final;           // (BT, D) the last block's output, the head's input
+    void *x_final;           // (R, D) the last block's output, the head's input (model.h: R = m->rows)
     void *xn_final, *logits; // (BT, D) the final norm's output, (BT, V) the head's
     float *rstd_final, *lse_final;
     const int *targets;      // device (BT)
 } GpuHead;
 
 // x0 = the rows of the tokens (device, BT). Vocab-parallel: this rank's rows of the table (zero rows
-// for the other tokens) in fp32, summed over the group (one rank holds each token: exact).
+// for the other tokens) in fp32, summed over the group (one rank holds each token: exact); under
+// sequence parallelism x0 is this rank's rows of that sum.
 static void embed_forward(GpuModel *m, const int *inputs, void *x0) {
     int BT = m->B * m->T, D = m->cfg.dim;
     gpu_timeline_begin("embedding fwd", "forward");
@@ -731,7 +790,7 @@ static void head_forward(GpuModel *m, const GpuHead *h) {
     gpu_timeline_begin("head fwd + loss", "forward");
     unit_begin(m, L, PASS_FORWARD);
     if (c->tied) unit_begin(m, LAYER_EMBEDDING, PASS_FORWARD);  // the output projection is tok_embeddings
-    rmsnorm_fwd(m, h->xn_final, h->rstd_final, h->x_final, weight(m, m->norm));
+    norm_then_gather(m, h->xn_final, h->rstd_final, h->x_final, weight(m, m->norm));
     matmul_fwd(m, h->logits, h->xn_final, weight(m, m->output), BT, D, V);
     if (c->tied) unit_end(m, LAYER_EMBEDDING, PASS_FORWARD);
     unit_end(m, L, PASS_FORWARD);
@@ -850,17 +909,20 @@ static void gpu_block_backward(const GpuModel *m, int l, void *dx) {
     const ModelConfig *c = &m->cfg;
     int BT = m->B * m->T, D = c->dim, F = m->local.ffn_dim, hd = model_head_dim(c);
     int hq = m->local.n_heads * hd, hkv = m->local.n_kv_heads * hd;
-    // feed-forward half, in reverse: w2's gradients read dx before the ffn norm's backward adds to it
-    linear_bwd(m, ROW_PARALLEL, m->dact, true, grad(m, o->w2), dx, a->act, o->w2, BT, F, D);
+    // feed-forward half, in reverse: w2's gradients read dx (sequence parallel: its rows gathered)
+    // before the ffn norm's backward adds to it
+    const void *dout = gather_rows(m, dx, m->sp_full);
+    linear_bwd(m, ROW_PARALLEL, m->dact, true, grad(m, o->w2), dout, a->act, o->w2, BT, F, D);
     swiglu_bwd(m, m->dgate, m->dup, m->dact, a->gate, a->up, (size_t)BT * F);
     gate_up_backward(m, o, a);
-    rmsnorm_bwd(m, dx, grad(m, o->ffn_norm), m->dxn, a->h, weight(m, o->ffn_norm), a->rstd2);  // dx is dh now
+    norm_bwd(m, dx, grad(m, o->ffn_norm), m->dxn, a->h, weight(m, o->ffn_norm), a->rstd2);  // dx is dh now
     // attention half
-    linear_bwd(m, ROW_PARALLEL, m->dattn, true, grad(m, o->wo), dx, a->attn, o->wo, BT, hq, D);
+    const void *dh = gather_rows(m, dx, m->sp_full);
+    linear_bwd(m, ROW_PARALLEL, m->dattn, true, grad(m, o->wo), dh, a->attn, o->wo, BT, hq, D);
     zero(m, m->dq, (size_t)BT * (hq + 2 * hkv));  // dq, dk, dv: attention's backward accumulates
     attention_bwd(m, a);
     qkv_backward(m, o, a);
-    rmsnorm_bwd(m, dx, grad(m, o->attention_norm), m->dxn, a->x, weight(m, o->attention_norm), a->rstd1);
+    norm_bwd(m, dx, grad(m, o->attention_norm), m->dxn, a->x, weight(m, o->attention_norm), a->rstd1);
 }
 
 // dlogits = the loss's gradient, dxn = dlogits W_out (the head's input gradient). Vocab-parallel: on
@@ -891,8 +953,8 @@ static void head_backward(GpuModel *m, const GpuHead *h, void *dx, double dloss)
     if (c->tied) unit_begin(m, LAYER_EMBEDDING, PASS_BACKWARD), unit_grads_begin(m, LAYER_EMBEDDING);
     loss_and_logits_backward(m, h, dloss);
     matmul_bwd(m, NULL, grad(m, m->output), m->dlogits, h->xn_final, weight(m, m->output), BT, D, V);
-    zero(m, dx, (size_t)BT * D);  // RMSNorm's backward accumulates
-    rmsnorm_bwd(m, dx, grad(m, m->norm), m->dxn, h->x_final, weight(m, m->norm), h->rstd_final);
+    zero(m, dx, (size_t)m->rows * D);  // RMSNorm's backward accumulates
+    norm_bwd(m, dx, grad(m, m->norm), m->dxn, h->x_final, weight(m, m->norm), h->rstd_final);
     if (c->tied) unit_end(m, LAYER_EMBEDDING, PASS_BACKWARD);
     unit_end(m, L, PASS_BACKWARD);
     gpu_timeline_end();
@@ -908,7 +970,8 @@ static void embed_backward(GpuModel *m, const int *inputs, const void *dx) {
     if (!m->cfg.tied) unit_grads_begin(m, LAYER_EMBEDDING);  // tied: since the head's backward
     float *dtable = grad(m, m->tok_embeddings);
     if (m->tp)
-        gpu_embedding_backward_rows_bf16(dtable, dx, inputs, BT, D, m->local.vocab_start, m->local.vocab_size);
+        gpu_embedding_backward_rows_bf16(dtable, gather_rows(m, dx, m->sp_full), inputs, BT, D, m->local.vocab_start,
+                                         m->local.vocab_size);
     else if (BF16(m)) gpu_embedding_backward_bf16(dtable, dx, inputs, BT, D);
     else gpu_embedding_backward(dtable, dx, inputs, BT, D);
     gpu_timeline_end();
@@ -920,8 +983,8 @@ static void embed_backward(GpuModel *m, const int *inputs, const void *dx) {
 static void gpu_block_recompute_selective(const GpuModel *m, int l) {
     const GpuBlockOffsets *o = &m->offsets[l];
     GpuBlockActs *a = &m->blocks[l];
-    rmsnorm_fwd(m, a->xn1, a->rstd1, a->x, weight(m, o->attention_norm));
-    rmsnorm_fwd(m, a->xn2, a->rstd2, a->h, weight(m, o->ffn_norm));
+    norm_then_gather(m, a->xn1, a->rstd1, a->x, weight(m, o->attention_norm));
+    norm_then_gather(m, a->xn2, a->rstd2, a->h, weight(m, o->ffn_norm));
     swiglu_fwd(m, a->act, a->gate, a->up, (size_t)m->B * m->T * m->local.ffn_dim);
 }
 
@@ -1012,8 +1075,8 @@ double gpu_model_grad_norm(const GpuModel *m) {
 // call (an array of n_layers whose [first, end) the stage allocated) and the model's own put back.
 
 void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
-                           ActCheckpoint ac) {
-    gpu_model_init_sharded(m, cfg, precision, B, T, AC_NONE);
+                           ActCheckpoint ac, const GpuTensorParallel *tp) {
+    gpu_model_init_sharded_tp(m, cfg, precision, B, T, AC_NONE, tp);
     // With AC, block 0's set stays as the shared set every stage's blocks recompute into, less what
     // those blocks own themselves (block_owns), and x_final as the sink of a full recompute's unread
     // output.
@@ -1038,7 +1101,7 @@ void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision pre
 
 GpuStageActs *gpu_model_stage_acts_alloc(const GpuModel *m, int first, int end) {
     const ModelConfig *cfg = &m->cfg;
-    size_t BT = (size_t)m->B * m->T, D = cfg->dim, V = cfg->vocab_size, as = m->act_size;
+    size_t BT = (size_t)m->B * m->T, R = (size_t)m->rows, D = cfg->dim, V = m->local.vocab_size, as = m->act_size;
     GpuStageActs *s = mem_alloc(MEM_OTHER, sizeof *s);
     s->first = first, s->end = end;
     s->blocks = mem_alloc(MEM_OTHER, sizeof(GpuBlockActs) * cfg->n_layers);
@@ -1049,11 +1112,11 @@ GpuStageActs *gpu_model_stage_acts_alloc(const GpuModel *m, int first, int end) 
     }
 #define ACTS(count) gpu_alloc(MEM_ACTIVATIONS, (count) * as)
 #define STATS(count) (float *)gpu_alloc(MEM_ACTIVATIONS, (count) * sizeof(float))
-    s->out = ACTS(BT * D), s->dx = ACTS(BT * D);
+    s->out = ACTS(R * D), s->dx = ACTS(R * D);  // the residual stream's rows here (model.h)
     if (first == 0) s->inputs = gpu_alloc(MEM_OTHER, sizeof(int) * BT);
     if (end == cfg->n_layers) {
         s->xn_final = ACTS(BT * D), s->logits = ACTS(BT * V);
-        s->rstd_final = STATS(BT), s->lse_final = STATS(BT);
+        s->rstd_final = STATS(R), s->lse_final = STATS(BT);
         s->targets = gpu_alloc(MEM_OTHER, sizeof(int) * BT);
     }
 #undef ACTS

@@ -42,7 +42,7 @@
 // bf16 copy of the weights (refreshed by the fused AdamW) that forward and backward read;
 // activations are bf16, per-row statistics fp32.
 //
-// Tensor parallelism (gpu_model_init_tp, GPU_BF16 only, no FP8 linears, no sequence parallelism). The
+// Tensor parallelism (gpu_model_init_tp, GPU_BF16 only; FP8 linears and sequence parallelism too). The
 // model holds tp rank r's shards, the table and shapes of model_init_tp (m->local: this rank's heads,
 // kv heads, ffn columns and vocab rows; the weights its slices of the seed's, so the same model as
 // the one-GPU one): wq wk wv w1 w3 and the output split by rows, wo w2 by columns, the embedding by
@@ -58,6 +58,20 @@
 // vocab-parallel as chapters/06_tensor_parallel/tp.c's (an all-reduce MAX of each row's max, one
 // all-reduce SUM of the sums of exp and the target's logit), the gradient norm sums the split
 // entries' squares over the group and counts the replicated norm weights once (gpu_model_grad_sum_sq).
+//
+// Sequence parallelism (GpuTensorParallel.sequence_parallel; Megatron-SP, chapter 6's
+// --sequence-parallel). The residual stream is split by tokens: each tp rank keeps R = BT / tp of the
+// flattened (B*T) rows -- rank r rows [r R, (r + 1) R) -- of every block's input x and h, of x_final
+// and of the gradient dx, and runs the RMSNorms and the residual adds on those rows alone. Before a
+// column-parallel projection the norm's output rows are all-gathered into the (BT, D) input (xn1,
+// xn2, xn_final; bf16 bytes, a copy); a row-parallel projection's fp32 partial (BT, D) is
+// reduce-scattered, not all-reduced, into this rank's rows (m->tp_rows), then the residual added and
+// rounded once. comm.h folds every element in rank order whichever collective sums it, so each row
+// gets the same bits as the all-reduce gives it. Backward mirrors it: dx's rows are all-gathered
+// (m->sp_full) before the row-parallel projections' backward and the embedding's, the column-parallel
+// input gradients reduce-scattered. A norm weight's gradient from R rows is a partial sum over the
+// sequence, summed over the group (m->sp_norm_grad) before it is added: the one result that differs
+// from plain TP, by the order of an fp32 sum. The vocab-parallel logits and loss stay on all BT rows.
 #pragma once
 #include <stdint.h>
 
@@ -72,6 +86,13 @@ extern "C" {
 #endif
 
 typedef enum { GPU_FP32, GPU_BF16 } GpuPrecision;
+
+// Tensor parallelism: this rank's place in the tp group (NULL or size 1: none).
+typedef struct {
+    struct Comm *group;      // the tp group
+    int size, rank;
+    bool sequence_parallel;  // the residual stream split by tokens over the group (above)
+} GpuTensorParallel;
 
 // Word offsets of one block's tensors in the flat parameter layout.
 typedef struct {
@@ -135,8 +156,14 @@ typedef struct {
     // config's shapes.
     struct Comm *tp;                  // the tp group, or NULL
     int tp_size, tp_rank;
+    bool sequence_parallel;           // the residual stream's rows split over tp (above)
+    int rows;                         // R, the rows of the residual stream here: BT / tp_size with
+                                      // sequence parallelism, else BT
     LocalShape local;                 // the heads, kv heads, ffn columns and vocab rows computed here
     float *tp_partial;                // (BT, D) fp32: a row-parallel output's or an input gradient's partial sum
+    float *tp_rows;                   // sequence parallel: (R, D) fp32, this rank's rows of that sum
+    void *sp_rows, *sp_full;          // sequence parallel: (R, D) a norm's output rows, (BT, D) gathered rows
+    float *sp_norm_grad;              // sequence parallel: (D) a norm weight's gradient from these rows
     float *tp_row_max;                // (BT) the vocab-parallel loss's row max, then the group's
     double *tp_sums;                  // (2, BT) its sums of exp, then its target logits, summed over the group
     double *tp_sq;                    // (table.count) each entry's gradient sum of squares (the norm)
@@ -157,20 +184,21 @@ void gpu_model_init(GpuModel *m, const ModelConfig *cfg, uint64_t seed, GpuPreci
 // The same with the weights from init (params.h: the seed, or a Hugging Face checkpoint).
 void gpu_model_init_from(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
                          int T, ActCheckpoint ac);
-// Tensor-parallel rank tp_rank of tp_size over the group tp (GPU_BF16; tp_size 1: gpu_model_init_from):
-// the table, shapes and weights of this rank's shards (model.h's "Tensor parallelism").
+// Tensor-parallel rank tp->rank of tp->size over tp->group (GPU_BF16; tp NULL or of size 1:
+// gpu_model_init_from): the table, shapes and weights of this rank's shards (model.h's "Tensor
+// parallelism"; with tp->sequence_parallel, "Sequence parallelism": B * T must divide by tp->size).
 void gpu_model_init_tp(GpuModel *m, const ModelConfig *cfg, const ParamSource *init, GpuPrecision precision, int B,
-                       int T, ActCheckpoint ac, struct Comm *tp, int tp_size, int tp_rank);
+                       int T, ActCheckpoint ac, const GpuTensorParallel *tp);
 // The same shapes and activations without the weights, gradients and optimizer state (NULL): for
 // storage that shards them. The caller sets m->storage (and grads_ready) before the first forward;
 // forward and backward then work (the FP8 linears too, from each unit's fp32 weights); gpu_model_step
 // does not (it needs m->params).
 void gpu_model_init_sharded(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
                             ActCheckpoint ac);
-// The same for tp rank tp_rank of tp_size over the group tp: this rank's table and shapes, the
-// weights from storage (FSDP over the tp shards: --tp with --dp-shard).
+// The same for tensor-parallel rank tp->rank: this rank's table and shapes, the weights from storage
+// (FSDP over the tp shards: --tp with --dp-shard).
 void gpu_model_init_sharded_tp(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
-                               ActCheckpoint ac, struct Comm *tp, int tp_size, int tp_rank);
+                               ActCheckpoint ac, const GpuTensorParallel *tp);
 void gpu_model_free(GpuModel *m);
 // Context parallelism: cp (chapters/08_context_parallel/cp.h, created on gpu_cp_compute for this
 // model's B and heads; the caller keeps and frees it) and this rank's positions (host, T). Allocates
@@ -219,8 +247,9 @@ double gpu_model_grad_sum_sq(const GpuModel *m);
 typedef struct {
     int first, end;           // blocks [first, end)
     GpuBlockActs *blocks;     // (n_layers): [first, end) allocated; blocks[first].x is the stage input
-    void *out;                // (BT, D): the stage output (block end's input, or the head's input x_final)
-    void *dx;                 // (BT, D): the gradient of out on entry to backward, of the stage input after
+    void *out;                // (R, D): the stage output (block end's input, or the head's input x_final)
+    void *dx;                 // (R, D): the gradient of out on entry to backward, of the stage input after
+                              // (R = m->rows: BT, or this tp rank's rows under sequence parallelism)
     int *inputs;              // (BT) device: stage 0's tokens, for the embedding's backward; else NULL
     // the last stage: the head's activations and the targets (else NULL)
     void *xn_final, *logits;
@@ -228,11 +257,11 @@ typedef struct {
     int *targets;
 } GpuStageActs;
 
-// The model for pipeline stages: gpu_model_init_sharded (weights and gradients from storage), then
-// the per-block activations, the head's, dx and the token buffers released (GpuStageActs hold them;
-// the memory check before allocating still counts them once).
+// The model for pipeline stages: gpu_model_init_sharded_tp (weights and gradients from storage; tp
+// NULL: none), then the per-block activations, the head's, dx and the token buffers released
+// (GpuStageActs hold them; the memory check before allocating still counts them once).
 void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision precision, int B, int T,
-                           ActCheckpoint ac);
+                           ActCheckpoint ac, const GpuTensorParallel *tp);
 // MEM_ACTIVATIONS, at the model's B and T, what the model's checkpointing keeps of each block.
 GpuStageActs *gpu_model_stage_acts_alloc(const GpuModel *m, int first, int end);
 void gpu_model_stage_acts_free(const GpuModel *m, GpuStageActs *a);  // stream-ordered, as gpu_free

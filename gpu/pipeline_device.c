@@ -8,12 +8,13 @@
 #include "gpu/model.h"
 
 // What travels between stages: the (B*T, dim) activations in the model's precision, as bytes
-// (bf16: 2 each; the trainer builds the model in GPU_BF16).
+// (bf16: 2 each; the trainer builds the model in GPU_BF16); with tensor + sequence parallelism, this
+// tp rank's rows of them (m->rows).
 static size_t device_boundary_count(void *ctx, int B, int T) {
     const GpuModel *m = ctx;
     if (B != m->B || T != m->T)
         fatal("gpu pipeline: micro-batches of %d x %d, the model was built for %d x %d", B, T, m->B, m->T);
-    return (size_t)B * T * m->cfg.dim * m->act_size;
+    return (size_t)m->rows * m->cfg.dim * m->act_size;
 }
 // The model was built for the executor's checkpointing (gpu_model_init_stages): its stages keep and
 // recompute what it does.

@@ -24,8 +24,10 @@
 // dumps go through trainer_full_state's tp_gather_full, on the table of t->model (model_init_tp's,
 // without weights). With --dp-shard too: chapter 3's module shards this tp rank's table (2D, FSDP x
 // TP, the norm over both groups). With --fp8 the FP8 linears run on the shards, each operand's amax
-// MAX-reduced over the tp group where tp splits it (gpu/fp8.h's GpuFp8Groups). Not yet with
-// --sequence-parallel, --pp or --cp.
+// MAX-reduced over the tp group where tp splits it (gpu/fp8.h's GpuFp8Groups). With
+// --sequence-parallel the residual stream is split by tokens over the tp group (model.h "Sequence
+// parallelism": all-gathers before the column-parallel projections, reduce-scatters after the
+// row-parallel ones). With --pp too (below). Not yet with --cp.
 //
 // With --pp N it is pipeline parallelism, every schedule of chapter 7 (GPipe, 1F1B, Interleaved1F1B):
 // chapter 7's executor itself (chapters/07_pipeline_parallel/pipeline.h), given the GPU model's stage
@@ -34,12 +36,16 @@
 // chunks' device buffers) on the trainer's Model; the GPU model gets the same, and casts each unit to
 // bf16 as it runs, as under --dp-shard (--fp8: cast to FP8 from them). With --dp-replicate, chapter
 // 2's DDP over the chunks' device buffers (pipeline_create's). With --ac, each stage keeps what the
-// policy keeps and recomputes the rest before each block's backward. Not with --dp-shard so far.
+// policy keeps and recomputes the rest before each block's backward. With --tp (and
+// --sequence-parallel) each stage's model holds this tp rank's shards, the stages exchange this tp
+// rank's rows, and the norm sums the chunks' squares with the tp split (pipeline.c's
+// chunk_sum_of_squares on the device's sum). Not with --dp-shard so far.
 //
 // With --cp N the GPU model's attention runs chapter 8's ring on device buffers (gpu/cp_device.h,
 // gpu_model_set_context_parallel), and the layout above it averages over dp x cp (DDP) or shards
 // over dp_shard x cp (FSDP), as on the CPU. With --fp8 the amaxes are MAX-reduced over dp x cp (the
-// sequence's chunks split a micro-batch's tokens as the replicas do). Ring only; not with --pp so far.
+// sequence's chunks split a micro-batch's tokens as the replicas do). Ring only. With --pp each stage's
+// attention runs the ring, and the executor's DDP averages over dp x cp.
 //
 // Each rank uses device (local rank mod device count), the local rank being its index among the
 // ranks on its host (comm_local_rank): one rank per GPU under mpirun on every node, whatever the
@@ -164,10 +170,21 @@ static void sharded_load_full(Strategy *s, StateKind kind, const real *local_fla
 // The CPU path's line (trainer_setup_layout), for the same layout.
 static void log_tp(const GpuModel *m, const ModelConfig *cfg) {
     const LocalShape *local = &m->local;
-    log_info("tp: %d ranks; this one holds %d of %d heads, %d of %d kv heads, %d of %d ffn columns, vocab rows "
+    log_info("tp: %d ranks%s; this one holds %d of %d heads, %d of %d kv heads, %d of %d ffn columns, vocab rows "
              "[%d, %d) (sums over the tp group in fp32 on device buffers, %s backend)",
-             m->tp_size, local->n_heads, cfg->n_heads, local->n_kv_heads, cfg->n_kv_heads, local->ffn_dim,
-             cfg->ffn_dim, local->vocab_start, local->vocab_start + local->vocab_size, gpu_comm_backend_name());
+             m->tp_size, m->sequence_parallel ? " with sequence parallel" : "", local->n_heads, cfg->n_heads,
+             local->n_kv_heads, cfg->n_kv_heads, local->ffn_dim, cfg->ffn_dim, local->vocab_start,
+             local->vocab_start + local->vocab_size, gpu_comm_backend_name());
+    if (m->sequence_parallel)
+        log_info("sequence parallel on the GPU: %d of the %d rows of the residual stream here (all-gather before "
+                 "wq wk wv, w1 w3 and the head; reduce-scatter after wo and w2)", m->rows, m->B * m->T);
+}
+
+// This rank's place in the tp group, for the GPU model.
+static GpuTensorParallel tp_of(const Trainer *t, const LayoutOptions *o) {
+    const Mesh *mesh = t->mesh;
+    return (GpuTensorParallel){mesh->degree[MESH_TP] > 1 ? mesh->dim[MESH_TP] : NULL, mesh->degree[MESH_TP],
+                               mesh->coord[MESH_TP], o->sequence_parallel};
 }
 
 // The ranks among which a micro-batch's tokens are split (dp x cp: replicas, shards and the sequence's
@@ -180,14 +197,12 @@ static Comm *fp8_token_group(const Trainer *t) { return comm_size(t->mesh->dp_cp
 static void create_sharded(GpuTraining *g, Trainer *t, const ModelConfig *cfg, const ParamSource *init,
                            const LayoutOptions *o) {
     Mesh *mesh = t->mesh;
-    int tp = mesh->degree[MESH_TP];
-    Comm *tp_group = tp > 1 ? mesh->dim[MESH_TP] : NULL;
-    gpu_model_init_sharded_tp(&g->m, cfg, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac, tp_group, tp,
-                              mesh->coord[MESH_TP]);
-    if (tp > 1) log_tp(&g->m, cfg);
+    GpuTensorParallel tp = tp_of(t, o);
+    gpu_model_init_sharded_tp(&g->m, cfg, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac, &tp);
+    if (tp.size > 1) log_tp(&g->m, cfg);
     FsdpOptions options = {o->zero_stage, (ReshardPolicy)o->reshard, o->overlap, o->weight_codec, &gpu_fsdp_memory};
     Comm *replicate = mesh->degree[MESH_DP_REPLICATE] > 1 ? mesh->dim[MESH_DP_REPLICATE] : NULL;
-    g->fsdp = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, tp_group, &options, init);
+    g->fsdp = fsdp_create(&t->model, mesh->dp_shard_cp, replicate, tp.group, &options, init);
     g->m.fp8 = o->fp8;  // each projection cast to FP8 from its unit's gathered fp32 weights
     g->m.fp8_tokens = fp8_token_group(t);
     g->m.storage = t->model.storage;
@@ -235,18 +250,14 @@ static void check_fp8(const Trainer *t, const ModelConfig *c, const LayoutOption
 static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     const Mesh *mesh = t->mesh;
     int tp = mesh->degree[MESH_TP];
-    if (tp > 1 && o->sequence_parallel)
-        fatal_input("--device cuda --tp %d --sequence-parallel: the GPU model all-reduces the tp partial sums; "
-                    "sequence parallelism is not on the GPU yet (drop --sequence-parallel)", tp);
-    if (tp > 1 && (mesh->degree[MESH_PP] > 1 || mesh->degree[MESH_CP] > 1))
-        fatal_input("--device cuda with --tp %d: not with %s on the GPU so far", tp,
-                    mesh->degree[MESH_PP] > 1 ? "--pp" : "--cp");
+    if (tp > 1 && o->sequence_parallel && (t->micro * t->T) % tp)
+        fatal_input("--sequence-parallel: the %d tokens of a micro-batch must divide by --tp %d", t->micro * t->T, tp);
+    if (tp > 1 && mesh->degree[MESH_CP] > 1)
+        fatal_input("--device cuda with --tp %d: not with --cp on the GPU so far", tp);
     if (mesh->degree[MESH_CP] > 1) {
         if (o->cp_mode != CP_RING)
             fatal_input("--device cuda --cp %d --cp-mode alltoall: the GPU runs chapter 8's ring (its all-to-all's "
                         "layout moves are host loops); use --cp-mode ring", mesh->degree[MESH_CP]);
-        if (mesh->degree[MESH_PP] > 1)
-            fatal_input("--device cuda --cp %d with --pp: not on the GPU so far", mesh->degree[MESH_CP]);
     }
 }
 
@@ -299,12 +310,16 @@ static void refuse_pipelined(const Trainer *t) {
 static void create_pipelined(GpuTraining *g, Trainer *t, const ModelConfig *cfg, const ParamSource *init,
                              const LayoutOptions *o) {
     refuse_pipelined(t);
-    gpu_model_init_stages(&g->m, cfg, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac);
+    GpuTensorParallel tp = tp_of(t, o);
+    gpu_model_init_stages(&g->m, cfg, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac, &tp);
+    if (tp.size > 1) log_tp(&g->m, cfg);
     g->m.fp8 = o->fp8;  // each projection cast to FP8 from its unit's fp32 weights (the chunk's buffers)
+    g->m.fp8_tokens = fp8_token_group(t);  // the replicas' (and cp ranks') amaxes reduced as without stages
     PipelineOptions options = {.schedule = (PpScheduleKind)o->pp_schedule, .microbatches = t->n_micro,
                                .virtual_stages = o->pp_virtual_stages, .micro_batch = t->micro, .seq_len = t->T,
                                .ac = (ActCheckpoint)o->ac, .bucket_bytes = (size_t)(o->bucket_mb * 1048576.0),
-                               .overlap = o->overlap, .dot_path = o->pp_schedule_dot, .compute = &gpu_pipeline_compute,
+                               .overlap = o->overlap, .dot_path = o->pp_schedule_dot, .tp_group = tp.group,
+                               .compute = &gpu_pipeline_compute,
                                .compute_ctx = &g->m, .memory = &gpu_fsdp_memory};
     int replicas = comm_size(t->mesh->dp_cp);
     g->pipeline = pipeline_create(&t->model, t->mesh->dim[MESH_PP], replicas > 1 ? t->mesh->dp_cp : NULL, &options, init);
@@ -364,6 +379,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
     if (o->fp8) log_info("fp8 on the GPU: wq wk wv wo w1 w2 w3 of every block as FP8 GEMMs (tensorwise)");
     if (t->mesh->degree[MESH_PP] > 1) {
         create_pipelined(g, t, cfg, init, o);
+        install_context_parallel(g, t, o);
         Strategy *s = calloc(1, sizeof *s);
         *s = (Strategy){.name = "cuda-pipeline", .model = &t->model, .impl = g,
                         .forward_backward = pipelined_forward_backward, .begin_backward = no_begin_backward,
@@ -387,8 +403,8 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
                         .report_memory = cuda_report_memory, .memory_in_use = cuda_memory_in_use, .free = cuda_free};
         return s;
     }
-    gpu_model_init_tp(&g->m, cfg, init, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac, t->mesh->dim[MESH_TP], tp,
-                      tp_rank);
+    GpuTensorParallel tp_place = tp_of(t, o);
+    gpu_model_init_tp(&g->m, cfg, init, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac, &tp_place);
     if (tp > 1) log_tp(&g->m, cfg);
     g->m.fp8 = o->fp8;
     g->m.fp8_tokens = fp8_token_group(t);

@@ -2,8 +2,8 @@
 # The trainer's --device cuda (gpu/strategy.c) on the CPU emulator of CUDA's execution model
 # (build/tests/emu/train: chapters/10_trainer/train.c linked with gpu/*.cu compiled for the
 # emulator): the single process, DDP, ZeRO-1/2/3 (chapter 3's module on device buffers), tensor
-# parallelism (--tp 2, and --tp 2 --dp-replicate 2 on 4 ranks), --pp 2 under every schedule (chapter
-# 7's executor on the GPU model's stages) and --cp 2 (chapter 8's ring on device buffers) on ranks
+# parallelism (--tp 2, and --tp 2 --dp-replicate 2 on 4 ranks; with --sequence-parallel; --pp 2 x
+# --tp 2), --pp 2 under every schedule (chapter 7's executor on the GPU model's stages) and --cp 2 (chapter 8's ring on device buffers) on ranks
 # sharing the emulated GPU, against the CPU reference on the same seed and data. Also: the layouts the GPU trainer does not run yet are
 # refused with one line, and build/train says so cleanly when there is no device. A traced run's
 # GPU timeline (regions, memory counters) and trace-summary's GPU figures. Activation
@@ -98,7 +98,7 @@ $P --ckpt "$T/gpu1_again.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensor
 # gathered dump (the whole model's gradients, numpy in float64): within 6e-5, the log's 4 decimals
 # (5e-5) and the fp32 gradients' summation order (measured 2.7e-5); counting the replicated norm
 # weights once per tp rank moves it by 2e-4 here.
-run gpu_tp2 2 --tp 2
+run gpu_tp2 2 --tp 2 --trace-json "$T/gpu_tp2.json"
 grep -q "tp: 2 ranks; this one holds 4 of 8 heads, 2 of 4 kv heads, 64 of 128 ffn columns, vocab rows \[0, 128)" \
     "$T/gpu_tp2.log" || { echo "FAIL: gpu_tp2 did not say which shards it holds"; exit 1; }
 echo "== gpu_tp2 vs the CPU reference"
@@ -136,7 +136,8 @@ run gpu_tp2_z3_sel 4 --tp 2 --dp-shard 2 --zero-stage 3 --ac selective
 echo "== GPU TP x ZeRO-3 with --ac selective vs without"
 $P --ckpt "$T/gpu_tp2_z3_sel.grads.safetensors" --ckpt-ref "$T/gpu_tp2_z3.grads.safetensors" --prefix grad. --exact
 $P --log "$T/gpu_tp2_z3_sel.log" --log-ref "$T/gpu_tp2_z3.log" --loss-rtol 0
-"$PYTHON" - "$T" gpu1 gpu_tp2 gpu_tp2_ddp2 gpu_tp2_z3 <<'PY'
+grad_norm_check() {  # runs: the logged step-1 norm against the norm of the gathered gradients
+    "$PYTHON" - "$T" "$@" <<'PY'
 import re, sys
 import numpy as np
 sys.path.insert(0, "tests/py")
@@ -153,6 +154,79 @@ for name in sys.argv[2:]:
 if problems:
     sys.exit("FAIL: gradient norm: " + "; ".join(problems))
 PY
+}
+grad_norm_check gpu1 gpu_tp2 gpu_tp2_ddp2 gpu_tp2_z3
+
+# Sequence parallelism (--tp 2 --sequence-parallel, model.h "Sequence parallelism"): the residual
+# stream split by tokens, all-gathers before the column-parallel projections and reduce-scatters
+# after the row-parallel ones. comm.h sums each element in rank order whichever collective carries
+# it, so every value equals TP's but the norm weights' gradients, which each rank sums over its own
+# rows before the group's all-reduce (an fp32 sum in another order): against the TP run every other
+# gradient bit-identical, the norm weights within 1e-6 of each tensor's largest value (measured
+# 1.7e-7), step 1's loss equal, step 2's within 1e-5. Against the CPU reference as TP. What it saves:
+# each block's x and h, x_final and dx hold 16 of the 32 rows (bf16) and the norms' statistics 16 of
+# 32 (fp32): 4 x (2 x 16 x 64 x 2 + 2 x 16 x 4) + 2 x 16 x 64 x 2 + 16 x 4 = 21056 bytes, less its own
+# buffers, the reduce-scatter's fp32 rows, the norm's rows and the gathered rows (16 x 64 x 4 +
+# 16 x 64 x 2 + 32 x 64 x 2 = 10240): the activation peak 10816 bytes below TP's, exactly.
+# Mutations tried (each made a check here fail): the norm weights' gradient not summed over the group
+# (sp_check: a norm weight 1.0 off, the losses still equal: AdamW's first step moves by the sign);
+# the gather's count in bf16 elements, not bytes (the losses); every rank keeping rows [0, R) of an
+# all-reduced sum instead of its own (the losses).
+sp_check() {  # name, reference run: the norm weights within 1e-6, every other gradient bit-identical
+    "$PYTHON" - "$T/$1.grads.safetensors" "$T/$2.grads.safetensors" <<'PY'
+import sys
+import numpy as np
+sys.path.insert(0, "tests/py")
+import safetensors_io
+got, _ = safetensors_io.load(sys.argv[1])
+ref, _ = safetensors_io.load(sys.argv[2])
+problems, worst = [], 0.0
+for k in sorted(ref):
+    a, b = np.asarray(got[k], np.float64), np.asarray(ref[k], np.float64)
+    err = np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)
+    if k.endswith("norm.weight"):
+        worst = max(worst, err)
+        if err > 1e-6: problems.append(f"{k} {err:.2e} (want <= 1e-6)")
+    elif err != 0: problems.append(f"{k} {err:.2e} (want bit-identical)")
+if problems or len(got) != len(ref):
+    sys.exit(f"FAIL: {sys.argv[1]} against {sys.argv[2]}: " + "; ".join(problems))
+print(f"ok: {len(ref)} gradients: the norm weights within {worst:.2e}, every other one bit-identical")
+PY
+}
+run gpu_tp2_sp 2 --tp 2 --sequence-parallel --trace-json "$T/gpu_tp2_sp.json"
+grep -q "sequence parallel on the GPU: 16 of the 32 rows of the residual stream here" "$T/gpu_tp2_sp.log" ||
+    { echo "FAIL: gpu_tp2_sp did not say it split the residual stream"; exit 1; }
+echo "== gpu_tp2_sp vs the CPU reference"
+$P --log "$T/gpu_tp2_sp.log" --log-ref "$T/ref.log" --loss-rtol 1e-3
+$P --ckpt "$T/gpu_tp2_sp.grads.safetensors" --ckpt-ref "$T/ref_dump.safetensors" --prefix grad. --param-rtol 5e-2
+echo "== GPU TP with sequence parallel vs GPU TP"
+sp_check gpu_tp2_sp gpu_tp2
+$P --log "$T/gpu_tp2_sp.log" --log-ref "$T/gpu_tp2.log" --loss-rtol 1e-5
+"$PYTHON" - "$T" <<'PY'
+import json, re, sys
+def peak(name):
+    doc = json.load(open(f"{sys.argv[1]}/{name}.json"))
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    return max(next(iter(e["args"].values())) for e in events if e.get("ph") == "C" and e["name"] == "gpu mem activations")
+def first_loss(name):
+    return re.search(r"^step +1 \| loss (\S+)", open(f"{sys.argv[1]}/{name}.log").read(), re.M).group(1)
+if first_loss("gpu_tp2_sp") != first_loss("gpu_tp2"):
+    sys.exit(f"FAIL: step 1's loss {first_loss('gpu_tp2_sp')} under sequence parallel, {first_loss('gpu_tp2')} without")
+tp, sp = peak("gpu_tp2"), peak("gpu_tp2_sp")
+if tp - sp != 10816:
+    sys.exit(f"FAIL: sequence parallel's activation peak {sp} bytes, TP's {tp}: saved {tp - sp}, want 10816")
+print(f"ok: step 1's loss equal; activation peak {tp} -> {sp} bytes under sequence parallel")
+PY
+# With --ac full each block is recomputed with its gathers and reduce-scatters again: bit-identical.
+# Under ZeRO-3 (4 ranks) with --ac selective, against TP x ZeRO-3 with --ac selective, as above.
+run gpu_tp2_sp_ac 2 --tp 2 --sequence-parallel --ac full
+echo "== GPU TP + sequence parallel with --ac full vs without"
+$P --ckpt "$T/gpu_tp2_sp_ac.grads.safetensors" --ckpt-ref "$T/gpu_tp2_sp.grads.safetensors" --prefix grad. --exact
+$P --log "$T/gpu_tp2_sp_ac.log" --log-ref "$T/gpu_tp2_sp.log" --loss-rtol 0
+run gpu_tp2_sp_z3_sel 4 --tp 2 --sequence-parallel --dp-shard 2 --zero-stage 3 --ac selective
+echo "== GPU TP + sequence parallel x ZeRO-3 (--ac selective) vs GPU TP x ZeRO-3 (--ac selective)"
+sp_check gpu_tp2_sp_z3_sel gpu_tp2_z3_sel
+$P --log "$T/gpu_tp2_sp_z3_sel.log" --log-ref "$T/gpu_tp2_z3_sel.log" --loss-rtol 1e-5
 
 # ZeRO-3 against the CPU reference as the runs above; every stage against the single GPU.
 run gpu_z3 2 --dp-shard 2 --zero-stage 3
@@ -223,6 +297,36 @@ n = sum(1 for e in events if e.get("ph") == "X" and e["name"] == "block recomput
 sys.exit(0 if n == 16 else f"FAIL: {n} block recompute regions, want 16 (4 blocks x 2 micro-batches x 2 steps)")
 PY
 done
+# Pipeline x tensor parallel (4 ranks: 2 stages x tp 2, 2 micro-batches of 1 sequence): each stage's
+# GPU model holds its tp rank's shards and its blocks' sums run over the tp group, the stages exchange
+# the activations of their tp rank, and the norm sums each chunk's squares with the tp split (the
+# norm weights once). Against TP with the same micro-batches (--grad-accum-steps 2): the same kernels
+# and sums per micro-batch, accumulated in the same order, so the step-1 gradients are bit-identical;
+# the losses within 1e-6 (the norm's float64 partial sums are added in another order, which can move
+# the clip factor by an ulp; measured equal). Against the CPU reference as everywhere. With
+# --sequence-parallel under Interleaved1F1B (4 stages of one block): stages exchange their tp rank's
+# 8 rows, and the gradients against the run without sequence parallelism as sp_check says.
+# Mutations tried (each made a check here fail): the boundary count of the whole (B*T, D) under
+# sequence parallelism (the receives overrun: the run fails); the chunks' squares summed without the
+# tp split (the logged norm).
+run gpu_tp2_accum2 2 --tp 2 --grad-accum-steps 2
+run gpu_pp2_tp2 4 --pp 2 --tp 2 --pp-microbatches 2
+grep -q "pp on the GPU: 2 stages" "$T/gpu_pp2_tp2.log" && grep -q "tp: 2 ranks;" "$T/gpu_pp2_tp2.log" ||
+    { echo "FAIL: gpu_pp2_tp2 did not run stages of tp shards"; exit 1; }
+echo "== gpu_pp2_tp2 vs the CPU reference"
+$P --log "$T/gpu_pp2_tp2.log" --log-ref "$T/ref.log" --loss-rtol 1e-3
+$P --ckpt "$T/gpu_pp2_tp2.grads.safetensors" --ckpt-ref "$T/ref_dump.safetensors" --prefix grad. --param-rtol 5e-2
+echo "== GPU PP x TP vs GPU TP with --grad-accum-steps 2"
+$P --ckpt "$T/gpu_pp2_tp2.grads.safetensors" --ckpt-ref "$T/gpu_tp2_accum2.grads.safetensors" --prefix grad. --exact
+$P --log "$T/gpu_pp2_tp2.log" --log-ref "$T/gpu_tp2_accum2.log" --loss-rtol 1e-6
+run gpu_pp2_tp2_sp 4 --pp 2 --tp 2 --sequence-parallel --pp-schedule Interleaved1F1B --pp-virtual-stages 2 \
+    --pp-microbatches 2
+grep -q "sequence parallel on the GPU: 8 of the 16 rows" "$T/gpu_pp2_tp2_sp.log" ||
+    { echo "FAIL: gpu_pp2_tp2_sp did not split the residual stream"; exit 1; }
+echo "== GPU PP (Interleaved1F1B) x TP + sequence parallel vs GPU PP (1F1B) x TP"
+sp_check gpu_pp2_tp2_sp gpu_pp2_tp2
+$P --log "$T/gpu_pp2_tp2_sp.log" --log-ref "$T/gpu_pp2_tp2.log" --loss-rtol 1e-5
+grad_norm_check gpu_pp2_tp2 gpu_pp2_tp2_sp
 # The boundary transfers through the other device backend: NCCL (grouped sends and receives on the
 # NCCL stream) instead of the staged MPI the 2 ranks sharing a GPU get by default. NCCL needs a GPU
 # per rank: the emulator's NCCL has no such limit, a real device needs two GPUs on the host; with one,
@@ -260,6 +364,20 @@ $P --log "$T/gpu_cp2.log" --log-ref "$T/ref.log" --loss-rtol 1e-3
 $P --ckpt "$T/gpu_cp2.grads.safetensors" --ckpt-ref "$T/ref_dump.safetensors" --prefix grad. --param-rtol 5e-2
 $P --log "$T/gpu_cp2.log" --log-ref "$T/gpu1.log" --loss-rtol 1e-3 \
    --ckpt "$T/gpu_cp2.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 1e-2
+# Pipeline x CP (4 ranks: 2 stages whose blocks' attention runs the ring over cp 2; 1F1B, 2
+# micro-batches of 1 sequence; the executor's DDP averages the chunks' gradients over the cp ranks):
+# against --cp 2 with the same micro-batches (--grad-accum-steps 2), the same kernels and ring per
+# micro-batch, accumulated in the same order and averaged in the same rank order: step-1 gradients
+# bit-identical, the losses within 1e-6 (the norm's float64 sums in another order). Mutation tried:
+# the stages' model without the ring (each cp rank attending to its own 8 tokens): 39 tensors off.
+run gpu_cp2_accum2 2 --cp 2 --grad-accum-steps 2
+run gpu_pp2_cp2 4 --pp 2 --cp 2 --pp-microbatches 2
+grep -q "cp on the GPU: 2 ranks" "$T/gpu_pp2_cp2.log" && grep -q "pp on the GPU: 2 stages" "$T/gpu_pp2_cp2.log" ||
+    { echo "FAIL: gpu_pp2_cp2 did not run the ring in pipeline stages"; exit 1; }
+echo "== GPU PP x CP vs GPU CP with --grad-accum-steps 2"
+$P --ckpt "$T/gpu_pp2_cp2.grads.safetensors" --ckpt-ref "$T/gpu_cp2_accum2.grads.safetensors" --prefix grad. --exact
+$P --log "$T/gpu_pp2_cp2.log" --log-ref "$T/gpu_cp2_accum2.log" --loss-rtol 1e-6
+$P --log "$T/gpu_pp2_cp2.log" --log-ref "$T/ref.log" --loss-rtol 1e-3
 
 # What each stage keeps on the device after the run (the memory report's "current" column, MiB, 2
 # decimals): with P parameters and N = 2, the ZeRO model of chapter 3 in fp32 - optimizer 8P/N at
@@ -552,6 +670,11 @@ grep -q "fp8 on the GPU" "$T/gpu_fp8_tp2.log" && grep -q "^.*tp: 2 ranks" "$T/gp
 echo "== GPU FP8 tp 2 against fp32 and the bf16 TP run"
 $P --log "$T/gpu_fp8_tp2.log" --log-ref "$T/cpu_fp8.log" --loss-rtol 1e-3
 fp8_noise_check "GPU FP8 tp 2" "$T/gpu_fp8_tp2.grads.safetensors" "$T/gpu_tp2.grads.safetensors"
+# With --sequence-parallel the FP8 linears read the same gathered (BT, D) inputs and write the same
+# partial sums: against FP8 TP, sp_check's pattern (only the norm weights' gradient sums differ).
+run gpu_fp8_tp2_sp 2 --fp8 --tp 2 --sequence-parallel
+echo "== GPU FP8 tp 2 with sequence parallel vs GPU FP8 tp 2"
+sp_check gpu_fp8_tp2_sp gpu_fp8_tp2
 # FSDP x TP with FP8 (ZeRO-3 over 2 shards of each tp rank's table, 4 ranks): the shards' tokens
 # join the amaxes' groups, so it equals TP alone on the same batch within FP8_DP_RTOL (measured
 # 2.8e-7 on the emulator).
@@ -597,9 +720,8 @@ for bad in "--cp 2 --cp-mode alltoall|--device cuda --cp 2 --cp-mode alltoall: "
     echo "ok: --device cuda ${bad%%|*} -> $ours"
 done
 # What the GPU's pipeline does not run yet: refused with one line, exit 2 (ranks|flags|message).
-for bad in "4|--pp 2 --tp 2|--device cuda with --tp 2: " \
-           "4|--pp 2 --dp-shard 2 --zero-stage 1|--device cuda --pp 2 --dp-shard 2: " \
-           "4|--pp 2 --cp 2|--device cuda --cp 2 with --pp: "; do
+for bad in "4|--cp 2 --tp 2|--device cuda with --tp 2: not with --cp" \
+           "4|--pp 2 --dp-shard 2 --zero-stage 1|--device cuda --pp 2 --dp-shard 2: "; do
     IFS='|' read -r np flags want <<<"$bad"
     out=$($MPIRUN -np "$np" "$EMU_TRAIN" --model tiny --steps 1 --batch 4 --seq-len 16 --device cuda $flags 2>&1 >/dev/null) &&
         rc=0 || rc=$?
@@ -608,15 +730,15 @@ for bad in "4|--pp 2 --tp 2|--device cuda with --tp 2: " \
         { echo "FAIL: --device cuda $flags -> rc $rc: $out"; exit 1; }
     echo "ok: --device cuda $flags -> $ours"
 done
-# What the GPU's tensor parallelism does not run yet: refused with one line (ranks|flags|message).
-for bad in "2|--tp 2 --sequence-parallel|--device cuda --tp 2 --sequence-parallel: "; do
-    IFS='|' read -r np flags want <<<"$bad"
-    out=$($MPIRUN -np "$np" "$EMU_TRAIN" --model tiny --steps 1 --batch 2 --seq-len 16 --device cuda $flags 2>&1 >/dev/null) && rc=0 || rc=$?
-    ours=$(grep '^train' <<<"$out" | sort -u || true)
-    [ "$rc" -ne 0 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"$want"* ]] ||
-        { echo "FAIL: --device cuda $flags -> rc $rc: $out"; exit 1; }
-    echo "ok: --device cuda $flags -> $ours"
-done
+# Sequence parallelism splits a micro-batch's tokens over the tp group: refused with one line when
+# they do not divide (15 tokens over 2 ranks), exit 2, before any work.
+out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --batch 1 --seq-len 15 --device cuda --tp 2 \
+    --sequence-parallel 2>&1 >/dev/null) && rc=0 || rc=$?
+ours=$(grep '^train' <<<"$out" | sort -u || true)
+want="--sequence-parallel: the 15 tokens of a micro-batch must divide by --tp 2"
+[ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"$want"* ]] ||
+    { echo "FAIL: --device cuda --tp 2 --sequence-parallel on 15 tokens -> rc $rc: $out"; exit 1; }
+echo "ok: --device cuda --tp 2 --sequence-parallel on 15 tokens -> $ours"
 out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --device cuda --dp-shard 2 --zero-stage 4 2>&1 >/dev/null) && rc=0 || rc=$?
 [ "$rc" -eq 2 ] && [[ "$out" == *"--zero-stage"* ]] || { echo "FAIL: --dp-shard 2 --zero-stage 4 -> rc $rc: $out"; exit 1; }
 echo "ok: --device cuda --dp-shard 2 --zero-stage 4 -> $(grep '^train' <<<"$out" | head -1)"

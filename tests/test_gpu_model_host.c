@@ -641,7 +641,7 @@ static void run_stages(const ModelConfig *cfg, GpuPrecision precision, int B, in
     model_init_unallocated(&layout, cfg, ATTN_FLASH);
     size_t n = layout.table.total_numel;
     TestStorage st = {.layout = &layout, .params = whole.params, .grads = calloc(n, sizeof(float))};
-    gpu_model_init_stages(&m, cfg, precision, B, T, AC_NONE);
+    gpu_model_init_stages(&m, cfg, precision, B, T, AC_NONE, NULL);
     ck_assert(!m.params && !m.blocks[0].x && !m.x_final && !m.dx);  // the stages' activations hold them
     m.storage = (UnitStorage){storage_params, storage_params_done, stage_grads, &st};
     size_t boundary = (size_t)BT * cfg->dim * m.act_size;  // bytes

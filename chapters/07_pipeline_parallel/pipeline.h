@@ -87,7 +87,7 @@ typedef struct {
     const PipelineCompute *compute;  // NULL: pipeline_host_compute on the Model
     void *compute_ctx;               // compute's ctx (with compute NULL: unused)
     const FsdpMemory *memory;        // the chunks' buffers and inboxes; NULL: fsdp_host_memory. Device
-                                     // memory takes no data parallelism or tensor parallelism here.
+                                     // memory takes no ZeRO-1 (shard_group) here.
 } PipelineOptions;
 
 typedef struct {

@@ -184,8 +184,8 @@ Pipeline *pipeline_create(Model *model, Comm *pp, Comm *dp, const PipelineOption
     pl->ctx = options->compute ? options->compute_ctx : model;
     pl->mem = options->memory ? options->memory : &fsdp_host_memory;
     if (pl->p < 2) fatal("pipeline_create: needs at least 2 pipeline ranks");  // p = 1 hands over in memory: not here
-    if (pl->mem->on_device && (options->shard_group || options->tp_group))
-        fatal("pipeline_create: %s buffers take no ZeRO-1 or tensor parallelism", pl->mem->name);
+    if (pl->mem->on_device && options->shard_group)
+        fatal("pipeline_create: %s buffers take no ZeRO-1", pl->mem->name);
     const char *err = pipeline_check(&model->cfg, pl->p, pl->v);
     if (err) fatal_input("--pp %d x --pp-virtual-stages %d with %d layers: %s", pl->p, pl->v, model->cfg.n_layers, err);
     setup_schedule(pl);
@@ -377,12 +377,13 @@ double pipeline_forward_backward(Pipeline *pl, const int *inputs, const int *tar
 // ---- optimizer ----------------------------------------------------------------------------------
 
 // With tensor parallelism a chunk holds tp slices: the sliced tensors' sums are added over tp, the
-// replicated norms' taken once (as tp_sum_of_squares does for a whole model).
+// replicated norms' taken once (as tp_sum_of_squares does for a whole model). The memory's own sum
+// of squares where it has one (device buffers), else the host's.
 static double chunk_sum_of_squares(const Pipeline *pl, const PipelineChunk *c) {
-    if (pl->mem->sum_of_squares) return pl->mem->sum_of_squares(c->grads, c->numel);  // device: no tp here
-    if (!pl->options.tp_group) return sum_of_squares(c->grads, c->numel);
+    double (*sum_sq)(const real *, size_t) = pl->mem->sum_of_squares ? pl->mem->sum_of_squares : sum_of_squares;
+    if (!pl->options.tp_group) return sum_sq(c->grads, c->numel);
     double sums[2] = {0, 0};  // tp-sliced, replicated
-    sum_of_squares_by_tp_split(&pl->model->table, c->grads, c->offset, c->numel, sums);
+    sum_of_squares_by_tp_split_with(&pl->model->table, c->grads, c->offset, c->numel, sums, sum_sq);
     comm_all_reduce(pl->options.tp_group, sums, 1, COMM_FLOAT64, COMM_SUM);
     return sums[0] + sums[1];
 }
