@@ -27,7 +27,7 @@
 // MAX-reduced over the tp group where tp splits it (gpu/fp8.h's GpuFp8Groups). With
 // --sequence-parallel the residual stream is split by tokens over the tp group (model.h "Sequence
 // parallelism": all-gathers before the column-parallel projections, reduce-scatters after the
-// row-parallel ones). With --pp too (below). Not yet with --cp.
+// row-parallel ones). With --pp and with --cp too (below).
 //
 // With --pp N it is pipeline parallelism, every schedule of chapter 7 (GPipe, 1F1B, Interleaved1F1B):
 // chapter 7's executor itself (chapters/07_pipeline_parallel/pipeline.h), given the GPU model's stage
@@ -39,13 +39,16 @@
 // policy keeps and recomputes the rest before each block's backward. With --tp (and
 // --sequence-parallel) each stage's model holds this tp rank's shards, the stages exchange this tp
 // rank's rows, and the norm sums the chunks' squares with the tp split (pipeline.c's
-// chunk_sum_of_squares on the device's sum). Not with --dp-shard so far.
+// chunk_sum_of_squares on the device's sum). With --dp-shard (--zero-stage 1) it is chapter 7's
+// ZeRO-1 over the stages: the DDP all-reduce, AdamW on this rank's slice of each chunk, the updated
+// slices all-gathered through device staging.
 //
 // With --cp N the GPU model's attention runs chapter 8's ring on device buffers (gpu/cp_device.h,
 // gpu_model_set_context_parallel), and the layout above it averages over dp x cp (DDP) or shards
 // over dp_shard x cp (FSDP), as on the CPU. With --fp8 the amaxes are MAX-reduced over dp x cp (the
 // sequence's chunks split a micro-batch's tokens as the replicas do). Ring only. With --pp each stage's
-// attention runs the ring, and the executor's DDP averages over dp x cp.
+// attention runs the ring, and the executor's DDP averages over dp x cp. With --tp the ring runs on
+// this tp rank's heads.
 //
 // Each rank uses device (local rank mod device count), the local rank being its index among the
 // ranks on its host (comm_local_rank): one rank per GPU under mpirun on every node, whatever the
@@ -252,8 +255,6 @@ static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     int tp = mesh->degree[MESH_TP];
     if (tp > 1 && o->sequence_parallel && (t->micro * t->T) % tp)
         fatal_input("--sequence-parallel: the %d tokens of a micro-batch must divide by --tp %d", t->micro * t->T, tp);
-    if (tp > 1 && mesh->degree[MESH_CP] > 1)
-        fatal_input("--device cuda with --tp %d: not with --cp on the GPU so far", tp);
     if (mesh->degree[MESH_CP] > 1) {
         if (o->cp_mode != CP_RING)
             fatal_input("--device cuda --cp %d --cp-mode alltoall: the GPU runs chapter 8's ring (its all-to-all's "
@@ -296,21 +297,13 @@ static void pipelined_load_full(Strategy *s, StateKind kind, const real *local_f
 }
 
 // What the GPU's pipeline does not run yet, refused before any work.
-static void refuse_pipelined(const Trainer *t) {
-    const Mesh *mesh = t->mesh;
-    int pp = mesh->degree[MESH_PP];
-    if (mesh->degree[MESH_DP_SHARD] > 1)
-        fatal_input("--device cuda --pp %d --dp-shard %d: the GPU's pipeline replicates its stages (--dp-replicate) "
-                    "but does not shard them so far (chapter 7's ZeRO-1 over stages stages its slices in host memory)",
-                    pp, mesh->degree[MESH_DP_SHARD]);
-}
 
 // The executor over the pp group with the GPU model's stage compute and device memory; its storage
 // (the chunks' fp32 device buffers) handed to the GPU model. Every rank initialises its chunks only.
 static void create_pipelined(GpuTraining *g, Trainer *t, const ModelConfig *cfg, const ParamSource *init,
                              const LayoutOptions *o) {
-    refuse_pipelined(t);
     GpuTensorParallel tp = tp_of(t, o);
+    bool sharded = t->mesh->degree[MESH_DP_SHARD] > 1;  // ZeRO-1 over the stages' data-parallel ranks
     gpu_model_init_stages(&g->m, cfg, GPU_BF16, t->micro, t->T, (ActCheckpoint)o->ac, &tp);
     if (tp.size > 1) log_tp(&g->m, cfg);
     g->m.fp8 = o->fp8;  // each projection cast to FP8 from its unit's fp32 weights (the chunk's buffers)
@@ -319,7 +312,7 @@ static void create_pipelined(GpuTraining *g, Trainer *t, const ModelConfig *cfg,
                                .virtual_stages = o->pp_virtual_stages, .micro_batch = t->micro, .seq_len = t->T,
                                .ac = (ActCheckpoint)o->ac, .bucket_bytes = (size_t)(o->bucket_mb * 1048576.0),
                                .overlap = o->overlap, .dot_path = o->pp_schedule_dot, .tp_group = tp.group,
-                               .compute = &gpu_pipeline_compute,
+                               .shard_group = sharded ? t->mesh->dp_shard_cp : NULL, .compute = &gpu_pipeline_compute,
                                .compute_ctx = &g->m, .memory = &gpu_fsdp_memory};
     int replicas = comm_size(t->mesh->dp_cp);
     g->pipeline = pipeline_create(&t->model, t->mesh->dim[MESH_PP], replicas > 1 ? t->mesh->dp_cp : NULL, &options, init);
@@ -329,8 +322,9 @@ static void create_pipelined(GpuTraining *g, Trainer *t, const ModelConfig *cfg,
     g->m.grads_ready = t->model.grads_ready;
     g->m.grads_ready_ctx = t->model.grads_ready_ctx;
     if (replicas > 1)
-        log_info("pp x ddp on the GPU: %d replicas of every stage, gradients all-reduced in buckets (%s)", replicas,
-                 o->overlap ? "overlapping backward" : "after backward");
+        log_info("pp x %s on the GPU: %d data-parallel ranks of every stage, gradients all-reduced in buckets (%s)%s",
+                 sharded ? "zero-1" : "ddp", replicas, o->overlap ? "overlapping backward" : "after backward",
+                 sharded ? "; AdamW state sharded over dp_shard, the updated slices all-gathered" : "");
     log_info("pp on the GPU: %d stages (chapter 7's executor on device buffers, %s backend); bf16 activations "
              "between stages, each unit's fp32 weights cast to bf16 where it runs",
              t->mesh->degree[MESH_PP] * o->pp_virtual_stages, gpu_comm_backend_name());
@@ -341,9 +335,9 @@ static void create_pipelined(GpuTraining *g, Trainer *t, const ModelConfig *cfg,
 static void install_context_parallel(GpuTraining *g, Trainer *t, const LayoutOptions *o) {
     const Mesh *mesh = t->mesh;
     if (mesh->degree[MESH_CP] == 1) return;
-    const ModelConfig *c = &g->m.cfg;
-    g->cp = cp_create(mesh->dim[MESH_CP], CP_RING, o->cp_load_balance, t->micro, t->cp_layout.T, c->n_heads,
-                      c->n_kv_heads, model_head_dim(c), &gpu_cp_compute);
+    const LocalShape *local = &g->m.local;  // this tp rank's heads
+    g->cp = cp_create(mesh->dim[MESH_CP], CP_RING, o->cp_load_balance, t->micro, t->cp_layout.T, local->n_heads,
+                      local->n_kv_heads, model_head_dim(&g->m.cfg), &gpu_cp_compute);
     gpu_model_set_context_parallel(&g->m, g->cp, cp_positions(g->cp));
     log_info("cp on the GPU: %d ranks, chapter 8's ring attention on device buffers (fp32), %s split: this rank "
              "holds %d of every %d tokens", mesh->degree[MESH_CP], o->cp_load_balance ? "zigzag" : "contiguous", t->T,

@@ -142,8 +142,9 @@ struct Fsdp {
 size_t zero_slice_len(size_t numel, size_t shard, size_t mine);
 // After the optimizer updated this rank's slice inside `full` (shard x N, rank r's slice at r x shard):
 // all-gathers every rank's slice into everyone's full copy. The slice lives inside the receive
-// buffer, so it is sent from `staging` (shard elements). Returns the handle of the all-gather.
-CommHandle *zero_gather_slices_start(Comm *group, real *full, size_t shard, real *staging);
+// buffer, so it is sent from `staging` (shard elements). full and staging are in mem's memory (NULL:
+// the host's). Returns the handle of the all-gather.
+CommHandle *zero_gather_slices_start(Comm *group, real *full, size_t shard, real *staging, const FsdpMemory *mem);
 
 // Collective over shard_group (and replicate_group). The model must come from
 // model_init_unallocated; every rank builds only its shards, asking init for just those elements

@@ -184,8 +184,6 @@ Pipeline *pipeline_create(Model *model, Comm *pp, Comm *dp, const PipelineOption
     pl->ctx = options->compute ? options->compute_ctx : model;
     pl->mem = options->memory ? options->memory : &fsdp_host_memory;
     if (pl->p < 2) fatal("pipeline_create: needs at least 2 pipeline ranks");  // p = 1 hands over in memory: not here
-    if (pl->mem->on_device && options->shard_group)
-        fatal("pipeline_create: %s buffers take no ZeRO-1", pl->mem->name);
     const char *err = pipeline_check(&model->cfg, pl->p, pl->v);
     if (err) fatal_input("--pp %d x --pp-virtual-stages %d with %d layers: %s", pl->p, pl->v, model->cfg.n_layers, err);
     setup_schedule(pl);
@@ -416,11 +414,11 @@ void pipeline_clip(Pipeline *pl, double grad_norm, double max_norm) {
 // empty: the padding is never updated and stays zero).
 static size_t slice_len(const PipelineChunk *c) { return zero_slice_len(c->numel, c->shard, c->mine); }
 
-// ZeRO-1: every rank's updated slice into everyone's weights.
+// ZeRO-1: every rank's updated slice into everyone's weights (in the chunks' memory).
 static void gather_weights(Pipeline *pl, PipelineChunk *c) {
-    real *staging = mem_alloc(MEM_COMM, sizeof(real) * c->shard);
-    comm_wait(zero_gather_slices_start(pl->options.shard_group, c->params, c->shard, staging));
-    mem_free(staging);
+    real *staging = pl->mem->alloc(MEM_COMM, sizeof(real) * c->shard);
+    comm_wait(zero_gather_slices_start(pl->options.shard_group, c->params, c->shard, staging, pl->mem));
+    pl->mem->free(staging);
 }
 
 void pipeline_adamw_step(Pipeline *pl, long long step, double lr, const AdamWConfig *cfg) {
@@ -443,24 +441,26 @@ static real *state_of(PipelineChunk *c, StateKind kind) {
 static bool is_moment(StateKind kind) { return kind == STATE_ADAM_M || kind == STATE_ADAM_V; }
 
 // A chunk's AdamW moment in full (numel), gathered over the shard group under ZeRO-1 into `all`
-// (shard * N); the chunk's own buffer otherwise.
+// (shard * N, in the chunks' memory); the chunk's own buffer otherwise.
 static real *full_moment(Pipeline *pl, PipelineChunk *c, StateKind kind, real **all) {
     *all = NULL;
     if (!pl->options.shard_group) return state_of(c, kind);
-    *all = mem_alloc(MEM_COMM, sizeof(real) * c->shard * shard_ranks(pl));
+    *all = pl->mem->alloc(MEM_COMM, sizeof(real) * c->shard * shard_ranks(pl));
     comm_all_gather(pl->options.shard_group, state_of(c, kind), *all, c->shard, COMM_REAL);
     return *all;
 }
 
 void pipeline_gather_full(Pipeline *pl, StateKind kind, real *flat) {
     int n = 0;
-    real **full = calloc((size_t)pl->v, sizeof(real *)), **owned = calloc((size_t)pl->v, sizeof(real *));
+    real **full = calloc((size_t)pl->v, sizeof(real *)), **gathered = calloc((size_t)pl->v, sizeof(real *));
+    real **host = calloc((size_t)pl->v, sizeof(real *));
     for (int c = 0; c < pl->v; c++) {  // per chunk: the full tensor to send, on the host
-        full[c] = is_moment(kind) ? full_moment(pl, &pl->chunks[c], kind, &owned[c]) : state_of(&pl->chunks[c], kind);
-        if (pl->mem->on_device) {  // (no ZeRO-1 on the device: owned[c] is NULL)
-            owned[c] = mem_alloc(MEM_COMM, sizeof(real) * pl->chunks[c].numel);
-            pl->mem->download(owned[c], full[c], sizeof(real) * pl->chunks[c].numel);
-            full[c] = owned[c];
+        PipelineChunk *ch = &pl->chunks[c];
+        full[c] = is_moment(kind) ? full_moment(pl, ch, kind, &gathered[c]) : state_of(ch, kind);
+        if (pl->mem->on_device) {
+            host[c] = mem_alloc(MEM_COMM, sizeof(real) * ch->numel);
+            pl->mem->download(host[c], full[c], sizeof(real) * ch->numel);
+            full[c] = host[c];
         }
     }
     CommP2P *transfers = calloc((size_t)(pl->p * pl->v), sizeof(CommP2P));
@@ -480,8 +480,11 @@ void pipeline_gather_full(Pipeline *pl, StateKind kind, real *flat) {
     }
     comm_wait(comm_batch_start(pl->pp, transfers, n));
     free(transfers);
-    for (int c = 0; c < pl->v; c++) mem_free(owned[c]);
-    free(full), free(owned);
+    for (int c = 0; c < pl->v; c++) {
+        if (gathered[c]) pl->mem->free(gathered[c]);
+        mem_free(host[c]);
+    }
+    free(full), free(gathered), free(host);
 }
 
 void pipeline_load_full(Pipeline *pl, StateKind kind, const real *flat) {

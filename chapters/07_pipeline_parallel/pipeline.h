@@ -86,8 +86,7 @@ typedef struct {
     Comm *shard_group;         // ZeRO-1 (--dp-shard): the AdamW state sharded over these ranks; else NULL
     const PipelineCompute *compute;  // NULL: pipeline_host_compute on the Model
     void *compute_ctx;               // compute's ctx (with compute NULL: unused)
-    const FsdpMemory *memory;        // the chunks' buffers and inboxes; NULL: fsdp_host_memory. Device
-                                     // memory takes no ZeRO-1 (shard_group) here.
+    const FsdpMemory *memory;        // the chunks' buffers, inboxes and ZeRO-1 staging; NULL: fsdp_host_memory
 } PipelineOptions;
 
 typedef struct {

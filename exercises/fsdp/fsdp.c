@@ -361,21 +361,17 @@ size_t zero_slice_len(size_t numel, size_t shard, size_t mine) {
 }
 
 // The slice is copied by `copy` (memcpy on the host, gpu_copy on the device).
-static CommHandle *gather_slices_start(Comm *group, real *full, size_t shard, real *staging,
-                                       void (*copy)(void *, const void *, size_t)) {
-    copy(staging, full + (size_t)comm_rank(group) * shard, sizeof(real) * shard);
+CommHandle *zero_gather_slices_start(Comm *group, real *full, size_t shard, real *staging, const FsdpMemory *mem) {
+    mem = mem ? mem : &fsdp_host_memory;
+    mem->copy(staging, full + (size_t)comm_rank(group) * shard, sizeof(real) * shard);
     return comm_all_gather_start(group, staging, full, shard, COMM_REAL);
-}
-
-CommHandle *zero_gather_slices_start(Comm *group, real *full, size_t shard, real *staging) {
-    return gather_slices_start(group, full, shard, staging, host_copy);
 }
 
 // Stages 1-2: every rank's updated shard goes back into everyone's full copy.
 static void gather_updated_weights(Fsdp *f) {
     for (int i = 0; i < f->n_units; i++) {
         FsdpUnit *u = &f->units[i];
-        wait_exposed(gather_slices_start(f->shard_group, u->full, u->shard, f->staging, f->mem->copy),
+        wait_exposed(zero_gather_slices_start(f->shard_group, u->full, u->shard, f->staging, f->mem),
                      "fsdp weight all-gather", u->unit);
     }
 }
