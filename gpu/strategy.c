@@ -77,24 +77,41 @@ typedef struct {
     Fsdp *fsdp;  // --dp-shard: chapter 3's module on device memory; NULL otherwise
     Pipeline *pipeline;  // --pp: chapter 7's executor on the GPU model's stages; NULL otherwise
     ContextParallel *cp; // --cp: chapter 8's ring on device buffers; NULL otherwise
+    double *losses;      // (n_losses) device: each micro-batch's mean loss in this step
+    int n_losses;
 } GpuTraining;
 
 // chapters/10_trainer/strategy.c's micro-batch loop on the GPU model: each backward between the
 // layout's begin_backward / end_backward (chapter 3's hooks under --dp-shard; nothing to do for one
-// GPU or DDP), finish_backward after the last.
+// GPU or DDP), finish_backward after the last. Everything is queued: each micro-batch's loss is
+// copied on the stream into g->losses, and the host reads them all with one wait at the end (the
+// same sum, in the same order, as reading each at once). A loss that is not finite stops the run
+// there, before the optimizer step.
 static double gpu_microbatch_loop(Strategy *s, const StepBatch *b) {
     GpuTraining *g = s->impl;
     size_t rows = (size_t)b->micro * b->T;
-    double loss_sum = 0;
+    if (g->n_losses < b->n_micro) {
+        gpu_free(g->losses);
+        g->losses = gpu_alloc(MEM_OTHER, sizeof(double) * b->n_micro);
+        g->n_losses = b->n_micro;
+    }
     for (int mb = 0; mb < b->n_micro; mb++) {
-        double loss = gpu_model_forward(&g->m, b->inputs + mb * rows, b->targets + mb * rows);
-        if (!isfinite(loss)) fatal("step %lld: loss is %g; stopping (try a lower --lr)", b->step, loss);
+        gpu_model_forward_queued(&g->m, b->inputs + mb * rows, b->targets + mb * rows);
+        gpu_copy(g->losses + mb, g->m.loss, sizeof(double));
         s->begin_backward(s, mb == b->n_micro - 1);
         gpu_model_backward(&g->m, 1.0 / b->n_micro);
         s->end_backward(s);
-        loss_sum += loss;
     }
     s->finish_backward(s);
+    double *losses = mem_alloc(MEM_OTHER, sizeof(double) * b->n_micro), loss_sum = 0;
+    gpu_download(losses, g->losses, sizeof(double) * b->n_micro);
+    for (int mb = 0; mb < b->n_micro; mb++) {
+        if (!isfinite(losses[mb]))
+            fatal("step %lld: the loss of micro-batch %d is %g; stopping before the optimizer step (try a lower --lr)",
+                  b->step, mb, losses[mb]);
+        loss_sum += losses[mb];
+    }
+    mem_free(losses);
     return loss_sum / b->n_micro;
 }
 static void no_begin_backward(Strategy *s, bool last) { (void)s, (void)last; }
@@ -224,6 +241,8 @@ static void cuda_free(Strategy *s) {
     if (g->pipeline) pipeline_free(g->pipeline);
     cp_free(g->cp);  // NULL is fine
     gpu_activity_stop();
+    log_info("device: %lld host waits for the stream over the run", gpu_host_waits());
+    gpu_free(g->losses);
     gpu_model_free(&g->m);
     gpu_comm_backend_shutdown();
     gpu_shutdown();

@@ -87,6 +87,15 @@ run gpu1_again 1
 echo "== the single GPU twice: bit-identical"
 $P --log "$T/gpu1_again.log" --log-ref "$T/gpu1.log" --loss-rtol 0
 $P --ckpt "$T/gpu1_again.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --exact
+# The trainer's micro-batch loop is queued (gpu/strategy.c): each micro-batch's loss is copied on the
+# stream and all are read with one wait after the last backward, so 2 micro-batches a step make as
+# many host waits over the run as 1 (the count the log ends with: 8 for 2 steps). Mutation tried:
+# each loss read at once after its forward (10 waits with 1 micro-batch a step, 12 with 2).
+run gpu1_accum2_plain 1 --grad-accum-steps 2
+waits() { sed -n 's/.*device: \([0-9]*\) host waits for the stream over the run.*/\1/p' "$T/$1.log"; }
+[ -n "$(waits gpu1)" ] && [ "$(waits gpu1)" = "$(waits gpu1_accum2_plain)" ] ||
+    { echo "FAIL: host waits: $(waits gpu1) with 1 micro-batch a step, $(waits gpu1_accum2_plain) with 2"; exit 1; }
+echo "ok: $(waits gpu1) host waits over the run with 1 or 2 micro-batches a step"
 
 # Tensor parallelism (--tp 2: Megatron on the GPU model, the sums over the tp group in fp32 on device
 # buffers through the staged backend) against the CPU reference with the tolerances above, and against
