@@ -368,8 +368,8 @@ static void model_shape_tp(GpuModel *m, const ModelConfig *cfg, GpuPrecision pre
     m->ac = ac;
     m->tp_size = tp_size, m->tp_rank = tp_rank;
     m->sequence_parallel = tp_size > 1 && tp->sequence_parallel;
-    if (m->sequence_parallel && (B * T) % tp_size)
-        fatal_input("--sequence-parallel: the %d tokens of a micro-batch must divide by --tp %d", B * T, tp_size);
+    if (m->sequence_parallel && (B * T) % tp_size)  // the trainer refuses this before any work (refuse_layout)
+        fatal("gpu model: sequence parallelism needs B * T = %d rows divisible by tp %d", B * T, tp_size);
     m->rows = m->sequence_parallel ? B * T / tp_size : B * T;
     m->table = tp_size > 1 ? param_table_build_tp(cfg, tp_size) : param_table_build(cfg);  // exits 2 unless tp divides
     int vocab = cfg->vocab_size / tp_size;
