@@ -4,7 +4,7 @@
 #      amaxes and cast-back (tests/gpu/test_gpu_fp8) against chapter 9's, bit for bit, and its FP8 linears'
 #      tensor-parallel pieces on 2 ranks sharing the GPU;
 #   2. compute-sanitizer's memcheck, racecheck and synccheck on the same kernel tests: clean;
-#   3. the model: tiny and small, one step and a loss curve, against the reference
+#   3. the model: tiny and small, one step and 20 steps, against the reference
 #      (test_gpu_model), with a traced step whose GPU timeline passes the Perfetto schema check;
 #   4. NCCL with a world of one rank (test_gpu_nccl, where NCCL was found), the stream-ordering
 #      check included;

@@ -4,10 +4,10 @@
 //   step 1, tiny and small: the fp32 GPU model's loss and every parameter's gradient against
 //       reference_cpu's model_forward/model_backward on the same seed and batch; the bf16 model's too,
 //       with a bf16-sized bound.
-//   10 steps, tiny: the loss curve (fixed batch, clipping at 1.0, AdamW) of the fp32 and bf16 GPU
-//       models against the reference's, each step queued (gpu_model_forward_queued) and its loss
-//       read afterwards: the host must not wait for the stream before the loss is read, and reading
-//       it must be one wait (gpu_host_waits).
+//   20 steps, tiny and small: the loss curve (fixed batch, clipping at 1.0, AdamW) of the fp32 and
+//       bf16 GPU models against the reference's, each step queued (gpu_model_forward_queued) and its
+//       loss read afterwards: the host must not wait for the stream before the loss is read, and
+//       reading it must be one wait (gpu_host_waits).
 //
 // Tolerances, and why:
 //   fp32 loss       1e-5 relative: the same ops in the same order; only summation orders inside the
@@ -15,13 +15,27 @@
 //   fp32 gradients  ||gpu - ref|| / ||ref|| <= 1e-4 per tensor: those per-op differences compound
 //                   through the layers' backward chain (tens of ops), still far below the O(1) error
 //                   of a wrong gradient.
-//   fp32 curve      1e-4 relative per step: AdamW divides by sqrt(v), which amplifies relative
-//                   gradient differences where gradients are tiny; 10 steps keep it small.
-//   bf16            loss 2e-2 relative, gradients 5e-2 relative L2 per tensor, curve 3e-2 per step
-//                   and decreasing: a bf16 model differs from fp32 by ~1e-2 (bf16's 2^-8 per
-//                   rounding, over many roundings); a wrong gradient or update differs by O(1). The
-//                   worst gradient tensor measured 0.0108 (tiny) and 0.0199 (small), the same on the
-//                   emulator and on an H200; 5e-2 is the trainer tests' bf16 bound too.
+//   fp32 curve      every step within 2e-3 nats of the reference's loss. AdamW divides by sqrt(v),
+//                   so a parameter whose gradient is near zero moves by ~lr whatever its sign, and
+//                   the ~1e-7 per-op differences grow over the steps: measured worst 4e-5 nats
+//                   (tiny) and 2.6e-4 nats (small, step 14), on the emulator.
+//   bf16            loss 2e-2 relative, gradients 5e-2 relative L2 per tensor: a bf16 model differs
+//                   from fp32 by ~1e-2 (bf16's 2^-8 per rounding, over many roundings); a wrong
+//                   gradient differs by O(1). The worst gradient tensor measured 0.0108 (tiny) and
+//                   0.0199 (small), the same on the emulator and on an H200; 5e-2 is the trainer
+//                   tests' bf16 bound too.
+//   bf16 curve      every step within 0.6 nats, and the last step within 5% of the reference's
+//                   last loss. The same AdamW effect on bf16's ~1e-2 gradient differences sends the
+//                   curve off the fp32 one and back: small's step 7 measured 2.70 against 3.09
+//                   (0.40 nats), its step 20 0.1105 against 0.1089 (1.5%); tiny stays within 0.008
+//                   nats. AdamW's bias correction frozen at step 1 fails all four curves (0.7 to
+//                   1.5 nats off); weight decay dropped fails tiny's fp32 curve only (0.026 nats:
+//                   lr x wd moves little in 20 steps), so test_gpu_ops checks the AdamW kernel
+//                   against the reference's step itself. A gradient off by a constant factor passes
+//                   every curve (AdamW and clipping are scale-free), which is why the step-1
+//                   gradients are compared directly.
+//   The learning rate is 3e-3 for tiny and 3e-4 for small: at 3e-3 small's loss jumps at step 3
+//   (4.93 -> 6.33) and any difference, even fp32's, grows by orders of magnitude from there.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,16 +125,16 @@ static void test_first_step(const char *config, int B, int T) {
     model_free(&ref);
 }
 
-#define CURVE_STEPS 10
+#define CURVE_STEPS 20
 
-static void test_loss_curve(const char *config, int B, int T) {
+static void test_loss_curve(const char *config, int B, int T, double lr) {
     ModelConfig cfg;
     if (!model_config_lookup(config, &cfg)) fatal("no config %s", config);
     int BT = B * T;
     int *inputs = malloc(sizeof(int) * BT), *targets = malloc(sizeof(int) * BT);
     make_batch(inputs, targets, BT, cfg.vocab_size);
     AdamWConfig adam = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-    const double lr = 3e-3, max_norm = 1.0;
+    const double max_norm = 1.0;
 
     // The reference, as the trainer steps: zero, forward, backward, clip, AdamW (a fixed batch, so
     // the loss must fall).
@@ -158,7 +172,7 @@ static void test_loss_curve(const char *config, int B, int T) {
             if (step_waits > most_step_waits) most_step_waits = step_waits;
             if (loss_waits > most_loss_waits) most_loss_waits = loss_waits;
             if (loss_waits < fewest_loss_waits) fewest_loss_waits = loss_waits;
-            double e = fabs(loss[s] - ref_loss[s]) / fabs(ref_loss[s]);
+            double e = fabs(loss[s] - ref_loss[s]);
             if (!(e <= worst)) worst = e, worst_step = s + 1;
         }
         char name[96];
@@ -166,11 +180,13 @@ static void test_loss_curve(const char *config, int B, int T) {
         report(name, most_step_waits == 0 && most_loss_waits == 1 && fewest_loss_waits == 1,
                "at most %lld before the loss is read (want 0), %lld to %lld to read it (want 1)", most_step_waits,
                fewest_loss_waits, most_loss_waits);
-        double tol = bf16 ? 3e-2 : 1e-4;
+        double tol = bf16 ? 0.6 : 2e-3, last_tol = bf16 ? 0.05 : 0;
+        double last = loss[CURVE_STEPS - 1], ref_last = ref_loss[CURVE_STEPS - 1];
+        double last_rel = fabs(last - ref_last) / fabs(ref_last);
         snprintf(name, sizeof name, "%s %s %d-step loss curve", config, bf16 ? "bf16" : "fp32", CURVE_STEPS);
-        report(name, worst <= tol && loss[CURVE_STEPS - 1] < loss[0] - 0.1,
-               "%.4f -> %.4f (reference %.4f -> %.4f); worst step %d: %.2g relative (bound %.0e)", loss[0],
-               loss[CURVE_STEPS - 1], ref_loss[0], ref_loss[CURVE_STEPS - 1], worst_step, worst, tol);
+        report(name, worst <= tol && (!bf16 || last_rel <= last_tol) && last < loss[0] - 0.1,
+               "%.4f -> %.4f (reference %.4f -> %.4f, last %.2g relative); worst step %d: %.2g nats (bound %g)",
+               loss[0], last, ref_loss[0], ref_last, last_rel, worst_step, worst, tol);
         gpu_model_free(&m);
     }
     free(inputs), free(targets), free(adam_m), free(adam_v);
@@ -216,7 +232,8 @@ int main(int argc, char **argv) {
     const char *trace_path = argc == 3 && strcmp(argv[1], "--trace") == 0 ? argv[2] : NULL;
     test_first_step("tiny", 4, 32);
     test_first_step("small", 2, 128);
-    test_loss_curve("tiny", 4, 32);
+    test_loss_curve("tiny", 4, 32, 3e-3);
+    test_loss_curve("small", 2, 64, 3e-4);
     test_timeline(trace_path);
     return gpu_test_finish("test_gpu_model");
 }
