@@ -300,7 +300,10 @@ cudaError_t emu_drain() {
 void __trap() { sticky_error = cudaErrorLaunchFailure; }
 cudaError_t cudaGetLastError() { return cudaSuccess; }  // launches are checked in emu_launch
 const char *cudaGetErrorString(cudaError_t err) {
-    return err == cudaSuccess ? "no error" : err == cudaErrorLaunchFailure ? "unspecified launch failure" : "error";
+    return err == cudaSuccess                ? "no error"
+           : err == cudaErrorLaunchFailure ? "unspecified launch failure"
+           : err == cudaErrorInvalidValue  ? "invalid argument"
+                                           : "error";
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t *e) {

@@ -169,6 +169,14 @@ int main(int argc, char **argv) {
     for (int t = 0; t < 96; t++) ok = ok && std::isnan(smem_out[t]) && smem_out[96 + t] == (float)(95 - t);
     expect(ok, "dynamic shared memory: poisoned with NaN, then shared by the block");
 
+    // The shared-memory carveout is a percentage (or -1, the default): the hardware's range, checked.
+    ok = cudaFuncSetAttribute(dynamic_smem_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                              cudaSharedmemCarveoutMaxShared) == cudaSuccess &&
+         cudaFuncSetAttribute(dynamic_smem_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, -1) == cudaSuccess &&
+         cudaFuncSetAttribute(dynamic_smem_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 101) ==
+             cudaErrorInvalidValue;
+    expect(ok, "cudaFuncAttributePreferredSharedMemoryCarveout: 100 and -1 accepted, 101 refused");
+
     // bf16 bit casts: 1.5 is 0x3fc0, -2 is 0xc000, and back.
     ok = __bfloat16_as_ushort(__float2bfloat16_rn(1.5f)) == 0x3fc0 &&
          __bfloat16_as_ushort(__float2bfloat16_rn(-2.0f)) == 0xc000 &&

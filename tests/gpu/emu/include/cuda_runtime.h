@@ -70,6 +70,7 @@ typedef int cudaError_t;
 #define cudaSuccess 0
 #define cudaErrorLaunchFailure 719
 #define cudaErrorNotReady 600
+#define cudaErrorInvalidValue 1
 // Streams: each launch, copy, event record and NCCL call is queued on its stream with a simulated
 // duration, and nothing runs until the host synchronises (a stream, an event, a blocking copy, a
 // free). Then the queued work runs one operation at a time in the order of its simulated
@@ -84,12 +85,16 @@ typedef EmuStream *cudaStream_t;  // nullptr: the compute stream (gpu_stream())
 void __trap();
 cudaError_t cudaGetLastError();
 const char *cudaGetErrorString(cudaError_t err);
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize, cudaFuncAttributePreferredSharedMemoryCarveout };
+enum { cudaSharedmemCarveoutDefault = -1, cudaSharedmemCarveoutMaxL1 = 0, cudaSharedmemCarveoutMaxShared = 100 };
 // Records the opt-in limit; emu_launch refuses more dynamic shared memory than the kernel opted into
-// (or 48 KiB without), as the hardware does.
+// (or 48 KiB without), as the hardware does. The carveout (a percentage of the unified L1/shared
+// memory, or -1) is only a hint to the hardware's scheduler: checked for range, otherwise ignored.
 void emu_set_max_dynamic_smem(const void *kernel, int bytes);
-template <typename Kernel> cudaError_t cudaFuncSetAttribute(Kernel kernel, cudaFuncAttribute, int bytes) {
-    emu_set_max_dynamic_smem(reinterpret_cast<const void *>(kernel), bytes);
+template <typename Kernel> cudaError_t cudaFuncSetAttribute(Kernel kernel, cudaFuncAttribute attr, int value) {
+    if (attr == cudaFuncAttributePreferredSharedMemoryCarveout)
+        return value >= -1 && value <= 100 ? cudaSuccess : cudaErrorInvalidValue;
+    emu_set_max_dynamic_smem(reinterpret_cast<const void *>(kernel), value);
     return cudaSuccess;
 }
 
