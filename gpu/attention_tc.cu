@@ -299,7 +299,7 @@ flash_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, con
 // would spill. On an H100 at llama3_1b's shapes (8 x 2048, 32 heads, 8 KV heads, head_dim 64): dQ
 // then uses 128 registers, not 152, and 4 blocks fit an SM instead of 3 (ncu: 1.75 -> 1.48 ms);
 // dK/dV keeps its 168 registers and 3 blocks (without a request the compiler chose 168 too, and
-// with a request of 1 it took 186, leaving room for 2). The whole backward went 4.57 -> 4.30 ms.
+// with a request of 1 it took 186, leaving room for 2). The whole backward went 4.56 -> 4.30 ms.
 template <int HD_MAX> constexpr int dq_min_blocks() { return HD_MAX <= 64 ? 4 : 0; }
 template <int HD_MAX> constexpr int dkdv_min_blocks() { return HD_MAX <= 64 ? 3 : 0; }
 
