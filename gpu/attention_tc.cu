@@ -32,7 +32,7 @@
 //
 // Differences from attention.cu's arithmetic, all FlashAttention-2's: the operands of the second
 // products (P, dS) are rounded to bf16; the sums inside a 16-wide k-step are the tensor core's; the
-// probabilities' exp is the device's __expf (numerics.h's exp_fast), a few ulp off expf.
+// probabilities' exp is ex2.approx of one fma (numerics.h's exp2_weight), a few ulp off expf.
 // Every fragment is loaded from shared memory by ldmatrix (gpu/mma.cuh): four 8x8 blocks per instruction.
 #include "gpu/attention.cuh"
 #include "gpu/mma.cuh"
@@ -245,27 +245,38 @@ flash_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, con
         const bf16 *Ks = kt.K, *Vs = kt.V;
         const int *k_pos_s = kt.pos;
 
-        float s[SCORE_TILES][4];  // S = Q K^T, then P: the warp's 16 rows x the tile's 64 keys
+        float s[SCORE_TILES][4];  // S = Q K^T (unscaled), then P: the warp's 16 rows x the tile's 64 keys
         warp_scores<HD_MAX>(s, Qs, Ks, L.ld, row0, p.hd);
+        // The largest score of each of the lane's rows, masked scores set to -inf first where the tile
+        // is not wholly visible (a block-wide branch: the full tiles' loop has no per-element test).
+        // The scale is positive and rounding monotonic, so max(s) scale is exactly max(s scale).
         float tile_max[2] = {-INFINITY, -INFINITY};
+        if (!full) {
+#pragma unroll
+            for (int n = 0; n < SCORE_TILES; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = row0 + acc_row(e), c = n * 8 + acc_col(e);
+                    if (!(i0 + r < p.Tq && j0 + c < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c])))
+                        s[n][e] = -INFINITY;
+                }
+        }
 #pragma unroll
         for (int n = 0; n < SCORE_TILES; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r = row0 + acc_row(e), c = n * 8 + acc_col(e);
-                bool visible =
-                    full || (i0 + r < p.Tq && j0 + c < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c]));
-                s[n][e] = visible ? s[n][e] * p.scale : -INFINITY;
-                tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
-            }
+            for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
         float correction[2], weight_sum[2] = {0.0f, 0.0f};
+        Exp2Arg arg[2];  // exp(s scale - m) as one fma and one ex2 per score (numerics.h)
 #pragma unroll
-        for (int half = 0; half < 2; half++) correction[half] = online_softmax_rescale(&st[half], group_max(tile_max[half]));
+        for (int half = 0; half < 2; half++) {
+            correction[half] = online_softmax_rescale(&st[half], group_max(tile_max[half]) * p.scale);
+            arg[half] = exp2_arg(p.scale, st[half].m);
+        }
 #pragma unroll
         for (int n = 0; n < SCORE_TILES; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                s[n][e] = online_softmax_weight_fast(&st[e / 2], s[n][e]);
+                s[n][e] = exp2_weight(arg[e / 2], s[n][e]);  // a masked score: 2^-inf = 0
                 weight_sum[e / 2] += s[n][e];
             }
 #pragma unroll
@@ -326,6 +337,9 @@ flash_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf1
         row_D[half] = i < p.Tq ? dvec[stat_offset(p, b, h, i)] : 0.0f;
     }
 
+    // exp(s scale - lse) as one fma and one ex2 (numerics.h); a row with lse -inf (past Tq, or it
+    // saw no key) has every score masked, so its probabilities are 2^-inf = 0.
+    const Exp2Arg arg[2] = {exp2_arg(p.scale, row_lse[0]), exp2_arg(p.scale, row_lse[1])};
     float acc[HD_MAX / 8][4];  // dQ of the warp's rows
     zero<HD_MAX / 8>(acc);
 
@@ -342,15 +356,23 @@ flash_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf1
         float s[SCORE_TILES][4], dp[SCORE_TILES][4];  // S = Q K^T (then dS) and dP = dO V^T
         warp_scores<HD_MAX>(s, Qs, Ks, L.ld, row0, p.hd);
         warp_scores<HD_MAX>(dp, dOs, Vs, L.ld, row0, p.hd);
+        if (!full) {  // masked scores to -inf, whose probability 2^-inf is 0 (as forward)
+#pragma unroll
+            for (int n = 0; n < SCORE_TILES; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int r = row0 + acc_row(e), c = n * 8 + acc_col(e);
+                    if (!(row_lse[e / 2] != -INFINITY && j0 + c < p.Tk &&
+                          attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c])))
+                        s[n][e] = -INFINITY;
+                }
+        }
 #pragma unroll
         for (int n = 0; n < SCORE_TILES; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int r = row0 + acc_row(e), c = n * 8 + acc_col(e), half = e / 2;
-                bool visible = full || (row_lse[half] != -INFINITY && j0 + c < p.Tk &&
-                                        attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c]));
-                float prob = visible ? exp_fast(s[n][e] * p.scale - row_lse[half]) : 0.0f;
-                s[n][e] = prob * (dp[n][e] - row_D[half]) * p.scale;
+                float prob = exp2_weight(arg[e / 2], s[n][e]);  // P = exp(S scale - lse)
+                s[n][e] = prob * (dp[n][e] - row_D[e / 2]) * p.scale;
             }
         warp_accumulate<HD_MAX>(acc, s, Ks, L.ld, p.hd);  // dQ += bf16(dS) K
         __syncthreads();  // before this stage is refilled
@@ -383,6 +405,7 @@ flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *
     int max_k_pos;
     const int min_k_pos = min_key_position(k_pos_s, &max_k_pos);
 
+    const float scale_log2 = p.scale * LOG2E_F;
     float dk_acc[HD_MAX / 8][4], dv_acc[HD_MAX / 8][4];  // of the warp's keys
     zero<HD_MAX / 8>(dk_acc);
     zero<HD_MAX / 8>(dv_acc);
@@ -410,14 +433,26 @@ flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *
         float st[SCORE_TILES][4], dpt[SCORE_TILES][4];  // S^T = K Q^T (then P^T), dP^T = V dO^T (then dS^T)
         warp_scores<HD_MAX>(st, Ks, Qs, L.ld, row0, p.hd);
         warp_scores<HD_MAX>(dpt, Vs, dOs, L.ld, row0, p.hd);
+        if (!full) {  // masked scores to -inf, whose probability 2^-inf is 0 (as forward)
+#pragma unroll
+            for (int t = 0; t < SCORE_TILES; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = row0 + acc_row(e), r = t * 8 + acc_col(e);  // a row per key, a column per query
+                    if (!(j0 + key < p.Tk && lse_s[r] != -INFINITY &&
+                          attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[key])))
+                        st[t][e] = -INFINITY;
+                }
+        }
 #pragma unroll
         for (int t = 0; t < SCORE_TILES; t++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int key = row0 + acc_row(e), r = t * 8 + acc_col(e);  // a row per key, a column per query
-                bool visible = full || (j0 + key < p.Tk && lse_s[r] != -INFINITY &&
-                                        attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[key]));
-                float prob = visible ? exp_fast(st[t][e] * p.scale - lse_s[r]) : 0.0f;
+                int r = t * 8 + acc_col(e);
+                // exp(s scale - lse) as exp2_weight; lse is -inf only for rows whose scores are all
+                // masked here, and then the -inf offset's 0 stands in (exp2_arg's rule).
+                float lse_log2 = lse_s[r] == -INFINITY ? 0.0f : lse_s[r] * LOG2E_F;
+                float prob = exp2_fast(fmaf(st[t][e], scale_log2, -lse_log2));
                 st[t][e] = prob;
                 dpt[t][e] = prob * (dpt[t][e] - D_s[r]) * p.scale;
             }

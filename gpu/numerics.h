@@ -108,19 +108,35 @@ GPU_HD float online_softmax_rescale(OnlineSoftmax *st, float tile_max) {
 GPU_HD float online_softmax_weight(const OnlineSoftmax *st, float score) {
     return score == -INFINITY ? 0.0f : exp_kernel(score - st->m);
 }
-// The same for the tensor-core kernels, whose weights are rounded to bf16 (2^-9 relative) before
-// their product: the device's __expf, ex2.approx of x log2(e), two instructions against expf's range
-// reduction around the same ex2 (its error, a few ulp for the arguments softmax sees, is far below
-// that rounding). On the host the reference's exp, as exp_kernel.
-GPU_HD float exp_fast(float x) {
+// The tensor-core kernels' exp, whose weights are rounded to bf16 (2^-9 relative) before their
+// product: 2^x as one instruction, ex2.approx.ftz (results below 2^-126 flushed to 0; its error, about
+// 2 ulp, is far below that rounding), where __expf's non-ftz form spends five more instructions
+// per call on the flushed range. 2^-inf = 0 exactly, so a masked score (-inf) needs no test.
+// The kernels fold the scale and log2(e) into one fma: exp(s scale - m) = 2^(s scale log2e - m log2e)
+// (exp2_arg). On the host, exp2f.
+GPU_HD float exp2_fast(float x) {
 #ifdef __CUDA_ARCH__
-    return __expf(x);
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
 #endif
-    return exp_kernel(x);
 }
-GPU_HD float online_softmax_weight_fast(const OnlineSoftmax *st, float score) {
-    return score == -INFINITY ? 0.0f : exp_fast(score - st->m);
+#define LOG2E_F 1.4426950408889634f
+// The fma's two constants for a row whose largest scaled score (or lse) is m: exp(s scale - m) =
+// exp2_fast(fmaf(s, c.scale_log2, c.neg_m_log2)). m = -inf (the row has seen nothing visible) gives
+// 0 for the offset, so that masked scores (-inf) still give 0 and never NaN.
+typedef struct {
+    float scale_log2, neg_m_log2;
+} Exp2Arg;
+GPU_HD Exp2Arg exp2_arg(float scale, float m) {
+    Exp2Arg c;
+    c.scale_log2 = scale * LOG2E_F;
+    c.neg_m_log2 = m == -INFINITY ? 0.0f : -m * LOG2E_F;
+    return c;
 }
+GPU_HD float exp2_weight(Exp2Arg c, float s) { return exp2_fast(fmaf(s, c.scale_log2, c.neg_m_log2)); }
 GPU_HD void online_softmax_add(OnlineSoftmax *st, float tile_weight_sum) { st->l += tile_weight_sum; }
 // The row's log-sum-exp, and an element of its output from the accumulator: -inf and 0 when the
 // row saw no key (as in reference_cpu, which ring attention relies on to merge such rows away).
