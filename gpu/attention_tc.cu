@@ -138,7 +138,7 @@ __device__ bool wait_key_tile(const KeyStage &st, const AttnParams &p, int i0, i
 struct QueryStage {  // the dK/dV kernel's query tile
     bf16 *Q, *dO;
     int *pos;
-    float *lse, *D;  // lse log2(e) and D scale, per query row
+    float *lse, *D;  // lse log2(e) (+inf: the row saw no key) and D scale, per query row
 };
 __device__ QueryStage query_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int stage) {
     const int at = stage * L.stage_bytes;
@@ -147,7 +147,8 @@ __device__ QueryStage query_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int 
 }
 // Step n of the dK/dV kernel's walk over its group's query tiles (head g group + n / tiles, tile
 // n % tiles) into stage st: the rows' positions, lse and D (attention.cuh's load_query_rows; lse then
-// times log2(e) and D times the scale, as the kernel's fmas take them), then,
+// times log2(e), +inf for a row that saw no key, and D times the scale, as the kernel's fmas take
+// them), then,
 // unless causal and no query of it reaches the block's first key (min_k_pos), its Q and dO queued;
 // the group committed (empty past the last step, as prefetch_key_tile). Returns whether the tile is
 // needed, on every thread.
@@ -161,7 +162,10 @@ __device__ bool prefetch_query_tile(const QueryStage &st, int ld, const bf16 *q,
     const int h = g * p.group + n / tiles, i0 = (n % tiles) * ATTN_BR;
     load_query_rows(st.pos, st.lse, st.D, p, lse, dvec, b, h, i0);
     if (threadIdx.x < ATTN_BR) {  // the row this thread wrote, in the units the kernel's fmas take
-        st.lse[threadIdx.x] *= LOG2E_F;  // -inf (the row saw no key) stays -inf
+        const float l = st.lse[threadIdx.x];
+        // A row that saw no key (lse -inf; past Tq among them) gets +inf: every probability of it is
+        // then 2^(s - inf) = 0, masked (s = -inf) or not, with no test of its own.
+        st.lse[threadIdx.x] = l == -INFINITY ? INFINITY : l * LOG2E_F;
         st.D[threadIdx.x] *= p.scale;
     }
     const bool needed = !p.causal || __syncthreads_or(threadIdx.x < ATTN_BR && st.pos[threadIdx.x] >= min_k_pos);
@@ -459,37 +463,32 @@ flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *
         if (!needed) continue;
         const bf16 *Qs = qt.Q, *dOs = qt.dO;
         const int *q_pos_s = qt.pos;
-        const float *lse2_s = qt.lse, *Ds_s = qt.D;  // lse log2(e) and D scale (prefetch_query_tile)
+        const float *lse2_s = qt.lse, *Ds_s = qt.D;  // lse log2(e) (+inf: saw no key), D scale (prefetch_query_tile)
 
         float st[SCORE_TILES][4], dpt[SCORE_TILES][4];  // S^T = K Q^T (then P^T), dP^T = V dO^T (then dS^T)
         warp_scores<HD_MAX>(st, Ks, Qs, L.ld, row0, p.hd);
         warp_scores<HD_MAX>(dpt, Vs, dOs, L.ld, row0, p.hd);
-        // P^T = exp(S^T scale - lse) = 2^(S^T scale log2(e) - lse log2(e)), and dS^T = P^T (dP^T - D)
-        // scale = P^T (dP^T scale - D scale): an fma, an ex2, an fma and a multiply a score. Only the
-        // tiles crossing the diagonal test each element (a block-wide branch, as forward's).
-        if (full) {  // every query saw these keys: its lse is finite
+        if (!full) {  // masked scores to -inf, whose probability 2^-inf is 0 (rows with no key: lse2 +inf)
 #pragma unroll
             for (int t = 0; t < SCORE_TILES; t++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    int r = t * 8 + acc_col(e);  // a row per key, a column per query
-                    float prob = exp2_fast(fmaf(st[t][e], scale_log2, -lse2_s[r]));
-                    st[t][e] = prob;
-                    dpt[t][e] = prob * fmaf(dpt[t][e], p.scale, -Ds_s[r]);
-                }
-        } else {
-#pragma unroll
-            for (int t = 0; t < SCORE_TILES; t++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int key = row0 + acc_row(e), r = t * 8 + acc_col(e);
-                    bool visible = j0 + key < p.Tk && lse2_s[r] != -INFINITY &&
-                                   attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[key]);
-                    float prob = visible ? exp2_fast(fmaf(st[t][e], scale_log2, -lse2_s[r])) : 0.0f;
-                    st[t][e] = prob;
-                    dpt[t][e] = prob * fmaf(dpt[t][e], p.scale, -Ds_s[r]);
+                    int key = row0 + acc_row(e), r = t * 8 + acc_col(e);  // a row per key, a column per query
+                    if (!(j0 + key < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[key])))
+                        st[t][e] = -INFINITY;
                 }
         }
+        // P^T = exp(S^T scale - lse) = 2^(S^T scale log2(e) - lse log2(e)), and dS^T = P^T (dP^T - D)
+        // scale = P^T (dP^T scale - D scale): an fma, an ex2, an fma and a multiply a score.
+#pragma unroll
+        for (int t = 0; t < SCORE_TILES; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = t * 8 + acc_col(e);
+                float prob = exp2_fast(fmaf(st[t][e], scale_log2, -lse2_s[r]));
+                st[t][e] = prob;
+                dpt[t][e] = prob * fmaf(dpt[t][e], p.scale, -Ds_s[r]);
+            }
         warp_accumulate<HD_MAX>(dv_acc, st, dOs, L.ld, p.hd);  // dV += bf16(P^T) dO
         warp_accumulate<HD_MAX>(dk_acc, dpt, Qs, L.ld, p.hd);  // dK += bf16(dS^T) Q
         __syncthreads();  // before this stage is refilled
