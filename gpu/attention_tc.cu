@@ -234,9 +234,9 @@ template <int N> __device__ __forceinline__ void zero(float acc[N][4]) {
         for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
 }
 // row[d] += acc (or = acc, with `set`) for the lane's columns d = 8n + 2t, 8n + 2t + 1 of
-// accumulator row `half` (0: row g, 1: row g + 8), each rounded to bf16 once.
-template <int HD_MAX>
-__device__ void store_row(bf16 *row, const float acc[HD_MAX / 8][4], int half, int hd, bool set) {
+// accumulator row `half` (0: row g, 1: row g + 8), each rounded to T (bf16, or fp32: exact) once.
+template <int HD_MAX, typename T>
+__device__ void store_row(T *row, const float acc[HD_MAX / 8][4], int half, int hd, bool set) {
 #pragma unroll
     for (int n = 0; n < HD_MAX / 8; n++) {
         if (n * 8 >= hd) break;
@@ -244,16 +244,16 @@ __device__ void store_row(bf16 *row, const float acc[HD_MAX / 8][4], int half, i
         for (int e = 0; e < 4; e++) {
             if (e / 2 != half) continue;
             int d = n * 8 + acc_col(e);
-            row[d] = from_f32<bf16>(set ? acc[n][e] : to_f32(row[d]) + acc[n][e]);
+            row[d] = from_f32<T>(set ? acc[n][e] : to_f32(row[d]) + acc[n][e]);
         }
     }
 }
 
 // ================================ forward ========================================================
 
-template <int HD_MAX>
+template <int HD_MAX, typename OutT>
 __global__ void __launch_bounds__(ATTN_TC_THREADS)
-flash_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, AttnParams p) {
+flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, AttnParams p) {
     GPU_DYNAMIC_SMEM(Chunk16, smem);
     const AttnTcSmemLayout L = attn_tc_smem_layout(ATTN_KERNEL_FORWARD, p.hd);
     bf16 *Qs = SMEM_AT(bf16, L.q);
@@ -334,7 +334,7 @@ flash_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, con
     for (int half = 0; half < 2; half++) {
         int i = i0 + row0 + lane_group() + 8 * half;
         if (i >= p.Tq) continue;
-        store_row<HD_MAX>(out + q_offset(p, b, i, h), o, half, p.hd, true);
+        store_row<HD_MAX, OutT>(out + q_offset(p, b, i, h), o, half, p.hd, true);
         if (lane_in_group() == 0) lse[stat_offset(p, b, h, i)] = online_softmax_lse(&st[half]);
     }
 }
@@ -349,9 +349,9 @@ flash_forward_tc_kernel(bf16 *out, float *lse, const bf16 *q, const bf16 *k, con
 template <int HD_MAX> constexpr int dq_min_blocks() { return HD_MAX <= 64 ? 4 : 0; }
 template <int HD_MAX> constexpr int dkdv_min_blocks() { return HD_MAX <= 64 ? 3 : 0; }
 
-template <int HD_MAX>
+template <int HD_MAX, typename GradT>
 __global__ void __launch_bounds__(ATTN_TC_THREADS, dq_min_blocks<HD_MAX>())
-flash_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                             const float *lse, const float *dvec, AttnParams p) {
     GPU_DYNAMIC_SMEM(Chunk16, smem);
     const AttnTcSmemLayout L = attn_tc_smem_layout(ATTN_KERNEL_BACKWARD_DQ, p.hd);
@@ -417,13 +417,13 @@ flash_backward_dq_tc_kernel(bf16 *dq, const bf16 *dout, const bf16 *q, const bf1
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         int i = i0 + row0 + lane_group() + 8 * half;
-        if (i < p.Tq) store_row<HD_MAX>(dq + q_offset(p, b, i, h), acc, half, p.hd, false);
+        if (i < p.Tq) store_row<HD_MAX, GradT>(dq + q_offset(p, b, i, h), acc, half, p.hd, false);
     }
 }
 
-template <int HD_MAX>
+template <int HD_MAX, typename GradT>
 __global__ void __launch_bounds__(ATTN_TC_THREADS, dkdv_min_blocks<HD_MAX>())
-flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                               const float *lse, const float *dvec, AttnParams p) {
     GPU_DYNAMIC_SMEM(Chunk16, smem);
     const AttnTcSmemLayout L = attn_tc_smem_layout(ATTN_KERNEL_BACKWARD_DKDV, p.hd);
@@ -498,8 +498,8 @@ flash_backward_dkdv_tc_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *
     for (int half = 0; half < 2; half++) {
         int j = j0 + row0 + lane_group() + 8 * half;
         if (j >= p.Tk) continue;
-        store_row<HD_MAX>(dk + kv_offset(p, b, j, g), dk_acc, half, p.hd, false);
-        store_row<HD_MAX>(dv + kv_offset(p, b, j, g), dv_acc, half, p.hd, false);
+        store_row<HD_MAX, GradT>(dk + kv_offset(p, b, j, g), dk_acc, half, p.hd, false);
+        store_row<HD_MAX, GradT>(dv + kv_offset(p, b, j, g), dv_acc, half, p.hd, false);
     }
 }
 
@@ -559,22 +559,44 @@ static size_t prepare_tc(Kernel kernel, AttnKernel which, int head_dim) {
 }
 
 // HD_MAX: the accumulators' size in registers, 64 or 128 (head_dim up to it).
-template <int HD_MAX>
-static void launch_forward_tc(bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnParams &p) {
-    size_t smem = prepare_tc(flash_forward_tc_kernel<HD_MAX>, ATTN_KERNEL_FORWARD, p.hd);
+// OutT / GradT: bf16 (the model's tensors) or float (context parallelism's ring, which merges and sums
+// its blocks' outputs and gradients in fp32).
+template <int HD_MAX, typename OutT>
+static void launch_forward_tc(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnParams &p) {
+    size_t smem = prepare_tc(flash_forward_tc_kernel<HD_MAX, OutT>, ATTN_KERNEL_FORWARD, p.hd);
     dim3 grid((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
-    GPU_LAUNCH(flash_forward_tc_kernel<HD_MAX>, grid, ATTN_TC_THREADS, smem, out, lse, q, k, v, p);
+    GPU_LAUNCH((flash_forward_tc_kernel<HD_MAX, OutT>), grid, ATTN_TC_THREADS, smem, out, lse, q, k, v, p);
 }
-template <int HD_MAX>
-static void launch_backward_tc(bf16 *dq, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
+template <int HD_MAX, typename GradT>
+static void launch_backward_tc(GradT *dq, GradT *dk, GradT *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                                const bf16 *v, const float *lse, const float *dvec, const AttnParams &p) {
-    size_t smem = prepare_tc(flash_backward_dq_tc_kernel<HD_MAX>, ATTN_KERNEL_BACKWARD_DQ, p.hd);
+    size_t smem = prepare_tc(flash_backward_dq_tc_kernel<HD_MAX, GradT>, ATTN_KERNEL_BACKWARD_DQ, p.hd);
     dim3 grid_q((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
-    GPU_LAUNCH(flash_backward_dq_tc_kernel<HD_MAX>, grid_q, ATTN_TC_THREADS, smem, dq, dout, q, k, v, lse, dvec, p);
-    smem = prepare_tc(flash_backward_dkdv_tc_kernel<HD_MAX>, ATTN_KERNEL_BACKWARD_DKDV, p.hd);
-    dim3 grid_kv((p.Tk + ATTN_BC - 1) / ATTN_BC, p.KV, p.B);
-    GPU_LAUNCH(flash_backward_dkdv_tc_kernel<HD_MAX>, grid_kv, ATTN_TC_THREADS, smem, dk, dv, dout, q, k, v, lse,
+    GPU_LAUNCH((flash_backward_dq_tc_kernel<HD_MAX, GradT>), grid_q, ATTN_TC_THREADS, smem, dq, dout, q, k, v, lse,
                dvec, p);
+    smem = prepare_tc(flash_backward_dkdv_tc_kernel<HD_MAX, GradT>, ATTN_KERNEL_BACKWARD_DKDV, p.hd);
+    dim3 grid_kv((p.Tk + ATTN_BC - 1) / ATTN_BC, p.KV, p.B);
+    GPU_LAUNCH((flash_backward_dkdv_tc_kernel<HD_MAX, GradT>), grid_kv, ATTN_TC_THREADS, smem, dk, dv, dout, q, k, v,
+               lse, dvec, p);
+}
+template <typename OutT>
+static void forward_tc(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnShape *s) {
+    AttnParams p = attn_params_of(s);
+    if (p.B == 0 || p.Tq == 0) return;
+    if (p.hd <= 64) launch_forward_tc<64, OutT>(out, lse, q, k, v, p);
+    else launch_forward_tc<128, OutT>(out, lse, q, k, v, p);
+}
+// D = rowsum(dO O) from the bf16 dout and out, then the dQ and dK/dV kernels.
+template <typename GradT>
+static void backward_tc(GradT *dq, GradT *dk, GradT *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                        const bf16 *out, const float *lse, const AttnShape *s) {
+    AttnParams p = attn_params_of(s);
+    if (p.B == 0 || p.Tq == 0 || p.Tk == 0) return;
+    float *dvec = (float *)gpu_scratch_alloc((size_t)p.B * p.H * p.Tq * sizeof(float));
+    attention_dvec_bf16(dvec, dout, out, p);
+    if (p.hd <= 64) launch_backward_tc<64, GradT>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
+    else launch_backward_tc<128, GradT>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
+    gpu_scratch_free(dvec);
 }
 
 extern "C" bool gpu_attention_bf16_uses_tensor_cores(const AttnShape *s) { return tc_supported(s); }
@@ -585,10 +607,7 @@ extern "C" void gpu_attention_forward_bf16(gpu_bf16 *out, float *lse, const gpu_
         gpu_attention_forward_bf16_simt(out, lse, q, k, v, s);
         return;
     }
-    AttnParams p = attn_params_of(s);
-    if (p.B == 0 || p.Tq == 0) return;
-    if (p.hd <= 64) launch_forward_tc<64>(out, lse, q, k, v, p);
-    else launch_forward_tc<128>(out, lse, q, k, v, p);
+    forward_tc<bf16>(out, lse, q, k, v, s);
 }
 
 extern "C" void gpu_attention_backward_bf16(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, const gpu_bf16 *dout,
@@ -601,13 +620,23 @@ extern "C" void gpu_attention_backward_bf16(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16
         gpu_attention_backward_bf16_simt(dq, dk, dv, dout, q, k, v, out, lse, s);
         return;
     }
-    AttnParams p = attn_params_of(s);
-    if (p.B == 0 || p.Tq == 0 || p.Tk == 0) return;
-    float *dvec = (float *)gpu_scratch_alloc((size_t)p.B * p.H * p.Tq * sizeof(float));
-    attention_dvec_bf16(dvec, dout, out, p);
-    if (p.hd <= 64) launch_backward_tc<64>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
-    else launch_backward_tc<128>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
-    gpu_scratch_free(dvec);
+    backward_tc<bf16>(dq, dk, dv, dout, q, k, v, out, lse, s);
+}
+
+// bf16 operands, fp32 results (ops.h): the same kernels storing float. The caller checks
+// gpu_attention_bf16_uses_tensor_cores and the 16-byte alignment of the bf16 tensors.
+extern "C" void gpu_attention_forward_bf16_into_f32(float *out, float *lse, const gpu_bf16 *q, const gpu_bf16 *k,
+                                                    const gpu_bf16 *v, const AttnShape *s) {
+    if (!tc_supported(s)) fatal("gpu_attention_forward_bf16_into_f32: head_dim %d: not a multiple of 16 up to %d",
+                                s->head_dim, ATTN_MAX_HEAD_DIM);
+    forward_tc<float>(out, lse, q, k, v, s);
+}
+extern "C" void gpu_attention_backward_bf16_into_f32(float *dq, float *dk, float *dv, const gpu_bf16 *dout,
+                                                     const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                                                     const gpu_bf16 *out, const float *lse, const AttnShape *s) {
+    if (!tc_supported(s)) fatal("gpu_attention_backward_bf16_into_f32: head_dim %d: not a multiple of 16 up to %d",
+                                s->head_dim, ATTN_MAX_HEAD_DIM);
+    backward_tc<float>(dq, dk, dv, dout, q, k, v, out, lse, s);
 }
 
 extern "C" void gpu_attention_tc_fragment_check(float *c, float *c_t, float *e, const gpu_bf16 *a,

@@ -15,6 +15,9 @@ extern "C" {
 #endif
 
 extern const CpCompute gpu_cp_compute;
+// The bf16 model's: its fp32 ring buffers hold bf16 values (exactly), and each block runs on the
+// tensor-core kernels (gpu/attention_tc.cu) with fp32 results; merges and sums as gpu_cp_compute.
+extern const CpCompute gpu_cp_compute_bf16;
 
 #ifdef __cplusplus
 }

@@ -145,6 +145,15 @@ void gpu_attention_backward_bf16(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, const
 // gpu_attention_bf16_uses_tensor_cores(s) -- head_dim a multiple of 16 -- and every tensor is 16-byte
 // aligned; elsewhere on the CUDA cores in fp32 (gpu/attention.cu), which the _simt pair always runs.
 bool gpu_attention_bf16_uses_tensor_cores(const AttnShape *s);
+// The same tensor-core kernels with fp32 results: out (written) and dq, dk, dv (accumulated, +=) in
+// float, each stored once from the fp32 accumulators; lse as above. For context parallelism's ring,
+// which merges its blocks' outputs and sums their gradients in fp32 (gpu/cp_device.h). Only where
+// gpu_attention_bf16_uses_tensor_cores(s), with the bf16 tensors 16-byte aligned.
+void gpu_attention_forward_bf16_into_f32(float *out, float *lse, const gpu_bf16 *q, const gpu_bf16 *k,
+                                         const gpu_bf16 *v, const AttnShape *s);
+void gpu_attention_backward_bf16_into_f32(float *dq, float *dk, float *dv, const gpu_bf16 *dout, const gpu_bf16 *q,
+                                          const gpu_bf16 *k, const gpu_bf16 *v, const gpu_bf16 *out, const float *lse,
+                                          const AttnShape *s);
 // Ring attention (chapter 8, gpu/cp_device.h), one sequence: folds a block's partial result
 // (out_b (nq, H, hd), lse_b (H, nq)) into rows [q0, q0 + nq) of the running (out (Tl, H, hd),
 // lse (H, Tl)) through the log-sum-exp (numerics.h's lse_merge), as chapter 8's merge_row does.

@@ -355,12 +355,14 @@ static void install_context_parallel(GpuTraining *g, Trainer *t, const LayoutOpt
     const Mesh *mesh = t->mesh;
     if (mesh->degree[MESH_CP] == 1) return;
     const LocalShape *local = &g->m.local;  // this tp rank's heads
+    bool tensor_cores = g->m.precision == GPU_BF16;  // bf16 blocks on the tensor cores, fp32 merges and sums
     g->cp = cp_create(mesh->dim[MESH_CP], CP_RING, o->cp_load_balance, t->micro, t->cp_layout.T, local->n_heads,
-                      local->n_kv_heads, model_head_dim(&g->m.cfg), &gpu_cp_compute);
+                      local->n_kv_heads, model_head_dim(&g->m.cfg), tensor_cores ? &gpu_cp_compute_bf16 : &gpu_cp_compute);
     gpu_model_set_context_parallel(&g->m, g->cp, cp_positions(g->cp));
-    log_info("cp on the GPU: %d ranks, chapter 8's ring attention on device buffers (fp32), %s split: this rank "
-             "holds %d of every %d tokens", mesh->degree[MESH_CP], o->cp_load_balance ? "zigzag" : "contiguous", t->T,
-             t->cp_layout.T);
+    log_info("cp on the GPU: %d ranks, chapter 8's ring attention on device buffers (%s), %s split: this rank "
+             "holds %d of every %d tokens", mesh->degree[MESH_CP],
+             tensor_cores ? "each block on the tensor cores in bf16, merged and summed in fp32" : "fp32",
+             o->cp_load_balance ? "zigzag" : "contiguous", t->T, t->cp_layout.T);
 }
 
 

@@ -359,8 +359,8 @@ else
         { cat "$T/gpu_pp2_nccl.log"; echo "FAIL: 2 NCCL ranks on one GPU were not refused (status $rc)"; exit 1; }
 fi
 
-# Context parallelism: chapter 8's ring on device buffers for the GPU model's attention (fp32 inside,
-# bf16 in and out), 2 ranks holding 8 of each sequence's 16 tokens (zigzag), DDP over the cp ranks;
+# Context parallelism: chapter 8's ring on device buffers for the GPU model's attention (tiny's
+# head_dim 8: every block on the fp32 kernels, bf16 in and out), 2 ranks holding 8 of each sequence's 16 tokens (zigzag), DDP over the cp ranks;
 # and ZeRO-3 over dp_shard 2 x cp 2 (4 ranks, batch 4). Against the CPU reference with the bounds
 # above; against the single GPU 1e-2: the same bf16 roundings of q, k, v, the output and every
 # gradient, with attention's fp32 inside summed in another order (the ring's blocks and merges), so
@@ -374,6 +374,26 @@ $P --log "$T/gpu_cp2.log" --log-ref "$T/ref.log" --loss-rtol 1e-3
 $P --ckpt "$T/gpu_cp2.grads.safetensors" --ckpt-ref "$T/ref_dump.safetensors" --prefix grad. --param-rtol 5e-2
 $P --log "$T/gpu_cp2.log" --log-ref "$T/gpu1.log" --loss-rtol 1e-3 \
    --ckpt "$T/gpu_cp2.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 1e-2
+# The ring on the tensor cores: `small` (head_dim 64; tiny's 8 is no multiple of 16, so its blocks
+# run the fp32 kernels above), --cp 2 against the CPU reference and against the single GPU, which
+# runs the same tensor-core kernels on whole sequences. Both bounds are the bf16 rule above (5e-2):
+# the ring's blocks round P and dS to bf16 against each block's own running maximum, the single
+# GPU against the whole row's, so the two differ by bf16 roundings as each differs from the fp32
+# reference (measured: the ring 2.2e-2 from the reference, the single GPU 1.9e-2, the two 1.3e-2 apart).
+small=(--model small --steps 2 --batch 2 --seq-len 64 --seed 5 --lr 1e-3)
+"$BUILD/train" "${small[@]}" --dump "$T/small_ref.safetensors" > "$T/small_ref.log" 2>&1
+for np in 1 2; do
+    flags=(); [ "$np" = 2 ] && flags=(--cp 2)
+    $MPIRUN -np "$np" "$EMU_TRAIN" "${small[@]}" --device cuda "${flags[@]}" --grad-dump "$T/small_gpu$np.grads.safetensors" \
+        > "$T/small_gpu$np.log" 2>&1 || { cat "$T/small_gpu$np.log"; echo "FAIL: run small on $np ranks"; exit 1; }
+done
+grep -q "cp on the GPU: 2 ranks, chapter 8's ring attention on device buffers (each block on the tensor cores" \
+    "$T/small_gpu2.log" || { echo "FAIL: small --cp 2 did not run the ring's blocks on the tensor cores"; exit 1; }
+echo "== small --cp 2 (blocks on the tensor cores) vs the CPU reference, and the single GPU"
+$P --log "$T/small_gpu2.log" --log-ref "$T/small_ref.log" --loss-rtol 1e-3
+$P --ckpt "$T/small_gpu2.grads.safetensors" --ckpt-ref "$T/small_ref.safetensors" --prefix grad. --param-rtol 5e-2
+$P --log "$T/small_gpu2.log" --log-ref "$T/small_gpu1.log" --loss-rtol 1e-3 \
+   --ckpt "$T/small_gpu2.grads.safetensors" --ckpt-ref "$T/small_gpu1.grads.safetensors" --prefix grad. --param-rtol 5e-2
 # Pipeline x CP (4 ranks: 2 stages whose blocks' attention runs the ring over cp 2; 1F1B, 2
 # micro-batches of 1 sequence; the executor's DDP averages the chunks' gradients over the cp ranks):
 # against --cp 2 with the same micro-batches (--grad-accum-steps 2), the same kernels and ring per

@@ -16,9 +16,15 @@
 // 1e-7 relative, 100x below the bound; a block skipped, merged twice, taken from the wrong source or
 // a dK/dV returned to the wrong rank is off by order 1.
 //
+// Then the same with gpu_cp_compute_bf16, the bf16 model's table (each block on the tensor-core
+// kernels with fp32 results), on inputs that are bf16 values: against the host ring and the whole
+// sequence norm-wise within BF16_BLOCKS_TOL (below), lse by the fp32 rule.
+//
 // Mutations tried (each fails here): gpu_attention_merge's weights swapped (a <-> b); the device
 // positions left un-uploaded (zeros: the causal mask of every block wrong); the dK/dV ring's add of
-// the block's share dropped (in the shared module: the whole-sequence check).
+// the block's share dropped (in the shared module: the whole-sequence check); the tensor-core dQ
+// kernel storing its fp32 result instead of adding it (3.3 against 2^-6); the bf16 table's forward
+// reading V's block from K's (1.5).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +34,7 @@
 #include "common/rng.h"
 #include "gpu/comm_device.h"
 #include "gpu/cp_device.h"
+#include "gpu/numerics.h"
 #include "gpu/ops.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/tolerances.h"
@@ -43,14 +50,19 @@ static float *host_floats(size_t n) {
     return p;
 }
 
-// This rank's tokens (positions) of B full sequences of T rows of `width` floats, drawn from stream.
+// The bf16 table's run draws every input as bf16 values (what a bf16 model's tensors hold).
+static bool bf16_inputs;
+
+// This rank's tokens (positions) of B full sequences of T rows of `width` floats, drawn from stream
+// (rounded to bf16 under bf16_inputs).
 static float *local_rows(const int *positions, int Tl, int width, uint64_t stream) {
     float *x = host_floats((size_t)B * Tl * width);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < Tl; t++)
             for (int j = 0; j < width; j++) {
                 uint64_t full_index = ((uint64_t)b * T + positions[t]) * width + j;  // the same on every rank
-                x[((size_t)b * Tl + t) * width + j] = (float)rng_normal(7, stream, full_index);
+                float value = (float)rng_normal(7, stream, full_index);
+                x[((size_t)b * Tl + t) * width + j] = bf16_inputs ? bf16_round(value) : value;
             }
     return x;
 }
@@ -82,6 +94,26 @@ static void compare(const char *what, const char *split, const float *gpu, const
     snprintf(name, sizeof name, "ring %s (%s)", what, split);
     report(name, ok, "max abs %.3e, max rel %.3e at [%zu]: %.7g vs %.7g (rtol %g + atol %g x %.3g)", worst,
            worst / scale, worst_i, gpu[worst_i], host[worst_i], RTOL, ATOL, scale);
+}
+
+// The bf16 table (tensor-core blocks) against an fp32 computation on the same bf16 values, norm-wise
+// on what attention added (got - start against want - start; start NULL for out and lse):
+// ||.|| <= BF16_BLOCKS_TOL ||want - start||. The tensor-core blocks round P and dS to bf16 before their
+// second products (2^-8 relative per term, two chained products for dQ and dK) and sum in another
+// order; their outputs are stored in fp32, unrounded: within 4 unit roundoffs, 2^-6, as test_gpu_ops'
+// tensor-core against CUDA-core bound. A block dropped, merged twice or masked wrongly is off by O(1).
+#define BF16_BLOCKS_TOL 0x1p-6
+static void compare_bf16(const char *what, const char *against, const char *split, const float *got,
+                         const float *want, const float *start, size_t n) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < n; i++) {
+        double w = want[i] - (start ? start[i] : 0), g = got[i] - (start ? start[i] : 0);
+        diff += (g - w) * (g - w), norm += w * w;
+    }
+    double e = norm > 0 ? sqrt(diff / norm) : INFINITY;  // an all-zero reference would prove nothing
+    char name[128];
+    snprintf(name, sizeof name, "ring %s vs %s (%s)", what, against, split);
+    report(name, e <= BF16_BLOCKS_TOL, "||got - want|| / ||want|| = %.3g (bound %.3g)", e, BF16_BLOCKS_TOL);
 }
 
 // Element-wise against the whole sequence's attention: |gpu - want| <= CP_ATTENTION_RTOL max|want|.
@@ -138,7 +170,8 @@ static Whole whole_sequence(const int *positions, int Tl, const float *start_q, 
 }
 
 static void ring_on_both(Comm *group, bool balanced) {
-    const char *split = balanced ? "zigzag" : "contiguous";
+    const char *split = balanced ? (bf16_inputs ? "zigzag, bf16 table" : "zigzag")
+                                 : (bf16_inputs ? "contiguous, bf16 table" : "contiguous");
     int n = comm_size(group);
     CpLayout layout = cp_layout(n, comm_rank(group), T, balanced);
     int Tl = cp_local_len(&layout);
@@ -159,7 +192,8 @@ static void ring_on_both(Comm *group, bool balanced) {
     cp_attention_backward(host, dq, dk, dv, dout, q, k, v, out, lse);
 
     // The device ring, on the same inputs.
-    ContextParallel *dev = cp_create(group, CP_RING, balanced, B, T, H, HKV, HD, &gpu_cp_compute);
+    const CpCompute *table = bf16_inputs ? &gpu_cp_compute_bf16 : &gpu_cp_compute;
+    ContextParallel *dev = cp_create(group, CP_RING, balanced, B, T, H, HKV, HD, table);
     float *d_q = to_device(q, nq), *d_k = to_device(k, nkv), *d_v = to_device(v, nkv), *d_dout = to_device(dout, nq);
     float *d_out = gpu_alloc(MEM_OTHER, sizeof(float) * nq), *d_lse = gpu_alloc(MEM_OTHER, sizeof(float) * nlse);
     float *d_dq = to_device(start_q, nq), *d_dk = to_device(start_kv, nkv), *d_dv = to_device(start_kv, nkv);
@@ -168,18 +202,30 @@ static void ring_on_both(Comm *group, bool balanced) {
 
     float *g_out = from_device(d_out, nq), *g_lse = from_device(d_lse, nlse), *g_dq = from_device(d_dq, nq);
     float *g_dk = from_device(d_dk, nkv), *g_dv = from_device(d_dv, nkv);
-    compare("forward out", split, g_out, out, nq);
-    compare("forward lse", split, g_lse, lse, nlse);
-    compare("backward dq (+=)", split, g_dq, dq, nq);
-    compare("backward dk (+=)", split, g_dk, dk, nkv);
-    compare("backward dv (+=)", split, g_dv, dv, nkv);
     char name[96];
     Whole whole = whole_sequence(positions, Tl, start_q, start_kv);
-    compare_whole("forward out", split, g_out, whole.out, nq);
-    compare_whole("forward lse", split, g_lse, whole.lse, nlse);
-    compare_whole("backward dq (+=)", split, g_dq, whole.dq, nq);
-    compare_whole("backward dk (+=)", split, g_dk, whole.dk, nkv);
-    compare_whole("backward dv (+=)", split, g_dv, whole.dv, nkv);
+    if (bf16_inputs) {  // lse comes from fp32 scores on both sides: the fp32 rule
+        compare("forward lse", split, g_lse, lse, nlse);
+        const float *got[] = {g_out, g_dq, g_dk, g_dv}, *ring[] = {out, dq, dk, dv};
+        const float *wholes[] = {whole.out, whole.dq, whole.dk, whole.dv}, *starts[] = {NULL, start_q, start_kv, start_kv};
+        const char *what[] = {"forward out", "backward dq (+=)", "backward dk (+=)", "backward dv (+=)"};
+        size_t counts[] = {nq, nq, nkv, nkv};
+        for (int i = 0; i < 4; i++) {
+            compare_bf16(what[i], "host ring", split, got[i], ring[i], starts[i], counts[i]);
+            compare_bf16(what[i], "whole sequence", split, got[i], wholes[i], starts[i], counts[i]);
+        }
+    } else {
+        compare("forward out", split, g_out, out, nq);
+        compare("forward lse", split, g_lse, lse, nlse);
+        compare("backward dq (+=)", split, g_dq, dq, nq);
+        compare("backward dk (+=)", split, g_dk, dk, nkv);
+        compare("backward dv (+=)", split, g_dv, dv, nkv);
+        compare_whole("forward out", split, g_out, whole.out, nq);
+        compare_whole("forward lse", split, g_lse, whole.lse, nlse);
+        compare_whole("backward dq (+=)", split, g_dq, whole.dq, nq);
+        compare_whole("backward dk (+=)", split, g_dk, whole.dk, nkv);
+        compare_whole("backward dv (+=)", split, g_dv, whole.dv, nkv);
+    }
     free(whole.out), free(whole.lse), free(whole.dq), free(whole.dk), free(whole.dv);
     snprintf(name, sizeof name, "ring transfers (%s)", split);
     report(name, cp_transfers(dev) == cp_transfers(host), "device %lld, host %lld", cp_transfers(dev),
@@ -199,6 +245,9 @@ int main(int argc, char **argv) {
     Comm *world = comm_world();
     if (argc > 1 && strcmp(argv[1], "alltoall") == 0)  // must stop with one line: the ring only on a device
         cp_create(world, CP_ALLTOALL, true, B, T, H, HKV, HD, &gpu_cp_compute);
+    ring_on_both(world, true);
+    ring_on_both(world, false);
+    bf16_inputs = true;  // the bf16 model's table: blocks on the tensor cores
     ring_on_both(world, true);
     ring_on_both(world, false);
     int failed = n_failed, checks = n_checks;
