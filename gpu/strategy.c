@@ -315,8 +315,6 @@ static void pipelined_load_full(Strategy *s, StateKind kind, const real *local_f
     pipeline_load_full(pipeline_of(s), kind, local_flat);
 }
 
-// What the GPU's pipeline does not run yet, refused before any work.
-
 // The executor over the pp group with the GPU model's stage compute and device memory; its storage
 // (the chunks' fp32 device buffers) handed to the GPU model. Every rank initialises its chunks only.
 static void create_pipelined(GpuTraining *g, Trainer *t, const ModelConfig *cfg, const ParamSource *init,
