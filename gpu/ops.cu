@@ -322,7 +322,7 @@ static void launch_rope(T *x, const RopeTable *t, const int *positions, int B, i
 
 // ---- the fused QKV projection's split and merge ----
 // fused (B*T, n_heads + 2 n_kv_heads, hd): a token's q heads, k heads, v heads (what one GEMM with
-// [wq; wk; wv] writes). Thread per pair (2i, 2i+1) of one head of one token, over the fused heads:
+// [wq; wk; wv] writes). Pair by pair (2i, 2i+1) of each head of each token, over the fused heads:
 // q and k heads are rotated (sign 1) or rotated back (sign -1, the transpose), v heads copied.
 // split: q, k, v <- fused; merge: fused <- q, k, v. Every element is written once (overwrite).
 //
@@ -332,40 +332,57 @@ static void launch_rope(T *x, const RopeTable *t, const int *positions, int B, i
 // B T (hq + hkv): the extra traffic is v's copy, B T hkv read and written; the fused buffer is one
 // scratch the blocks share (its gradient reuses it in backward). Strided views would save v's copy
 // but need a row stride in every attention kernel.
-template <typename T>
+// Thread per W consecutive elements (W / 2 pairs) of one head of one token: W = 16 / sizeof(T) where
+// head_dim divides by it and every pointer is 16-byte aligned, each side then read and written as one
+// 16-byte pack (the divisions that locate a head are made once a pack instead of once a pair);
+// otherwise W = 2, element by element. The same arithmetic per pair either way.
+template <typename T, int W>
 __global__ void qkv_rope_kernel(T *fused, T *q, T *k, T *v, bool merge, const float *cos_table,
                                 const float *sin_table, const int *positions, int T_len, int n_heads, int n_kv_heads,
-                                int half, size_t n_pairs, float sign) {
-    int heads = n_heads + 2 * n_kv_heads, hd = 2 * half;
-    GRID_STRIDE_LOOP(idx, n_pairs) {
-        int i = (int)(idx % half);
-        size_t fused_row = idx / half;  // (token, fused head) flattened
+                                int hd, size_t n_packs, float sign) {
+    int heads = n_heads + 2 * n_kv_heads, half = hd / 2, packs_per_head = hd / W;
+    GRID_STRIDE_LOOP(idx, n_packs) {
+        int e0 = (int)(idx % packs_per_head) * W;  // the pack's first element within its head
+        size_t fused_row = idx / packs_per_head;   // (token, fused head) flattened
         int h = (int)(fused_row % heads);
         size_t token = fused_row / heads;
         T *part;
         if (h < n_heads) part = q + (token * n_heads + h) * hd;
         else if (h < n_heads + n_kv_heads) part = k + (token * n_kv_heads + (h - n_heads)) * hd;
         else part = v + (token * n_kv_heads + (h - n_heads - n_kv_heads)) * hd;
-        T *from = merge ? part + 2 * i : fused + fused_row * hd + 2 * i;
-        T *to = merge ? fused + fused_row * hd + 2 * i : part + 2 * i;
-        float x0 = to_f32(from[0]), x1 = to_f32(from[1]);
-        if (h < n_heads + n_kv_heads) {
+        const T *from = merge ? part + e0 : fused + fused_row * hd + e0;
+        T *to = merge ? fused + fused_row * hd + e0 : part + e0;
+        Pack<T, W> x;
+        if (W == 2) x.v[0] = from[0], x.v[1] = from[1];
+        else x = load_pack<W>(from, 0);
+        if (h < n_heads + n_kv_heads) {  // q and k: rotated; v: copied
             int t = (int)(token % T_len);
-            int pos = positions ? positions[t] : t;
-            rope_rotate_pair(&x0, &x1, cos_table[(size_t)pos * half + i], sign * sin_table[(size_t)pos * half + i]);
+            size_t angles = (size_t)(positions ? positions[t] : t) * half + e0 / 2;
+#pragma unroll
+            for (int j = 0; j < W; j += 2) {
+                float x0 = to_f32(x.v[j]), x1 = to_f32(x.v[j + 1]);
+                rope_rotate_pair(&x0, &x1, cos_table[angles + j / 2], sign * sin_table[angles + j / 2]);
+                x.v[j] = from_f32<T>(x0), x.v[j + 1] = from_f32<T>(x1);
+            }
         }
-        to[0] = from_f32<T>(x0);
-        to[1] = from_f32<T>(x1);
+        if (W == 2) to[0] = x.v[0], to[1] = x.v[1];
+        else store_pack<W>(to, 0, x);
     }
 }
 
 template <typename T>
 static void launch_qkv_rope(T *fused, T *q, T *k, T *v, bool merge, const RopeTable *t, const int *positions, int B,
                             int T_len, int n_heads, int n_kv_heads) {
-    int half = t->head_dim / 2;
-    size_t n_pairs = (size_t)B * T_len * (n_heads + 2 * n_kv_heads) * half;
-    LAUNCH_1D(qkv_rope_kernel<T>, n_pairs, fused, q, k, v, merge, t->cos, t->sin, positions, T_len, n_heads,
-              n_kv_heads, half, n_pairs, merge ? -1.0f : 1.0f);
+    constexpr int W = 16 / sizeof(T);
+    int hd = t->head_dim;
+    size_t elements = (size_t)B * T_len * (n_heads + 2 * n_kv_heads) * hd;
+    float sign = merge ? -1.0f : 1.0f;
+    if (hd % W == 0 && aligned(fused, 16) && aligned(q, 16) && aligned(k, 16) && aligned(v, 16))
+        LAUNCH_1D((qkv_rope_kernel<T, W>), elements / W, fused, q, k, v, merge, t->cos, t->sin, positions, T_len,
+                  n_heads, n_kv_heads, hd, elements / W, sign);
+    else
+        LAUNCH_1D((qkv_rope_kernel<T, 2>), elements / 2, fused, q, k, v, merge, t->cos, t->sin, positions, T_len,
+                  n_heads, n_kv_heads, hd, elements / 2, sign);
 }
 
 extern "C" void gpu_qkv_split_rope(float *q, float *k, float *v, const float *qkv, const RopeTable *t,

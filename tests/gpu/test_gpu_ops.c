@@ -503,9 +503,37 @@ static void test_rope(bool bf16) {
     rope_table_free(&host_table);
 }
 
+// The device's QKV split of `fused` and merge of `parts` (q|k|v gradients), every device tensor placed
+// `offset` elements into its allocation; out = q|k|v and merged come back as floats.
+static void qkv_on_device(bool bf16, size_t offset, const float *fused, const float *parts, const RopeTable *table,
+                          const int *d_pos, int B, int T, int H, int KV, int hd, float **out, float **merged) {
+    size_t tokens = (size_t)B * T, nq = tokens * H * hd, nk = tokens * KV * hd, nf = nq + 2 * nk;
+    float *fused_at = calloc(nf + offset, sizeof(float)), *parts_at = calloc(nf + offset, sizeof(float));
+    memcpy(fused_at + offset, fused, sizeof(float) * nf), memcpy(parts_at + offset, parts, sizeof(float) * nf);
+    if (!bf16) {
+        float *d_fused = dev_f32(fused_at, nf + offset), *d_parts = dev_f32(parts_at, nf + offset);
+        float *d_out = dev_f32_poisoned(nf + offset), *d_merged = dev_f32_poisoned(nf + offset);
+        float *o = d_out + offset, *p = d_parts + offset;
+        gpu_qkv_split_rope(o, o + nq, o + nq + nk, d_fused + offset, table, d_pos, B, T, H, KV);
+        gpu_qkv_merge_rope_backward(d_merged + offset, p, p + nq, p + nq + nk, table, d_pos, B, T, H, KV);
+        *out = from_dev_f32(o, nf), *merged = from_dev_f32(d_merged + offset, nf);
+        gpu_free(d_fused), gpu_free(d_parts), gpu_free(d_out), gpu_free(d_merged);
+    } else {
+        gpu_bf16 *d_fused = dev_bf16(fused_at, nf + offset), *d_parts = dev_bf16(parts_at, nf + offset);
+        gpu_bf16 *d_out = dev_bf16_poisoned(nf + offset), *d_merged = dev_bf16_poisoned(nf + offset);
+        gpu_bf16 *o = d_out + offset, *p = d_parts + offset;
+        gpu_qkv_split_rope_bf16(o, o + nq, o + nq + nk, d_fused + offset, table, d_pos, B, T, H, KV);
+        gpu_qkv_merge_rope_backward_bf16(d_merged + offset, p, p + nq, p + nq + nk, table, d_pos, B, T, H, KV);
+        *out = from_dev_bf16(o, nf), *merged = from_dev_bf16(d_merged + offset, nf);
+        gpu_free(d_fused), gpu_free(d_parts), gpu_free(d_out), gpu_free(d_merged);
+    }
+    free(fused_at), free(parts_at);
+}
+
 // The fused QKV layout (B,T,H + 2 KV,hd) split into q, k (rotated) and v, and merged back from their
 // gradients (rotated back): against the reference's copies and rope_forward / rope_backward. v is a
-// copy (exact); q and k follow RoPE's rule.
+// copy (exact); q and k follow RoPE's rule. The kernels' packed path (16-byte vectors) and their pair
+// by pair path (unaligned tensors) must agree bit for bit.
 static void test_qkv_split_merge(bool bf16) {
     int B = 2, T = 37, H = 4, KV = 2, hd = 32;
     RopeTable host_table = rope_table_build(128, hd, 500000.0, 8.0, 1.0, 4.0, 64);
@@ -538,27 +566,12 @@ static void test_qkv_split_merge(bool bf16) {
             memcpy(merged_ref + t * row + H * hd, dk_rot + t * KV * hd, sizeof(float) * KV * hd);
             memcpy(merged_ref + t * row + (H + KV) * hd, dv + t * KV * hd, sizeof(float) * KV * hd);
         }
-        float *q, *k, *v, *merged;
-        if (!bf16) {
-            float *d_fused = dev_f32(fused, nf), *d_parts = dev_f32(parts, nf), *d_out = dev_f32_poisoned(nf);
-            float *d_merged = dev_f32_poisoned(nf);
-            gpu_qkv_split_rope(d_out, d_out + nq, d_out + nq + nk, d_fused, &table, d_pos, B, T, H, KV);
-            gpu_qkv_merge_rope_backward(d_merged, d_parts, d_parts + nq, d_parts + nq + nk, &table, d_pos, B, T, H, KV);
-            float *out = from_dev_f32(d_out, nf);
-            merged = from_dev_f32(d_merged, nf);
-            q = out, k = out + nq, v = out + nq + nk;
-            gpu_free(d_fused), gpu_free(d_parts), gpu_free(d_out), gpu_free(d_merged);
-        } else {
-            gpu_bf16 *d_fused = dev_bf16(fused, nf), *d_parts = dev_bf16(parts, nf), *d_out = dev_bf16_poisoned(nf);
-            gpu_bf16 *d_merged = dev_bf16_poisoned(nf);
-            gpu_qkv_split_rope_bf16(d_out, d_out + nq, d_out + nq + nk, d_fused, &table, d_pos, B, T, H, KV);
-            gpu_qkv_merge_rope_backward_bf16(d_merged, d_parts, d_parts + nq, d_parts + nq + nk, &table, d_pos, B, T,
-                                             H, KV);
-            float *out = from_dev_bf16(d_out, nf);
-            merged = from_dev_bf16(d_merged, nf);
-            q = out, k = out + nq, v = out + nq + nk;
-            gpu_free(d_fused), gpu_free(d_parts), gpu_free(d_out), gpu_free(d_merged);
-        }
+        // On the device twice: every tensor 16-byte aligned (the packed path: head_dim 32 divides by a
+        // pack), then every tensor one element into its allocation (the pair-by-pair path).
+        float *out, *merged, *out_odd, *merged_odd;
+        qkv_on_device(bf16, 0, fused, parts, &table, d_pos, B, T, H, KV, hd, &out, &merged);
+        qkv_on_device(bf16, 1, fused, parts, &table, d_pos, B, T, H, KV, hd, &out_odd, &merged_odd);
+        float *q = out, *k = out + nq, *v = out + nq + nk;
         const char *tag = bf16 ? "bf16" : "f32", *with = with_positions ? " (positions)" : "";
         char name[80];
         snprintf(name, sizeof name, "qkv split %s q%s", tag, with);
@@ -572,8 +585,12 @@ static void test_qkv_split_merge(bool bf16) {
         snprintf(name, sizeof name, "qkv merge %s dqkv%s", tag, with);
         if (bf16) check_bf16_norm(name, merged, merged_ref, nf);
         else check_fp32(name, merged, merged_ref, nf, 1e-5);
+        snprintf(name, sizeof name, "qkv split %s pair by pair = packed%s", tag, with);
+        check_exact(name, out_odd, out, nf);
+        snprintf(name, sizeof name, "qkv merge %s pair by pair = packed%s", tag, with);
+        check_exact(name, merged_odd, merged, nf);
         free(fused), free(parts), free(q_ref), free(k_ref), free(v_ref), free(dq_rot), free(dk_rot), free(merged_ref);
-        free(q), free(merged);
+        free(out), free(merged), free(out_odd), free(merged_odd);
     }
     gpu_free(d_positions);
     gpu_rope_table_free(&table);
