@@ -34,6 +34,8 @@
 // products (P, dS) are rounded to bf16; the sums inside a 16-wide k-step are the tensor core's; the
 // probabilities' exp is ex2.approx of one fma (numerics.h's exp2_weight), a few ulp off expf.
 // Every fragment is loaded from shared memory by ldmatrix (gpu/mma.cuh): four 8x8 blocks per instruction.
+// The kernels store their results as bf16 (the model's tensors) or, instantiated for float, as fp32
+// (context parallelism's ring, gpu/cp_device.c, which merges and sums its blocks in fp32).
 #include "gpu/attention.cuh"
 #include "gpu/mma.cuh"
 
