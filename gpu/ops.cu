@@ -294,30 +294,45 @@ extern "C" void gpu_rmsnorm_backward_bf16(gpu_bf16 *dinp, float *dweight, const 
 
 // ================================ RoPE ===========================================================
 
-// x (B,T,n_heads,head_dim) in place: thread per pair (2i, 2i+1), rotated by the table's angle at
-// the token's position, times `sign` (-1: the transpose, for backward).
-template <typename T>
+// x (B,T,n_heads,head_dim) in place: each pair (2i, 2i+1) rotated by the table's angle at the token's
+// position, times `sign` (-1: the transpose, for backward). Thread per W consecutive elements of a
+// head (W / 2 pairs): W = 16 / sizeof(T), one 16-byte access, where head_dim divides by it and x is
+// 16-byte aligned; otherwise W = 2, element by element (the QKV split below does the same).
+template <typename T, int W>
 __global__ void rope_kernel(T *x, const float *cos_table, const float *sin_table, const int *positions, int T_len,
-                            int n_heads, int half, size_t n_pairs, float sign) {
-    GRID_STRIDE_LOOP(idx, n_pairs) {
-        int i = (int)(idx % half);
-        size_t row = idx / half;  // (b, t, h) flattened
+                            int n_heads, int hd, size_t n_packs, float sign) {
+    int half = hd / 2, packs_per_head = hd / W;
+    GRID_STRIDE_LOOP(idx, n_packs) {
+        int e0 = (int)(idx % packs_per_head) * W;  // the pack's first element within its head
+        size_t row = idx / packs_per_head;         // (b, t, h) flattened
         int t = (int)((row / n_heads) % T_len);
-        int pos = positions ? positions[t] : t;
-        float c = cos_table[(size_t)pos * half + i], s = sign * sin_table[(size_t)pos * half + i];
-        T *pair = x + row * (2 * half) + 2 * i;
-        float x0 = to_f32(pair[0]), x1 = to_f32(pair[1]);
-        rope_rotate_pair(&x0, &x1, c, s);
-        pair[0] = from_f32<T>(x0);
-        pair[1] = from_f32<T>(x1);
+        size_t angles = (size_t)(positions ? positions[t] : t) * half + e0 / 2;
+        T *at = x + row * hd + e0;
+        Pack<T, W> v;
+        if (W == 2) v.v[0] = at[0], v.v[1] = at[1];
+        else v = load_pack<W>(at, 0);
+#pragma unroll
+        for (int j = 0; j < W; j += 2) {
+            float x0 = to_f32(v.v[j]), x1 = to_f32(v.v[j + 1]);
+            rope_rotate_pair(&x0, &x1, cos_table[angles + j / 2], sign * sin_table[angles + j / 2]);
+            v.v[j] = from_f32<T>(x0), v.v[j + 1] = from_f32<T>(x1);
+        }
+        if (W == 2) at[0] = v.v[0], at[1] = v.v[1];
+        else store_pack<W>(at, 0, v);
     }
 }
 
 template <typename T>
 static void launch_rope(T *x, const RopeTable *t, const int *positions, int B, int T_len, int n_heads, float sign) {
-    int half = t->head_dim / 2;
-    size_t n_pairs = (size_t)B * T_len * n_heads * half;
-    LAUNCH_1D(rope_kernel<T>, n_pairs, x, t->cos, t->sin, positions, T_len, n_heads, half, n_pairs, sign);
+    constexpr int W = 16 / sizeof(T);
+    int hd = t->head_dim;
+    size_t elements = (size_t)B * T_len * n_heads * hd;
+    if (hd % W == 0 && aligned(x, 16))
+        LAUNCH_1D((rope_kernel<T, W>), elements / W, x, t->cos, t->sin, positions, T_len, n_heads, hd, elements / W,
+                  sign);
+    else
+        LAUNCH_1D((rope_kernel<T, 2>), elements / 2, x, t->cos, t->sin, positions, T_len, n_heads, hd, elements / 2,
+                  sign);
 }
 
 // ---- the fused QKV projection's split and merge ----

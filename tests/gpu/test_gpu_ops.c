@@ -462,6 +462,29 @@ static void test_rmsnorm(bool bf16, int C) {
 
 // ================================ RoPE ===========================================================
 
+// RoPE in place on the device over x (n floats, as bf16 or fp32), the tensor placed `offset` elements
+// into its allocation (1: not 16-byte aligned, the pair-by-pair path); the result as floats.
+static float *rope_on_device(bool bf16, size_t offset, const float *x, size_t n, const RopeTable *table,
+                             const int *d_pos, int B, int T, int H, bool backward) {
+    float *x_at = calloc(n + offset, sizeof(float)), *got;
+    memcpy(x_at + offset, x, sizeof(float) * n);
+    if (!bf16) {
+        float *d = dev_f32(x_at, n + offset);
+        if (backward) gpu_rope_backward(d + offset, table, d_pos, B, T, H);
+        else gpu_rope_forward(d + offset, table, d_pos, B, T, H);
+        got = from_dev_f32(d + offset, n);
+        gpu_free(d);
+    } else {
+        gpu_bf16 *d = dev_bf16(x_at, n + offset);
+        if (backward) gpu_rope_backward_bf16(d + offset, table, d_pos, B, T, H);
+        else gpu_rope_forward_bf16(d + offset, table, d_pos, B, T, H);
+        got = from_dev_bf16(d + offset, n);
+        gpu_free(d);
+    }
+    free(x_at);
+    return got;
+}
+
 static void test_rope(bool bf16) {
     int B = 2, T = 37, H = 5, hd = 64;
     RopeTable host_table = rope_table_build(128, hd, 500000.0, 8.0, 1.0, 4.0, 64);
@@ -478,25 +501,17 @@ static void test_rope(bool bf16) {
             const int *pos = with_positions ? positions : NULL, *d_pos = with_positions ? d_positions : NULL;
             if (backward) rope_backward(ref, &host_table, pos, B, T, H);
             else rope_forward(ref, &host_table, pos, B, T, H);
-            if (!bf16) {
-                float *d = dev_f32(x, n);
-                if (backward) gpu_rope_backward(d, &table, d_pos, B, T, H);
-                else gpu_rope_forward(d, &table, d_pos, B, T, H);
-                got = from_dev_f32(d, n);
-                gpu_free(d);
-            } else {
-                gpu_bf16 *d = dev_bf16(x, n);
-                if (backward) gpu_rope_backward_bf16(d, &table, d_pos, B, T, H);
-                else gpu_rope_forward_bf16(d, &table, d_pos, B, T, H);
-                got = from_dev_bf16(d, n);
-                gpu_free(d);
-            }
+            got = rope_on_device(bf16, 0, x, n, &table, d_pos, B, T, H, backward);
+            float *got_odd = rope_on_device(bf16, 1, x, n, &table, d_pos, B, T, H, backward);
             char name[64];
             snprintf(name, sizeof name, "rope %s %s%s", bf16 ? "bf16" : "f32", backward ? "backward" : "forward",
                      with_positions ? " (positions)" : "");
             if (bf16) check_bf16_norm(name, got, ref, n);
             else check_fp32(name, got, ref, n, 1e-5);
-            free(x), free(ref), free(got);
+            snprintf(name, sizeof name, "rope %s %s pair by pair = packed%s", bf16 ? "bf16" : "f32",
+                     backward ? "backward" : "forward", with_positions ? " (positions)" : "");
+            check_exact(name, got_odd, got, n);
+            free(x), free(ref), free(got), free(got_odd);
         }
     gpu_free(d_positions);
     gpu_rope_table_free(&table);
