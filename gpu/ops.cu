@@ -298,6 +298,29 @@ extern "C" void gpu_rmsnorm_backward_bf16(gpu_bf16 *dinp, float *dweight, const 
 // position, times `sign` (-1: the transpose, for backward). Thread per W consecutive elements of a
 // head (W / 2 pairs): W = 16 / sizeof(T), one 16-byte access, where head_dim divides by it and x is
 // 16-byte aligned; otherwise W = 2, element by element (the QKV split below does the same).
+// W consecutive elements at `at`: one 16-byte pack, or (W = 2) element by element.
+template <int W, typename T> __device__ __forceinline__ Pack<T, W> load_pairs(const T *at) {
+    if (W != 2) return load_pack<W>(at, 0);
+    Pack<T, W> x;
+    x.v[0] = at[0], x.v[1] = at[1];
+    return x;
+}
+template <int W, typename T> __device__ __forceinline__ void store_pairs(T *at, const Pack<T, W> &x) {
+    if (W != 2) store_pack<W>(at, 0, x);
+    else at[0] = x.v[0], at[1] = x.v[1];
+}
+// The W / 2 pairs of x rotated by the table's angles from `angles` on, times sign.
+template <int W, typename T>
+__device__ __forceinline__ void rotate_pairs(Pack<T, W> &x, const float *cos_table, const float *sin_table,
+                                             size_t angles, float sign) {
+#pragma unroll
+    for (int j = 0; j < W; j += 2) {
+        float x0 = to_f32(x.v[j]), x1 = to_f32(x.v[j + 1]);
+        rope_rotate_pair(&x0, &x1, cos_table[angles + j / 2], sign * sin_table[angles + j / 2]);
+        x.v[j] = from_f32<T>(x0), x.v[j + 1] = from_f32<T>(x1);
+    }
+}
+
 template <typename T, int W>
 __global__ void rope_kernel(T *x, const float *cos_table, const float *sin_table, const int *positions, int T_len,
                             int n_heads, int hd, size_t n_packs, float sign) {
@@ -308,17 +331,9 @@ __global__ void rope_kernel(T *x, const float *cos_table, const float *sin_table
         int t = (int)((row / n_heads) % T_len);
         size_t angles = (size_t)(positions ? positions[t] : t) * half + e0 / 2;
         T *at = x + row * hd + e0;
-        Pack<T, W> v;
-        if (W == 2) v.v[0] = at[0], v.v[1] = at[1];
-        else v = load_pack<W>(at, 0);
-#pragma unroll
-        for (int j = 0; j < W; j += 2) {
-            float x0 = to_f32(v.v[j]), x1 = to_f32(v.v[j + 1]);
-            rope_rotate_pair(&x0, &x1, cos_table[angles + j / 2], sign * sin_table[angles + j / 2]);
-            v.v[j] = from_f32<T>(x0), v.v[j + 1] = from_f32<T>(x1);
-        }
-        if (W == 2) at[0] = v.v[0], at[1] = v.v[1];
-        else store_pack<W>(at, 0, v);
+        Pack<T, W> v = load_pairs<W>(at);
+        rotate_pairs<W>(v, cos_table, sin_table, angles, sign);
+        store_pairs<W>(at, v);
     }
 }
 
@@ -367,21 +382,12 @@ __global__ void qkv_rope_kernel(T *fused, T *q, T *k, T *v, bool merge, const fl
         else part = v + (token * n_kv_heads + (h - n_heads - n_kv_heads)) * hd;
         const T *from = merge ? part + e0 : fused + fused_row * hd + e0;
         T *to = merge ? fused + fused_row * hd + e0 : part + e0;
-        Pack<T, W> x;
-        if (W == 2) x.v[0] = from[0], x.v[1] = from[1];
-        else x = load_pack<W>(from, 0);
+        Pack<T, W> x = load_pairs<W>(from);
         if (h < n_heads + n_kv_heads) {  // q and k: rotated; v: copied
             int t = (int)(token % T_len);
-            size_t angles = (size_t)(positions ? positions[t] : t) * half + e0 / 2;
-#pragma unroll
-            for (int j = 0; j < W; j += 2) {
-                float x0 = to_f32(x.v[j]), x1 = to_f32(x.v[j + 1]);
-                rope_rotate_pair(&x0, &x1, cos_table[angles + j / 2], sign * sin_table[angles + j / 2]);
-                x.v[j] = from_f32<T>(x0), x.v[j + 1] = from_f32<T>(x1);
-            }
+            rotate_pairs<W>(x, cos_table, sin_table, (size_t)(positions ? positions[t] : t) * half + e0 / 2, sign);
         }
-        if (W == 2) to[0] = x.v[0], to[1] = x.v[1];
-        else store_pack<W>(to, 0, x);
+        store_pairs<W>(to, x);
     }
 }
 
