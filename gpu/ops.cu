@@ -294,10 +294,6 @@ extern "C" void gpu_rmsnorm_backward_bf16(gpu_bf16 *dinp, float *dweight, const 
 
 // ================================ RoPE ===========================================================
 
-// x (B,T,n_heads,head_dim) in place: each pair (2i, 2i+1) rotated by the table's angle at the token's
-// position, times `sign` (-1: the transpose, for backward). Thread per W consecutive elements of a
-// head (W / 2 pairs): W = 16 / sizeof(T), one 16-byte access, where head_dim divides by it and x is
-// 16-byte aligned; otherwise W = 2, element by element (the QKV split below does the same).
 // W consecutive elements at `at`: one 16-byte pack, or (W = 2) element by element.
 template <int W, typename T> __device__ __forceinline__ Pack<T, W> load_pairs(const T *at) {
     if (W != 2) return load_pack<W>(at, 0);
@@ -321,6 +317,10 @@ __device__ __forceinline__ void rotate_pairs(Pack<T, W> &x, const float *cos_tab
     }
 }
 
+// x (B,T,n_heads,head_dim) in place: each pair (2i, 2i+1) rotated by the table's angle at the token's
+// position, times `sign` (-1: the transpose, for backward). Thread per W consecutive elements of a
+// head (W / 2 pairs): W = 16 / sizeof(T), one 16-byte access, where head_dim divides by it and x is
+// 16-byte aligned; otherwise W = 2, element by element (the QKV split below does the same).
 template <typename T, int W>
 __global__ void rope_kernel(T *x, const float *cos_table, const float *sin_table, const int *positions, int T_len,
                             int n_heads, int hd, size_t n_packs, float sign) {
