@@ -42,22 +42,23 @@ __device__ __forceinline__ size_t stat_offset(const AttnParams &p, int b, int h,
     return ((size_t)b * p.H + h) * p.Tq + i;
 }
 
-// Positions of rows [r0, r0 + ATTN_BR); rows past T_len get `outside`, chosen so that they see
+// Positions of rows [r0, r0 + rows); rows past T_len get `outside`, chosen so that they see
 // nothing (queries: INT_MIN) or are seen by nothing (keys: INT_MAX).
-__device__ inline void load_positions(int *dst, const int *pos, int r0, int T_len, int outside) {
-    for (int r = threadIdx.x; r < ATTN_BR; r += blockDim.x) {
+__device__ inline void load_positions(int *dst, const int *pos, int r0, int T_len, int outside, int rows = ATTN_BR) {
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
         int t = r0 + r;
         dst[r] = t < T_len ? (pos ? pos[t] : t) : outside;
     }
 }
-// Loads the query tile's positions; returns the largest (every thread gets it), and the smallest in
-// *min_q_pos where asked. Its barrier also covers whatever the block wrote to shared memory before
-// the call.
-__device__ inline int load_query_positions(int *q_pos_s, const AttnParams &p, int i0, int *min_q_pos = nullptr) {
-    load_positions(q_pos_s, p.q_pos, i0, p.Tq, INT_MIN);
+// Loads the query tile's positions (rows of them); returns the largest (every thread gets it), and
+// the smallest in *min_q_pos where asked. Its barrier also covers whatever the block wrote to shared
+// memory before the call.
+__device__ inline int load_query_positions(int *q_pos_s, const AttnParams &p, int i0, int *min_q_pos = nullptr,
+                                           int rows = ATTN_BR) {
+    load_positions(q_pos_s, p.q_pos, i0, p.Tq, INT_MIN, rows);
     __syncthreads();
     int max_q_pos = INT_MIN, smallest = INT_MAX;
-    for (int r = 0; r < ATTN_BR; r++) max_q_pos = max(max_q_pos, q_pos_s[r]), smallest = min(smallest, q_pos_s[r]);
+    for (int r = 0; r < rows; r++) max_q_pos = max(max_q_pos, q_pos_s[r]), smallest = min(smallest, q_pos_s[r]);
     if (min_q_pos) *min_q_pos = smallest;
     return max_q_pos;
 }
@@ -69,10 +70,10 @@ __device__ inline int min_key_position(const int *k_pos_s, int *max_k_pos = null
     if (max_k_pos) *max_k_pos = largest;
     return min_k_pos;
 }
-// The tensor-core kernels' test for skipping the mask: the 64 x 64 tile of queries from i0 and keys
+// The tensor-core kernels' test for skipping the mask: the tile of q_rows queries from i0 and 64 keys
 // from j0 lies inside (Tq, Tk).
-__device__ inline bool tile_in_range(const AttnParams &p, int i0, int j0) {
-    return i0 + ATTN_BR <= p.Tq && j0 + ATTN_BC <= p.Tk;
+__device__ inline bool tile_in_range(const AttnParams &p, int i0, int j0, int q_rows = ATTN_BR) {
+    return i0 + q_rows <= p.Tq && j0 + ATTN_BC <= p.Tk;
 }
 
 // The dK/dV kernels' step to query tile i0 of head h: its positions, lse and D (rows past Tq: -inf

@@ -16,6 +16,10 @@
 // 16 x 64 block (rounded to bf16, as FlashAttention-2 does: the accumulators of two adjacent 16x8
 // tiles are already the A fragment of a 16x16 block) by the other tile's 64 x head_dim values into
 // head_dim/8 accumulator tiles of 16x8, also in registers: 16 x head_dim per warp.
+// The forward and dQ kernels can also hold a 128-row query tile, 32 rows a warp as two such
+// fragments (gpu_attention_set_query_rows, LLAMA_ATTN_QUERY_ROWS=128; dQ's at head_dim <= 64):
+// FlashAttention-2's forward tiling, in which each K and V fragment a warp loads from shared memory
+// serves two mma instead of one.
 //
 //   forward   grid (Tq/64, H, B)   per key tile: S = Q K^T; mask, scale; online softmax per row
 //             (m, l in fp32, from the fp32 scores); O = O * correction + bf16(P) V.
@@ -55,32 +59,34 @@ struct alignas(16) Chunk16 {
 // rows t / CHUNKS, + STEP, + 2 STEP, ..., its source and destination stepped by constants -- about 4
 // instructions a chunk, against some 30 for the general loop's index arithmetic (in the SASS: about
 // 300 of a forward tile's roughly 1,000 instructions per thread, by a count of its code).
-template <int CHUNKS>
+template <int CHUNKS, int ROWS>
 __device__ __forceinline__ void copy_rows_async(bf16 *dst, int ld, const bf16 *src_row0, size_t row_elems,
                                                 int rows_valid) {
     constexpr int STEP = ATTN_TC_THREADS / CHUNKS;  // rows copied by the block at once
-    static_assert(ATTN_TC_THREADS % CHUNKS == 0 && ATTN_BR % STEP == 0, "whole rows per step");
+    static_assert(ATTN_TC_THREADS % CHUNKS == 0 && ROWS % STEP == 0, "whole rows per step");
     const int c = threadIdx.x % CHUNKS, r = threadIdx.x / CHUNKS;
     const bf16 *from = src_row0 + (size_t)r * row_elems + c * 8;
     bf16 *to = dst + r * ld + c * 8;
 #pragma unroll
-    for (int k = 0; k < ATTN_BR / STEP; k++) {
+    for (int k = 0; k < ROWS / STEP; k++) {
         if (r + k * STEP < rows_valid) cp_async16(to + k * STEP * ld, from + (size_t)k * STEP * row_elems);
         else *reinterpret_cast<Chunk16 *>(to + k * STEP * ld) = Chunk16{{0u, 0u, 0u, 0u}};
     }
 }
+// ROWS rows: a tile (ATTN_BR), or the 128-row query tile of the forward kernel's MT = 2 variant.
+template <int ROWS = ATTN_BR>
 __device__ void copy_tile_async(bf16 *dst, int ld, const bf16 *src, int b, int r0, int T_len, int n_heads, int head,
                                 int hd) {
     if (hd == 64 || hd == 128) {
         const bf16 *src_row0 = src + (((size_t)b * T_len + r0) * n_heads + head) * hd;
         const size_t row_elems = (size_t)n_heads * hd;
-        if (hd == 64) copy_rows_async<8>(dst, ld, src_row0, row_elems, T_len - r0);
-        else copy_rows_async<16>(dst, ld, src_row0, row_elems, T_len - r0);
+        if (hd == 64) copy_rows_async<8, ROWS>(dst, ld, src_row0, row_elems, T_len - r0);
+        else copy_rows_async<16, ROWS>(dst, ld, src_row0, row_elems, T_len - r0);
         return;
     }
     const int chunks = hd / 8, step_rows = blockDim.x / chunks, step_chunks = blockDim.x % chunks;
     int r = threadIdx.x / chunks, c = threadIdx.x % chunks;  // of element e = r chunks + c, stepping by blockDim
-    for (int e = threadIdx.x; e < ATTN_BR * chunks; e += blockDim.x) {
+    for (int e = threadIdx.x; e < ROWS * chunks; e += blockDim.x) {
         bf16 *to = dst + r * ld + c * 8;
         int t = r0 + r;
         if (t < T_len) cp_async16(to, src + (((size_t)b * T_len + t) * n_heads + head) * hd + c * 8);
@@ -127,13 +133,14 @@ __device__ bool prefetch_key_tile(const KeyStage &st, int ld, const bf16 *k, con
     return needed;
 }
 // Waits for every group but the newest (the next tile's), then the barrier after which the copies of
-// every thread are visible, which also votes: true when the whole 64 x 64 tile (queries from i0,
+// every thread are visible, which also votes: true when the whole q_rows x 64 tile (queries from i0,
 // positions from min_q_pos; keys from j0) is visible -- every query and key in range and, causal,
 // every key at or before every query -- so the kernel can skip the per-element mask: FlashAttention-2
 // masks only the tiles that cross the diagonal.
-__device__ bool wait_key_tile(const KeyStage &st, const AttnParams &p, int i0, int j0, int min_q_pos) {
+__device__ bool wait_key_tile(const KeyStage &st, const AttnParams &p, int i0, int j0, int min_q_pos,
+                              int q_rows = ATTN_BR) {
     cp_async_wait<1>();
-    return __syncthreads_and(tile_in_range(p, i0, j0) &&
+    return __syncthreads_and(tile_in_range(p, i0, j0, q_rows) &&
                              (threadIdx.x >= ATTN_BC || attn_pos_visible(p.causal, min_q_pos, st.pos[threadIdx.x])));
 }
 
@@ -190,45 +197,75 @@ __device__ __forceinline__ float group_sum(float x) {
 }
 
 // ---- the two tile products of a warp --------------------------------------------------------------
-// scores (16 x 64) = mine[row0 .. row0+15] other^T: the warp's rows of one tile against all 64 rows
-// of the other, both (64, hd) row-major; scores[n] holds the other tile's rows 8n .. 8n+7.
-template <int HD_MAX>
-__device__ void warp_scores(float scores[SCORE_TILES][4], const bf16 *mine, const bf16 *other, int ld, int row0, int hd) {
+// A warp owns MT fragments of 16 rows of its block's tile (MT = 1 everywhere but the forward kernel's
+// 128-row variant, MT = 2). Each B fragment pair read from the other tile serves all MT fragments,
+// so with MT = 2 a warp reads the other tile from shared memory half as often per product.
+//
+// scores (16 MT x 64) = mine[row0 .. row0 + 16 MT) other^T: the warp's rows of one tile against all
+// 64 rows of the other, both (rows, hd) row-major; scores[m][n] holds rows row0 + 16m .. row0 + 16m + 15
+// against the other tile's rows 8n .. 8n+7. Each accumulator sums its k-steps in the same order
+// whatever MT is, so a row's scores do not depend on it.
+template <int HD_MAX, int MT>
+__device__ void warp_scores(float (&scores)[MT][SCORE_TILES][4], const bf16 *mine, const bf16 *other, int ld, int row0,
+                            int hd) {
 #pragma unroll
-    for (int n = 0; n < SCORE_TILES; n++)
-        for (int e = 0; e < 4; e++) scores[n][e] = 0.0f;
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int n = 0; n < SCORE_TILES; n++)
+            for (int e = 0; e < 4; e++) scores[m][n][e] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < HD_MAX / 16; ks++) {
         if (ks * 16 >= hd) break;
-        uint32_t a[4];
-        load_frag_a(a, mine, ld, row0, ks * 16);
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++) load_frag_a(a[m], mine, ld, row0 + 16 * m, ks * 16);
 #pragma unroll
         for (int n = 0; n < SCORE_TILES; n += 2) {
             uint32_t bf[2][2];
             load_frag_b2_from_rows_n(bf, other, ld, n * 8, ks * 16);
-            mma_bf16_m16n8k16(scores[n], a, bf[0]);
-            mma_bf16_m16n8k16(scores[n + 1], a, bf[1]);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                mma_bf16_m16n8k16(scores[m][n], a[m], bf[0]);
+                mma_bf16_m16n8k16(scores[m][n + 1], a[m], bf[1]);
+            }
         }
     }
 }
-// acc (16 x hd) += bf16(weights) (16 x 64) other (64 x hd, row-major): the second product, summed
-// over the 64 rows of `other` in 4 k-steps; acc[n] holds dimensions 8n .. 8n+7.
-template <int HD_MAX>
-__device__ void warp_accumulate(float acc[HD_MAX / 8][4], const float weights[SCORE_TILES][4], const bf16 *other,
-                                int ld, int hd) {
+// acc (16 MT x hd) += bf16(weights) (16 MT x 64) other (64 x hd, row-major): the second product,
+// summed over the 64 rows of `other` in 4 k-steps; acc[m][n] holds dimensions 8n .. 8n+7 of the
+// warp's fragment m.
+template <int HD_MAX, int MT>
+__device__ void warp_accumulate(float (&acc)[MT][HD_MAX / 8][4], const float (&weights)[MT][SCORE_TILES][4],
+                                const bf16 *other, int ld, int hd) {
 #pragma unroll
     for (int kk = 0; kk < ATTN_BC / 16; kk++) {
-        uint32_t a[4];
-        frag_a_from_accumulators(a, weights[2 * kk], weights[2 * kk + 1]);
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++) frag_a_from_accumulators(a[m], weights[m][2 * kk], weights[m][2 * kk + 1]);
 #pragma unroll
         for (int n = 0; n < HD_MAX / 8; n += 2) {
             if (n * 8 >= hd) break;  // hd a multiple of 16: the pair is whole
             uint32_t bf[2][2];
             load_frag_b2_from_rows_k(bf, other, ld, kk * 16, n * 8);
-            mma_bf16_m16n8k16(acc[n], a, bf[0]);
-            mma_bf16_m16n8k16(acc[n + 1], a, bf[1]);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                mma_bf16_m16n8k16(acc[m][n], a[m], bf[0]);
+                mma_bf16_m16n8k16(acc[m][n + 1], a[m], bf[1]);
+            }
         }
     }
+}
+// One fragment of rows (MT = 1): the backward kernels' form, on a warp's 16 rows.
+template <int HD_MAX>
+__device__ __forceinline__ void warp_scores(float (&scores)[SCORE_TILES][4], const bf16 *mine, const bf16 *other, int ld,
+                                            int row0, int hd) {
+    warp_scores<HD_MAX, 1>(reinterpret_cast<float(&)[1][SCORE_TILES][4]>(scores), mine, other, ld, row0, hd);
+}
+template <int HD_MAX>
+__device__ __forceinline__ void warp_accumulate(float (&acc)[HD_MAX / 8][4], const float (&weights)[SCORE_TILES][4],
+                                                const bf16 *other, int ld, int hd) {
+    warp_accumulate<HD_MAX, 1>(reinterpret_cast<float(&)[1][HD_MAX / 8][4]>(acc),
+                               reinterpret_cast<const float(&)[1][SCORE_TILES][4]>(weights), other, ld, hd);
 }
 template <int N> __device__ __forceinline__ void zero(float acc[N][4]) {
 #pragma unroll
@@ -253,91 +290,106 @@ __device__ void store_row(T *row, const float acc[HD_MAX / 8][4], int half, int 
 
 // ================================ forward ========================================================
 
-template <int HD_MAX, typename OutT>
+// MT m16 fragments of query rows per warp: MT = 1, a 64-row query tile (warp w: rows 16w .. 16w+15);
+// MT = 2, a 128-row one (warp w: rows 32w .. 32w+31), FlashAttention-2's forward tiling, in which a
+// warp's B fragments of K and V serve two fragments of rows. Key tiles are 64 rows either way, and
+// a row's arithmetic is the same: the two give the same bits (test_gpu_ops checks it).
+template <int HD_MAX, typename OutT, int MT>
 __global__ void __launch_bounds__(ATTN_TC_THREADS)
 flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, AttnParams p) {
+    constexpr int BR = ATTN_TC_WARPS * 16 * MT;  // the block's query rows
     GPU_DYNAMIC_SMEM(Chunk16, smem);
-    const AttnTcSmemLayout L = attn_tc_smem_layout(ATTN_KERNEL_FORWARD, p.hd);
+    const AttnTcSmemLayout L = attn_tc_smem_layout_rows(ATTN_KERNEL_FORWARD, p.hd, BR);
     bf16 *Qs = SMEM_AT(bf16, L.q);
     int *q_pos_s = SMEM_AT(int, L.q_pos);
-    const int i0 = blockIdx.x * ATTN_BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
-    const int row0 = (int)(threadIdx.x / 32) * ATTN_TC_ROWS_PER_WARP;  // the warp's rows of the tile
+    const int i0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
+    const int row0 = (int)(threadIdx.x / 32) * 16 * MT;  // the warp's first row of the tile
 
-    copy_tile_async(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
+    copy_tile_async<BR>(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
     cp_async_commit();  // Q: waited for with the first key tile
     int min_q_pos;
-    const int max_q_pos = load_query_positions(q_pos_s, p, i0, &min_q_pos);
+    const int max_q_pos = load_query_positions(q_pos_s, p, i0, &min_q_pos, BR);
 
-    OnlineSoftmax st[2] = {{-INFINITY, 0.0f}, {-INFINITY, 0.0f}};  // of the lane's rows g, g + 8
-    float o[HD_MAX / 8][4];  // unnormalised output: sum over keys of exp(s - m) v
-    zero<HD_MAX / 8>(o);
+    OnlineSoftmax st[MT][2];  // of the lane's rows g, g + 8 of each fragment
+    float o[MT][HD_MAX / 8][4];  // unnormalised output: sum over keys of exp(s - m) v
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        st[m][0] = st[m][1] = OnlineSoftmax{-INFINITY, 0.0f};
+        zero<HD_MAX / 8>(o[m]);
+    }
 
     bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos);
     for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
         const bool needed = next_needed;
         next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos);
         const KeyStage kt = key_stage(smem, L, stage);
-        const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos);
+        const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos, BR);
         if (!needed) continue;
         const bf16 *Ks = kt.K, *Vs = kt.V;
         const int *k_pos_s = kt.pos;
 
-        float s[SCORE_TILES][4];  // S = Q K^T (unscaled), then P: the warp's 16 rows x the tile's 64 keys
-        warp_scores<HD_MAX>(s, Qs, Ks, L.ld, row0, p.hd);
+        float s[MT][SCORE_TILES][4];  // S = Q K^T (unscaled), then P: the warp's rows x the tile's 64 keys
+        warp_scores<HD_MAX, MT>(s, Qs, Ks, L.ld, row0, p.hd);
         // The largest score of each of the lane's rows, masked scores set to -inf first where the tile
         // is not wholly visible (a block-wide branch: the full tiles' loop has no per-element test).
         // The scale is positive and rounding monotonic, so max(s) scale is exactly max(s scale).
-        float tile_max[2] = {-INFINITY, -INFINITY};
         if (!full) {
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int n = 0; n < SCORE_TILES; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int r = row0 + 16 * m + acc_row(e), c = n * 8 + acc_col(e);
+                        if (!(i0 + r < p.Tq && j0 + c < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c])))
+                            s[m][n][e] = -INFINITY;
+                    }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int n = 0; n < SCORE_TILES; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[m][n][e]);
+            float correction[2], weight_sum[2] = {0.0f, 0.0f};
+            Exp2Arg arg[2];  // exp(s scale - m) as one fma and one ex2 per score (numerics.h)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                correction[half] = online_softmax_rescale(&st[m][half], group_max(tile_max[half]) * p.scale);
+                arg[half] = exp2_arg(p.scale, st[m][half].m);
+            }
 #pragma unroll
             for (int n = 0; n < SCORE_TILES; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    int r = row0 + acc_row(e), c = n * 8 + acc_col(e);
-                    if (!(i0 + r < p.Tq && j0 + c < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c])))
-                        s[n][e] = -INFINITY;
+                    s[m][n][e] = exp2_weight(arg[e / 2], s[m][n][e]);  // a masked score: 2^-inf = 0
+                    weight_sum[e / 2] += s[m][n][e];
                 }
+#pragma unroll
+            for (int half = 0; half < 2; half++) online_softmax_add(&st[m][half], group_sum(weight_sum[half]));
+#pragma unroll
+            for (int n = 0; n < HD_MAX / 8; n++)  // O = O * correction, before + bf16(P) V below
+#pragma unroll
+                for (int e = 0; e < 4; e++) o[m][n][e] *= correction[e / 2];
         }
-#pragma unroll
-        for (int n = 0; n < SCORE_TILES; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[n][e]);
-        float correction[2], weight_sum[2] = {0.0f, 0.0f};
-        Exp2Arg arg[2];  // exp(s scale - m) as one fma and one ex2 per score (numerics.h)
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            correction[half] = online_softmax_rescale(&st[half], group_max(tile_max[half]) * p.scale);
-            arg[half] = exp2_arg(p.scale, st[half].m);
-        }
-#pragma unroll
-        for (int n = 0; n < SCORE_TILES; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[n][e] = exp2_weight(arg[e / 2], s[n][e]);  // a masked score: 2^-inf = 0
-                weight_sum[e / 2] += s[n][e];
-            }
-#pragma unroll
-        for (int half = 0; half < 2; half++) online_softmax_add(&st[half], group_sum(weight_sum[half]));
-
-        // O = O * correction + bf16(P) V
-#pragma unroll
-        for (int n = 0; n < HD_MAX / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) o[n][e] *= correction[e / 2];
-        warp_accumulate<HD_MAX>(o, s, Vs, L.ld, p.hd);
+        warp_accumulate<HD_MAX, MT>(o, s, Vs, L.ld, p.hd);  // O += bf16(P) V
         __syncthreads();  // before this stage is refilled with the tile after next
     }
     cp_async_wait<0>();  // no copy outlives the kernel (with Tk = 0 the loop never waited for Q)
 
 #pragma unroll
-    for (int n = 0; n < HD_MAX / 8; n++)
-        for (int e = 0; e < 4; e++) o[n][e] = online_softmax_output(&st[e / 2], o[n][e]);  // O / l, or 0
+    for (int m = 0; m < MT; m++) {
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-        int i = i0 + row0 + lane_group() + 8 * half;
-        if (i >= p.Tq) continue;
-        store_row<HD_MAX, OutT>(out + q_offset(p, b, i, h), o, half, p.hd, true);
-        if (lane_in_group() == 0) lse[stat_offset(p, b, h, i)] = online_softmax_lse(&st[half]);
+        for (int n = 0; n < HD_MAX / 8; n++)
+            for (int e = 0; e < 4; e++) o[m][n][e] = online_softmax_output(&st[m][e / 2], o[m][n][e]);  // O / l, or 0
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int i = i0 + row0 + 16 * m + lane_group() + 8 * half;
+            if (i >= p.Tq) continue;
+            store_row<HD_MAX, OutT>(out + q_offset(p, b, i, h), o[m], half, p.hd, true);
+            if (lane_in_group() == 0) lse[stat_offset(p, b, h, i)] = online_softmax_lse(&st[m][half]);
+        }
     }
 }
 
@@ -348,79 +400,92 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
 // then uses 128 registers, not 152, and 4 blocks fit an SM instead of 3 (ncu: 1.75 -> 1.48 ms);
 // dK/dV keeps its 168 registers and 3 blocks (without a request the compiler chose 168 too, and
 // with a request of 1 it took 186, leaving room for 2). The whole backward went 4.56 -> 4.30 ms.
-template <int HD_MAX> constexpr int dq_min_blocks() { return HD_MAX <= 64 ? 4 : 0; }
+// The dQ kernel's 128-row variant (MT = 2) asks for nothing: twice the accumulators.
+template <int HD_MAX, int MT> constexpr int dq_min_blocks() { return HD_MAX <= 64 && MT == 1 ? 4 : 0; }
 template <int HD_MAX> constexpr int dkdv_min_blocks() { return HD_MAX <= 64 ? 3 : 0; }
 
-template <int HD_MAX, typename GradT>
-__global__ void __launch_bounds__(ATTN_TC_THREADS, dq_min_blocks<HD_MAX>())
+// MT m16 fragments of query rows per warp, as the forward kernel: a 64- or a 128-row query tile.
+// A row's arithmetic is the same either way (the same bits).
+template <int HD_MAX, typename GradT, int MT>
+__global__ void __launch_bounds__(ATTN_TC_THREADS, dq_min_blocks<HD_MAX, MT>())
 flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                             const float *lse, const float *dvec, AttnParams p) {
+    constexpr int BR = ATTN_TC_WARPS * 16 * MT;  // the block's query rows
     GPU_DYNAMIC_SMEM(Chunk16, smem);
-    const AttnTcSmemLayout L = attn_tc_smem_layout(ATTN_KERNEL_BACKWARD_DQ, p.hd);
+    const AttnTcSmemLayout L = attn_tc_smem_layout_rows(ATTN_KERNEL_BACKWARD_DQ, p.hd, BR);
     bf16 *Qs = SMEM_AT(bf16, L.q), *dOs = SMEM_AT(bf16, L.dout);
     int *q_pos_s = SMEM_AT(int, L.q_pos);
-    const int i0 = blockIdx.x * ATTN_BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
-    const int row0 = (int)(threadIdx.x / 32) * ATTN_TC_ROWS_PER_WARP;
+    const int i0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
+    const int row0 = (int)(threadIdx.x / 32) * 16 * MT;
 
-    copy_tile_async(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
-    copy_tile_async(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
+    copy_tile_async<BR>(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
+    copy_tile_async<BR>(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
     cp_async_commit();  // Q and dO: waited for with the first key tile
     int min_q_pos;
-    const int max_q_pos = load_query_positions(q_pos_s, p, i0, &min_q_pos);
-    float row_lse[2], row_D[2];  // of the lane's rows g, g + 8 (lse -inf: no gradient, past Tq or saw no key)
-    for (int half = 0; half < 2; half++) {
-        int i = i0 + row0 + lane_group() + 8 * half;
-        row_lse[half] = i < p.Tq ? lse[stat_offset(p, b, h, i)] : -INFINITY;
-        row_D[half] = i < p.Tq ? dvec[stat_offset(p, b, h, i)] * p.scale : 0.0f;  // D scale, as dS's fma takes it
-    }
-
-    // exp(s scale - lse) as one fma and one ex2 (numerics.h); a row with lse -inf (past Tq, or it
-    // saw no key) has every score masked, so its probabilities are 2^-inf = 0.
-    const Exp2Arg arg[2] = {exp2_arg(p.scale, row_lse[0]), exp2_arg(p.scale, row_lse[1])};
-    float acc[HD_MAX / 8][4];  // dQ of the warp's rows
-    zero<HD_MAX / 8>(acc);
+    const int max_q_pos = load_query_positions(q_pos_s, p, i0, &min_q_pos, BR);
+    // Of the lane's rows g, g + 8 of each fragment (lse -inf: no gradient, past Tq or saw no key):
+    // lse, D scale (as dS's fma takes it), and exp(s scale - lse) as one fma and one ex2 (numerics.h);
+    // a row with lse -inf has every score masked, so its probabilities are 2^-inf = 0.
+    float row_lse[MT][2], row_D[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+        for (int half = 0; half < 2; half++) {
+            int i = i0 + row0 + 16 * m + lane_group() + 8 * half;
+            row_lse[m][half] = i < p.Tq ? lse[stat_offset(p, b, h, i)] : -INFINITY;
+            row_D[m][half] = i < p.Tq ? dvec[stat_offset(p, b, h, i)] * p.scale : 0.0f;
+        }
+    float acc[MT][HD_MAX / 8][4];  // dQ of the warp's rows
+#pragma unroll
+    for (int m = 0; m < MT; m++) zero<HD_MAX / 8>(acc[m]);
 
     bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos);
     for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
         const bool needed = next_needed;
         next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos);
         const KeyStage kt = key_stage(smem, L, stage);
-        const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos);  // then every row saw a key of this tile: its lse is finite
+        // full: then every row saw a key of this tile, so its lse is finite
+        const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos, BR);
         if (!needed) continue;
         const bf16 *Ks = kt.K, *Vs = kt.V;
         const int *k_pos_s = kt.pos;
 
-        float s[SCORE_TILES][4], dp[SCORE_TILES][4];  // S = Q K^T (then dS) and dP = dO V^T
-        warp_scores<HD_MAX>(s, Qs, Ks, L.ld, row0, p.hd);
-        warp_scores<HD_MAX>(dp, dOs, Vs, L.ld, row0, p.hd);
+        float s[MT][SCORE_TILES][4], dp[MT][SCORE_TILES][4];  // S = Q K^T (then dS) and dP = dO V^T
+        warp_scores<HD_MAX, MT>(s, Qs, Ks, L.ld, row0, p.hd);
+        warp_scores<HD_MAX, MT>(dp, dOs, Vs, L.ld, row0, p.hd);
         if (!full) {  // masked scores to -inf, whose probability 2^-inf is 0 (as forward)
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int n = 0; n < SCORE_TILES; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int r = row0 + 16 * m + acc_row(e), c = n * 8 + acc_col(e);
+                        if (!(row_lse[m][e / 2] != -INFINITY && j0 + c < p.Tk &&
+                              attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c])))
+                            s[m][n][e] = -INFINITY;
+                    }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++)
 #pragma unroll
             for (int n = 0; n < SCORE_TILES; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    int r = row0 + acc_row(e), c = n * 8 + acc_col(e);
-                    if (!(row_lse[e / 2] != -INFINITY && j0 + c < p.Tk &&
-                          attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c])))
-                        s[n][e] = -INFINITY;
+                    float prob = exp2_weight(exp2_arg(p.scale, row_lse[m][e / 2]), s[m][n][e]);  // P = exp(S scale - lse)
+                    s[m][n][e] = prob * fmaf(dp[m][n][e], p.scale, -row_D[m][e / 2]);  // dS = P (dP - D) scale
                 }
-        }
-#pragma unroll
-        for (int n = 0; n < SCORE_TILES; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float prob = exp2_weight(arg[e / 2], s[n][e]);  // P = exp(S scale - lse)
-                s[n][e] = prob * fmaf(dp[n][e], p.scale, -row_D[e / 2]);  // dS = P (dP - D) scale
-            }
-        warp_accumulate<HD_MAX>(acc, s, Ks, L.ld, p.hd);  // dQ += bf16(dS) K
+        warp_accumulate<HD_MAX, MT>(acc, s, Ks, L.ld, p.hd);  // dQ += bf16(dS) K
         __syncthreads();  // before this stage is refilled
     }
     cp_async_wait<0>();  // as in forward
 
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-        int i = i0 + row0 + lane_group() + 8 * half;
-        if (i < p.Tq) store_row<HD_MAX, GradT>(dq + q_offset(p, b, i, h), acc, half, p.hd, false);
-    }
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int i = i0 + row0 + 16 * m + lane_group() + 8 * half;
+            if (i < p.Tq) store_row<HD_MAX, GradT>(dq + q_offset(p, b, i, h), acc[m], half, p.hd, false);
+        }
 }
 
 template <int HD_MAX, typename GradT>
@@ -552,41 +617,90 @@ static bool tc_supported(const AttnShape *s) {
 static bool aligned16(const void *ptr) { return (uintptr_t)ptr % 16 == 0; }
 
 template <typename Kernel>
-static size_t prepare_tc(Kernel kernel, AttnKernel which, int head_dim) {
-    size_t bytes = (size_t)attn_tc_smem_layout(which, head_dim).bytes;
+static size_t prepare_tc(Kernel kernel, AttnKernel which, int head_dim, int q_rows = ATTN_BR) {
+    size_t bytes = (size_t)attn_tc_smem_layout_rows(which, head_dim, q_rows).bytes;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     // As much of the SM's unified L1/shared memory as shared as it can hold: 4 dQ blocks take 224 KiB.
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     return bytes;
 }
 
+// The query tile rows of the forward and the dQ kernel (gpu_attention_set_query_rows); 0 until first
+// asked for, then from LLAMA_ATTN_QUERY_ROWS: "F" (both) or "F,DQ", each 64 or 128.
+enum { ROWS_FORWARD, ROWS_DQ };
+static int query_rows[2];
+static bool valid_rows(int rows) { return rows == ATTN_BR || rows == 2 * ATTN_BR; }
+static int query_rows_now(int kernel) {
+    if (query_rows[kernel] == 0) {
+        const char *env = getenv("LLAMA_ATTN_QUERY_ROWS");
+        int forward = ATTN_BR, dq = ATTN_BR, end = 0;
+        if (env && *env) {
+            int n = sscanf(env, "%d%n,%d%n", &forward, &end, &dq, &end);
+            if (n == 1) dq = forward;
+            if (n < 1 || env[end] != 0 || !valid_rows(forward) || !valid_rows(dq))
+                fatal_input("LLAMA_ATTN_QUERY_ROWS=%s: 64 or 128, or two of them (forward,dQ) such as 128,64", env);
+        }
+        query_rows[ROWS_FORWARD] = forward, query_rows[ROWS_DQ] = dq;
+    }
+    return query_rows[kernel];
+}
+extern "C" void gpu_attention_query_rows(int *forward, int *dq) {
+    *forward = query_rows_now(ROWS_FORWARD);
+    *dq = query_rows_now(ROWS_DQ);
+}
+extern "C" void gpu_attention_set_query_rows(int forward, int dq) {
+    if (!valid_rows(forward) || !valid_rows(dq))
+        fatal("gpu_attention_set_query_rows(%d, %d): 64 or 128 each", forward, dq);
+    query_rows[ROWS_FORWARD] = forward, query_rows[ROWS_DQ] = dq;
+}
+
 // HD_MAX: the accumulators' size in registers, 64 or 128 (head_dim up to it).
 // OutT / GradT: bf16 (the model's tensors) or float (context parallelism's ring, which merges and sums
 // its blocks' outputs and gradients in fp32).
-template <int HD_MAX, typename OutT>
+// MT: fragments of 16 query rows per warp (the query tile: 64 MT rows).
+template <int HD_MAX, typename OutT, int MT>
 static void launch_forward_tc(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnParams &p) {
-    size_t smem = prepare_tc(flash_forward_tc_kernel<HD_MAX, OutT>, ATTN_KERNEL_FORWARD, p.hd);
-    dim3 grid((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
-    GPU_LAUNCH((flash_forward_tc_kernel<HD_MAX, OutT>), grid, ATTN_TC_THREADS, smem, out, lse, q, k, v, p);
+    constexpr int rows = ATTN_TC_WARPS * 16 * MT;
+    size_t smem = prepare_tc(flash_forward_tc_kernel<HD_MAX, OutT, MT>, ATTN_KERNEL_FORWARD, p.hd, rows);
+    dim3 grid((p.Tq + rows - 1) / rows, p.H, p.B);
+    GPU_LAUNCH((flash_forward_tc_kernel<HD_MAX, OutT, MT>), grid, ATTN_TC_THREADS, smem, out, lse, q, k, v, p);
+}
+template <int HD_MAX, typename GradT, int MT>
+static void launch_dq_tc(GradT *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
+                         const float *dvec, const AttnParams &p) {
+    constexpr int rows = ATTN_TC_WARPS * 16 * MT;
+    size_t smem = prepare_tc(flash_backward_dq_tc_kernel<HD_MAX, GradT, MT>, ATTN_KERNEL_BACKWARD_DQ, p.hd, rows);
+    dim3 grid((p.Tq + rows - 1) / rows, p.H, p.B);
+    GPU_LAUNCH((flash_backward_dq_tc_kernel<HD_MAX, GradT, MT>), grid, ATTN_TC_THREADS, smem, dq, dout, q, k, v, lse,
+               dvec, p);
 }
 template <int HD_MAX, typename GradT>
 static void launch_backward_tc(GradT *dq, GradT *dk, GradT *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                                const bf16 *v, const float *lse, const float *dvec, const AttnParams &p) {
-    size_t smem = prepare_tc(flash_backward_dq_tc_kernel<HD_MAX, GradT>, ATTN_KERNEL_BACKWARD_DQ, p.hd);
-    dim3 grid_q((p.Tq + ATTN_BR - 1) / ATTN_BR, p.H, p.B);
-    GPU_LAUNCH((flash_backward_dq_tc_kernel<HD_MAX, GradT>), grid_q, ATTN_TC_THREADS, smem, dq, dout, q, k, v, lse,
-               dvec, p);
-    smem = prepare_tc(flash_backward_dkdv_tc_kernel<HD_MAX, GradT>, ATTN_KERNEL_BACKWARD_DKDV, p.hd);
+    // dQ's 128-row tile at head_dim up to 64 only: with 128-wide accumulators it spills (ptxas: 1.2 KB).
+    if constexpr (HD_MAX <= 64) {
+        if (query_rows_now(ROWS_DQ) == 2 * ATTN_BR) launch_dq_tc<HD_MAX, GradT, 2>(dq, dout, q, k, v, lse, dvec, p);
+        else launch_dq_tc<HD_MAX, GradT, 1>(dq, dout, q, k, v, lse, dvec, p);
+    } else {
+        launch_dq_tc<HD_MAX, GradT, 1>(dq, dout, q, k, v, lse, dvec, p);
+    }
+    size_t smem = prepare_tc(flash_backward_dkdv_tc_kernel<HD_MAX, GradT>, ATTN_KERNEL_BACKWARD_DKDV, p.hd);
     dim3 grid_kv((p.Tk + ATTN_BC - 1) / ATTN_BC, p.KV, p.B);
     GPU_LAUNCH((flash_backward_dkdv_tc_kernel<HD_MAX, GradT>), grid_kv, ATTN_TC_THREADS, smem, dk, dv, dout, q, k, v,
                lse, dvec, p);
+}
+template <int HD_MAX, typename OutT>
+static void launch_forward_tc_rows(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
+                                   const AttnParams &p) {
+    if (query_rows_now(ROWS_FORWARD) == 2 * ATTN_BR) launch_forward_tc<HD_MAX, OutT, 2>(out, lse, q, k, v, p);
+    else launch_forward_tc<HD_MAX, OutT, 1>(out, lse, q, k, v, p);
 }
 template <typename OutT>
 static void forward_tc(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnShape *s) {
     AttnParams p = attn_params_of(s);
     if (p.B == 0 || p.Tq == 0) return;
-    if (p.hd <= 64) launch_forward_tc<64, OutT>(out, lse, q, k, v, p);
-    else launch_forward_tc<128, OutT>(out, lse, q, k, v, p);
+    if (p.hd <= 64) launch_forward_tc_rows<64, OutT>(out, lse, q, k, v, p);
+    else launch_forward_tc_rows<128, OutT>(out, lse, q, k, v, p);
 }
 // D = rowsum(dO O) from the bf16 dout and out, then the dQ and dK/dV kernels.
 template <typename GradT>

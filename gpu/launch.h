@@ -113,33 +113,37 @@ typedef struct {
     int bytes;            // total
 } AttnTcSmemLayout;
 
-GPU_HD AttnTcSmemLayout attn_tc_smem_layout(AttnKernel kernel, int head_dim) {
+// q_rows: the query tile's rows where the query side is the fixed one (forward, dQ): ATTN_BR, or
+// for the forward kernel's 128-row variant (gpu/attention_tc.cu) 2 ATTN_BR.
+GPU_HD AttnTcSmemLayout attn_tc_smem_layout_rows(AttnKernel kernel, int head_dim, int q_rows) {
     AttnTcSmemLayout L;
     L.ld = head_dim + ATTN_TC_PAD;
     L.q = L.dout = L.k = L.v = L.q_pos = L.k_pos = L.lse = L.dvec = -1;
     int tile = ATTN_BR * L.ld * 2, at = 0;  // ATTN_BR == ATTN_BC
     if (kernel != ATTN_KERNEL_BACKWARD_DKDV) {  // fixed: the query side; streamed: K, V, their positions
-        L.q = at, at += tile;
-        if (kernel == ATTN_KERNEL_BACKWARD_DQ) L.dout = at, at += tile;
-        L.q_pos = at, at += ATTN_BR * 4;
-        int stage = at;
+        const int q_tile = q_rows * L.ld * 2;
+        L.q = at, at += q_tile;
+        if (kernel == ATTN_KERNEL_BACKWARD_DQ) L.dout = at, at += q_tile;
+        L.q_pos = at, at += q_rows * 4;
+        L.stage_bytes = 2 * tile + ATTN_BC * 4;
         L.k = at, at += tile;
         L.v = at, at += tile;
         L.k_pos = at, at += ATTN_BC * 4;
-        L.stage_bytes = at - stage;
     } else {  // fixed: the key side; streamed: Q, dO and the query rows' positions, lse and D
         L.k = at, at += tile;
         L.v = at, at += tile;
         L.k_pos = at, at += ATTN_BC * 4;
-        int stage = at;
+        L.stage_bytes = 2 * tile + 3 * ATTN_BR * 4;
         L.q = at, at += tile;
         L.dout = at, at += tile;
         L.q_pos = at, at += ATTN_BR * 4;
         L.lse = at, at += ATTN_BR * 4;
         L.dvec = at, at += ATTN_BR * 4;
-        L.stage_bytes = at - stage;
     }
     at += L.stage_bytes;  // stage 1
     L.bytes = at;
     return L;
+}
+GPU_HD AttnTcSmemLayout attn_tc_smem_layout(AttnKernel kernel, int head_dim) {
+    return attn_tc_smem_layout_rows(kernel, head_dim, ATTN_BR);
 }

@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/args.h"
 #include "common/fileio.h"
@@ -83,40 +84,95 @@ static void fill_bf16(gpu_bf16 *x, size_t n, uint64_t stream) {
     gpu_free(dev);
 }
 
+// Whether two device buffers hold the same bytes (copied to the host).
+static bool same_device_bytes(const void *a, const void *b, size_t bytes) {
+    unsigned char *ha = malloc(bytes), *hb = malloc(bytes);
+    if (!ha || !hb) fatal("bench_gpu: out of host memory for a %zu-byte comparison", bytes);
+    gpu_download(ha, a, bytes);
+    gpu_download(hb, b, bytes);
+    bool same = memcmp(ha, hb, bytes) == 0;
+    free(ha), free(hb);
+    return same;
+}
+
+// One attention's results on the device: out, dq (nq bf16 each), dk, dv (nkv), lse (n_rows fp32).
+typedef struct {
+    gpu_bf16 *out, *dq, *dk, *dv;
+    float *lse;
+    size_t nq, nkv, n_rows;
+} AttnOutputs;
+static AttnOutputs attn_outputs_alloc(size_t nq, size_t nkv, size_t n_rows) {
+    AttnOutputs o = {gpu_alloc(MEM_ACTIVATIONS, 2 * nq), gpu_alloc(MEM_ACTIVATIONS, 2 * nq),
+                     gpu_alloc(MEM_ACTIVATIONS, 2 * nkv), gpu_alloc(MEM_ACTIVATIONS, 2 * nkv),
+                     gpu_alloc(MEM_ACTIVATIONS, sizeof(float) * n_rows), nq, nkv, n_rows};
+    return o;
+}
+static void attn_outputs_free(AttnOutputs *o) {
+    gpu_free(o->out), gpu_free(o->dq), gpu_free(o->dk), gpu_free(o->dv), gpu_free(o->lse);
+}
+static bool attn_outputs_same(const AttnOutputs *a, const AttnOutputs *b) {
+    return same_device_bytes(a->out, b->out, 2 * a->nq) && same_device_bytes(a->dq, b->dq, 2 * a->nq) &&
+           same_device_bytes(a->dk, b->dk, 2 * a->nkv) && same_device_bytes(a->dv, b->dv, 2 * a->nkv) &&
+           same_device_bytes(a->lse, b->lse, sizeof(float) * a->n_rows);
+}
+
+// `steps` forward and backward passes into o (the gradients accumulating), each synchronised; the
+// seconds of the last steps - warmup forward passes into *fwd_s, backward into *bwd_s.
+static void time_attention(const AttnShape *s, const gpu_bf16 *q, const gpu_bf16 *k, const gpu_bf16 *v,
+                           const gpu_bf16 *dout, AttnOutputs *o, int steps, int warmup, double *fwd_s, double *bwd_s) {
+    *fwd_s = *bwd_s = 0;
+    for (int i = 0; i < steps; i++) {
+        gpu_synchronize();
+        long long t0 = now_ns();
+        gpu_attention_forward_bf16(o->out, o->lse, q, k, v, s);
+        gpu_synchronize();
+        long long t1 = now_ns();
+        gpu_attention_backward_bf16(o->dq, o->dk, o->dv, dout, q, k, v, o->out, o->lse, s);
+        gpu_synchronize();
+        long long t2 = now_ns();
+        if (i >= warmup) *fwd_s += (t1 - t0) * 1e-9, *bwd_s += (t2 - t1) * 1e-9;
+    }
+}
+
 // One layer's attention, bf16, forward and backward timed apart with CUDA-synchronised host clocks:
 // the kernels alone, against PyTorch's SDPA at the same shapes (scripts/bench_attention_torch_gpu.py).
+// Then the same with the forward and dQ kernels' other query tile (64 or 128 rows:
+// gpu_attention_set_query_rows), in the same run, its results compared with the first's bit for bit
+// (both accumulate `steps` backward passes from zeroed gradients: equal bits iff every pass was).
 static void bench_attention(const ModelConfig *cfg, int B, int T, int steps, int warmup) {
     int H = cfg->n_heads, KV = cfg->n_kv_heads, hd = model_head_dim(cfg);
-    size_t nq = (size_t)B * T * H * hd, nkv = (size_t)B * T * KV * hd;
+    size_t nq = (size_t)B * T * H * hd, nkv = (size_t)B * T * KV * hd, n_rows = (size_t)B * H * T;
     gpu_bf16 *q = gpu_alloc(MEM_ACTIVATIONS, 2 * nq), *k = gpu_alloc(MEM_ACTIVATIONS, 2 * nkv);
-    gpu_bf16 *v = gpu_alloc(MEM_ACTIVATIONS, 2 * nkv), *out = gpu_alloc(MEM_ACTIVATIONS, 2 * nq);
-    gpu_bf16 *dout = gpu_alloc(MEM_ACTIVATIONS, 2 * nq), *dq = gpu_alloc(MEM_ACTIVATIONS, 2 * nq);
-    gpu_bf16 *dk = gpu_alloc(MEM_ACTIVATIONS, 2 * nkv), *dv = gpu_alloc(MEM_ACTIVATIONS, 2 * nkv);
-    float *lse = gpu_alloc(MEM_ACTIVATIONS, sizeof(float) * B * H * T);
+    gpu_bf16 *v = gpu_alloc(MEM_ACTIVATIONS, 2 * nkv), *dout = gpu_alloc(MEM_ACTIVATIONS, 2 * nq);
     gpu_bf16 *targets[] = {q, k, v, dout};  // random inputs: scores of a realistic spread
     size_t counts[] = {nq, nkv, nkv, nq};
     for (int t = 0; t < 4; t++) fill_bf16(targets[t], counts[t], (uint64_t)t);
     AttnShape s = {B, T, T, H, KV, hd, NULL, NULL, true};
-    double fwd_s = 0, bwd_s = 0;
-    for (int i = 0; i < steps; i++) {
-        gpu_synchronize();
-        long long t0 = now_ns();
-        gpu_attention_forward_bf16(out, lse, q, k, v, &s);
-        gpu_synchronize();
-        long long t1 = now_ns();
-        gpu_attention_backward_bf16(dq, dk, dv, dout, q, k, v, out, lse, &s);
-        gpu_synchronize();
-        long long t2 = now_ns();
-        if (i >= warmup) fwd_s += (t1 - t0) * 1e-9, bwd_s += (t2 - t1) * 1e-9;
-    }
-    int measured = steps - warmup;
-    double fwd_tflops = attention_forward_flops(B, H, T, hd) * measured / fwd_s / 1e12;
-    double bwd_tflops = attention_backward_flops(B, H, T, hd) * measured / bwd_s / 1e12;
+    const int measured = steps - warmup;
+    const double fwd_flops = attention_forward_flops(B, H, T, hd) * measured;
+    const double bwd_flops = attention_backward_flops(B, H, T, hd) * measured;
+
+    AttnOutputs first = attn_outputs_alloc(nq, nkv, n_rows);
+    double fwd_s, bwd_s;
+    time_attention(&s, q, k, v, dout, &first, steps, warmup, &fwd_s, &bwd_s);
     printf("attention: batch=%d seq=%d heads=%d kv_heads=%d head_dim=%d fwd_ms=%.3f bwd_ms=%.3f fwd_tflops=%.2f "
            "bwd_tflops=%.2f\n",
-           B, T, H, KV, hd, fwd_s * 1e3 / measured, bwd_s * 1e3 / measured, fwd_tflops, bwd_tflops);
-    void *owned[] = {q, k, v, out, dout, dq, dk, dv, lse};
-    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
+           B, T, H, KV, hd, fwd_s * 1e3 / measured, bwd_s * 1e3 / measured, fwd_flops / fwd_s / 1e12,
+           bwd_flops / bwd_s / 1e12);
+
+    int rows, dq_rows;
+    gpu_attention_query_rows(&rows, &dq_rows);
+    int other_rows = rows == 64 ? 128 : 64;
+    gpu_attention_set_query_rows(other_rows, other_rows);
+    AttnOutputs other = attn_outputs_alloc(nq, nkv, n_rows);
+    time_attention(&s, q, k, v, dout, &other, steps, warmup, &fwd_s, &bwd_s);
+    gpu_attention_set_query_rows(rows, dq_rows);
+    printf("attention-query-tiles: rows=%d,%d other_rows=%d fwd_ms=%.3f bwd_ms=%.3f fwd_tflops=%.2f bwd_tflops=%.2f "
+           "same_bits=%s\n",
+           rows, dq_rows, other_rows, fwd_s * 1e3 / measured, bwd_s * 1e3 / measured, fwd_flops / fwd_s / 1e12,
+           bwd_flops / bwd_s / 1e12, attn_outputs_same(&first, &other) ? "yes" : "no");
+    attn_outputs_free(&first), attn_outputs_free(&other);
+    gpu_free(q), gpu_free(k), gpu_free(v), gpu_free(dout);
 }
 
 // q (n) = FP8 codes of Gaussian values (per tensor, scale 16: well inside E4M3's and E5M2's range).

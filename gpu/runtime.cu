@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "gpu/internal.cuh"
+#include "gpu/ops.h"
 
 static bool initialized;
 static int device_id;
@@ -35,6 +36,8 @@ int gpu_device_count(char *why, size_t why_len) {
 
 void gpu_init(int device) {
     if (initialized) fatal("gpu_init called twice");
+    int forward_rows, dq_rows;  // a bad LLAMA_ATTN_QUERY_ROWS stops the program here
+    gpu_attention_query_rows(&forward_rows, &dq_rows);
     char why[256] = "";
     int n = gpu_device_count(why, sizeof why);
     if (n == 0) fatal("no CUDA device: %s", why);

@@ -364,8 +364,11 @@ static void install_context_parallel(GpuTraining *g, Trainer *t, const LayoutOpt
 }
 
 
-bool trainer_has_cuda(void) { return true; }
-void trainer_exec_cuda_build(char **argv) { (void)argv; }
+void trainer_cuda_start(char **argv) {
+    (void)argv;
+    int forward_rows, dq_rows;  // a bad LLAMA_ATTN_QUERY_ROWS: one line, exit 2
+    gpu_attention_query_rows(&forward_rows, &dq_rows);
+}
 
 Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSource *init, const LayoutOptions *o) {
     refuse_layout(t, o);

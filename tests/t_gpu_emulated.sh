@@ -141,6 +141,15 @@ need = ["peak_bf16", "peak_fp8", "gemm_eff", "fp8_gemm_eff", "attn_eff", "hbm_bw
 sys.exit(0 if all(p.get(k, 0) > 0 for k in need) else 1)' "$profile" ||
     { echo "FAIL: bench_gpu.sh's profile and prediction"; tail -20 <<<"$out"; cat "$profile" 2>/dev/null; exit 1; }
 echo "ok: $(grep '^build/plan --cluster' <<<"$out")"
+grep -qE '^  ours, 128-row query tiles .* same bits: yes$' <<<"$out" ||
+    { echo "FAIL: bench_gpu.sh's row for the attention kernels' other query tile"; tail -20 <<<"$out"; exit 1; }
+# --attention-only times the forward and dQ kernels' two query tiles and compares their results bit
+# for bit: on `small` (head_dim 64) the tensor-core kernels, 64- and 128-row tiles.
+out=$("$EMU/bench_gpu" --model small --batch 1 --seq-len 192 --steps 2 --warmup 1 --attention-only 2>&1) ||
+    { echo "FAIL: bench_gpu --attention-only on small"; tail -5 <<<"$out"; exit 1; }
+grep -qE '^attention-query-tiles: rows=64,64 other_rows=128 .* same_bits=yes$' <<<"$out" ||
+    { echo "FAIL: the attention kernels' 64- and 128-row query tiles: $(grep attention-query-tiles <<<"$out")"; exit 1; }
+echo "ok: $(grep attention-query-tiles <<<"$out")"
 # PyTorch out of memory at ours' batch: both again at half of it, one table. A stand-in for PyTorch's
 # script: out of memory above batch 1 (as CUDA words it), else a timing line; no attention line.
 cat > "$TEST_TMP/bench_gpu/fake_torch" <<'FAKE'

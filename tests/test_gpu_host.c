@@ -345,18 +345,22 @@ static bool conflict_free(const long byte_addr[32]) {
     return true;
 }
 START_TEST(test_attention_tc_smem_layouts) {
-    for (int kernel = ATTN_KERNEL_FORWARD; kernel <= ATTN_KERNEL_BACKWARD_DKDV; kernel++)
+    // The forward kernel also with its 128-row query tile (two fragments of rows a warp).
+    for (int variant = 0; variant <= ATTN_KERNEL_BACKWARD_DKDV + 1; variant++)
         for (int hd = 16; hd <= ATTN_MAX_HEAD_DIM; hd += 16) {
-            AttnTcSmemLayout L = attn_tc_smem_layout((AttnKernel)kernel, hd);
+            int kernel = variant <= ATTN_KERNEL_BACKWARD_DKDV ? variant : ATTN_KERNEL_FORWARD;
+            int q_rows = variant <= ATTN_KERNEL_BACKWARD_DKDV ? ATTN_BR : 2 * ATTN_BR;
+            AttnTcSmemLayout L = attn_tc_smem_layout_rows((AttnKernel)kernel, hd, q_rows);
             ck_assert_int_eq(L.ld * 2 % 16, 0);
-            int tile = ATTN_BR * L.ld * 2;
+            int tile = ATTN_BR * L.ld * 2, q_tile = (kernel == ATTN_KERNEL_BACKWARD_DKDV ? ATTN_BR : q_rows) * L.ld * 2;
+            int q_rows_held = kernel == ATTN_KERNEL_BACKWARD_DKDV ? ATTN_BR : q_rows;
             // Every region, and the second stage of the streamed ones (the other side's tile: K, V
             // and positions in forward and dQ; Q, dO, positions, lse and D in dK/dV).
             const bool keys_streamed = kernel != ATTN_KERNEL_BACKWARD_DKDV;
             struct { int at, bytes; const char *name; bool streamed; } base[] = {
-                {L.q, tile, "q", !keys_streamed},          {L.dout, tile, "dout", !keys_streamed},
+                {L.q, q_tile, "q", !keys_streamed},        {L.dout, q_tile, "dout", !keys_streamed},
                 {L.k, tile, "k", keys_streamed},           {L.v, tile, "v", keys_streamed},
-                {L.q_pos, ATTN_BR * 4, "q_pos", !keys_streamed}, {L.k_pos, ATTN_BC * 4, "k_pos", keys_streamed},
+                {L.q_pos, q_rows_held * 4, "q_pos", !keys_streamed}, {L.k_pos, ATTN_BC * 4, "k_pos", keys_streamed},
                 {L.lse, ATTN_BR * 4, "lse", true},        {L.dvec, ATTN_BR * 4, "dvec", true},
             };
             struct { int at, bytes; const char *name; } r[16];
@@ -399,6 +403,10 @@ START_TEST(test_attention_tc_smem_layouts) {
     AttnTcSmemLayout f64 = attn_tc_smem_layout(ATTN_KERNEL_FORWARD, 64);
     ck_assert_int_eq(f64.stage_bytes, 2 * 64 * 72 * 2 + 64 * 4);
     ck_assert_int_eq(f64.bytes, 64 * 72 * 2 + 64 * 4 + 2 * f64.stage_bytes);
+    // The 128-row variant: the q tile and its positions twice as large, the stages the same.
+    AttnTcSmemLayout f64x2 = attn_tc_smem_layout_rows(ATTN_KERNEL_FORWARD, 64, 128);
+    ck_assert_int_eq(f64x2.stage_bytes, f64.stage_bytes);
+    ck_assert_int_eq(f64x2.bytes, 128 * 72 * 2 + 128 * 4 + 2 * f64.stage_bytes);
 }
 END_TEST
 

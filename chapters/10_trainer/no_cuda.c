@@ -10,9 +10,7 @@
 #include "chapters/10_trainer/trainer.h"
 #include "common/log.h"
 
-bool trainer_has_cuda(void) { return false; }
-
-void trainer_exec_cuda_build(char **argv) {
+void trainer_cuda_start(char **argv) {
     char self[PATH_MAX], target[PATH_MAX + 16];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n > 0) {

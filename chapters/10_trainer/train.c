@@ -670,7 +670,7 @@ int main(int argc, char **argv) {
     args_parse(flags, N_FLAGS, argc, argv, "train",
                "Trains Llama 3: the single-process CPU reference alone, the parallel modules under mpirun.");
     bool cuda = args_choice_index(DEVICE_NAMES, opt.device) == DEVICE_CUDA;
-    if (cuda && !trainer_has_cuda()) trainer_exec_cuda_build(argv);  // before MPI starts: the GPU build takes over
+    if (cuda) trainer_cuda_start(argv);  // before MPI starts: the GPU build takes over, or checks its settings
     matmul_set_backend((MatmulBackend)args_choice_index(MATMUL_BACKEND_NAMES, opt.matmul));
     AttentionImpl attention = (AttentionImpl)args_choice_index(ATTENTION_IMPL_NAMES, opt.attention);
     if (opt.compare) {  // a check of a dump, then exit: a flag of the training run would be ignored

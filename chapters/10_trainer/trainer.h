@@ -117,11 +117,12 @@ void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl atte
                           const LayoutOptions *options);
 // --device cuda (gpu/strategy.c): the one-GPU model behind the same contract; single process, DDP, and
 // ZeRO-1/2/3 and HSDP (chapter 3's module on device buffers).
-// Linked into build/train-cuda in place of chapters/10_trainer/no_cuda.c, which build/train uses:
-// there trainer_has_cuda() is false and trainer_exec_cuda_build() replaces the process with
-// build/train-cuda, same arguments (or exits 2 when there is none).
-bool trainer_has_cuda(void);
-void trainer_exec_cuda_build(char **argv);
+// Linked into build/train-cuda in place of chapters/10_trainer/no_cuda.c, which build/train uses.
+// trainer_cuda_start(), first thing under --device cuda: in build/train it replaces the process with
+// build/train-cuda, same arguments (or exits 2 when there is none); in build/train-cuda it checks the
+// GPU library's settings from the environment (LLAMA_ATTN_QUERY_ROWS: gpu/ops.h), exiting 2 on a bad
+// one before any work.
+void trainer_cuda_start(char **argv);
 Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSource *init, const LayoutOptions *o);
 void trainer_free_strategy(Trainer *t);
 // The state of one kind in the full table's layout, on every rank (pipeline: pp rank 0 only).

@@ -1249,6 +1249,14 @@ static void test_attention_bf16(const AttnCase *c) {
     AttnResults r1 = run_attention_bf16(false, &s, q, k, v, dout, dq0, dk0, dv0);
     AttnResults r2 = run_attention_bf16(false, &s, q, k, v, dout, dq0, dk0, dv0);
     AttnResults simt = run_attention_bf16(true, &s, q, k, v, dout, dq0, dk0, dv0);
+    // The forward and dQ kernels' other query tile (64 or 128 rows): the same per-row arithmetic, so
+    // the same bits.
+    int rows, dq_rows;
+    gpu_attention_query_rows(&rows, &dq_rows);
+    int other_rows = rows == 64 ? 128 : 64;
+    gpu_attention_set_query_rows(other_rows, other_rows);
+    AttnResults other = run_attention_bf16(false, &s, q, k, v, dout, dq0, dk0, dv0);
+    gpu_attention_set_query_rows(rows, dq_rows);
 
     if (c->positions == POS_KEYS_LATER) {
         // No query sees a key: the reference's output is 0, its lse -inf, its gradients 0 -- exactly.
@@ -1301,12 +1309,16 @@ static void test_attention_bf16(const AttnCase *c) {
     for (size_t t = 0; t < sizeof same / sizeof same[0]; t++) {
         snprintf(name, sizeof name, "attention bf16 %s %s run twice", c->name, same[t].what);
         check_exact(name, same[t].a, same[t].b, same[t].n);
+        const float *theirs = (const float *[]){other.out, other.lse, other.dq, other.dk, other.dv}[t];
+        snprintf(name, sizeof name, "attention bf16 %s %s: %d-row query tiles = %d-row", c->name, same[t].what,
+                 other_rows, rows);
+        check_exact(name, theirs, same[t].a, same[t].n);
     }
 
     free(q_pos), free(k_pos), free(q), free(k), free(v), free(dout), free(dq0), free(dk0), free(dv0);
     free(out_ref), free(lse_ref), free(dq_ref), free(dk_ref), free(dv_ref);
     free(out_base), free(dq_base), free(dk_base), free(dv_base);
-    free_results(&r), free_results(&r1), free_results(&r2), free_results(&simt);
+    free_results(&r), free_results(&r1), free_results(&r2), free_results(&simt), free_results(&other);
 }
 
 // A head_dim the tensor cores do not take (not a multiple of 16): the bf16 API must run the
