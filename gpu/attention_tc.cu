@@ -73,7 +73,7 @@ __device__ __forceinline__ void copy_rows_async(bf16 *dst, int ld, const bf16 *s
         else *reinterpret_cast<Chunk16 *>(to + k * STEP * ld) = Chunk16{{0u, 0u, 0u, 0u}};
     }
 }
-// ROWS rows: a tile (ATTN_BR), or the 128-row query tile of the forward kernel's MT = 2 variant.
+// ROWS rows: a tile (ATTN_BR), or the 128-row query tile of the forward and dQ kernels (MT = 2).
 template <int ROWS = ATTN_BR>
 __device__ void copy_tile_async(bf16 *dst, int ld, const bf16 *src, int b, int r0, int T_len, int n_heads, int head,
                                 int hd) {
@@ -197,8 +197,8 @@ __device__ __forceinline__ float group_sum(float x) {
 }
 
 // ---- the two tile products of a warp --------------------------------------------------------------
-// A warp owns MT fragments of 16 rows of its block's tile (MT = 1 everywhere but the forward kernel's
-// 128-row variant, MT = 2). Each B fragment pair read from the other tile serves all MT fragments,
+// A warp owns MT fragments of 16 rows of its block's tile (MT = 1 everywhere but the 128-row query
+// tiles of the forward and dQ kernels, MT = 2). Each B fragment pair read from the other tile serves all MT fragments,
 // so with MT = 2 a warp reads the other tile from shared memory half as often per product.
 //
 // scores (16 MT x 64) = mine[row0 .. row0 + 16 MT) other^T: the warp's rows of one tile against all
