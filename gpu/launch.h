@@ -114,7 +114,9 @@ typedef struct {
 } AttnTcSmemLayout;
 
 // q_rows: the query tile's rows where the query side is the fixed one (forward, dQ): ATTN_BR, or
-// for the forward kernel's 128-row variant (gpu/attention_tc.cu) 2 ATTN_BR.
+// 2 ATTN_BR for those kernels' 128-row query tiles (gpu/attention_tc.cu). The stages' size does not
+// depend on it (written as a constant: computed as a difference of offsets, it cost the dQ kernel a
+// register spill at its 128-register cap).
 GPU_HD AttnTcSmemLayout attn_tc_smem_layout_rows(AttnKernel kernel, int head_dim, int q_rows) {
     AttnTcSmemLayout L;
     L.ld = head_dim + ATTN_TC_PAD;
