@@ -62,24 +62,20 @@ __device__ inline int load_query_positions(int *q_pos_s, const AttnParams &p, in
     if (min_q_pos) *min_q_pos = smallest;
     return max_q_pos;
 }
-// The smallest position of a key tile already in shared memory, and the largest in *max_k_pos where
-// asked.
-__device__ inline int min_key_position(const int *k_pos_s, int *max_k_pos = nullptr) {
+// The smallest position of a key tile (rows of them) already in shared memory, and the largest in
+// *max_k_pos where asked.
+__device__ inline int min_key_position(const int *k_pos_s, int *max_k_pos = nullptr, int rows = ATTN_BC) {
     int min_k_pos = INT_MAX, largest = INT_MIN;
-    for (int c = 0; c < ATTN_BC; c++) min_k_pos = min(min_k_pos, k_pos_s[c]), largest = max(largest, k_pos_s[c]);
+    for (int c = 0; c < rows; c++) min_k_pos = min(min_k_pos, k_pos_s[c]), largest = max(largest, k_pos_s[c]);
     if (max_k_pos) *max_k_pos = largest;
     return min_k_pos;
 }
-// The tensor-core kernels' test for skipping the mask: the tile of q_rows queries from i0 and 64 keys
-// from j0 lies inside (Tq, Tk).
-__device__ inline bool tile_in_range(const AttnParams &p, int i0, int j0, int q_rows = ATTN_BR) {
-    return i0 + q_rows <= p.Tq && j0 + ATTN_BC <= p.Tk;
+// The tensor-core kernels' test for skipping the mask: the tile of q_rows queries from i0 and k_rows
+// keys from j0 lies inside (Tq, Tk).
+__device__ inline bool tile_in_range(const AttnParams &p, int i0, int j0, int q_rows = ATTN_BR, int k_rows = ATTN_BC) {
+    return i0 + q_rows <= p.Tq && j0 + k_rows <= p.Tk;
 }
 
-// The dK/dV kernels' step to query tile i0 of head h: its positions, lse and D (rows past Tq: -inf
-// and 0) into shared memory. False, on every thread, when the tile can be skipped: causal, and no
-// query of it reaches the block's first key (min_k_pos). Either way every thread has passed a
-// barrier after writing them.
 // The positions, lse and D of query tile i0 of head h (rows past Tq: -inf and 0); thread t < 64 writes
 // row t. No barrier.
 __device__ inline void load_query_rows(int *q_pos_s, float *lse_s, float *D_s, const AttnParams &p, const float *lse,
@@ -91,6 +87,9 @@ __device__ inline void load_query_rows(int *q_pos_s, float *lse_s, float *D_s, c
         D_s[r] = valid ? dvec[stat_offset(p, b, h, i0 + r)] : 0.0f;
     }
 }
+// The dK/dV kernels' step to query tile i0 of head h: load_query_rows, then false, on every thread,
+// when the tile can be skipped: causal, and no query of it reaches the block's first key (min_k_pos).
+// Either way every thread has passed a barrier after writing them.
 __device__ inline bool load_query_tile_stats(int *q_pos_s, float *lse_s, float *D_s, const AttnParams &p,
                                              const float *lse, const float *dvec, int b, int h, int i0,
                                              int min_k_pos) {

@@ -16,10 +16,11 @@
 // 16 x 64 block (rounded to bf16, as FlashAttention-2 does: the accumulators of two adjacent 16x8
 // tiles are already the A fragment of a 16x16 block) by the other tile's 64 x head_dim values into
 // head_dim/8 accumulator tiles of 16x8, also in registers: 16 x head_dim per warp.
-// The forward and dQ kernels can also hold a 128-row query tile, 32 rows a warp as two such
-// fragments (gpu_attention_set_query_rows, LLAMA_ATTN_QUERY_ROWS=128; dQ's at head_dim <= 64):
-// FlashAttention-2's forward tiling, in which each K and V fragment a warp loads from shared memory
-// serves two mma instead of one.
+// Each kernel can also hold a 128-row tile of its own side, 32 rows a warp as two such fragments
+// (gpu_attention_set_tile_rows, LLAMA_ATTN_TILE_ROWS=128; the backward kernels' at head_dim <= 64):
+// FlashAttention-2's forward tiling, in which each fragment of the other side a warp loads from shared
+// memory serves two mma instead of one. The dK/dV kernel's 128 keys take each 64-row query tile in two
+// passes of 32 rows, so that its scores stay at 32 registers a lane.
 //
 //   forward   grid (Tq/64, H, B)   per key tile: S = Q K^T; mask, scale; online softmax per row
 //             (m, l in fp32, from the fp32 scores); O = O * correction + bf16(P) V.
@@ -197,21 +198,24 @@ __device__ __forceinline__ float group_sum(float x) {
 }
 
 // ---- the two tile products of a warp --------------------------------------------------------------
-// A warp owns MT fragments of 16 rows of its block's tile (MT = 1 everywhere but the 128-row query
-// tiles of the forward and dQ kernels, MT = 2). Each B fragment pair read from the other tile serves all MT fragments,
-// so with MT = 2 a warp reads the other tile from shared memory half as often per product.
+// A warp owns MT fragments of 16 rows of its block's own tile (MT = 1: a 64-row tile; MT = 2: the
+// 128-row tiles, gpu_attention_set_tile_rows). Each B fragment pair read from the other tile serves
+// all MT fragments, so with MT = 2 a warp reads the other tile from shared memory half as often per
+// product. NT: the 16x8 score tiles across the other side's rows, 8 NT of them (SCORE_TILES, 64 rows;
+// the 128-key dK/dV kernel takes a query tile in two passes of 32 rows, NT = 4).
 //
-// scores (16 MT x 64) = mine[row0 .. row0 + 16 MT) other^T: the warp's rows of one tile against all
-// 64 rows of the other, both (rows, hd) row-major; scores[m][n] holds rows row0 + 16m .. row0 + 16m + 15
-// against the other tile's rows 8n .. 8n+7. Each accumulator sums its k-steps in the same order
-// whatever MT is, so a row's scores do not depend on it.
-template <int HD_MAX, int MT>
-__device__ void warp_scores(float (&scores)[MT][SCORE_TILES][4], const bf16 *mine, const bf16 *other, int ld, int row0,
+// scores (16 MT x 8 NT) = mine[row0 .. row0 + 16 MT) other[0 .. 8 NT)^T: the warp's rows of its own
+// tile against the other's rows, both (rows, hd) row-major; scores[m][n] holds rows row0 + 16m ..
+// row0 + 16m + 15 against the other's rows 8n .. 8n+7. Each accumulator sums its k-steps in the same
+// order whatever MT and NT are, so a score does not depend on them.
+template <int HD_MAX, int MT, int NT>
+__device__ void warp_scores(float (&scores)[MT][NT][4], const bf16 *mine, const bf16 *other, int ld, int row0,
                             int hd) {
+    static_assert(NT % 2 == 0, "B fragments come in pairs");
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
-        for (int n = 0; n < SCORE_TILES; n++)
+        for (int n = 0; n < NT; n++)
             for (int e = 0; e < 4; e++) scores[m][n][e] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < HD_MAX / 16; ks++) {
@@ -220,7 +224,7 @@ __device__ void warp_scores(float (&scores)[MT][SCORE_TILES][4], const bf16 *min
 #pragma unroll
         for (int m = 0; m < MT; m++) load_frag_a(a[m], mine, ld, row0 + 16 * m, ks * 16);
 #pragma unroll
-        for (int n = 0; n < SCORE_TILES; n += 2) {
+        for (int n = 0; n < NT; n += 2) {
             uint32_t bf[2][2];
             load_frag_b2_from_rows_n(bf, other, ld, n * 8, ks * 16);
 #pragma unroll
@@ -231,14 +235,15 @@ __device__ void warp_scores(float (&scores)[MT][SCORE_TILES][4], const bf16 *min
         }
     }
 }
-// acc (16 MT x hd) += bf16(weights) (16 MT x 64) other (64 x hd, row-major): the second product,
-// summed over the 64 rows of `other` in 4 k-steps; acc[m][n] holds dimensions 8n .. 8n+7 of the
-// warp's fragment m.
-template <int HD_MAX, int MT>
-__device__ void warp_accumulate(float (&acc)[MT][HD_MAX / 8][4], const float (&weights)[MT][SCORE_TILES][4],
+// acc (16 MT x hd) += bf16(weights) (16 MT x 8 NT) other (8 NT x hd, row-major): the second product,
+// summed over the 8 NT rows of `other` in NT / 2 k-steps of 16, in row order; acc[m][n] holds
+// dimensions 8n .. 8n+7 of the warp's fragment m. Two calls on rows [0, 32) and [32, 64) add in the
+// same order as one call on [0, 64).
+template <int HD_MAX, int MT, int NT>
+__device__ void warp_accumulate(float (&acc)[MT][HD_MAX / 8][4], const float (&weights)[MT][NT][4],
                                 const bf16 *other, int ld, int hd) {
 #pragma unroll
-    for (int kk = 0; kk < ATTN_BC / 16; kk++) {
+    for (int kk = 0; kk < NT / 2; kk++) {
         uint32_t a[MT][4];
 #pragma unroll
         for (int m = 0; m < MT; m++) frag_a_from_accumulators(a[m], weights[m][2 * kk], weights[m][2 * kk + 1]);
@@ -255,22 +260,20 @@ __device__ void warp_accumulate(float (&acc)[MT][HD_MAX / 8][4], const float (&w
         }
     }
 }
-// One fragment of rows (MT = 1): the backward kernels' form, on a warp's 16 rows.
-template <int HD_MAX>
-__device__ __forceinline__ void warp_scores(float (&scores)[SCORE_TILES][4], const bf16 *mine, const bf16 *other, int ld,
-                                            int row0, int hd) {
-    warp_scores<HD_MAX, 1>(reinterpret_cast<float(&)[1][SCORE_TILES][4]>(scores), mine, other, ld, row0, hd);
-}
-template <int HD_MAX>
-__device__ __forceinline__ void warp_accumulate(float (&acc)[HD_MAX / 8][4], const float (&weights)[SCORE_TILES][4],
-                                                const bf16 *other, int ld, int hd) {
-    warp_accumulate<HD_MAX, 1>(reinterpret_cast<float(&)[1][HD_MAX / 8][4]>(acc),
-                               reinterpret_cast<const float(&)[1][SCORE_TILES][4]>(weights), other, ld, hd);
-}
 template <int N> __device__ __forceinline__ void zero(float acc[N][4]) {
 #pragma unroll
     for (int n = 0; n < N; n++)
         for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+}
+// f(m, n, e) for each score a lane holds: fragment m of its rows, 16x8 tile n, accumulator element e
+// (row acc_row(e) of the fragment, column 8n + acc_col(e)); unrolled, so every index is a constant.
+template <int MT, int NT, typename F> __device__ __forceinline__ void for_each_score(F &&f) {
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) f(m, n, e);
 }
 // row[d] += acc (or = acc, with `set`) for the lane's columns d = 8n + 2t, 8n + 2t + 1 of
 // accumulator row `half` (0: row g, 1: row g + 8), each rounded to T (bf16, or fp32: exact) once.
@@ -329,21 +332,16 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
         const int *k_pos_s = kt.pos;
 
         float s[MT][SCORE_TILES][4];  // S = Q K^T (unscaled), then P: the warp's rows x the tile's 64 keys
-        warp_scores<HD_MAX, MT>(s, Qs, Ks, L.ld, row0, p.hd);
+        warp_scores<HD_MAX, MT, SCORE_TILES>(s, Qs, Ks, L.ld, row0, p.hd);
         // The largest score of each of the lane's rows, masked scores set to -inf first where the tile
         // is not wholly visible (a block-wide branch: the full tiles' loop has no per-element test).
         // The scale is positive and rounding monotonic, so max(s) scale is exactly max(s scale).
         if (!full) {
-#pragma unroll
-            for (int m = 0; m < MT; m++)
-#pragma unroll
-                for (int n = 0; n < SCORE_TILES; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int r = row0 + 16 * m + acc_row(e), c = n * 8 + acc_col(e);
-                        if (!(i0 + r < p.Tq && j0 + c < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c])))
-                            s[m][n][e] = -INFINITY;
-                    }
+            for_each_score<MT, SCORE_TILES>([&](int m, int n, int e) {
+                int r = row0 + 16 * m + acc_row(e), c = n * 8 + acc_col(e);
+                if (!(i0 + r < p.Tq && j0 + c < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c])))
+                    s[m][n][e] = -INFINITY;
+            });
         }
 #pragma unroll
         for (int m = 0; m < MT; m++) {
@@ -373,7 +371,7 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
 #pragma unroll
                 for (int e = 0; e < 4; e++) o[m][n][e] *= correction[e / 2];
         }
-        warp_accumulate<HD_MAX, MT>(o, s, Vs, L.ld, p.hd);  // O += bf16(P) V
+        warp_accumulate<HD_MAX, MT, SCORE_TILES>(o, s, Vs, L.ld, p.hd);  // O += bf16(P) V
         __syncthreads();  // before this stage is refilled with the tile after next
     }
     cp_async_wait<0>();  // no copy outlives the kernel (with Tk = 0 the loop never waited for Q)
@@ -400,9 +398,9 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
 // then uses 128 registers, not 152, and 4 blocks fit an SM instead of 3 (ncu: 1.75 -> 1.48 ms);
 // dK/dV keeps its 168 registers and 3 blocks (without a request the compiler chose 168 too, and
 // with a request of 1 it took 186, leaving room for 2). The whole backward went 4.56 -> 4.30 ms.
-// The dQ kernel's 128-row variant (MT = 2) asks for nothing: twice the accumulators.
+// The 128-row variants (MT = 2) ask for nothing: twice the accumulators.
 template <int HD_MAX, int MT> constexpr int dq_min_blocks() { return HD_MAX <= 64 && MT == 1 ? 4 : 0; }
-template <int HD_MAX> constexpr int dkdv_min_blocks() { return HD_MAX <= 64 ? 3 : 0; }
+template <int HD_MAX, int MT> constexpr int dkdv_min_blocks() { return HD_MAX <= 64 && MT == 1 ? 3 : 0; }
 
 // MT m16 fragments of query rows per warp, as the forward kernel: a 64- or a 128-row query tile.
 // A row's arithmetic is the same either way (the same bits).
@@ -450,31 +448,20 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
         const int *k_pos_s = kt.pos;
 
         float s[MT][SCORE_TILES][4], dp[MT][SCORE_TILES][4];  // S = Q K^T (then dS) and dP = dO V^T
-        warp_scores<HD_MAX, MT>(s, Qs, Ks, L.ld, row0, p.hd);
-        warp_scores<HD_MAX, MT>(dp, dOs, Vs, L.ld, row0, p.hd);
+        warp_scores<HD_MAX, MT, SCORE_TILES>(s, Qs, Ks, L.ld, row0, p.hd);
+        warp_scores<HD_MAX, MT, SCORE_TILES>(dp, dOs, Vs, L.ld, row0, p.hd);
         if (!full) {  // masked scores to -inf, whose probability 2^-inf is 0 (as forward)
-#pragma unroll
-            for (int m = 0; m < MT; m++)
-#pragma unroll
-                for (int n = 0; n < SCORE_TILES; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int r = row0 + 16 * m + acc_row(e), c = n * 8 + acc_col(e);
-                        if (!(row_lse[m][e / 2] != -INFINITY && j0 + c < p.Tk &&
-                              attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c])))
-                            s[m][n][e] = -INFINITY;
-                    }
+            for_each_score<MT, SCORE_TILES>([&](int m, int n, int e) {
+                int r = row0 + 16 * m + acc_row(e), c = n * 8 + acc_col(e);
+                if (!(row_lse[m][e / 2] != -INFINITY && j0 + c < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c])))
+                    s[m][n][e] = -INFINITY;
+            });
         }
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-            for (int n = 0; n < SCORE_TILES; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float prob = exp2_weight(exp2_arg(p.scale, row_lse[m][e / 2]), s[m][n][e]);  // P = exp(S scale - lse)
-                    s[m][n][e] = prob * fmaf(dp[m][n][e], p.scale, -row_D[m][e / 2]);  // dS = P (dP - D) scale
-                }
-        warp_accumulate<HD_MAX, MT>(acc, s, Ks, L.ld, p.hd);  // dQ += bf16(dS) K
+        for_each_score<MT, SCORE_TILES>([&](int m, int n, int e) {
+            float prob = exp2_weight(exp2_arg(p.scale, row_lse[m][e / 2]), s[m][n][e]);  // P = exp(S scale - lse)
+            s[m][n][e] = prob * fmaf(dp[m][n][e], p.scale, -row_D[m][e / 2]);  // dS = P (dP - D) scale
+        });
+        warp_accumulate<HD_MAX, MT, SCORE_TILES>(acc, s, Ks, L.ld, p.hd);  // dQ += bf16(dS) K
         __syncthreads();  // before this stage is refilled
     }
     cp_async_wait<0>();  // as in forward
@@ -488,29 +475,40 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
         }
 }
 
-template <int HD_MAX, typename GradT>
-__global__ void __launch_bounds__(ATTN_TC_THREADS, dkdv_min_blocks<HD_MAX>())
+// MT m16 fragments of keys per warp: MT = 1, a 64-key tile (warp w: keys 16w .. 16w+15), each query
+// tile in one pass; MT = 2, a 128-key tile (warp w: keys 32w .. 32w+31), each 64-row query tile in
+// two passes of 32 rows, so that the scores keep 32 registers a lane while the accumulators double.
+// Each Q and dO fragment a warp loads then serves two fragments of keys. A key's arithmetic is the
+// same either way, its sums in the same order (warp_accumulate): the same bits.
+template <int HD_MAX, typename GradT, int MT>
+__global__ void __launch_bounds__(ATTN_TC_THREADS, dkdv_min_blocks<HD_MAX, MT>())
 flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                               const float *lse, const float *dvec, AttnParams p) {
+    constexpr int BK = ATTN_TC_WARPS * 16 * MT;  // the block's keys
+    constexpr int NT = SCORE_TILES / MT;         // a pass's 16x8 score tiles: 8 NT query rows
+    constexpr int PASS_ROWS = 8 * NT;
     GPU_DYNAMIC_SMEM(Chunk16, smem);
-    const AttnTcSmemLayout L = attn_tc_smem_layout(ATTN_KERNEL_BACKWARD_DKDV, p.hd);
+    const AttnTcSmemLayout L = attn_tc_smem_layout_rows(ATTN_KERNEL_BACKWARD_DKDV, p.hd, BK);
     bf16 *Ks = SMEM_AT(bf16, L.k), *Vs = SMEM_AT(bf16, L.v);
     int *k_pos_s = SMEM_AT(int, L.k_pos);
-    const int j0 = blockIdx.x * ATTN_BC, g = blockIdx.y, b = blockIdx.z;
-    const int row0 = (int)(threadIdx.x / 32) * ATTN_TC_ROWS_PER_WARP;  // the warp's keys of the tile
+    const int j0 = blockIdx.x * BK, g = blockIdx.y, b = blockIdx.z;
+    const int row0 = (int)(threadIdx.x / 32) * 16 * MT;  // the warp's first key of the tile
 
-    copy_tile_async(Ks, L.ld, k, b, j0, p.Tk, p.KV, g, p.hd);
-    copy_tile_async(Vs, L.ld, v, b, j0, p.Tk, p.KV, g, p.hd);
+    copy_tile_async<BK>(Ks, L.ld, k, b, j0, p.Tk, p.KV, g, p.hd);
+    copy_tile_async<BK>(Vs, L.ld, v, b, j0, p.Tk, p.KV, g, p.hd);
     cp_async_commit();  // K and V: waited for with the first query tile
-    load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX);
+    load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX, BK);
     __syncthreads();
     int max_k_pos;
-    const int min_k_pos = min_key_position(k_pos_s, &max_k_pos);
+    const int min_k_pos = min_key_position(k_pos_s, &max_k_pos, BK);
 
     const float scale_log2 = p.scale * LOG2E_F;
-    float dk_acc[HD_MAX / 8][4], dv_acc[HD_MAX / 8][4];  // of the warp's keys
-    zero<HD_MAX / 8>(dk_acc);
-    zero<HD_MAX / 8>(dv_acc);
+    float dk_acc[MT][HD_MAX / 8][4], dv_acc[MT][HD_MAX / 8][4];  // of the warp's keys
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        zero<HD_MAX / 8>(dk_acc[m]);
+        zero<HD_MAX / 8>(dv_acc[m]);
+    }
 
     // The query tiles of the group's heads, head by head: step n is head g group + n / tiles, tile n % tiles.
     const int tiles = (p.Tq + ATTN_BR - 1) / ATTN_BR, steps = p.group * tiles;
@@ -525,49 +523,49 @@ flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16
         // The whole tile visible (as wait_key_tile's vote): no per-element mask, and every query saw
         // this tile's keys, so its lse is finite. The vote is the barrier after the copies.
         const bool full = __syncthreads_and(
-            tile_in_range(p, i0, j0) &&
+            tile_in_range(p, i0, j0, ATTN_BR, BK) &&
             (threadIdx.x >= ATTN_BR || attn_pos_visible(p.causal, qt.pos[threadIdx.x], max_k_pos)));
         if (!needed) continue;
-        const bf16 *Qs = qt.Q, *dOs = qt.dO;
         const int *q_pos_s = qt.pos;
         const float *lse2_s = qt.lse, *Ds_s = qt.D;  // lse log2(e) (+inf: saw no key), D scale (prefetch_query_tile)
 
-        float st[SCORE_TILES][4], dpt[SCORE_TILES][4];  // S^T = K Q^T (then P^T), dP^T = V dO^T (then dS^T)
-        warp_scores<HD_MAX>(st, Ks, Qs, L.ld, row0, p.hd);
-        warp_scores<HD_MAX>(dpt, Vs, dOs, L.ld, row0, p.hd);
-        if (!full) {  // masked scores to -inf, whose probability 2^-inf is 0 (rows with no key: lse2 +inf)
 #pragma unroll
-            for (int t = 0; t < SCORE_TILES; t++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int key = row0 + acc_row(e), r = t * 8 + acc_col(e);  // a row per key, a column per query
+        for (int pass = 0; pass < MT; pass++) {
+            const int q0 = pass * PASS_ROWS;  // the pass's first row of the query tile
+            const bf16 *Qs = qt.Q + q0 * L.ld, *dOs = qt.dO + q0 * L.ld;
+            float st[MT][NT][4], dpt[MT][NT][4];  // S^T = K Q^T (then P^T), dP^T = V dO^T (then dS^T)
+            warp_scores<HD_MAX, MT, NT>(st, Ks, Qs, L.ld, row0, p.hd);
+            warp_scores<HD_MAX, MT, NT>(dpt, Vs, dOs, L.ld, row0, p.hd);
+            if (!full) {  // masked scores to -inf, whose probability 2^-inf is 0 (rows with no key: lse2 +inf)
+                for_each_score<MT, NT>([&](int m, int t, int e) {
+                    int key = row0 + 16 * m + acc_row(e), r = q0 + t * 8 + acc_col(e);  // a row per key, a column per query
                     if (!(j0 + key < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[key])))
-                        st[t][e] = -INFINITY;
-                }
-        }
-        // P^T = exp(S^T scale - lse) = 2^(S^T scale log2(e) - lse log2(e)), and dS^T = P^T (dP^T - D)
-        // scale = P^T (dP^T scale - D scale): an fma, an ex2, an fma and a multiply a score.
-#pragma unroll
-        for (int t = 0; t < SCORE_TILES; t++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int r = t * 8 + acc_col(e);
-                float prob = exp2_fast(fmaf(st[t][e], scale_log2, -lse2_s[r]));
-                st[t][e] = prob;
-                dpt[t][e] = prob * fmaf(dpt[t][e], p.scale, -Ds_s[r]);
+                        st[m][t][e] = -INFINITY;
+                });
             }
-        warp_accumulate<HD_MAX>(dv_acc, st, dOs, L.ld, p.hd);  // dV += bf16(P^T) dO
-        warp_accumulate<HD_MAX>(dk_acc, dpt, Qs, L.ld, p.hd);  // dK += bf16(dS^T) Q
+            // P^T = exp(S^T scale - lse) = 2^(S^T scale log2(e) - lse log2(e)), and dS^T = P^T (dP^T - D)
+            // scale = P^T (dP^T scale - D scale): an fma, an ex2, an fma and a multiply a score.
+            for_each_score<MT, NT>([&](int m, int t, int e) {
+                int r = q0 + t * 8 + acc_col(e);
+                float prob = exp2_fast(fmaf(st[m][t][e], scale_log2, -lse2_s[r]));
+                st[m][t][e] = prob;
+                dpt[m][t][e] = prob * fmaf(dpt[m][t][e], p.scale, -Ds_s[r]);
+            });
+            warp_accumulate<HD_MAX, MT, NT>(dv_acc, st, dOs, L.ld, p.hd);  // dV += bf16(P^T) dO
+            warp_accumulate<HD_MAX, MT, NT>(dk_acc, dpt, Qs, L.ld, p.hd);  // dK += bf16(dS^T) Q
+        }
         __syncthreads();  // before this stage is refilled
     }
 
 #pragma unroll
-    for (int half = 0; half < 2; half++) {
-        int j = j0 + row0 + lane_group() + 8 * half;
-        if (j >= p.Tk) continue;
-        store_row<HD_MAX, GradT>(dk + kv_offset(p, b, j, g), dk_acc, half, p.hd, false);
-        store_row<HD_MAX, GradT>(dv + kv_offset(p, b, j, g), dv_acc, half, p.hd, false);
-    }
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            int j = j0 + row0 + 16 * m + lane_group() + 8 * half;
+            if (j >= p.Tk) continue;
+            store_row<HD_MAX, GradT>(dk + kv_offset(p, b, j, g), dk_acc[m], half, p.hd, false);
+            store_row<HD_MAX, GradT>(dv + kv_offset(p, b, j, g), dv_acc[m], half, p.hd, false);
+        }
 }
 
 // ================================ the fragments alone, for tests ====================================
@@ -617,41 +615,38 @@ static bool tc_supported(const AttnShape *s) {
 static bool aligned16(const void *ptr) { return (uintptr_t)ptr % 16 == 0; }
 
 template <typename Kernel>
-static size_t prepare_tc(Kernel kernel, AttnKernel which, int head_dim, int q_rows = ATTN_BR) {
-    size_t bytes = (size_t)attn_tc_smem_layout_rows(which, head_dim, q_rows).bytes;
+static size_t prepare_tc(Kernel kernel, AttnKernel which, int head_dim, int own_rows) {
+    size_t bytes = (size_t)attn_tc_smem_layout_rows(which, head_dim, own_rows).bytes;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     // As much of the SM's unified L1/shared memory as shared as it can hold: 4 dQ blocks take 224 KiB.
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     return bytes;
 }
 
-// The query tile rows of the forward and the dQ kernel (gpu_attention_set_query_rows); 0 until first
-// asked for, then from LLAMA_ATTN_QUERY_ROWS: "F" (both) or "F,DQ", each 64 or 128.
-enum { ROWS_FORWARD, ROWS_DQ };
-static int query_rows[2];
+// The rows of each kernel's own tile (gpu_attention_set_tile_rows); 0 until first asked for, then from
+// LLAMA_ATTN_TILE_ROWS: "R" (all three) or "F,DQ,DKDV", each 64 or 128.
+static GpuAttnTileRows tile_rows;
 static bool valid_rows(int rows) { return rows == ATTN_BR || rows == 2 * ATTN_BR; }
-static int query_rows_now(int kernel) {
-    if (query_rows[kernel] == 0) {
-        const char *env = getenv("LLAMA_ATTN_QUERY_ROWS");
-        int forward = ATTN_BR, dq = ATTN_BR, end = 0;
+static bool valid_tile_rows(GpuAttnTileRows r) { return valid_rows(r.forward) && valid_rows(r.dq) && valid_rows(r.dkdv); }
+extern "C" GpuAttnTileRows gpu_attention_tile_rows(void) {
+    if (tile_rows.forward == 0) {
+        const char *env = getenv("LLAMA_ATTN_TILE_ROWS");
+        GpuAttnTileRows r = {ATTN_BR, ATTN_BR, ATTN_BR};
         if (env && *env) {
-            int n = sscanf(env, "%d%n,%d%n", &forward, &end, &dq, &end);
-            if (n == 1) dq = forward;
-            if (n < 1 || env[end] != 0 || !valid_rows(forward) || !valid_rows(dq))
-                fatal_input("LLAMA_ATTN_QUERY_ROWS=%s: 64 or 128, or two of them (forward,dQ) such as 128,64", env);
+            int end = 0, n = sscanf(env, "%d%n,%d,%d%n", &r.forward, &end, &r.dq, &r.dkdv, &end);
+            if (n == 1) r.dq = r.dkdv = r.forward;
+            if ((n != 1 && n != 3) || env[end] != 0 || !valid_tile_rows(r))
+                fatal_input("LLAMA_ATTN_TILE_ROWS=%s: 64 or 128, or three of them (forward,dQ,dK/dV) such as 128,128,64",
+                            env);
         }
-        query_rows[ROWS_FORWARD] = forward, query_rows[ROWS_DQ] = dq;
+        tile_rows = r;
     }
-    return query_rows[kernel];
+    return tile_rows;
 }
-extern "C" void gpu_attention_query_rows(int *forward, int *dq) {
-    *forward = query_rows_now(ROWS_FORWARD);
-    *dq = query_rows_now(ROWS_DQ);
-}
-extern "C" void gpu_attention_set_query_rows(int forward, int dq) {
-    if (!valid_rows(forward) || !valid_rows(dq))
-        fatal("gpu_attention_set_query_rows(%d, %d): 64 or 128 each", forward, dq);
-    query_rows[ROWS_FORWARD] = forward, query_rows[ROWS_DQ] = dq;
+extern "C" void gpu_attention_set_tile_rows(GpuAttnTileRows rows) {
+    if (!valid_tile_rows(rows))
+        fatal("gpu_attention_set_tile_rows(%d, %d, %d): 64 or 128 each", rows.forward, rows.dq, rows.dkdv);
+    tile_rows = rows;
 }
 
 // HD_MAX: the accumulators' size in registers, 64 or 128 (head_dim up to it).
@@ -674,25 +669,36 @@ static void launch_dq_tc(GradT *dq, const bf16 *dout, const bf16 *q, const bf16 
     GPU_LAUNCH((flash_backward_dq_tc_kernel<HD_MAX, GradT, MT>), grid, ATTN_TC_THREADS, smem, dq, dout, q, k, v, lse,
                dvec, p);
 }
+template <int HD_MAX, typename GradT, int MT>
+static void launch_dkdv_tc(GradT *dk, GradT *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                           const float *lse, const float *dvec, const AttnParams &p) {
+    constexpr int rows = ATTN_TC_WARPS * 16 * MT;
+    size_t smem = prepare_tc(flash_backward_dkdv_tc_kernel<HD_MAX, GradT, MT>, ATTN_KERNEL_BACKWARD_DKDV, p.hd, rows);
+    dim3 grid((p.Tk + rows - 1) / rows, p.KV, p.B);
+    GPU_LAUNCH((flash_backward_dkdv_tc_kernel<HD_MAX, GradT, MT>), grid, ATTN_TC_THREADS, smem, dk, dv, dout, q, k, v,
+               lse, dvec, p);
+}
 template <int HD_MAX, typename GradT>
 static void launch_backward_tc(GradT *dq, GradT *dk, GradT *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                                const bf16 *v, const float *lse, const float *dvec, const AttnParams &p) {
-    // dQ's 128-row tile at head_dim up to 64 only: with 128-wide accumulators it spills (ptxas: 1.2 KB).
+    // The backward kernels' 128-row tiles at head_dim up to 64 only: with 128-wide accumulators they
+    // would spill (ptxas, dQ: 1.2 KB).
+    const GpuAttnTileRows rows = gpu_attention_tile_rows();
     if constexpr (HD_MAX <= 64) {
-        if (query_rows_now(ROWS_DQ) == 2 * ATTN_BR) launch_dq_tc<HD_MAX, GradT, 2>(dq, dout, q, k, v, lse, dvec, p);
+        if (rows.dq == 2 * ATTN_BR) launch_dq_tc<HD_MAX, GradT, 2>(dq, dout, q, k, v, lse, dvec, p);
         else launch_dq_tc<HD_MAX, GradT, 1>(dq, dout, q, k, v, lse, dvec, p);
+        if (rows.dkdv == 2 * ATTN_BC) launch_dkdv_tc<HD_MAX, GradT, 2>(dk, dv, dout, q, k, v, lse, dvec, p);
+        else launch_dkdv_tc<HD_MAX, GradT, 1>(dk, dv, dout, q, k, v, lse, dvec, p);
     } else {
+        (void)rows;
         launch_dq_tc<HD_MAX, GradT, 1>(dq, dout, q, k, v, lse, dvec, p);
+        launch_dkdv_tc<HD_MAX, GradT, 1>(dk, dv, dout, q, k, v, lse, dvec, p);
     }
-    size_t smem = prepare_tc(flash_backward_dkdv_tc_kernel<HD_MAX, GradT>, ATTN_KERNEL_BACKWARD_DKDV, p.hd);
-    dim3 grid_kv((p.Tk + ATTN_BC - 1) / ATTN_BC, p.KV, p.B);
-    GPU_LAUNCH((flash_backward_dkdv_tc_kernel<HD_MAX, GradT>), grid_kv, ATTN_TC_THREADS, smem, dk, dv, dout, q, k, v,
-               lse, dvec, p);
 }
 template <int HD_MAX, typename OutT>
 static void launch_forward_tc_rows(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                    const AttnParams &p) {
-    if (query_rows_now(ROWS_FORWARD) == 2 * ATTN_BR) launch_forward_tc<HD_MAX, OutT, 2>(out, lse, q, k, v, p);
+    if (gpu_attention_tile_rows().forward == 2 * ATTN_BR) launch_forward_tc<HD_MAX, OutT, 2>(out, lse, q, k, v, p);
     else launch_forward_tc<HD_MAX, OutT, 1>(out, lse, q, k, v, p);
 }
 template <typename OutT>

@@ -106,35 +106,35 @@ static inline size_t attn_smem_bytes(AttnKernel kernel, int head_dim) {
 // Offsets are -1 for regions a kernel does not use.
 typedef struct {
     int ld;               // row stride of the tiles, in bf16 elements
-    int q, dout, k, v;    // (ATTN_BR or ATTN_BC, head_dim) bf16 tiles
+    int q, dout, k, v;    // (rows, head_dim) bf16 tiles: the own tile's rows, or a streamed stage's 64
     int q_pos, k_pos;     // positions of the tiles' rows (ints)
     int lse, dvec;        // per query row (dK/dV only)
     int stage_bytes;      // from a streamed region's stage 0 to its stage 1
     int bytes;            // total
 } AttnTcSmemLayout;
 
-// q_rows: the query tile's rows where the query side is the fixed one (forward, dQ): ATTN_BR, or
-// 2 ATTN_BR for those kernels' 128-row query tiles (gpu/attention_tc.cu). The stages' size does not
-// depend on it (written as a constant: computed as a difference of offsets, it cost the dQ kernel a
-// register spill at its 128-register cap).
-GPU_HD AttnTcSmemLayout attn_tc_smem_layout_rows(AttnKernel kernel, int head_dim, int q_rows) {
+// own_rows: the rows of the block's own tile, the side it holds (queries in forward and dQ, keys in
+// dK/dV): ATTN_BR, or 2 ATTN_BR for the 128-row tiles (gpu/attention_tc.cu). The streamed side's tiles
+// stay 64 rows, so the stages' size does not depend on it (written as a constant: computed as a
+// difference of offsets, it cost the dQ kernel a register spill at its 128-register cap).
+GPU_HD AttnTcSmemLayout attn_tc_smem_layout_rows(AttnKernel kernel, int head_dim, int own_rows) {
     AttnTcSmemLayout L;
     L.ld = head_dim + ATTN_TC_PAD;
     L.q = L.dout = L.k = L.v = L.q_pos = L.k_pos = L.lse = L.dvec = -1;
-    int tile = ATTN_BR * L.ld * 2, at = 0;  // ATTN_BR == ATTN_BC
-    if (kernel != ATTN_KERNEL_BACKWARD_DKDV) {  // fixed: the query side; streamed: K, V, their positions
-        const int q_tile = q_rows * L.ld * 2;
-        L.q = at, at += q_tile;
-        if (kernel == ATTN_KERNEL_BACKWARD_DQ) L.dout = at, at += q_tile;
-        L.q_pos = at, at += q_rows * 4;
+    const int tile = ATTN_BR * L.ld * 2, own_tile = own_rows * L.ld * 2;  // ATTN_BR == ATTN_BC
+    int at = 0;
+    if (kernel != ATTN_KERNEL_BACKWARD_DKDV) {  // own: the query side; streamed: K, V, their positions
+        L.q = at, at += own_tile;
+        if (kernel == ATTN_KERNEL_BACKWARD_DQ) L.dout = at, at += own_tile;
+        L.q_pos = at, at += own_rows * 4;
         L.stage_bytes = 2 * tile + ATTN_BC * 4;
         L.k = at, at += tile;
         L.v = at, at += tile;
         L.k_pos = at, at += ATTN_BC * 4;
-    } else {  // fixed: the key side; streamed: Q, dO and the query rows' positions, lse and D
-        L.k = at, at += tile;
-        L.v = at, at += tile;
-        L.k_pos = at, at += ATTN_BC * 4;
+    } else {  // own: the key side; streamed: Q, dO and the query rows' positions, lse and D
+        L.k = at, at += own_tile;
+        L.v = at, at += own_tile;
+        L.k_pos = at, at += own_rows * 4;
         L.stage_bytes = 2 * tile + 3 * ATTN_BR * 4;
         L.q = at, at += tile;
         L.dout = at, at += tile;

@@ -136,9 +136,10 @@ static void time_attention(const AttnShape *s, const gpu_bf16 *q, const gpu_bf16
 
 // One layer's attention, bf16, forward and backward timed apart with CUDA-synchronised host clocks:
 // the kernels alone, against PyTorch's SDPA at the same shapes (scripts/bench_attention_torch_gpu.py).
-// Then the same with the forward and dQ kernels' other query tile (64 or 128 rows:
-// gpu_attention_set_query_rows), in the same run, its results compared with the first's bit for bit
-// (both accumulate `steps` backward passes from zeroed gradients: equal bits iff every pass was).
+// Then the same with the other tile sizes (64 or 128 rows: gpu_attention_set_tile_rows; the backward
+// kernels keep 64 where head_dim is over 64), in the same run, each one's results compared with the
+// first's bit for bit (each accumulates `steps` backward passes from zeroed gradients: equal bits iff
+// every pass was).
 static void bench_attention(const ModelConfig *cfg, int B, int T, int steps, int warmup) {
     int H = cfg->n_heads, KV = cfg->n_kv_heads, hd = model_head_dim(cfg);
     size_t nq = (size_t)B * T * H * hd, nkv = (size_t)B * T * KV * hd, n_rows = (size_t)B * H * T;
@@ -155,23 +156,28 @@ static void bench_attention(const ModelConfig *cfg, int B, int T, int steps, int
     AttnOutputs first = attn_outputs_alloc(nq, nkv, n_rows);
     double fwd_s, bwd_s;
     time_attention(&s, q, k, v, dout, &first, steps, warmup, &fwd_s, &bwd_s);
-    printf("attention: batch=%d seq=%d heads=%d kv_heads=%d head_dim=%d fwd_ms=%.3f bwd_ms=%.3f fwd_tflops=%.2f "
-           "bwd_tflops=%.2f\n",
-           B, T, H, KV, hd, fwd_s * 1e3 / measured, bwd_s * 1e3 / measured, fwd_flops / fwd_s / 1e12,
-           bwd_flops / bwd_s / 1e12);
+    const GpuAttnTileRows rows = gpu_attention_tile_rows();
+    printf("attention: batch=%d seq=%d heads=%d kv_heads=%d head_dim=%d rows=%d,%d,%d fwd_ms=%.3f bwd_ms=%.3f "
+           "fwd_tflops=%.2f bwd_tflops=%.2f\n",
+           B, T, H, KV, hd, rows.forward, rows.dq, rows.dkdv, fwd_s * 1e3 / measured, bwd_s * 1e3 / measured,
+           fwd_flops / fwd_s / 1e12, bwd_flops / bwd_s / 1e12);
 
-    int rows, dq_rows;
-    gpu_attention_query_rows(&rows, &dq_rows);
-    int other_rows = rows == 64 ? 128 : 64;
-    gpu_attention_set_query_rows(other_rows, other_rows);
-    AttnOutputs other = attn_outputs_alloc(nq, nkv, n_rows);
-    time_attention(&s, q, k, v, dout, &other, steps, warmup, &fwd_s, &bwd_s);
-    gpu_attention_set_query_rows(rows, dq_rows);
-    printf("attention-query-tiles: rows=%d,%d other_rows=%d fwd_ms=%.3f bwd_ms=%.3f fwd_tflops=%.2f bwd_tflops=%.2f "
-           "same_bits=%s\n",
-           rows, dq_rows, other_rows, fwd_s * 1e3 / measured, bwd_s * 1e3 / measured, fwd_flops / fwd_s / 1e12,
-           bwd_flops / bwd_s / 1e12, attn_outputs_same(&first, &other) ? "yes" : "no");
-    attn_outputs_free(&first), attn_outputs_free(&other);
+    // The other tile sizes: 128-row query tiles in the forward and dQ kernels, a 128-row key tile in
+    // dK/dV, and both (the backward's time tells dQ's part from dK/dV's).
+    const GpuAttnTileRows variants[] = {{64, 64, 64}, {128, 128, 64}, {64, 64, 128}, {128, 128, 128}};
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        const GpuAttnTileRows r = variants[i];
+        if (r.forward == rows.forward && r.dq == rows.dq && r.dkdv == rows.dkdv) continue;
+        gpu_attention_set_tile_rows(r);
+        AttnOutputs other = attn_outputs_alloc(nq, nkv, n_rows);
+        time_attention(&s, q, k, v, dout, &other, steps, warmup, &fwd_s, &bwd_s);
+        printf("attention-tiles: rows=%d,%d,%d fwd_ms=%.3f bwd_ms=%.3f fwd_tflops=%.2f bwd_tflops=%.2f same_bits=%s\n",
+               r.forward, r.dq, r.dkdv, fwd_s * 1e3 / measured, bwd_s * 1e3 / measured, fwd_flops / fwd_s / 1e12,
+               bwd_flops / bwd_s / 1e12, attn_outputs_same(&first, &other) ? "yes" : "no");
+        attn_outputs_free(&other);
+    }
+    gpu_attention_set_tile_rows(rows);
+    attn_outputs_free(&first);
     gpu_free(q), gpu_free(k), gpu_free(v), gpu_free(dout);
 }
 

@@ -145,14 +145,20 @@ void gpu_attention_backward_bf16(gpu_bf16 *dq, gpu_bf16 *dk, gpu_bf16 *dv, const
 // gpu_attention_bf16_uses_tensor_cores(s) -- head_dim a multiple of 16 -- and every tensor is 16-byte
 // aligned; elsewhere on the CUDA cores in fp32 (gpu/attention.cu), which the _simt pair always runs.
 bool gpu_attention_bf16_uses_tensor_cores(const AttnShape *s);
-// The query tile of the tensor-core forward and dQ kernels, each 64 rows (16 a warp, the default) or
-// 128 (32 a warp as two fragments of 16: FlashAttention-2's forward tiling, in which each K and V
-// fragment a warp loads from shared memory serves twice the products; dQ's only where head_dim is at
-// most 64, its 128-wide accumulators spilling otherwise). Every choice gives the same bits. The environment's LLAMA_ATTN_QUERY_ROWS sets the starting values: "128" (both) or
-// "128,64" (forward, dQ). Not yet timed on a GPU against each other: `bench_gpu --attention-only`
-// times each. gpu_init reads the environment's value (a bad one stops the program there).
-void gpu_attention_set_query_rows(int forward, int dq);
-void gpu_attention_query_rows(int *forward, int *dq);
+// The rows of the tile each tensor-core kernel holds, the side it keeps while streaming the other
+// (queries in the forward and dQ kernels, keys in dK/dV): 64 (16 a warp, the default) or 128 (32 a
+// warp as two fragments of 16: FlashAttention-2's forward tiling, in which each fragment of the other
+// side a warp loads from shared memory serves twice the products). The backward kernels take 128 only
+// where head_dim is at most 64 (their 128-wide accumulators would spill). Every choice gives the same
+// bits. The environment's LLAMA_ATTN_TILE_ROWS sets the starting values: "128" (all three) or
+// "128,128,64" (forward, dQ, dK/dV). Not yet timed on a GPU against each other: `bench_gpu
+// --attention-only` times both. gpu_init reads the environment's value (a bad one stops the program
+// there, exit status 2).
+typedef struct {
+    int forward, dq, dkdv;
+} GpuAttnTileRows;
+void gpu_attention_set_tile_rows(GpuAttnTileRows rows);
+GpuAttnTileRows gpu_attention_tile_rows(void);
 // The same tensor-core kernels with fp32 results: out (written) and dq, dk, dv (accumulated, +=) in
 // float, each stored once from the fp32 accumulators; lse as above. For context parallelism's ring,
 // which merges its blocks' outputs and sums their gradients in fp32 (gpu/cp_device.h). Only where

@@ -36,8 +36,7 @@ int gpu_device_count(char *why, size_t why_len) {
 
 void gpu_init(int device) {
     if (initialized) fatal("gpu_init called twice");
-    int forward_rows, dq_rows;  // a bad LLAMA_ATTN_QUERY_ROWS stops the program here
-    gpu_attention_query_rows(&forward_rows, &dq_rows);
+    (void)gpu_attention_tile_rows();  // a bad LLAMA_ATTN_TILE_ROWS stops the program here
     char why[256] = "";
     int n = gpu_device_count(why, sizeof why);
     if (n == 0) fatal("no CUDA device: %s", why);

@@ -366,8 +366,7 @@ static void install_context_parallel(GpuTraining *g, Trainer *t, const LayoutOpt
 
 void trainer_cuda_start(char **argv) {
     (void)argv;
-    int forward_rows, dq_rows;  // a bad LLAMA_ATTN_QUERY_ROWS: one line, exit 2
-    gpu_attention_query_rows(&forward_rows, &dq_rows);
+    (void)gpu_attention_tile_rows();  // a bad LLAMA_ATTN_TILE_ROWS: one line, exit 2
 }
 
 Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSource *init, const LayoutOptions *o) {

@@ -108,19 +108,17 @@ for SEQ in $SEQS; do
     for row in "ours|$LOG/attn_ours.txt" "PyTorch SDPA|$LOG/attn_torch.txt"; do
         name=${row%%|*} file=${row#*|}
         [ -n "$(field "$file" attention: fwd_ms)" ] || continue
+        [ "$name" = ours ] && name="ours, tiles $(field "$file" attention: rows)"
         table+=$'\n'$(printf "  %-25s %10s %10s %12s %12s" "$name" "$(field "$file" attention: fwd_ms)" \
             "$(field "$file" attention: bwd_ms)" "$(field "$file" attention: fwd_tflops)" "$(field "$file" attention: bwd_tflops)")
     done
-    # The forward and dQ kernels' other query tile (64 or 128 rows), timed in the same run;
-    # same bits: yes when its results equal the first's bit for bit.
-    tiles="$LOG/attn_ours.txt"
-    if [ -n "$(field "$tiles" attention-query-tiles: fwd_ms)" ]; then
-        table+=$'\n'$(printf "  %-25s %10s %10s %12s %12s  same bits: %s" \
-            "ours, $(field "$tiles" attention-query-tiles: other_rows)-row query tiles" \
-            "$(field "$tiles" attention-query-tiles: fwd_ms)" "$(field "$tiles" attention-query-tiles: bwd_ms)" \
-            "$(field "$tiles" attention-query-tiles: fwd_tflops)" "$(field "$tiles" attention-query-tiles: bwd_tflops)" \
-            "$(field "$tiles" attention-query-tiles: same_bits)")
-    fi
+    # The other tile sizes (64 or 128 rows of the side each kernel holds: forward,dQ,dK/dV), timed in
+    # the same run; same bits: yes when the results equal the first's bit for bit.
+    val() { tr ' ' '\n' <<<"$line" | sed -n "s/^$1=//p"; }  # the key's value on $line
+    while read -r line; do
+        table+=$'\n'$(printf "  %-25s %10s %10s %12s %12s  same bits: %s" "ours, tiles $(val rows)" "$(val fwd_ms)" \
+            "$(val bwd_ms)" "$(val fwd_tflops)" "$(val bwd_tflops)" "$(val same_bits)")
+    done < <(grep '^attention-tiles:' "$LOG/attn_ours.txt")
 
     # This GPU as a cluster profile (chapter 11), and the planner's prediction of our step with it.
     "$BUILD/bench_gpu" --model "$MODEL" --batch "$batch" --seq-len "$SEQ" --steps "$STEPS" --gemm-only \

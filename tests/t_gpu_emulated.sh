@@ -141,15 +141,23 @@ need = ["peak_bf16", "peak_fp8", "gemm_eff", "fp8_gemm_eff", "attn_eff", "hbm_bw
 sys.exit(0 if all(p.get(k, 0) > 0 for k in need) else 1)' "$profile" ||
     { echo "FAIL: bench_gpu.sh's profile and prediction"; tail -20 <<<"$out"; cat "$profile" 2>/dev/null; exit 1; }
 echo "ok: $(grep '^build/plan --cluster' <<<"$out")"
-grep -qE '^  ours, 128-row query tiles .* same bits: yes$' <<<"$out" ||
-    { echo "FAIL: bench_gpu.sh's row for the attention kernels' other query tile"; tail -20 <<<"$out"; exit 1; }
-# --attention-only times the forward and dQ kernels' two query tiles and compares their results bit
-# for bit: on `small` (head_dim 64) the tensor-core kernels, 64- and 128-row tiles.
+for rows in 128,128,64 64,64,128 128,128,128; do
+    grep -qE "^  ours, tiles $rows .* same bits: yes$" <<<"$out" ||
+        { echo "FAIL: bench_gpu.sh's row for the attention kernels' tiles $rows"; tail -20 <<<"$out"; exit 1; }
+done
+# --attention-only times the kernels' tile sizes and compares their results bit for bit: on `small`
+# (head_dim 64) the tensor-core kernels, with the default 64-row tiles, then 128-row query tiles in the
+# forward and dQ kernels, a 128-row key tile in dK/dV, and both.
 out=$("$EMU/bench_gpu" --model small --batch 1 --seq-len 192 --steps 2 --warmup 1 --attention-only 2>&1) ||
     { echo "FAIL: bench_gpu --attention-only on small"; tail -5 <<<"$out"; exit 1; }
-grep -qE '^attention-query-tiles: rows=64,64 other_rows=128 .* same_bits=yes$' <<<"$out" ||
-    { echo "FAIL: the attention kernels' 64- and 128-row query tiles: $(grep attention-query-tiles <<<"$out")"; exit 1; }
-echo "ok: $(grep attention-query-tiles <<<"$out")"
+for line in "attention: .* rows=64,64,64 " "attention-tiles: rows=128,128,64 " "attention-tiles: rows=64,64,128 " \
+    "attention-tiles: rows=128,128,128 "; do
+    [ "$(grep -cE "^$line" <<<"$out")" -eq 1 ] ||
+        { echo "FAIL: the attention kernels' 64- and 128-row tiles, no line $line: $(grep attention <<<"$out")"; exit 1; }
+done
+[ "$(grep -c 'same_bits=yes$' <<<"$out")" -eq 3 ] ||
+    { echo "FAIL: the attention kernels' tiles gave other bits: $(grep attention-tiles <<<"$out")"; exit 1; }
+echo "ok: $(grep attention-tiles <<<"$out" | tr '\n' ';')"
 # PyTorch out of memory at ours' batch: both again at half of it, one table. A stand-in for PyTorch's
 # script: out of memory above batch 1 (as CUDA words it), else a timing line; no attention line.
 cat > "$TEST_TMP/bench_gpu/fake_torch" <<'FAKE'

@@ -394,17 +394,18 @@ $P --log "$T/small_gpu2.log" --log-ref "$T/small_ref.log" --loss-rtol 1e-3
 $P --ckpt "$T/small_gpu2.grads.safetensors" --ckpt-ref "$T/small_ref.safetensors" --prefix grad. --param-rtol 5e-2
 $P --log "$T/small_gpu2.log" --log-ref "$T/small_gpu1.log" --loss-rtol 1e-3 \
    --ckpt "$T/small_gpu2.grads.safetensors" --ckpt-ref "$T/small_gpu1.grads.safetensors" --prefix grad. --param-rtol 5e-2
-# The forward and dQ kernels' 128-row query tiles (LLAMA_ATTN_QUERY_ROWS, read at start-up): a row's
-# arithmetic does not depend on the tile, so the single GPU's run gives the same bits.
-LLAMA_ATTN_QUERY_ROWS=128 "$EMU_TRAIN" "${small[@]}" --device cuda --grad-dump "$T/small_gpu1_rows128.grads.safetensors" \
-    > "$T/small_gpu1_rows128.log" 2>&1 || { cat "$T/small_gpu1_rows128.log"; echo "FAIL: small with 128-row query tiles"; exit 1; }
-echo "== small, 128-row query tiles vs 64-row: bit-identical"
+# The attention kernels' 128-row tiles (LLAMA_ATTN_TILE_ROWS, read at start-up: queries in the forward
+# and dQ kernels, keys in dK/dV): a query's or a key's arithmetic does not depend on the tile, so the
+# single GPU's run gives the same bits.
+LLAMA_ATTN_TILE_ROWS=128 "$EMU_TRAIN" "${small[@]}" --device cuda --grad-dump "$T/small_gpu1_rows128.grads.safetensors" \
+    > "$T/small_gpu1_rows128.log" 2>&1 || { cat "$T/small_gpu1_rows128.log"; echo "FAIL: small with 128-row tiles"; exit 1; }
+echo "== small, 128-row tiles vs 64-row: bit-identical"
 $P --log "$T/small_gpu1_rows128.log" --log-ref "$T/small_gpu1.log" --loss-rtol 0
 $P --ckpt "$T/small_gpu1_rows128.grads.safetensors" --ckpt-ref "$T/small_gpu1.grads.safetensors" --prefix grad. --exact
 status=0
-msg=$(LLAMA_ATTN_QUERY_ROWS=96 "$EMU_TRAIN" "${small[@]}" --device cuda 2>&1) || status=$?
-[ "$status" -eq 2 ] && [ "$(grep -c . <<<"$msg")" -eq 1 ] && grep -q 'LLAMA_ATTN_QUERY_ROWS=96: 64 or 128' <<<"$msg" ||
-    { echo "FAIL: LLAMA_ATTN_QUERY_ROWS=96 (status $status): $msg"; exit 1; }
+msg=$(LLAMA_ATTN_TILE_ROWS=128,64 "$EMU_TRAIN" "${small[@]}" --device cuda 2>&1) || status=$?
+[ "$status" -eq 2 ] && [ "$(grep -c . <<<"$msg")" -eq 1 ] && grep -q 'LLAMA_ATTN_TILE_ROWS=128,64: 64 or 128' <<<"$msg" ||
+    { echo "FAIL: LLAMA_ATTN_TILE_ROWS=128,64 (status $status): $msg"; exit 1; }
 echo "ok: $msg"
 # Pipeline x CP (4 ranks: 2 stages whose blocks' attention runs the ring over cp 2; 1F1B, 2
 # micro-batches of 1 sequence; the executor's DDP averages the chunks' gradients over the cp ranks):

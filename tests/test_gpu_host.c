@@ -345,22 +345,22 @@ static bool conflict_free(const long byte_addr[32]) {
     return true;
 }
 START_TEST(test_attention_tc_smem_layouts) {
-    // The forward kernel also with its 128-row query tile (two fragments of rows a warp).
-    for (int variant = 0; variant <= ATTN_KERNEL_BACKWARD_DKDV + 1; variant++)
+    // Each kernel with a 64-row own tile and with the 128-row one (two fragments of rows a warp).
+    for (int variant = 0; variant < 2 * (ATTN_KERNEL_BACKWARD_DKDV + 1); variant++)
         for (int hd = 16; hd <= ATTN_MAX_HEAD_DIM; hd += 16) {
-            int kernel = variant <= ATTN_KERNEL_BACKWARD_DKDV ? variant : ATTN_KERNEL_FORWARD;
-            int q_rows = variant <= ATTN_KERNEL_BACKWARD_DKDV ? ATTN_BR : 2 * ATTN_BR;
-            AttnTcSmemLayout L = attn_tc_smem_layout_rows((AttnKernel)kernel, hd, q_rows);
+            int kernel = variant % (ATTN_KERNEL_BACKWARD_DKDV + 1);
+            int own_rows = variant <= ATTN_KERNEL_BACKWARD_DKDV ? ATTN_BR : 2 * ATTN_BR;
+            AttnTcSmemLayout L = attn_tc_smem_layout_rows((AttnKernel)kernel, hd, own_rows);
             ck_assert_int_eq(L.ld * 2 % 16, 0);
-            int tile = ATTN_BR * L.ld * 2, q_tile = (kernel == ATTN_KERNEL_BACKWARD_DKDV ? ATTN_BR : q_rows) * L.ld * 2;
-            int q_rows_held = kernel == ATTN_KERNEL_BACKWARD_DKDV ? ATTN_BR : q_rows;
-            // Every region, and the second stage of the streamed ones (the other side's tile: K, V
-            // and positions in forward and dQ; Q, dO, positions, lse and D in dK/dV).
+            // Every region, and the second stage of the streamed ones (the other side's 64-row tile: K,
+            // V and positions in forward and dQ; Q, dO, positions, lse and D in dK/dV).
             const bool keys_streamed = kernel != ATTN_KERNEL_BACKWARD_DKDV;
+            int q_rows = keys_streamed ? own_rows : ATTN_BR, k_rows = keys_streamed ? ATTN_BC : own_rows;
+            int q_tile = q_rows * L.ld * 2, k_tile = k_rows * L.ld * 2;
             struct { int at, bytes; const char *name; bool streamed; } base[] = {
                 {L.q, q_tile, "q", !keys_streamed},        {L.dout, q_tile, "dout", !keys_streamed},
-                {L.k, tile, "k", keys_streamed},           {L.v, tile, "v", keys_streamed},
-                {L.q_pos, q_rows_held * 4, "q_pos", !keys_streamed}, {L.k_pos, ATTN_BC * 4, "k_pos", keys_streamed},
+                {L.k, k_tile, "k", keys_streamed},         {L.v, k_tile, "v", keys_streamed},
+                {L.q_pos, q_rows * 4, "q_pos", !keys_streamed}, {L.k_pos, k_rows * 4, "k_pos", keys_streamed},
                 {L.lse, ATTN_BR * 4, "lse", true},        {L.dvec, ATTN_BR * 4, "dvec", true},
             };
             struct { int at, bytes; const char *name; } r[16];
@@ -407,6 +407,14 @@ START_TEST(test_attention_tc_smem_layouts) {
     AttnTcSmemLayout f64x2 = attn_tc_smem_layout_rows(ATTN_KERNEL_FORWARD, 64, 128);
     ck_assert_int_eq(f64x2.stage_bytes, f64.stage_bytes);
     ck_assert_int_eq(f64x2.bytes, 128 * 72 * 2 + 128 * 4 + 2 * f64.stage_bytes);
+    // dK/dV at head_dim 64: k and v tiles and their positions, then two stages of q and dout tiles
+    // and the query rows' positions, lse and D; with 128 keys the k and v tiles double.
+    AttnTcSmemLayout d64 = attn_tc_smem_layout(ATTN_KERNEL_BACKWARD_DKDV, 64);
+    ck_assert_int_eq(d64.stage_bytes, 2 * 64 * 72 * 2 + 3 * 64 * 4);
+    ck_assert_int_eq(d64.bytes, 2 * 64 * 72 * 2 + 64 * 4 + 2 * d64.stage_bytes);
+    AttnTcSmemLayout d64x2 = attn_tc_smem_layout_rows(ATTN_KERNEL_BACKWARD_DKDV, 64, 128);
+    ck_assert_int_eq(d64x2.stage_bytes, d64.stage_bytes);
+    ck_assert_int_eq(d64x2.bytes, 2 * 128 * 72 * 2 + 128 * 4 + 2 * d64.stage_bytes);
 }
 END_TEST
 

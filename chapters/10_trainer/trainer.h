@@ -120,7 +120,7 @@ void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl atte
 // Linked into build/train-cuda in place of chapters/10_trainer/no_cuda.c, which build/train uses.
 // trainer_cuda_start(), first thing under --device cuda: in build/train it replaces the process with
 // build/train-cuda, same arguments (or exits 2 when there is none); in build/train-cuda it checks the
-// GPU library's settings from the environment (LLAMA_ATTN_QUERY_ROWS: gpu/ops.h), exiting 2 on a bad
+// GPU library's settings from the environment (LLAMA_ATTN_TILE_ROWS: gpu/ops.h), exiting 2 on a bad
 // one before any work.
 void trainer_cuda_start(char **argv);
 Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSource *init, const LayoutOptions *o);

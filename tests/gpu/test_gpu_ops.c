@@ -1249,14 +1249,13 @@ static void test_attention_bf16(const AttnCase *c) {
     AttnResults r1 = run_attention_bf16(false, &s, q, k, v, dout, dq0, dk0, dv0);
     AttnResults r2 = run_attention_bf16(false, &s, q, k, v, dout, dq0, dk0, dv0);
     AttnResults simt = run_attention_bf16(true, &s, q, k, v, dout, dq0, dk0, dv0);
-    // The forward and dQ kernels' other query tile (64 or 128 rows): the same per-row arithmetic, so
-    // the same bits.
-    int rows, dq_rows;
-    gpu_attention_query_rows(&rows, &dq_rows);
-    int other_rows = rows == 64 ? 128 : 64;
-    gpu_attention_set_query_rows(other_rows, other_rows);
+    // Every kernel's other tile (64 or 128 rows of its own side): the same arithmetic per query and
+    // per key, so the same bits.
+    const GpuAttnTileRows rows = gpu_attention_tile_rows();
+    const int other_rows = rows.forward == 64 ? 128 : 64;
+    gpu_attention_set_tile_rows((GpuAttnTileRows){other_rows, other_rows, other_rows});
     AttnResults other = run_attention_bf16(false, &s, q, k, v, dout, dq0, dk0, dv0);
-    gpu_attention_set_query_rows(rows, dq_rows);
+    gpu_attention_set_tile_rows(rows);
 
     if (c->positions == POS_KEYS_LATER) {
         // No query sees a key: the reference's output is 0, its lse -inf, its gradients 0 -- exactly.
@@ -1302,7 +1301,7 @@ static void test_attention_bf16(const AttnCase *c) {
         check_vs_simt(name, r1.dv, simt.dv, nk);
     }
     // Determinism: a second run gives the same bits (the -inf lse of rows that see nothing included).
-    // And the other query tile's results, the same bits again.
+    // And the other tiles' results, the same bits again.
     const struct { const char *what; const float *a, *b, *other; size_t n; } same[] = {
         {"out", r1.out, r2.out, other.out, nq}, {"lse", r1.lse, r2.lse, other.lse, nr},
         {"dq", r1.dq, r2.dq, other.dq, nq},     {"dk", r1.dk, r2.dk, other.dk, nk},
@@ -1311,8 +1310,8 @@ static void test_attention_bf16(const AttnCase *c) {
     for (size_t t = 0; t < sizeof same / sizeof same[0]; t++) {
         snprintf(name, sizeof name, "attention bf16 %s %s run twice", c->name, same[t].what);
         check_exact(name, same[t].a, same[t].b, same[t].n);
-        snprintf(name, sizeof name, "attention bf16 %s %s: %d-row query tiles = %d-row", c->name, same[t].what,
-                 other_rows, rows);
+        snprintf(name, sizeof name, "attention bf16 %s %s: %d-row tiles = %d-row", c->name, same[t].what, other_rows,
+                 rows.forward);
         check_exact(name, same[t].other, same[t].a, same[t].n);
     }
 

@@ -369,8 +369,7 @@ static bool initialized;
 // (OpenBLAS blocks a matmul by its shape: with its AVX-512 kernels a half batch rounds differently,
 // bf16 storage turns that into a 2^-8 step now and then, and the comparison would measure OpenBLAS.)
 void gpu_init(int device) {
-    int forward_rows, dq_rows;  // as the runtime's: a bad LLAMA_ATTN_QUERY_ROWS stops here
-    gpu_attention_query_rows(&forward_rows, &dq_rows);
+    (void)gpu_attention_tile_rows();  // as the runtime's: a bad LLAMA_ATTN_TILE_ROWS stops here
     initialized = true;
     matmul_set_backend(MATMUL_LOOP);
 }
