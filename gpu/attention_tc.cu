@@ -22,6 +22,7 @@
 // memory serves two mma instead of one. The dK/dV kernel's 128 keys take each 64-row query tile in two
 // passes of 32 rows, so that its scores stay at 32 registers a lane.
 //
+// The grids below are those of the 64-row tiles; with 128 rows the first dimension halves.
 //   forward   grid (Tq/64, H, B)   per key tile: S = Q K^T; mask, scale; online softmax per row
 //             (m, l in fp32, from the fp32 scores); O = O * correction + bf16(P) V.
 //             Writes O / l (bf16) and lse = m + log l (fp32).
