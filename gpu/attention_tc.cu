@@ -393,20 +393,19 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
 }
 
 // ================================ backward =======================================================
-// Blocks per SM that the backward kernels ask the compiler to fit in registers (__launch_bounds__'
-// second argument), where head_dim is at most 64; 0 (no request) for the 128-wide accumulators, which
-// would spill. On an H100 at llama3_1b's shapes (8 x 2048, 32 heads, 8 KV heads, head_dim 64): dQ
+// Blocks per SM that a backward kernel asks the compiler to fit in registers (__launch_bounds__'
+// second argument): `blocks` (dQ 4, dK/dV 3) where head_dim is at most 64; 0 (no request) for the
+// 128-wide accumulators, which would spill. On an H100 at llama3_1b's shapes (8 x 2048, 32 heads, 8 KV heads, head_dim 64): dQ
 // then uses 128 registers, not 152, and 4 blocks fit an SM instead of 3 (ncu: 1.75 -> 1.48 ms);
 // dK/dV keeps its 168 registers and 3 blocks (without a request the compiler chose 168 too, and
 // with a request of 1 it took 186, leaving room for 2). The whole backward went 4.56 -> 4.30 ms.
 // The 128-row variants (MT = 2) ask for nothing: twice the accumulators.
-template <int HD_MAX, int MT> constexpr int dq_min_blocks() { return HD_MAX <= 64 && MT == 1 ? 4 : 0; }
-template <int HD_MAX, int MT> constexpr int dkdv_min_blocks() { return HD_MAX <= 64 && MT == 1 ? 3 : 0; }
+constexpr int min_blocks_hd64(int hd_max, int mt, int blocks) { return hd_max <= 64 && mt == 1 ? blocks : 0; }
 
 // MT m16 fragments of query rows per warp, as the forward kernel: a 64- or a 128-row query tile.
 // A row's arithmetic is the same either way (the same bits).
 template <int HD_MAX, typename GradT, int MT>
-__global__ void __launch_bounds__(ATTN_TC_THREADS, dq_min_blocks<HD_MAX, MT>())
+__global__ void __launch_bounds__(ATTN_TC_THREADS, min_blocks_hd64(HD_MAX, MT, 4))
 flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                             const float *lse, const float *dvec, AttnParams p) {
     constexpr int BR = ATTN_TC_WARPS * 16 * MT;  // the block's query rows
@@ -482,7 +481,7 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
 // Each Q and dO fragment a warp loads then serves two fragments of keys. A key's arithmetic is the
 // same either way, its sums in the same order (warp_accumulate): the same bits.
 template <int HD_MAX, typename GradT, int MT>
-__global__ void __launch_bounds__(ATTN_TC_THREADS, dkdv_min_blocks<HD_MAX, MT>())
+__global__ void __launch_bounds__(ATTN_TC_THREADS, min_blocks_hd64(HD_MAX, MT, 3))
 flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                               const float *lse, const float *dvec, AttnParams p) {
     constexpr int BK = ATTN_TC_WARPS * 16 * MT;  // the block's keys
@@ -684,14 +683,13 @@ static void launch_backward_tc(GradT *dq, GradT *dk, GradT *dv, const bf16 *dout
                                const bf16 *v, const float *lse, const float *dvec, const AttnParams &p) {
     // The backward kernels' 128-row tiles at head_dim up to 64 only: with 128-wide accumulators they
     // would spill (ptxas, dQ: 1.2 KB).
-    const GpuAttnTileRows rows = gpu_attention_tile_rows();
     if constexpr (HD_MAX <= 64) {
+        const GpuAttnTileRows rows = gpu_attention_tile_rows();
         if (rows.dq == 2 * ATTN_BR) launch_dq_tc<HD_MAX, GradT, 2>(dq, dout, q, k, v, lse, dvec, p);
         else launch_dq_tc<HD_MAX, GradT, 1>(dq, dout, q, k, v, lse, dvec, p);
         if (rows.dkdv == 2 * ATTN_BC) launch_dkdv_tc<HD_MAX, GradT, 2>(dk, dv, dout, q, k, v, lse, dvec, p);
         else launch_dkdv_tc<HD_MAX, GradT, 1>(dk, dv, dout, q, k, v, lse, dvec, p);
     } else {
-        (void)rows;
         launch_dq_tc<HD_MAX, GradT, 1>(dq, dout, q, k, v, lse, dvec, p);
         launch_dkdv_tc<HD_MAX, GradT, 1>(dk, dv, dout, q, k, v, lse, dvec, p);
     }
