@@ -181,6 +181,9 @@ void model_init_unallocated(Model *m, const ModelConfig *cfg, AttentionImpl atte
 // (chapters/06_tensor_parallel/tp.h) before the first forward.
 void model_init_tp(Model *m, const ModelConfig *cfg, const ParamSource *init, AttentionImpl attention, int tp_size,
                    int tp_rank, bool allocate);
+// Only the parameter table and this rank's shapes: no RoPE table, nothing allocated; enough to count
+// bytes and FLOPs (chapter 11's planner builds one for every layout it tries), not to run.
+void model_init_shapes(Model *m, const ModelConfig *cfg, AttentionImpl attention, int tp_size, int tp_rank);
 void model_free(Model *m);
 // Unit ranges in the flat layout (in elements).
 size_t model_unit_offset(const Model *m, int unit);

@@ -104,11 +104,11 @@ static double p2p_s(const Cluster *c, bool same_node, double bytes) {
 }
 
 // ---- memory -------------------------------------------------------------------------------------------
-// One tp rank's model (shapes only, nothing allocated), sequence parallel when tp > 1 as the
-// trainer's --tp runs it.
+// One tp rank's model (shapes only: no RoPE table, nothing allocated), sequence parallel when tp > 1
+// as the trainer's --tp runs it.
 static Model shape_model(const PlanConfig *p) {
     Model m;
-    model_init_tp(&m, &p->model, 0, ATTN_FLASH, p->tp, 0, false);
+    model_init_shapes(&m, &p->model, ATTN_FLASH, p->tp, 0);
     m.tp.sequence_parallel = p->tp > 1;
     return m;
 }

@@ -8,18 +8,22 @@
 #include "common/trace.h"
 
 
-void model_init_tp(Model *m, const ModelConfig *cfg, const ParamSource *init, AttentionImpl attention, int tp_size,
-                   int tp_rank, bool allocate) {
+void model_init_shapes(Model *m, const ModelConfig *cfg, AttentionImpl attention, int tp_size, int tp_rank) {
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->table = param_table_build_tp(cfg, tp_size);
-    m->rope = rope_table_build(cfg->max_seq_len, model_head_dim(cfg), cfg->rope_theta, cfg->rope_scaling_factor,
-                               cfg->rope_low_freq_factor, cfg->rope_high_freq_factor, cfg->rope_original_max_seq_len);
     m->attention = attention;
     m->tp = (TensorParallel){.size = tp_size, .rank = tp_rank};
     int vocab = cfg->vocab_size / tp_size;
     m->local = (LocalShape){cfg->n_heads / tp_size, cfg->n_kv_heads / tp_size, cfg->ffn_dim / tp_size, vocab,
                             tp_rank * vocab};
+}
+
+void model_init_tp(Model *m, const ModelConfig *cfg, const ParamSource *init, AttentionImpl attention, int tp_size,
+                   int tp_rank, bool allocate) {
+    model_init_shapes(m, cfg, attention, tp_size, tp_rank);
+    m->rope = rope_table_build(cfg->max_seq_len, model_head_dim(cfg), cfg->rope_theta, cfg->rope_scaling_factor,
+                               cfg->rope_low_freq_factor, cfg->rope_high_freq_factor, cfg->rope_original_max_seq_len);
     if (!allocate) return;
     m->params = mem_alloc(MEM_PARAMS, sizeof(real) * m->table.total_numel);
     m->grads = mem_alloc(MEM_GRADS, sizeof(real) * m->table.total_numel);
