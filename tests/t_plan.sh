@@ -55,11 +55,70 @@ summary=$(traces/trace-summary "$T/sim.pftrace")
 printf '%s\n' "$summary" | grep -q "pp1 dp0 cp0 tp0" || { echo "FAIL: trace-summary: $summary"; exit 1; }
 echo "ok: trace of 2 pipeline ranks read by trace-summary"
 
-# --search: sorted by TPS/GPU, every listed mesh within memory.
-s=$("$PLAN" --model llama3_70b --gpus 64 --batch 64 --ac full --search)
-printf '%s\n' "$s" | awk 'NR > 2 && NF == 11 { if (seen && $11 + 0 > prev + 0) bad = 1; prev = $11; seen = 1; if ($7 + 0 > 89.5) bad = 1 }
-    END { exit bad || !seen }' || { echo "FAIL: search output: $s"; exit 1; }
-echo "ok: search ($(printf '%s\n' "$s" | head -1))"
+# --search: sorted by TPS/GPU, every listed mesh within memory. Rows: pp tp dp_rep dp_shard cp
+# schedule m v mem step bubble MFU TPS/GPU.
+search_rows() { printf '%s\n' "$1" | awk 'NR > 2 && NF == 13'; }
+tps_of() { "$PLAN" "$@" | tail -1 | sed 's/^TPS\/GPU //'; }
+row_flags() {  # one search row -> the plain run's flags
+    set -- $1
+    printf -- '--pp %s --tp %s --dp-replicate %s --dp-shard %s --cp %s' "$1" "$2" "$3" "$4" "$5"
+    [ "$1" = 1 ] || printf -- ' --pp-schedule %s --pp-microbatches %s --pp-virtual-stages %s' "$6" "$7" "$8"
+}
+check_search() {  # NAME FLAGS...: sorted, within memory, and each of the first rows and the fastest
+                  # pipelined row is what a plain run of its flags predicts
+    local name=$1; shift
+    local s rows row want got base=() a
+    s=$("$PLAN" "$@" --search)
+    while [ $# -gt 0 ]; do  # the flags without --cp, which each row names
+        a=$1; shift
+        if [ "$a" = --cp ]; then shift; else base+=("$a"); fi
+    done
+    rows=$(search_rows "$s")
+    printf '%s\n' "$rows" | awk '{ if (NR > 1 && $13 + 0 > prev + 0) bad = 1; prev = $13; if ($9 + 0 > 89.5) bad = 1 }
+        END { exit bad || NR == 0 }' || { echo "FAIL: search ($name) output: $s"; exit 1; }
+    while read -r row; do
+        want=$(set -- $row; echo "${13}")
+        # shellcheck disable=SC2046
+        got=$(tps_of "${base[@]}" $(row_flags "$row"))
+        [ "$got" = "$want" ] || { echo "FAIL: search ($name) row '$row': a plain run of its flags gives $got"; exit 1; }
+    done < <(printf '%s\n' "$rows" | head -3; printf '%s\n' "$rows" | awk '$1 > 1' | head -1)
+    echo "ok: search $name ($(printf '%s\n' "$s" | head -1))"
+    search_out=$s
+}
+check_search "70B on 64 GPUs" --model llama3_70b --gpus 64 --batch 64 --ac full
+# The schedule and micro-batch count are searched: on 64 GPUs with 512 sequences, no setting of the
+# fastest 8-stage mesh (1F1B or interleaved, m = 8, 16, ... up to the rank's batch) that fits runs
+# faster than the one listed, and the default (1F1B, m = pp) runs slower.
+check_search "70B, batch 512" --model llama3_70b --gpus 64 --batch 512 --ac full
+row=$(search_rows "$search_out" | awk '$1 == 8' | head -1)
+[ -n "$row" ] || { echo "FAIL: no 8-stage mesh in: $search_out"; exit 1; }
+read -r pp tp rep shard cp sched m v _ <<<"$row"
+listed=$(set -- $row; echo "${13}")
+mesh=(--model llama3_70b --gpus 64 --batch 512 --ac full --pp 8 --tp "$tp" --dp-replicate "$rep" --dp-shard "$shard" --cp "$cp")
+default_tps=$(tps_of "${mesh[@]}")
+tried=0
+for try_sched in 1F1B Interleaved1F1B; do
+    for ((try_m = 8; try_m <= 512 / (rep * shard); try_m *= 2)); do
+        out=$("$PLAN" "${mesh[@]}" --pp-schedule "$try_sched" --pp-microbatches "$try_m" 2>/dev/null) || continue
+        case $out in *"DOES NOT FIT"*) continue ;; esac
+        tried=$((tried + 1))
+        [ "${out##*TPS/GPU }" -le "$listed" ] ||
+            { echo "FAIL: search listed '$row', but $try_sched m=$try_m gives ${out##*TPS/GPU } TPS/GPU"; exit 1; }
+    done
+done
+[ "$tried" -gt 2 ] && [ "$default_tps" -lt "$listed" ] ||
+    { echo "FAIL: '$row': $tried settings tried, the default gives $default_tps TPS/GPU"; exit 1; }
+echo "ok: search picks $sched with $m micro-batches for pp 8 ($listed TPS/GPU), the best of $tried settings (default: $default_tps)"
+# cp is searched unless given: 8B at 128k on 8 GPUs (Table 2's row) does not fit without it; the
+# fastest mesh has cp > 1, and with --cp 2 every row keeps cp 2.
+"$PLAN" --model llama3_8b --gpus 8 --batch 8 --seq-len 131072 --ac full --fp8 --compile | grep -q "DOES NOT FIT" ||
+    { echo "FAIL: 8B at 128k without cp was expected not to fit"; exit 1; }
+check_search "8B at 128k" --model llama3_8b --gpus 8 --batch 2 --seq-len 131072 --ac full --fp8 --compile
+[ "$(search_rows "$search_out" | head -1 | awk '{ print ($5 > 1) }')" = 1 ] ||
+    { echo "FAIL: the fastest mesh at 128k has cp 1: $search_out"; exit 1; }
+check_search "8B at 128k, --cp 2" --model llama3_8b --gpus 8 --batch 2 --seq-len 131072 --ac full --fp8 --compile --cp 2
+search_rows "$search_out" | awk '$5 != 2 { bad = 1 } END { exit bad }' ||
+    { echo "FAIL: --cp 2 given, yet rows with another cp: $search_out"; exit 1; }
 
 # Seed 003's trends (Llama 2 7B, 4,096 tokens, 2 sequences per GPU): per-GPU throughput falls from
 # 128 to 2,048 GPUs under FSDP, and tensor parallelism of 2 or 4 beats pure FSDP at 2,048.

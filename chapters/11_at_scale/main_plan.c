@@ -117,54 +117,105 @@ static void print_plan(const PlanConfig *p, const Cluster *c) {
     printf("TPS/GPU %.0f\n", t.tps_per_gpu);
 }
 
-// Meshes of --gpus ranks over (pp, dp_replicate, dp_shard, tp) with tp within a node, that fit in
-// memory, fastest first. cp, the schedule, --ac and the batch stay as given.
+// --search: every mesh of --gpus ranks over (pp, dp_replicate, dp_shard, cp, tp), tp within a node,
+// cp tried at each power of two unless --cp is given. A pipelined mesh is tried with each schedule
+// (1F1B, and interleaved 1F1B with 2 chunks a rank, unless --pp-schedule is given) and each
+// micro-batch count pp x 2^k that divides the rank's batch (unless --pp-microbatches is given), and
+// listed with the fastest of them that fits. --ac, the ZeRO stage, the batch and the rest stay as
+// given.
 typedef struct {
     PlanConfig p;
     PlanMemory m;
     PlanTime t;
 } Candidate;
 
+// Fastest first; between equals (the same tokens per GPU with every transfer hidden: cp often ties
+// with dp_shard), the simpler mesh: less cp, then tp, pp and replication.
 static int by_tps(const void *a, const void *b) {
+    const PlanConfig *p = &((const Candidate *)a)->p, *q = &((const Candidate *)b)->p;
     double x = ((const Candidate *)a)->t.tps_per_gpu, y = ((const Candidate *)b)->t.tps_per_gpu;
-    return (x < y) - (x > y);
+    if (x != y) return (x < y) - (x > y);
+    int keys[][2] = {{p->cp, q->cp}, {p->tp, q->tp}, {p->pp, q->pp}, {p->dp_replicate, q->dp_replicate}};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (keys[i][0] != keys[i][1]) return keys[i][0] < keys[i][1] ? -1 : 1;
+    return 0;
+}
+
+static bool flag_given(const char *name) { return args_given(flags, N_FLAGS, name); }
+
+// The schedules a mesh with pp pipeline ranks is tried with; returns how many.
+static int schedules_to_try(const PlanConfig *base, int pp, PpScheduleKind out[2]) {
+    if (pp == 1) return out[0] = PP_1F1B, 1;
+    if (flag_given("pp-schedule")) return out[0] = base->schedule, 1;
+    return out[0] = PP_1F1B, out[1] = PP_INTERLEAVED_1F1B, 2;
+}
+
+// The fastest pipeline settings of the mesh that fit into *best (false: none fits). *valid: some
+// setting passed plan_check, fitting or not.
+static bool best_settings(const PlanConfig *mesh, const Cluster *c, Candidate *best, bool *valid) {
+    PpScheduleKind kinds[2];
+    int n_kinds = schedules_to_try(mesh, mesh->pp, kinds);
+    int rank_batch = mesh->batch / (mesh->dp_replicate * mesh->dp_shard);
+    bool found = false;
+    for (int s = 0; s < n_kinds; s++) {
+        PlanConfig p = *mesh;
+        p.schedule = kinds[s];
+        bool interleaved = p.schedule == PP_INTERLEAVED_1F1B;
+        p.virtual_stages = interleaved ? (opt.virtual_stages ? opt.virtual_stages : 2) : 1;
+        int m_first = mesh->pp, m_last = rank_batch;
+        if (mesh->pp == 1) m_first = m_last = 1;
+        else if (flag_given("pp-microbatches")) m_first = m_last = opt.microbatches;
+        for (int m = m_first; m <= m_last; m *= 2) {
+            p.microbatches = m;
+            if (plan_check(&p)) continue;
+            *valid = true;
+            Candidate k = {.p = p, .m = plan_memory(&p)};
+            if (k.m.total > c->hbm_bytes) continue;
+            k.t = plan_step_time(&p, c, NULL);
+            if (!found || k.t.tps_per_gpu > best->t.tps_per_gpu) *best = k, found = true;
+        }
+    }
+    return found;
+}
+
+static void print_candidates(const Candidate *found, int n) {
+    printf("%4s %4s %8s %8s %4s %-16s %4s %2s %10s %10s %8s %8s %6s\n", "pp", "tp", "dp_rep", "dp_shard", "cp",
+           "schedule", "m", "v", "mem GiB", "step s", "bubble", "MFU", "TPS/GPU");
+    for (int i = 0; i < n; i++) {
+        const Candidate *k = &found[i];
+        printf("%4d %4d %8d %8d %4d %-16s %4d %2d %10.1f %10.3f %7.1f%% %7.1f%% %6.0f\n", k->p.pp, k->p.tp,
+               k->p.dp_replicate, k->p.dp_shard, k->p.cp, k->p.pp > 1 ? pp_schedule_name(k->p.schedule) : "-",
+               k->p.microbatches, k->p.virtual_stages, k->m.total / GiB, k->t.step_s, 100 * k->t.bubble,
+               100 * k->t.mfu, k->t.tps_per_gpu);
+    }
 }
 
 static void search(const PlanConfig *base, const Cluster *c) {
-    int gpus = opt.gpus ? opt.gpus : plan_gpus(base);
+    int gpus = opt.gpus ? opt.gpus : plan_gpus(base), cp_max = flag_given("cp") ? base->cp : gpus;
     Candidate *found = NULL;
     int n = 0, tried = 0;
     for (int tp = 1; tp <= c->gpus_per_node && tp <= gpus; tp *= 2)
-        for (int pp = 1; pp <= 64 && pp * tp <= gpus; pp *= 2)
-            for (int rep = 1; rep * pp * tp * base->cp <= gpus; rep *= 2) {
-                long rest = (long)tp * pp * rep * base->cp;
-                if (gpus % rest) continue;
-                PlanConfig p = *base;
-                p.tp = tp, p.pp = pp, p.dp_replicate = rep, p.dp_shard = (int)(gpus / rest);
-                if (p.schedule != PP_GPIPE) p.schedule = pp > 1 ? p.schedule : PP_1F1B;
-                p.virtual_stages = p.schedule == PP_INTERLEAVED_1F1B ? (pp > 1 ? 2 : 1) : 1;
-                if (pp == 1) p.schedule = PP_1F1B, p.virtual_stages = 1;
-                p.microbatches = pp * p.virtual_stages;
-                if (plan_check(&p)) continue;
-                tried++;
-                Candidate k = {.p = p, .m = plan_memory(&p)};
-                if (k.m.total > c->hbm_bytes) continue;
-                k.t = plan_step_time(&p, c, NULL);
-                found = realloc(found, sizeof(Candidate) * (size_t)(n + 1));
-                found[n++] = k;
-            }
+        for (int cp = flag_given("cp") ? base->cp : 1; cp <= cp_max && cp * tp <= gpus; cp *= 2)
+            for (int pp = 1; pp <= 64 && pp * cp * tp <= gpus; pp *= 2)
+                for (int rep = 1; rep * pp * cp * tp <= gpus; rep *= 2) {
+                    long rest = (long)tp * cp * pp * rep;
+                    if (gpus % rest) continue;
+                    PlanConfig mesh = *base;
+                    mesh.tp = tp, mesh.cp = cp, mesh.pp = pp, mesh.dp_replicate = rep;
+                    mesh.dp_shard = (int)(gpus / rest);
+                    bool valid = false;
+                    Candidate best;
+                    bool fits = best_settings(&mesh, c, &best, &valid);
+                    tried += valid;
+                    if (!fits) continue;
+                    found = realloc(found, sizeof(Candidate) * (size_t)(n + 1));
+                    found[n++] = best;
+                }
     qsort(found, (size_t)n, sizeof(Candidate), by_tps);
     printf("%s on %d GPUs of %s, batch %d x %d, --ac %s%s%s: %d of %d meshes fit in %.1f GiB\n", base->model.name, gpus,
            c->name, base->batch, base->seq_len, opt.ac, base->fp8 ? ", fp8" : "", base->compile ? ", compile" : "", n,
            tried, c->hbm_bytes / GiB);
-    printf("%4s %4s %8s %8s %4s %4s %10s %10s %8s %8s %6s\n", "pp", "tp", "dp_rep", "dp_shard", "cp", "m", "mem GiB",
-           "step s", "bubble", "MFU", "TPS/GPU");
-    for (int i = 0; i < n; i++) {
-        const Candidate *k = &found[i];
-        printf("%4d %4d %8d %8d %4d %4d %10.1f %10.3f %7.1f%% %7.1f%% %6.0f\n", k->p.pp, k->p.tp, k->p.dp_replicate,
-               k->p.dp_shard, k->p.cp, k->p.microbatches, k->m.total / GiB, k->t.step_s, 100 * k->t.bubble,
-               100 * k->t.mfu, k->t.tps_per_gpu);
-    }
+    print_candidates(found, n);
     if (n) printf("TPS/GPU %.0f\n", found[0].t.tps_per_gpu);
     free(found);
 }
