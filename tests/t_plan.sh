@@ -55,66 +55,107 @@ summary=$(traces/trace-summary "$T/sim.pftrace")
 printf '%s\n' "$summary" | grep -q "pp1 dp0 cp0 tp0" || { echo "FAIL: trace-summary: $summary"; exit 1; }
 echo "ok: trace of 2 pipeline ranks read by trace-summary"
 
-# --search: sorted by TPS/GPU, every listed mesh within memory. Rows: pp tp dp_rep dp_shard cp
-# schedule m v mem step bubble MFU TPS/GPU.
-search_rows() { printf '%s\n' "$1" | awk 'NR > 2 && NF == 13'; }
+# --search: sorted by TPS/GPU, every listed mesh within memory. Rows: pp tp dp_rep dp_shard cp ac
+# zero schedule m v mem step bubble MFU TPS/GPU.
+search_rows() { printf '%s\n' "$1" | awk 'NR > 2 && NF == 15'; }
+field() { local n=$2; set -- $1; eval "echo \${$n}"; }  # ROW N: the row's Nth field
 tps_of() { "$PLAN" "$@" | tail -1 | sed 's/^TPS\/GPU //'; }
 row_flags() {  # one search row -> the plain run's flags
     set -- $1
-    printf -- '--pp %s --tp %s --dp-replicate %s --dp-shard %s --cp %s' "$1" "$2" "$3" "$4" "$5"
-    [ "$1" = 1 ] || printf -- ' --pp-schedule %s --pp-microbatches %s --pp-virtual-stages %s' "$6" "$7" "$8"
+    printf -- '--pp %s --tp %s --dp-replicate %s --dp-shard %s --cp %s --ac %s' "$1" "$2" "$3" "$4" "$5" "$6"
+    [ "$7" = - ] || printf -- ' --zero-stage %s' "$7"
+    [ "$1" = 1 ] || printf -- ' --pp-schedule %s --pp-microbatches %s --pp-virtual-stages %s' "$8" "$9" "${10}"
 }
 check_search() {  # NAME FLAGS...: sorted, within memory, and each of the first rows and the fastest
                   # pipelined row is what a plain run of its flags predicts
     local name=$1; shift
-    local s rows row want got base=() a
+    local s rows row got base=() a
     s=$("$PLAN" "$@" --search)
-    while [ $# -gt 0 ]; do  # the flags without --cp, which each row names
+    while [ $# -gt 0 ]; do  # the flags without those each row names
         a=$1; shift
-        if [ "$a" = --cp ]; then shift; else base+=("$a"); fi
+        case $a in --cp | --ac | --zero-stage) shift ;; *) base+=("$a") ;; esac
     done
     rows=$(search_rows "$s")
-    printf '%s\n' "$rows" | awk '{ if (NR > 1 && $13 + 0 > prev + 0) bad = 1; prev = $13; if ($9 + 0 > 89.5) bad = 1 }
+    printf '%s\n' "$rows" | awk '{ if (NR > 1 && $15 + 0 > prev + 0) bad = 1; prev = $15; if ($11 + 0 > 89.5) bad = 1 }
         END { exit bad || NR == 0 }' || { echo "FAIL: search ($name) output: $s"; exit 1; }
     while read -r row; do
-        want=$(set -- $row; echo "${13}")
         # shellcheck disable=SC2046
         got=$(tps_of "${base[@]}" $(row_flags "$row"))
-        [ "$got" = "$want" ] || { echo "FAIL: search ($name) row '$row': a plain run of its flags gives $got"; exit 1; }
+        [ "$got" = "$(field "$row" 15)" ] ||
+            { echo "FAIL: search ($name) row '$row': a plain run of its flags gives $got"; exit 1; }
     done < <(printf '%s\n' "$rows" | head -3; printf '%s\n' "$rows" | awk '$1 > 1' | head -1)
     echo "ok: search $name ($(printf '%s\n' "$s" | head -1))"
     search_out=$s
 }
-check_search "70B on 64 GPUs" --model llama3_70b --gpus 64 --batch 64 --ac full
-# The schedule and micro-batch count are searched: on 64 GPUs with 512 sequences, no setting of the
-# fastest 8-stage mesh (1F1B or interleaved, m = 8, 16, ... up to the rank's batch) that fits runs
-# faster than the one listed, and the default (1F1B, m = pp) runs slower.
-check_search "70B, batch 512" --model llama3_70b --gpus 64 --batch 512 --ac full
+# The checkpointing is searched unless given: every row for 70B on 32 GPUs takes the lightest
+# policy that fits its mesh (no lighter one fits; the fastest needs selective), and with --ac full
+# every row keeps full.
+check_search "70B on 32 GPUs" --model llama3_70b --gpus 32 --batch 32
+[ "$(field "$(search_rows "$search_out" | head -1)" 6)" != none ] ||
+    { echo "FAIL: expected the fastest mesh to need checkpointing: $search_out"; exit 1; }
+while read -r row; do
+    for lighter in none selective; do
+        [ "$lighter" = "$(field "$row" 6)" ] && break
+        # shellcheck disable=SC2046
+        "$PLAN" --model llama3_70b --gpus 32 --batch 32 $(row_flags "$row" | sed "s/--ac [a-z]*/--ac $lighter/") |
+            grep -q "DOES NOT FIT" || { echo "FAIL: '$row' listed, but --ac $lighter fits too"; exit 1; }
+    done
+done < <(search_rows "$search_out")
+echo "ok: search's $(search_rows "$search_out" | wc -l) meshes for 70B on 32 GPUs take the lightest checkpointing that fits"
+check_search "70B on 32 GPUs, --ac full" --model llama3_70b --gpus 32 --batch 32 --ac full
+search_rows "$search_out" | awk '$6 != "full" { bad = 1 } END { exit bad }' ||
+    { echo "FAIL: --ac full given, yet rows with another policy: $search_out"; exit 1; }
+# The ZeRO stage too: on a 2 GB/s network some of the 1B's meshes run fastest under ZeRO-2, and no
+# stage beats the listed one on the first 5 rows with a shard group.
+echo '{"name": "slow-network", "net_bw": 2e9}' >"$T/slow.json"
+slow=(--cluster "$T/slow.json" --model llama3_1b --gpus 16 --batch 32 --seq-len 2048)
+check_search "1B on a slow network" "${slow[@]}"
+search_rows "$search_out" | awk '$7 == 1 || $7 == 2 { seen = 1 } END { exit !seen }' ||
+    { echo "FAIL: every mesh under ZeRO-3 on the slow network: $search_out"; exit 1; }
+while read -r row; do
+    for try_zero in 1 2 3; do
+        # shellcheck disable=SC2046
+        out=$("$PLAN" "${slow[@]}" $(row_flags "$row" | sed "s/--zero-stage [0-9]/--zero-stage $try_zero/"))
+        case $out in *"DOES NOT FIT"*) continue ;; esac
+        [ "${out##*TPS/GPU }" -le "$(field "$row" 15)" ] ||
+            { echo "FAIL: '$row' listed, but ZeRO-$try_zero gives ${out##*TPS/GPU } TPS/GPU"; exit 1; }
+    done
+done < <(search_rows "$search_out" | awk '$7 != "-"' | head -5)
+echo "ok: search's first 5 meshes with a shard group on a slow network: no ZeRO stage beats the listed one"
+# The schedule, micro-batch count and ZeRO stage are searched: on 64 GPUs with 512 sequences, no
+# setting of the fastest 8-stage mesh (1F1B or interleaved, m = 8, 16, ... up to the rank's batch,
+# ZeRO 1-3) that fits runs faster than the one listed, and the default (1F1B, m = pp, ZeRO-3) runs
+# slower.
+check_search "70B on 64 GPUs, batch 512" --model llama3_70b --gpus 64 --batch 512 --ac full
 row=$(search_rows "$search_out" | awk '$1 == 8' | head -1)
 [ -n "$row" ] || { echo "FAIL: no 8-stage mesh in: $search_out"; exit 1; }
-read -r pp tp rep shard cp sched m v _ <<<"$row"
-listed=$(set -- $row; echo "${13}")
+read -r pp tp rep shard cp _ zero sched m v _ <<<"$row"
+listed=$(field "$row" 15)
 mesh=(--model llama3_70b --gpus 64 --batch 512 --ac full --pp 8 --tp "$tp" --dp-replicate "$rep" --dp-shard "$shard" --cp "$cp")
 default_tps=$(tps_of "${mesh[@]}")
 tried=0
-for try_sched in 1F1B Interleaved1F1B; do
-    for ((try_m = 8; try_m <= 512 / (rep * shard); try_m *= 2)); do
-        out=$("$PLAN" "${mesh[@]}" --pp-schedule "$try_sched" --pp-microbatches "$try_m" 2>/dev/null) || continue
-        case $out in *"DOES NOT FIT"*) continue ;; esac
-        tried=$((tried + 1))
-        [ "${out##*TPS/GPU }" -le "$listed" ] ||
-            { echo "FAIL: search listed '$row', but $try_sched m=$try_m gives ${out##*TPS/GPU } TPS/GPU"; exit 1; }
+for try_zero in 1 2 3; do
+    for try_sched in 1F1B Interleaved1F1B; do
+        for ((try_m = 8; try_m <= 512 / (rep * shard); try_m *= 2)); do
+            out=$("$PLAN" "${mesh[@]}" --zero-stage "$try_zero" --pp-schedule "$try_sched" --pp-microbatches "$try_m" \
+                2>/dev/null) || continue
+            case $out in *"DOES NOT FIT"*) continue ;; esac
+            tried=$((tried + 1))
+            [ "${out##*TPS/GPU }" -le "$listed" ] || { echo "FAIL: search listed '$row', but ZeRO-$try_zero" \
+                "$try_sched m=$try_m gives ${out##*TPS/GPU } TPS/GPU"; exit 1; }
+        done
     done
 done
-[ "$tried" -gt 2 ] && [ "$default_tps" -lt "$listed" ] ||
+[ "$tried" -gt 6 ] && [ "$default_tps" -lt "$listed" ] ||
     { echo "FAIL: '$row': $tried settings tried, the default gives $default_tps TPS/GPU"; exit 1; }
-echo "ok: search picks $sched with $m micro-batches for pp 8 ($listed TPS/GPU), the best of $tried settings (default: $default_tps)"
+echo "ok: search picks ZeRO-$zero $sched with $m micro-batches for pp 8 ($listed TPS/GPU), the best of $tried" \
+    "settings (default: $default_tps)"
 # cp is searched unless given: 8B at 128k on 8 GPUs (Table 2's row) does not fit without it; the
 # fastest mesh has cp > 1, and with --cp 2 every row keeps cp 2.
 "$PLAN" --model llama3_8b --gpus 8 --batch 8 --seq-len 131072 --ac full --fp8 --compile | grep -q "DOES NOT FIT" ||
     { echo "FAIL: 8B at 128k without cp was expected not to fit"; exit 1; }
 check_search "8B at 128k" --model llama3_8b --gpus 8 --batch 2 --seq-len 131072 --ac full --fp8 --compile
-[ "$(search_rows "$search_out" | head -1 | awk '{ print ($5 > 1) }')" = 1 ] ||
+[ "$(field "$(search_rows "$search_out" | head -1)" 5)" -gt 1 ] ||
     { echo "FAIL: the fastest mesh at 128k has cp 1: $search_out"; exit 1; }
 check_search "8B at 128k, --cp 2" --model llama3_8b --gpus 8 --batch 2 --seq-len 131072 --ac full --fp8 --compile --cp 2
 search_rows "$search_out" | awk '$5 != 2 { bad = 1 } END { exit bad }' ||

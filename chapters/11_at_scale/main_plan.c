@@ -2,7 +2,7 @@
 //
 //   ./build/plan --model llama3_8b --dp-shard 8 --batch 16 --seq-len 8192 --ac selective
 //   ./build/plan --model llama3_70b --gpus 256 --tp 8 --batch 512 --fp8 --compile --ac full
-//   ./build/plan --model llama3_70b --gpus 256 --batch 512 --ac full --search
+//   ./build/plan --model llama3_70b --gpus 256 --batch 512 --search   (mesh, ZeRO, schedule, AC)
 //   ./build/plan ... --trace sim.pftrace      (the simulated step, same tracks as the trainer's)
 //
 // The mesh flags are the trainer's. The last line is `TPS/GPU <number>` for scripts.
@@ -52,7 +52,7 @@ static ArgSpec flags[] = {
     {"precision", ARG_CHOICE, &opt.precision, "mixed", "mixed: bf16 compute, fp32 master/grads/AdamW; fp32: the CPU trainer",
      .choices = "mixed|fp32"},
     {"trace", ARG_STRING, &opt.trace, NULL, "write the simulated step as a Perfetto trace", .value_name = "FILE"},
-    {"search", ARG_BOOL, &opt.search, NULL, "list the meshes that fit on --gpus, fastest first", .choices = NULL},
+    {"search", ARG_BOOL, &opt.search, NULL, "list the meshes that fit on --gpus, fastest first, each with its best ZeRO stage, schedule, micro-batches and --ac (flags given stay fixed)", .choices = NULL},
 };
 #define N_FLAGS (int)(sizeof flags / sizeof flags[0])
 
@@ -118,11 +118,14 @@ static void print_plan(const PlanConfig *p, const Cluster *c) {
 }
 
 // --search: every mesh of --gpus ranks over (pp, dp_replicate, dp_shard, cp, tp), tp within a node,
-// cp tried at each power of two unless --cp is given. A pipelined mesh is tried with each schedule
-// (1F1B, and interleaved 1F1B with 2 chunks a rank, unless --pp-schedule is given) and each
-// micro-batch count pp x 2^k that divides the rank's batch (unless --pp-microbatches is given), and
-// listed with the fastest of them that fits. --ac, the ZeRO stage, the batch and the rest stay as
-// given.
+// cp tried at each power of two unless --cp is given. Each mesh is listed with the fastest of its
+// settings that fits, among: ZeRO stage 1, 2 or 3 where there is a shard group (unless
+// --zero-stage is given); for pp > 1, 1F1B and interleaved 1F1B with 2 chunks a rank (unless
+// --pp-schedule is given), at each micro-batch count pp x 2^k dividing the rank's batch (unless
+// --pp-microbatches is given); and the lightest checkpointing that fits, none, then selective,
+// then full (unless --ac is given: recomputing only adds compute, so a lighter policy that fits
+// is never slower). Between settings as fast, the one needing less memory. The batch and the rest
+// stay as given.
 typedef struct {
     PlanConfig p;
     PlanMemory m;
@@ -150,11 +153,31 @@ static int schedules_to_try(const PlanConfig *base, int pp, PpScheduleKind out[2
     return out[0] = PP_1F1B, out[1] = PP_INTERLEAVED_1F1B, 2;
 }
 
-// The fastest pipeline settings of the mesh that fit into *best (false: none fits). *valid: some
-// setting passed plan_check, fitting or not.
+// The ZeRO stages a mesh is tried with: one where there is no shard group (the stage means nothing).
+static int zero_stages_to_try(const PlanConfig *mesh, int out[3]) {
+    if (flag_given("zero-stage") || mesh->dp_shard * mesh->cp == 1) return out[0] = mesh->zero_stage, 1;
+    return out[0] = 1, out[1] = 2, out[2] = 3, 3;
+}
+
+// The lightest checkpointing under which p fits, into *k with its step simulated (false: none).
+static bool lightest_fitting_ac(PlanConfig p, const Cluster *c, Candidate *k) {
+    static const ActCheckpoint lightest_first[] = {AC_NONE, AC_SELECTIVE, AC_FULL};
+    for (int i = 0; i < 3; i++) {
+        if (flag_given("ac")) p.ac = (ActCheckpoint)args_choice_index(AC_MODE_NAMES, opt.ac), i = 2;
+        else p.ac = lightest_first[i];
+        PlanMemory m = plan_memory(&p);
+        if (m.total > c->hbm_bytes) continue;
+        *k = (Candidate){.p = p, .m = m, .t = plan_step_time(&p, c, NULL)};
+        return true;
+    }
+    return false;
+}
+
+// The fastest settings of the mesh that fit into *best (false: none fits). *valid: some setting
+// passed plan_check, fitting or not.
 static bool best_settings(const PlanConfig *mesh, const Cluster *c, Candidate *best, bool *valid) {
     PpScheduleKind kinds[2];
-    int n_kinds = schedules_to_try(mesh, mesh->pp, kinds);
+    int stages[3], n_kinds = schedules_to_try(mesh, mesh->pp, kinds), n_stages = zero_stages_to_try(mesh, stages);
     int rank_batch = mesh->batch / (mesh->dp_replicate * mesh->dp_shard);
     bool found = false;
     for (int s = 0; s < n_kinds; s++) {
@@ -165,28 +188,35 @@ static bool best_settings(const PlanConfig *mesh, const Cluster *c, Candidate *b
         int m_first = mesh->pp, m_last = rank_batch;
         if (mesh->pp == 1) m_first = m_last = 1;
         else if (flag_given("pp-microbatches")) m_first = m_last = opt.microbatches;
-        for (int m = m_first; m <= m_last; m *= 2) {
-            p.microbatches = m;
-            if (plan_check(&p)) continue;
-            *valid = true;
-            Candidate k = {.p = p, .m = plan_memory(&p)};
-            if (k.m.total > c->hbm_bytes) continue;
-            k.t = plan_step_time(&p, c, NULL);
-            if (!found || k.t.tps_per_gpu > best->t.tps_per_gpu) *best = k, found = true;
-        }
+        for (int m = m_first; m <= m_last; m *= 2)
+            for (int z = 0; z < n_stages; z++) {  // innermost, with the checkpointing: the same schedule
+                p.microbatches = m, p.zero_stage = stages[z];
+                if (plan_check(&p)) continue;
+                *valid = true;
+                Candidate k;
+                if (!lightest_fitting_ac(p, c, &k)) continue;
+                bool faster = found && k.t.tps_per_gpu > best->t.tps_per_gpu;
+                bool as_fast_smaller = found && k.t.tps_per_gpu == best->t.tps_per_gpu && k.m.total < best->m.total;
+                if (!found || faster || as_fast_smaller) *best = k, found = true;
+            }
     }
     return found;
 }
 
+static const char *const AC_NAMES[] = {"none", "full", "selective"};  // ActCheckpoint's order
+
 static void print_candidates(const Candidate *found, int n) {
-    printf("%4s %4s %8s %8s %4s %-16s %4s %2s %10s %10s %8s %8s %6s\n", "pp", "tp", "dp_rep", "dp_shard", "cp",
-           "schedule", "m", "v", "mem GiB", "step s", "bubble", "MFU", "TPS/GPU");
+    printf("%4s %4s %8s %8s %4s %-9s %4s %-16s %4s %2s %10s %10s %8s %8s %6s\n", "pp", "tp", "dp_rep", "dp_shard",
+           "cp", "ac", "zero", "schedule", "m", "v", "mem GiB", "step s", "bubble", "MFU", "TPS/GPU");
     for (int i = 0; i < n; i++) {
-        const Candidate *k = &found[i];
-        printf("%4d %4d %8d %8d %4d %-16s %4d %2d %10.1f %10.3f %7.1f%% %7.1f%% %6.0f\n", k->p.pp, k->p.tp,
-               k->p.dp_replicate, k->p.dp_shard, k->p.cp, k->p.pp > 1 ? pp_schedule_name(k->p.schedule) : "-",
-               k->p.microbatches, k->p.virtual_stages, k->m.total / GiB, k->t.step_s, 100 * k->t.bubble,
-               100 * k->t.mfu, k->t.tps_per_gpu);
+        const PlanConfig *p = &found[i].p;
+        char zero[8] = "-";
+        if (p->dp_shard * p->cp > 1) snprintf(zero, sizeof zero, "%d", p->zero_stage);
+        printf("%4d %4d %8d %8d %4d %-9s %4s %-16s %4d %2d %10.1f %10.3f %7.1f%% %7.1f%% %6.0f\n", p->pp, p->tp,
+               p->dp_replicate, p->dp_shard, p->cp, AC_NAMES[p->ac], zero,
+               p->pp > 1 ? pp_schedule_name(p->schedule) : "-", p->microbatches, p->virtual_stages,
+               found[i].m.total / GiB, found[i].t.step_s, 100 * found[i].t.bubble, 100 * found[i].t.mfu,
+               found[i].t.tps_per_gpu);
     }
 }
 
@@ -212,9 +242,11 @@ static void search(const PlanConfig *base, const Cluster *c) {
                     found[n++] = best;
                 }
     qsort(found, (size_t)n, sizeof(Candidate), by_tps);
-    printf("%s on %d GPUs of %s, batch %d x %d, --ac %s%s%s: %d of %d meshes fit in %.1f GiB\n", base->model.name, gpus,
-           c->name, base->batch, base->seq_len, opt.ac, base->fp8 ? ", fp8" : "", base->compile ? ", compile" : "", n,
-           tried, c->hbm_bytes / GiB);
+    printf("%s on %d GPUs of %s, batch %d x %d%s%s: %d of %d meshes fit in %.1f GiB (searched:%s%s%s%s%s)\n",
+           base->model.name, gpus, c->name, base->batch, base->seq_len, base->fp8 ? ", fp8" : "",
+           base->compile ? ", compile" : "", n, tried, c->hbm_bytes / GiB, flag_given("cp") ? "" : " cp",
+           flag_given("ac") ? "" : " ac", flag_given("zero-stage") ? "" : " zero",
+           flag_given("pp-schedule") ? "" : " schedule", flag_given("pp-microbatches") ? "" : " m");
     print_candidates(found, n);
     if (n) printf("TPS/GPU %.0f\n", found[0].t.tps_per_gpu);
     free(found);

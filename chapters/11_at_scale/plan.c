@@ -135,14 +135,26 @@ double plan_ffn_hidden_bytes(const ModelConfig *c, int B, int T, int elem_bytes)
     return (double)c->n_layers * B * T * c->ffn_dim * elem_bytes;
 }
 
-// The micro-batches (x chunks) each pipeline rank holds at once, from chapter 7's validator.
+// The micro-batches (x chunks) each pipeline rank holds at once, from chapter 7's validator. The last
+// schedule's answer is kept: --search asks for it again for each checkpointing policy it tries.
 static void in_flight_per_rank(const PlanConfig *p, int *in_flight) {
-    PpSchedule s;
-    const char *err = pp_schedule_build(p->schedule, p->pp, p->microbatches, p->virtual_stages, &s);
-    if (err) fatal_input("pipeline schedule: %s", err);
-    char problem[256];
-    if (!pp_validate(&s, in_flight, problem, sizeof problem)) fatal("plan: invalid schedule: %s", problem);
-    pp_schedule_free(&s);
+    static struct {
+        PpScheduleKind kind;
+        int pp, m, v, *in_flight;
+    } last;
+    if (!(last.in_flight && last.kind == p->schedule && last.pp == p->pp && last.m == p->microbatches &&
+          last.v == p->virtual_stages)) {
+        PpSchedule s;
+        const char *err = pp_schedule_build(p->schedule, p->pp, p->microbatches, p->virtual_stages, &s);
+        if (err) fatal_input("pipeline schedule: %s", err);
+        free(last.in_flight);
+        last.kind = p->schedule, last.pp = p->pp, last.m = p->microbatches, last.v = p->virtual_stages;
+        last.in_flight = calloc((size_t)p->pp, sizeof(int));
+        char problem[256];
+        if (!pp_validate(&s, last.in_flight, problem, sizeof problem)) fatal("plan: invalid schedule: %s", problem);
+        pp_schedule_free(&s);
+    }
+    memcpy(in_flight, last.in_flight, sizeof(int) * (size_t)p->pp);
 }
 
 static PlanMemory rank_memory(const PlanConfig *p, const Model *m, int r, int in_flight) {
