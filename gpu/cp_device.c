@@ -18,12 +18,13 @@ const CpCompute gpu_cp_compute = {&gpu_fsdp_memory, gpu_attention_forward, gpu_a
 static size_t q_count(const AttnShape *s) { return (size_t)s->B * s->Tq * s->n_heads * s->head_dim; }
 static size_t kv_count(const AttnShape *s) { return (size_t)s->B * s->Tk * s->n_kv_heads * s->head_dim; }
 
-// Each float tensor of `from` as bf16 into consecutive parts of one allocation (parts[i]); every
-// count is a multiple of 16 elements (head_dim's), so every part stays 16-byte aligned.
+// Each float tensor of `from` as bf16 into consecutive parts of one scratch allocation (parts[i]:
+// stream-ordered, not zeroed, since every element is written); every count is a multiple of 16
+// elements (head_dim's), so every part stays 16-byte aligned.
 static gpu_bf16 *bf16_copies(int n, const float *const *from, const size_t *counts, gpu_bf16 **parts) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += counts[i];
-    gpu_bf16 *buf = gpu_alloc(MEM_ACTIVATIONS, sizeof(gpu_bf16) * total);
+    gpu_bf16 *buf = (gpu_bf16 *)gpu_scratch_alloc(sizeof(gpu_bf16) * total);
     for (size_t i = 0, at = 0; i < (size_t)n; at += counts[i], i++) {
         parts[i] = buf + at;
         gpu_cast_f32_to_bf16(parts[i], from[i], counts[i]);
@@ -41,7 +42,7 @@ static void tc_block_forward(float *out, float *lse, const float *q, const float
     size_t counts[] = {q_count(s), kv_count(s), kv_count(s)};
     gpu_bf16 *b[3], *buf = bf16_copies(3, from, counts, b);
     gpu_attention_forward_bf16_into_f32(out, lse, b[0], b[1], b[2], s);
-    gpu_free(buf);
+    gpu_scratch_free(buf);
 }
 
 static void tc_block_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
@@ -54,7 +55,7 @@ static void tc_block_backward(float *dq, float *dk, float *dv, const float *dout
     size_t counts[] = {q_count(s), q_count(s), kv_count(s), kv_count(s), q_count(s)};
     gpu_bf16 *b[5], *buf = bf16_copies(5, from, counts, b);
     gpu_attention_backward_bf16_into_f32(dq, dk, dv, b[0], b[1], b[2], b[3], b[4], lse, s);
-    gpu_free(buf);
+    gpu_scratch_free(buf);
 }
 
 const CpCompute gpu_cp_compute_bf16 = {&gpu_fsdp_memory, tc_block_forward, tc_block_backward, gpu_attention_merge};

@@ -74,10 +74,6 @@ static inline void gpu_launch_check(const char *kernel, const char *file, int li
         }                                                                                            \
     } while (0)
 
-// Stream-ordered scratch on the compute stream (from the same pool as gpu_alloc, not counted in a
-// category): for small per-call buffers such as attention's D or the loss's partial sums.
-void *gpu_scratch_alloc(size_t bytes);
-void gpu_scratch_free(void *ptr);
 void gpu_matmul_shutdown(void);  // matmul.cu: destroys the cuBLASLt handle, plans and workspace
 
 // ---- storage types: tensors are float or bf16 in memory, arithmetic is always float -------------

@@ -42,6 +42,11 @@ void gpu_device_description(char *out, size_t out_len);
 // stream), counted per category. 256-byte aligned. Exits with a message on failure.
 void *gpu_alloc(MemCategory category, size_t bytes);
 void gpu_free(void *ptr);  // NULL is fine
+// Stream-ordered scratch on the compute stream (from the same pool as gpu_alloc, neither zeroed nor
+// counted in a category): for per-call buffers such as attention's D, the loss's partial sums or
+// the ring attention's bf16 copies of a block's operands.
+void *gpu_scratch_alloc(size_t bytes);
+void gpu_scratch_free(void *ptr);
 // Blocking copies (they wait for the work queued before them on the compute stream).
 void gpu_upload(void *device_dst, const void *host_src, size_t bytes);
 void gpu_download(void *host_dst, const void *device_src, size_t bytes);
