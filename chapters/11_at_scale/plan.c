@@ -135,26 +135,32 @@ double plan_ffn_hidden_bytes(const ModelConfig *c, int B, int T, int elem_bytes)
     return (double)c->n_layers * B * T * c->ffn_dim * elem_bytes;
 }
 
-// The micro-batches (x chunks) each pipeline rank holds at once, from chapter 7's validator. The last
-// schedule's answer is kept: --search asks for it again for each checkpointing policy it tries.
-static void in_flight_per_rank(const PlanConfig *p, int *in_flight) {
-    static struct {
-        PpScheduleKind kind;
-        int pp, m, v, *in_flight;
-    } last;
-    if (!(last.in_flight && last.kind == p->schedule && last.pp == p->pp && last.m == p->microbatches &&
-          last.v == p->virtual_stages)) {
-        PpSchedule s;
-        const char *err = pp_schedule_build(p->schedule, p->pp, p->microbatches, p->virtual_stages, &s);
-        if (err) fatal_input("pipeline schedule: %s", err);
-        free(last.in_flight);
-        last.kind = p->schedule, last.pp = p->pp, last.m = p->microbatches, last.v = p->virtual_stages;
-        last.in_flight = calloc((size_t)p->pp, sizeof(int));
-        char problem[256];
-        if (!pp_validate(&s, last.in_flight, problem, sizeof problem)) fatal("plan: invalid schedule: %s", problem);
-        pp_schedule_free(&s);
-    }
-    memcpy(in_flight, last.in_flight, sizeof(int) * (size_t)p->pp);
+// Chapter 7's schedule for p's pipeline settings, and the micro-batches (x chunks) each rank holds
+// at once (from its validator). The last one built is kept: --search asks for the same schedule
+// again for each ZeRO stage and checkpointing policy it tries.
+typedef struct {
+    PpScheduleKind kind;
+    int pp, m, v;
+    bool built;
+    PpSchedule s;
+    int *in_flight;  // per rank
+} PlanSchedule;
+
+static const PlanSchedule *schedule_of(const PlanConfig *p) {
+    static PlanSchedule last;
+    if (last.built && last.kind == p->schedule && last.pp == p->pp && last.m == p->microbatches &&
+        last.v == p->virtual_stages)
+        return &last;
+    if (last.built) pp_schedule_free(&last.s), free(last.in_flight);
+    last.built = false;
+    const char *err = pp_schedule_build(p->schedule, p->pp, p->microbatches, p->virtual_stages, &last.s);
+    if (err) fatal_input("pipeline schedule: %s", err);
+    last.in_flight = calloc((size_t)p->pp, sizeof(int));
+    char problem[256];
+    if (!pp_validate(&last.s, last.in_flight, problem, sizeof problem)) fatal("plan: invalid schedule: %s", problem);
+    last.kind = p->schedule, last.pp = p->pp, last.m = p->microbatches, last.v = p->virtual_stages;
+    last.built = true;
+    return &last;
 }
 
 static PlanMemory rank_memory(const PlanConfig *p, const Model *m, int r, int in_flight) {
@@ -189,8 +195,7 @@ static PlanMemory rank_memory(const PlanConfig *p, const Model *m, int r, int in
 }
 
 PlanMemory plan_memory(const PlanConfig *p) {
-    int *in_flight = calloc((size_t)p->pp, sizeof(int));
-    in_flight_per_rank(p, in_flight);
+    const int *in_flight = schedule_of(p)->in_flight;
     Model m = shape_model(p);
     PlanMemory worst = {0};
     for (int r = 0; r < p->pp; r++) {
@@ -198,7 +203,6 @@ PlanMemory plan_memory(const PlanConfig *p) {
         if (r == 0 || mem.total > worst.total) worst = mem;
     }
     model_free(&m);
-    free(in_flight);
     return worst;
 }
 
@@ -632,19 +636,16 @@ static void write_trace(const PlanConfig *p, const SliceList *l, double step, co
 PlanTime plan_step_time(const PlanConfig *p, const Cluster *c, const char *trace_path) {
     const char *err = plan_check(p);
     if (err) fatal_input("%s", err);
-    PpSchedule s;
-    err = pp_schedule_build(p->schedule, p->pp, p->microbatches, p->virtual_stages, &s);
-    if (err) fatal_input("pipeline schedule: %s", err);
+    const PpSchedule *s = &schedule_of(p)->s;
     Costs k = unit_costs(p, c);
     SliceList slices = {0};
     Sim sim = {.p = p, .k = &k, .reshard = p->pp == 1, .reduce_every = p->pp == 1,
                .slices = trace_path ? &slices : NULL};
     build_chunks(&sim);
-    SimResult r = simulate(&sim, &s);
+    SimResult r = simulate(&sim, s);
     if (trace_path) write_trace(p, &slices, r.step, trace_path);
     free(slices.items);
     free(sim.chunks);
-    pp_schedule_free(&s);
     PlanTime t = {.step_s = r.step, .compute_s = r.busy_max, .exposed_comm_s = r.waited_max, .bubble = r.bubble};
     double tokens = (double)p->batch * p->seq_len, gpus = plan_gpus(p);
     t.tps_per_gpu = tokens / r.step / gpus;
