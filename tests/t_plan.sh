@@ -25,6 +25,7 @@ expect_bad() {  # WANTED FLAGS...: exit status 2 and exactly one line on stderr 
 expect_bad "nope" --model nope
 expect_bad "--tp must divide" --tp 3
 expect_bad "--batch" --batch 0
+expect_bad "--top: only with --search" --top 3
 expect_bad "--gpus 10" --gpus 10 --tp 4
 expect_bad "multiple of the pipeline ranks" --pp 2 --pp-schedule Interleaved1F1B --pp-microbatches 3 --batch 6
 expect_bad "missing.json" --cluster "$T/missing.json"
@@ -102,6 +103,11 @@ while read -r row; do
     done
 done < <(search_rows "$search_out")
 echo "ok: search's $(search_rows "$search_out" | wc -l) meshes for 70B on 32 GPUs take the lightest checkpointing that fits"
+# --top N: the same first N rows, and only those.
+top=$("$PLAN" --model llama3_70b --gpus 32 --batch 32 --search --top 3)
+[ "$(search_rows "$top")" = "$(search_rows "$search_out" | head -3)" ] && [ "$(search_rows "$top" | wc -l)" = 3 ] ||
+    { echo "FAIL: --top 3: $top"; exit 1; }
+echo "ok: --search --top 3 lists the search's first 3 rows"
 check_search "70B on 32 GPUs, --ac full" --model llama3_70b --gpus 32 --batch 32 --ac full
 search_rows "$search_out" | awk '$6 != "full" { bad = 1 } END { exit bad }' ||
     { echo "FAIL: --ac full given, yet rows with another policy: $search_out"; exit 1; }

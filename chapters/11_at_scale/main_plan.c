@@ -17,7 +17,7 @@
 
 static struct {
     const char *model, *cluster, *ac, *schedule, *trace, *precision;
-    int gpus, dp_replicate, dp_shard, cp, tp, pp, batch, seq_len, zero_stage, microbatches, virtual_stages;
+    int gpus, dp_replicate, dp_shard, cp, tp, pp, batch, seq_len, zero_stage, microbatches, virtual_stages, top;
     bool fp8, compile, async_tp, search;
     double sac_mm_share;
 } opt;
@@ -53,6 +53,7 @@ static ArgSpec flags[] = {
      .choices = "mixed|fp32"},
     {"trace", ARG_STRING, &opt.trace, NULL, "write the simulated step as a Perfetto trace", .value_name = "FILE"},
     {"search", ARG_BOOL, &opt.search, NULL, "list the meshes that fit on --gpus, fastest first, each with its best ZeRO stage, schedule, micro-batches and --ac (flags given stay fixed)", .choices = NULL},
+    {"top", ARG_INT, &opt.top, "0", "with --search: list only the N fastest (0: all)", .min = 0, .max = UNBOUNDED},
 };
 #define N_FLAGS (int)(sizeof flags / sizeof flags[0])
 
@@ -247,7 +248,7 @@ static void search(const PlanConfig *base, const Cluster *c) {
            base->compile ? ", compile" : "", n, tried, c->hbm_bytes / GiB, flag_given("cp") ? "" : " cp",
            flag_given("ac") ? "" : " ac", flag_given("zero-stage") ? "" : " zero",
            flag_given("pp-schedule") ? "" : " schedule", flag_given("pp-microbatches") ? "" : " m");
-    print_candidates(found, n);
+    print_candidates(found, opt.top && opt.top < n ? opt.top : n);
     if (n) printf("TPS/GPU %.0f\n", found[0].t.tps_per_gpu);
     free(found);
 }
@@ -258,6 +259,7 @@ int main(int argc, char **argv) {
     fileio_check_output("trace", opt.trace, OUTPUT_FILE);
     Cluster c = load_cluster();
     PlanConfig p = config_from_flags();
+    if (flag_given("top") && !opt.search) fatal_input("--top: only with --search");
     if (opt.search) {
         if (opt.trace) fatal_input("--trace: not with --search");
         search(&p, &c);
