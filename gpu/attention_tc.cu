@@ -395,9 +395,9 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
 // ================================ backward =======================================================
 // Blocks per SM that a backward kernel asks the compiler to fit in registers (__launch_bounds__'
 // second argument): `blocks` (dQ 4, dK/dV 3) where head_dim is at most 64; 0 (no request) for the
-// 128-wide accumulators, which would spill. On an H100 at llama3_1b's shapes (8 x 2048, 32 heads, 8 KV heads, head_dim 64): dQ
-// then uses 128 registers, not 152, and 4 blocks fit an SM instead of 3 (ncu: 1.75 -> 1.48 ms);
-// dK/dV keeps its 168 registers and 3 blocks (without a request the compiler chose 168 too, and
+// 128-wide accumulators, which would spill. On an H100 at llama3_1b's shapes (8 x 2048, 32 heads,
+// 8 KV heads, head_dim 64): dQ then uses 128 registers, not 152, and 4 blocks fit an SM instead of
+// 3 (ncu: 1.75 -> 1.48 ms); dK/dV keeps its 168 registers and 3 blocks (without a request the compiler chose 168 too, and
 // with a request of 1 it took 186, leaving room for 2). The whole backward went 4.56 -> 4.30 ms.
 // The 128-row variants (MT = 2) ask for nothing: twice the accumulators.
 constexpr int min_blocks_hd64(int hd_max, int mt, int blocks) { return hd_max <= 64 && mt == 1 ? blocks : 0; }

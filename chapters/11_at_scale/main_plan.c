@@ -160,12 +160,17 @@ static int zero_stages_to_try(const PlanConfig *mesh, int out[3]) {
     return out[0] = 1, out[1] = 2, out[2] = 3, 3;
 }
 
+// The checkpointing policies a mesh is tried with, lightest first.
+static int acs_to_try(const PlanConfig *base, ActCheckpoint out[3]) {
+    if (flag_given("ac")) return out[0] = base->ac, 1;
+    return out[0] = AC_NONE, out[1] = AC_SELECTIVE, out[2] = AC_FULL, 3;
+}
+
 // The lightest checkpointing under which p fits, into *k with its step simulated (false: none).
 static bool lightest_fitting_ac(PlanConfig p, const Cluster *c, Candidate *k) {
-    static const ActCheckpoint lightest_first[] = {AC_NONE, AC_SELECTIVE, AC_FULL};
-    for (int i = 0; i < 3; i++) {
-        if (flag_given("ac")) p.ac = (ActCheckpoint)args_choice_index(AC_MODE_NAMES, opt.ac), i = 2;
-        else p.ac = lightest_first[i];
+    ActCheckpoint acs[3];
+    for (int i = 0, n = acs_to_try(&p, acs); i < n; i++) {
+        p.ac = acs[i];
         PlanMemory m = plan_memory(&p);
         if (m.total > c->hbm_bytes) continue;
         *k = (Candidate){.p = p, .m = m, .t = plan_step_time(&p, c, NULL)};
@@ -204,17 +209,15 @@ static bool best_settings(const PlanConfig *mesh, const Cluster *c, Candidate *b
     return found;
 }
 
-static const char *const AC_NAMES[] = {"none", "full", "selective"};  // ActCheckpoint's order
-
 static void print_candidates(const Candidate *found, int n) {
     printf("%4s %4s %8s %8s %4s %-9s %4s %-16s %4s %2s %10s %10s %8s %8s %6s\n", "pp", "tp", "dp_rep", "dp_shard",
            "cp", "ac", "zero", "schedule", "m", "v", "mem GiB", "step s", "bubble", "MFU", "TPS/GPU");
     for (int i = 0; i < n; i++) {
         const PlanConfig *p = &found[i].p;
-        char zero[8] = "-";
+        char zero[8] = "-", ac[16];
         if (p->dp_shard * p->cp > 1) snprintf(zero, sizeof zero, "%d", p->zero_stage);
         printf("%4d %4d %8d %8d %4d %-9s %4s %-16s %4d %2d %10.1f %10.3f %7.1f%% %7.1f%% %6.0f\n", p->pp, p->tp,
-               p->dp_replicate, p->dp_shard, p->cp, AC_NAMES[p->ac], zero,
+               p->dp_replicate, p->dp_shard, p->cp, args_choice_name(AC_MODE_NAMES, p->ac, ac, sizeof ac), zero,
                p->pp > 1 ? pp_schedule_name(p->schedule) : "-", p->microbatches, p->virtual_stages,
                found[i].m.total / GiB, found[i].t.step_s, 100 * found[i].t.bubble, 100 * found[i].t.mfu,
                found[i].t.tps_per_gpu);
