@@ -101,6 +101,8 @@ START_TEST(test_matmul_backends_agree) {
     expect_close("matmul out (loop vs blas)", out[1], out[0], M * N, FP32_ORDER_RTOL, FP32_ORDER_ATOL * 20);
     expect_close("matmul dinp (loop vs blas)", dinp[1], dinp[0], M * K, FP32_ORDER_RTOL, FP32_ORDER_ATOL * 20);
     expect_close("matmul dweight (loop vs blas)", dw[1], dw[0], N * K, FP32_ORDER_RTOL, FP32_ORDER_ATOL * 20);
+    for (int b = 0; b < 2; b++) free(out[b]), free(dinp[b]), free(dw[b]);
+    free(inp), free(w), free(dout);
 }
 END_TEST
 
@@ -140,6 +142,8 @@ static void compare_attention(AttnShape s) {
                 lse_ref[((size_t)b * s.n_heads + h) * s.Tq + i] = (real)log(sum);
             }
     expect_close("attention lse (flash vs double)", lse, lse_ref, nrows, FP32_ORDER_RTOL, FP32_ORDER_ATOL);
+    real *owned[] = {q, k, v, dout, probs, lse, lse_ref, out[0], out[1], dq[0], dq[1], dk[0], dk[1], dv[0], dv[1]};
+    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) free(owned[i]);
 }
 
 START_TEST(test_attention_flash_matches_naive) {
@@ -164,6 +168,7 @@ START_TEST(test_rope_backward_inverts_forward) {
     rope_backward(y, &t, NULL, 2, 64, 3);
     expect_close("rope then its transpose", y, x, n, 1e-6, 1e-6);  // a rotation is orthogonal
     rope_table_free(&t);
+    free(x), free(y);
 }
 END_TEST
 
@@ -191,6 +196,7 @@ START_TEST(test_step_is_bit_reproducible) {
     ParamTable t = param_table_build(&cfg);
     expect_equal_bits("gradients of two identical steps", grads[0], grads[1], t.total_numel);
     param_table_free(&t);
+    free(grads[0]), free(grads[1]);
 }
 END_TEST
 

@@ -146,21 +146,28 @@ typedef struct {
     int *in_flight;  // per rank
 } PlanSchedule;
 
+static PlanSchedule kept;  // the last schedule built
+
+static void free_kept_schedule(void) {
+    if (kept.built) pp_schedule_free(&kept.s), free(kept.in_flight);
+    kept.built = false;
+}
+
 static const PlanSchedule *schedule_of(const PlanConfig *p) {
-    static PlanSchedule last;
-    if (last.built && last.kind == p->schedule && last.pp == p->pp && last.m == p->microbatches &&
-        last.v == p->virtual_stages)
-        return &last;
-    if (last.built) pp_schedule_free(&last.s), free(last.in_flight);
-    last.built = false;
-    const char *err = pp_schedule_build(p->schedule, p->pp, p->microbatches, p->virtual_stages, &last.s);
+    static bool freed_at_exit;
+    if (kept.built && kept.kind == p->schedule && kept.pp == p->pp && kept.m == p->microbatches &&
+        kept.v == p->virtual_stages)
+        return &kept;
+    if (!freed_at_exit) atexit(free_kept_schedule), freed_at_exit = true;
+    free_kept_schedule();
+    const char *err = pp_schedule_build(p->schedule, p->pp, p->microbatches, p->virtual_stages, &kept.s);
     if (err) fatal_input("pipeline schedule: %s", err);
-    last.in_flight = calloc((size_t)p->pp, sizeof(int));
+    kept.in_flight = calloc((size_t)p->pp, sizeof(int));
     char problem[256];
-    if (!pp_validate(&last.s, last.in_flight, problem, sizeof problem)) fatal("plan: invalid schedule: %s", problem);
-    last.kind = p->schedule, last.pp = p->pp, last.m = p->microbatches, last.v = p->virtual_stages;
-    last.built = true;
-    return &last;
+    if (!pp_validate(&kept.s, kept.in_flight, problem, sizeof problem)) fatal("plan: invalid schedule: %s", problem);
+    kept.kind = p->schedule, kept.pp = p->pp, kept.m = p->microbatches, kept.v = p->virtual_stages;
+    kept.built = true;
+    return &kept;
 }
 
 static PlanMemory rank_memory(const PlanConfig *p, const Model *m, int r, int in_flight) {
