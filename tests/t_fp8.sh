@@ -17,9 +17,12 @@
 #     ones 8.8e-7). Even with the loop matmul, a row-parallel layer (wo, w2) sums two half-length
 #     dot products where the single process sums one, so the next block's input can differ in the
 #     last bit, and an element that sits on an FP8 rounding boundary then rounds to the neighbouring
-#     FP8 value: the TP gradients are compared within rtol 1e-2 (measured 3.9e-4 on a CPU with AVX-512,
-#     whose vector width changes the dot products' order; a rank scaling tensorwise with its own amax
-#     gives 1.2e-1).
+#     FP8 value, moving the gradient entries it feeds by several percent. How often that happens
+#     depends on the compiler's vectorisation (the dot products' order), so the TP gradients are
+#     bounded as whole tensors, ||a - b|| / ||b|| <= 3e-2, not element by element. Measured (tiny,
+#     tensorwise): the default -O3 -march=native build, 5.1e-7 (max element 1.4e-6 of the tensor's
+#     largest); an -O1 build, where one such flip happens, 6.5e-3 (max element 2.2e-2); a rank
+#     scaling with its own amax instead of the group's, 1.1e-1 (max element 1.2e-1).
 #     Pipeline stages (2 micro-batches) equal the single process with --grad-accum-steps 2 bit for bit.
 #     Context parallel: the step-1 loss (see below for why only that).
 #  3. Delayed scaling resumes bit-identically (its amax history is in <checkpoint>.fp8).
@@ -39,10 +42,15 @@ run() {  # name, ranks, extra flags...
     $MPIRUN -np "$np" "$BUILD/train" "${common[@]}" "$@" --grad-dump "$T/$name.grads.safetensors" > "$T/$name.log" 2>&1 ||
         { cat "$T/$name.log"; echo "FAIL: run $name"; exit 1; }
 }
-check() {  # name, reference name[, the gradients' rtol (default 1e-5)]
+check() {  # name, reference name: the step-1 gradients within 1e-5 of each tensor's largest value
     echo "== $1 vs $2"
     $P --log "$T/$1.log" --log-ref "$T/$2.log" --loss-rtol 1e-4
-    $P --ckpt "$T/$1.grads.safetensors" --ckpt-ref "$T/$2.grads.safetensors" --prefix grad. --param-rtol "${3:-1e-5}"
+    $P --ckpt "$T/$1.grads.safetensors" --ckpt-ref "$T/$2.grads.safetensors" --prefix grad. --param-rtol 1e-5
+}
+check_tp() {  # name, reference name: the step-1 gradients within 3e-2 as whole tensors (see above)
+    echo "== $1 vs $2"
+    $P --log "$T/$1.log" --log-ref "$T/$2.log" --loss-rtol 1e-4
+    $P --ckpt "$T/$1.grads.safetensors" --ckpt-ref "$T/$2.grads.safetensors" --prefix grad. --param-norm-rtol 3e-2
 }
 for recipe in tensorwise rowwise delayed; do
     run "ref_$recipe" 1 --fp8-recipe "$recipe"
@@ -53,13 +61,13 @@ check ddp2 ref_tensorwise
 run fsdp2 2 --dp-shard 2
 check fsdp2 ref_tensorwise
 run tp2 2 --tp 2 --matmul loop
-check tp2 ref_loop_tensorwise 1e-2
+check_tp tp2 ref_loop_tensorwise
 run tp2_rowwise 2 --tp 2 --fp8-recipe rowwise --matmul loop
-check tp2_rowwise ref_loop_rowwise 1e-2
+check_tp tp2_rowwise ref_loop_rowwise
 run fsdp2_rowwise 2 --dp-shard 2 --fp8-recipe rowwise
 check fsdp2_rowwise ref_rowwise
 run tp2_ddp2_delayed 4 --tp 2 --dp-replicate 2 --fp8-recipe delayed --matmul loop
-check tp2_ddp2_delayed ref_loop_delayed 1e-2
+check_tp tp2_ddp2_delayed ref_loop_delayed
 # Pipeline stages: dynamic scales come from one micro-batch (as in torchao), so the reference is the
 # single process with the same micro-batches (--grad-accum-steps 2); same operands, same sums: exact.
 run ref_accum2 1 --grad-accum-steps 2
