@@ -95,13 +95,13 @@ void fiber_main() {
 void add_fibers(unsigned n) {
     while (fibers.size() < n) {
         fibers.emplace_back();
-        Fiber &f = fibers.back();
-        f.stack.resize(STACK_BYTES);
-        f.state = DONE;
+        fibers.back().stack.resize(STACK_BYTES);
+        fibers.back().state = DONE;
         current = (unsigned)fibers.size() - 1;
+        // No local lives across getcontext (a function that may return twice): fibers.back() again.
         getcontext(&fiber_start_context);
-        fiber_start_context.uc_stack.ss_sp = f.stack.data();
-        fiber_start_context.uc_stack.ss_size = f.stack.size();
+        fiber_start_context.uc_stack.ss_sp = fibers.back().stack.data();
+        fiber_start_context.uc_stack.ss_size = fibers.back().stack.size();
         fiber_start_context.uc_link = NULL;  // fiber_main never returns
         makecontext(&fiber_start_context, fiber_main, 0);
         swapcontext(&start_context, &fiber_start_context);  // runs to its first park
