@@ -13,18 +13,15 @@ MPIRUN=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
 programs=(train plan cp_attention collectives pp_schedule)
 suites=(test_reference test_fp8 test_fp8_groups test_checkpointing test_safetensors test_data test_plan
         test_pp_schedule test_trace)
-# CFLAGS through the environment: the Makefile adds its own flags to it (on the command line it
-# would replace them).
+# One build for both: CFLAGS through the environment (the Makefile adds its own flags to it; on the
+# command line it would replace them), CXX for the GPU kernels on the CPU emulator (tests/gpu/emu),
+# whose ring attention test runs the tensor-core attention kernels' portable path, the fp32 ones and
+# the merges. (test_gpu_ops is clean too, but its fibers make it ten times slower under ASan: 3.5
+# minutes.)
 CFLAGS="-O1 -g -march=native -fno-omit-frame-pointer" make -s BUILD="$S" \
     EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all" \
-    "${programs[@]/#/$S/}" "${suites[@]/#/$S/tests/}"
-# The GPU kernels on the CPU emulator (C++, tests/gpu/emu): the ring attention's test on device
-# buffers, which runs the tensor-core attention kernels' portable path, the fp32 ones and the merges.
-# (test_gpu_ops is clean too, but its fibers make it ten times slower under ASan: 3.5 minutes.)
-CXX_SANITIZE="${CXX:-g++} -g -fsanitize=address,undefined -fno-sanitize-recover=all"
-CFLAGS="-O1 -g -march=native -fno-omit-frame-pointer" make -s BUILD="$S" \
-    EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all" CXX="$CXX_SANITIZE" \
-    "$S/tests/emu/test_gpu_cp"
+    CXX="${CXX:-g++} -g -fsanitize=address,undefined -fno-sanitize-recover=all" \
+    "${programs[@]/#/$S/}" "${suites[@]/#/$S/tests/}" "$S/tests/emu/test_gpu_cp"
 echo "ok: built with -fsanitize=address,undefined in $S"
 
 export ASAN_OPTIONS="detect_leaks=1:fast_unwind_on_malloc=0:halt_on_error=1"
@@ -41,7 +38,8 @@ check() {
     "$@" >"$log" 2>&1 || rc=$?
     if [ "$rc" -ne 0 ] || grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:" "$log"; then
         echo "FAIL: $name (exit $rc): $*"
-        grep -E -A40 "Sanitizer|runtime error:" "$log" | head -80 || tail -20 "$log"
+        if grep -qE "Sanitizer|runtime error:" "$log"; then grep -E -A40 "Sanitizer|runtime error:" "$log" | head -80
+        else tail -20 "$log"; fi
         exit 1
     fi
     n_checked=$((n_checked + 1))

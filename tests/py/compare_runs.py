@@ -52,6 +52,8 @@ def main():
         ref, _ = safetensors_io.load(args.ckpt_ref)
         worst_rel = 0.0
         matched = 0
+        by_norm = args.param_norm_rtol is not None
+        what, bound = ("norm rel err", args.param_norm_rtol) if by_norm else ("max rel err", args.param_rtol)
         for name in sorted(ref):
             if not name.startswith(args.prefix):
                 continue
@@ -70,8 +72,7 @@ def main():
             scale = np.abs(b[np.isfinite(b)]).max() if np.isfinite(b).any() else 0.0
             rel = diff.flat[idx] / max(scale, 1e-30)
             norm_rel = (np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)) if nonfinite == 0 else np.inf
-            by_norm = args.param_norm_rtol is not None
-            measured, bound = (norm_rel, args.param_norm_rtol) if by_norm else (rel, args.param_rtol)
+            measured = norm_rel if by_norm else rel
             worst_rel = max(worst_rel, measured)
             bad = nonfinite > 0 or (not np.array_equal(a, b) if args.exact else not measured <= bound)
             if bad or diff.max() > 0 and measured == worst_rel:
@@ -82,8 +83,6 @@ def main():
         if matched == 0:
             print(f"  no tensor named {args.prefix}* in {args.ckpt_ref}  MISMATCH")
             failures += 1
-        what = "norm rel err" if args.param_norm_rtol is not None else "max rel err"
-        bound = args.param_norm_rtol if args.param_norm_rtol is not None else args.param_rtol
         print(f"{args.prefix}* tensors{' after the last step' if args.prefix == 'param.' else ''}: {what} {worst_rel:.3e} "
               f"({'exact required' if args.exact else f'rtol {bound:.1e}'})")
     if failures:
