@@ -73,6 +73,19 @@ ifeq ($(HAVE_OPENMP),yes)
   CFLAGS += -fopenmp
   LDLIBS += -fopenmp
 endif
+# One OpenMP runtime per process. A compiler whose -fopenmp links LLVM's libomp (clang) would load it
+# next to the libgomp that OpenBLAS's OpenMP build needs: two thread pools, and with OMP_PROC_BIND
+# set, libgomp pins the process to one CPU as it loads, before libomp counts the CPUs (every thread
+# then runs on that one). libomp also implements libgomp's interface, so $(BUILD)/omp/libgomp.so.1
+# names it and the programs look there first (an RPATH, unlike a RUNPATH, also serves the libraries
+# they load): OpenBLAS runs on the compiler's runtime.
+LIBOMP := $(if $(HAVE_OPENMP),$(shell t=$$(mktemp) && printf '\043include <omp.h>\nint main(void){return omp_get_max_threads();}' | \
+  $(CC) -fopenmp -x c - -o $$t 2>/dev/null && ldd $$t | awk '$$1 ~ /^libomp[.]so/ {print $$3}'; rm -f $$t))
+ifeq ($(if $(LIBOMP),yes)$(OPENBLAS_KIND),yesopenmp)
+  LIBOMP_AS_GOMP := $(abspath $(BUILD))/omp
+  $(shell mkdir -p $(LIBOMP_AS_GOMP) && ln -sfn $(LIBOMP) $(LIBOMP_AS_GOMP)/libgomp.so.1)
+  LDLIBS += -Wl,--disable-new-dtags,-rpath,$(LIBOMP_AS_GOMP)
+endif
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 
 # ---- sources ----------------------------------------------------------------------------------
@@ -104,8 +117,8 @@ TEST_DRIVERS := $(BUILD)/tests/hf_driver $(BUILD)/tests/hf_driver64
 all: probe $(PROGRAMS) $(TEST_DRIVERS) $(if $(HAVE_CHECK),$(TEST_BIN))
 
 probe:
-	@echo "probe: cc=$(CC) ($(shell $(CC) -dumpfullversion 2>/dev/null))" \
-	  "openmp=$(or $(HAVE_OPENMP),no) openblas=$(if $(HAVE_OPENBLAS),$(OPENBLAS_KIND),no) cjson=$(or $(HAVE_CJSON),no)" \
+	@echo "probe: cc=$(CC) ($(shell $(CC) -dumpfullversion 2>/dev/null || $(CC) -dumpversion))" \
+	  "openmp=$(or $(HAVE_OPENMP),no)$(if $(LIBOMP_AS_GOMP),:libomp-for-openblas) openblas=$(if $(HAVE_OPENBLAS),$(OPENBLAS_KIND),no) cjson=$(or $(HAVE_CJSON),no)" \
 	  "check=$(or $(HAVE_CHECK),no) mpi=$(if $(MPICC),yes,no) nvcc=$(if $(NVCC),yes,no) nccl=$(or $(HAVE_NCCL),no) cupti=$(or $(HAVE_CUPTI),no)"
 ifneq ($(HAVE_CJSON),yes)
 	@echo "probe: libcjson is required (safetensors headers, JSON traces): run 'make deps'" && false

@@ -129,10 +129,11 @@ static int cpu_tier(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
 }
 
-// With OMP_PROC_BIND set, libgomp has already bound this thread to the first of its places when
-// the constructor below runs, and a program started by execv inherits that one-core mask: it would
-// then build its places, and run every thread, on that core alone (half the speed on 2 cores). The
-// places were built from the mask the program was started with, so their union gives it back.
+// With OMP_PROC_BIND set, the OpenMP runtime (libgomp, or clang's libomp) has already bound this
+// thread to the first of its places when the constructor below runs, and a program started by
+// execv inherits that one-core mask: it would then build its places, and run every thread, on that
+// core alone (half the speed on 2 cores). The places were built from the mask the program was
+// started with, so their union gives it back.
 static void restore_affinity_of_all_places(void) {
 #ifdef __linux__
     cpu_set_t all;

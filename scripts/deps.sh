@@ -4,9 +4,10 @@
 set -euo pipefail
 BUILD=${BUILD:-build}
 
-# Debian packages: compiler, pkg-config, Open MPI, Check, Graphviz, OpenBLAS, cJSON, PyTorch (oracle).
+# Debian packages: compiler, pkg-config, Open MPI, Check, Graphviz, OpenBLAS, cJSON, PyTorch (oracle);
+# clang and LLVM's OpenMP runtime for the second-compiler test (tests/t_clang.sh).
 PACKAGES="build-essential pkg-config libopenmpi-dev openmpi-bin check graphviz libopenblas-dev libopenblas-openmp-dev
-          libcjson-dev python3-torch python3-numpy python3-venv python3-pip"
+          libcjson-dev python3-torch python3-numpy python3-venv python3-pip clang libomp-dev"
 missing=""
 for p in $PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
