@@ -3,6 +3,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +139,11 @@ static void read_config(const char *dir, ModelConfig *cfg) {
     cfg->max_seq_len = config_int(o, "max_position_embeddings", path, true, 0);
     cfg->norm_eps = config_number(o, "rms_norm_eps", path, true, 0);
     cfg->rope_theta = config_number(o, "rope_theta", path, false, 10000.0);  // LlamaConfig's default
+    // checked here, where the file can be named: a negative epsilon makes RMSNorm's square root NaN
+    if (!(cfg->norm_eps > 0) || !isfinite(cfg->norm_eps))
+        fatal_input("%s: \"rms_norm_eps\" %g must be positive", path, cfg->norm_eps);
+    if (!(cfg->rope_theta > 0) || !isfinite(cfg->rope_theta))
+        fatal_input("%s: \"rope_theta\" %g must be positive", path, cfg->rope_theta);
     const cJSON *tied = config_item(o, "tie_word_embeddings", path, false);
     if (tied && !cJSON_IsBool(tied)) fatal_input("%s: \"tie_word_embeddings\" is not a boolean", path);
     cfg->tied = tied && cJSON_IsTrue(tied);  // LlamaConfig's default: false

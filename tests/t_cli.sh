@@ -20,6 +20,7 @@ expect_error() {  # expected-substring, args...
 expect_error "unknown flag" --no-such-flag
 expect_error "--steps abc: not an integer" --steps abc
 expect_error "--steps 0: must be at least 1" --steps 0
+expect_error "--comm-timeout 1e10: must be between 0.1 and 1e+09" --comm-timeout 1e10
 expect_error "--seq-len 0: must be at least 1" --seq-len 0
 expect_error "--batch -3: must be at least 1" --batch -3
 expect_error "--lr nan: not a finite number" --lr nan
@@ -92,6 +93,17 @@ expect_error "--trace $T/corpus.txt: is the file --data reads" --data "text:$T/c
 cmp -s "$T/corpus.txt" "$T/corpus.orig" || { echo "FAIL: the training text was overwritten"; failures=$((failures + 1)); }
 expect_error "the same file; one of the two outputs would be lost" --trace "$T/same.out" --trace-json "$T/./same.out"
 expect_error "the same file; one of the two outputs would be lost" --dump "$T/d.st" --grad-dump "$T/d.st"
+# nor a file that a directory output writes, nor the directory itself
+mkdir -p "$T/ck2" "$T/ex2" "$T/hta2"
+expect_error "--trace $T/ck2/step_000001.safetensors: the run writes that into --checkpoint-dir $T/ck2" \
+    --trace "$T/ck2/step_000001.safetensors" --checkpoint-dir "$T/ck2"
+expect_error "--trace $T/ex2/config.json: the run writes that into --export-hf $T/ex2" \
+    --trace "$T/ex2/config.json" --export-hf "$T/ex2"
+expect_error "--dump $T/ex2/model.safetensors: the run writes that into --export-hf $T/ex2" \
+    --dump "$T/ex2/model.safetensors" --export-hf "$T/ex2"
+expect_error "--trace-json $T/hta2/rank0.json: the run writes that into --trace-hta $T/hta2" \
+    --trace-json "$T/hta2/rank0.json" --trace-hta "$T/hta2"
+expect_error "--grad-dump $T/gx: the run writes that into --export-hf $T/gx" --grad-dump "$T/gx" --export-hf "$T/gx"
 # An entry the run will write into an output directory, but that is not a regular file.
 mkdir -p "$T/ckd/step_000001.safetensors" "$T/exd/config.json"
 expect_error "--checkpoint-dir $T/ckd: $T/ckd/step_000001.safetensors is a directory; the run would write it" \

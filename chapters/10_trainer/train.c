@@ -181,7 +181,7 @@ static const ArgSpec FLAGS[] = {
      .value_name = ""},
     {"comm-timeout", ARG_DOUBLE, &opt.comm_timeout, NULL,
      "seconds before a stuck collective ends the run (default: 300 until two steps are measured, then "
-     "max(60, 10 x the slowest step); common/COMM.md)", .min = 0.1, .max = UNBOUNDED},
+     "max(60, 10 x the slowest step); common/COMM.md)", .min = 0.1, .max = 1e9},  // 1e9 s in ns fits an int64
     {"mesh-dot", ARG_STRING, &opt.mesh_dot, NULL, "write the device mesh as a Graphviz diagram", .value_name = "FILE"},
     {"model-info", ARG_BOOL, &opt.model_info, NULL, "print the config, parameter count and FLOPs per token, and exit", .value_name = ""},
 };
@@ -244,6 +244,37 @@ typedef struct {
     const char *flag, *path;
 } FlagPath;
 
+// A directory output and a pattern of the names the run writes in it: prefix...suffix.
+typedef struct {
+    const char *flag, *dir, *prefix, *suffix;
+} DirOutput;
+
+// Whether path names what d's directory will hold: the directory itself, or a file of its pattern in it.
+static bool written_by(const DirOutput *d, const char *path) {
+    if (fileio_same_file(path, d->dir)) return true;
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t n = strlen(base), np = strlen(d->prefix), ns = strlen(d->suffix);
+    if (strncmp(base, d->prefix, np) != 0 || n < np + ns || strcmp(base + n - ns, d->suffix) != 0) return false;
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
+    return fileio_same_file(parent, d->dir);
+}
+
+// An output file may not be a file that a directory output writes (checkpoints, the Hugging Face
+// export, the per-rank traces for HTA): one of the two would be lost.
+static void check_not_written_by_dir_outputs(const char *flag, const char *path) {
+    const DirOutput dirs[] = {
+        {"checkpoint-dir", opt.checkpoint_dir, "step_", ""},  // step_N.safetensors, its .fp8, temporaries
+        {"export-hf", opt.export_hf, "config.json", ""},      {"export-hf", opt.export_hf, "model", ".safetensors"},
+        {"export-hf", opt.export_hf, "model", ".json"},        // model.safetensors.index.json
+        {"trace-hta", opt.trace_hta, "rank", ".json"},         {"trace-hta", opt.trace_hta, ".merged.json.part", ""},
+    };
+    for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++)
+        if (dirs[d].dir && written_by(&dirs[d], path))
+            fatal_input("--%s %s: the run writes that into --%s %s; one of the two outputs would be lost", flag, path,
+                        dirs[d].flag, dirs[d].dir);
+}
+
 // No output file may be one of the run's inputs (it would overwrite what the run reads: the
 // training text, the checkpoint it resumes from, the checkpoint it starts from) or another output
 // (one of the two would be lost); --export-hf may not write over --init-from's checkpoint.
@@ -277,6 +308,8 @@ static void check_outputs_distinct(void) {
     }
     if (opt.export_hf && init_dir && fileio_same_file(opt.export_hf, init_dir))
         fatal_input("--export-hf %s: is the checkpoint --init-from reads; export to another directory", opt.export_hf);
+    for (int o = 0; o < N_OUTPUTS; o++)
+        if (outputs[o].path) check_not_written_by_dir_outputs(outputs[o].flag, outputs[o].path);
 }
 
 static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {

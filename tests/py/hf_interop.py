@@ -300,6 +300,10 @@ def bad_files(chk, build, tmp, single_dir, sharded_dir):
                edit_config(lambda c: c.pop("hidden_size")), 'missing key "hidden_size"')
     expect_bad(chk, build, tmp, "shape mismatch", single_dir,
                edit_config(lambda c: c.update(intermediate_size=128)), "shape [96, 64], expected [128, 64]")
+    expect_bad(chk, build, tmp, "negative rms_norm_eps", single_dir,
+               edit_config(lambda c: c.update(rms_norm_eps=-1)), '"rms_norm_eps" -1 must be positive')
+    expect_bad(chk, build, tmp, "zero rope_theta", single_dir,
+               edit_config(lambda c: c.update(rope_theta=0)), 'config.json: "rope_theta" 0 must be positive')
     expect_bad(chk, build, tmp, "unsupported rope scaling", single_dir,
                edit_config(lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0})),
                'unsupported rope_scaling type "yarn"')
