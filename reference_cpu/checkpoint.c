@@ -120,10 +120,11 @@ static void note_schedule_change(const StFile *f, const RunIdentity *run) {
         log_info("resume: the schedule changes from \"%s\" (checkpoint) to \"%s\"", schedule, run->schedule);
 }
 
-long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v, const RunIdentity *run) {
+// The checks of checkpoint_load that need only the header: format, dtype, the model's shape, the
+// run's identity and the step. Returns the step.
+static long long check_header(const StFile *f, const ModelConfig *ours, const RunIdentity *run) {
+    const char *path = st_path(f);
     char err[1024], text[64];
-    StFile *f = st_open(path, err, sizeof err);
-    if (!f) fatal_input("--resume: %s", err);
     if (strcmp(require_metadata(f, "format"), CHECKPOINT_FORMAT) != 0)
         fatal_input("%s: unknown checkpoint format \"%s\"", path, st_metadata(f, "format"));
     expect_same(f, "dtype", REAL_NAME, "dtype");
@@ -131,9 +132,9 @@ long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v
     if (!model_config_from_json(require_metadata(f, "config"), &theirs, err, sizeof err))
         fatal_input("%s: %s", path, err);
     char diff[160];
-    if (!model_config_same_shape(&m->cfg, &theirs, diff, sizeof diff))
+    if (!model_config_same_shape(ours, &theirs, diff, sizeof diff))
         fatal_input("%s: written for model %s, which has a different shape from this run's --model %s (first "
-                    "difference, this run vs the checkpoint: %s)", path, theirs.name, m->cfg.name, diff);
+                    "difference, this run vs the checkpoint: %s)", path, theirs.name, ours->name, diff);
 #define EXPECT_NUMBER(key, fmt, value, flag)   \
     snprintf(text, sizeof text, fmt, value);   \
     expect_same(f, key, text, flag);
@@ -143,7 +144,22 @@ long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v
     EXPECT_NUMBER("total_steps", "%lld", run->total_steps, "--steps");
 #undef EXPECT_NUMBER
     expect_same(f, "data", run->data_spec, "--data");
-    long long step = parse_step(f, run->total_steps);
+    return parse_step(f, run->total_steps);
+}
+
+void checkpoint_check(const char *path, const ModelConfig *cfg, const RunIdentity *run) {
+    char err[1024];
+    StFile *f = st_open_header(path, err, sizeof err);
+    if (!f) fatal_input("--resume: %s", err);
+    check_header(f, cfg, run);
+    st_close(f);
+}
+
+long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v, const RunIdentity *run) {
+    char err[1024];
+    StFile *f = st_open(path, err, sizeof err);
+    if (!f) fatal_input("--resume: %s", err);
+    long long step = check_header(f, &m->cfg, run);
     note_schedule_change(f, run);
     real *buffers[3] = {m->params, adam_m, adam_v};
     char name[PARAM_NAME_MAX + 16];

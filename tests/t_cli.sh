@@ -154,6 +154,13 @@ good="$T/ck/step_000002.safetensors"
 sum_before=$(sha256sum "$good" | cut -d' ' -f1)
 head -c 5000 "$good" > "$T/truncated.safetensors"
 expect_error "truncated.safetensors" --model tiny --steps 2 --batch 2 --resume "$T/truncated.safetensors"
+# ... before any output is written: the diagrams are written once the inputs (data, --resume) are checked
+echo keep > "$T/keep.dot"
+expect_error "truncated.safetensors" --model tiny --steps 2 --batch 2 --resume "$T/truncated.safetensors" \
+    --mesh-dot "$T/keep.dot"
+expect_error "data source 'text:$T/no-such-text'" --model tiny --steps 2 --data "text:$T/no-such-text" \
+    --mesh-dot "$T/keep.dot"
+[ "$(cat "$T/keep.dot")" = keep ] || { echo "FAIL: --mesh-dot was written before the bad input was refused"; failures=$((failures + 1)); }
 printf 'garbage that is not a safetensors file at all' > "$T/garbage.safetensors"
 expect_error "garbage.safetensors" --model tiny --steps 2 --batch 2 --resume "$T/garbage.safetensors"
 expect_error "--seed" --model tiny --steps 2 --batch 2 --seed 7 --resume "$good"

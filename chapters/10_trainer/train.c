@@ -692,7 +692,6 @@ static Mesh *setup_mesh(void) {
                     opt.pp > 1 ? "--pp-microbatches" : "--grad-accum-steps", micro, dp * micro);
     if (opt.dump && (mesh->world_size > 1 || opt.grad_accum_steps > 1))
         fatal_input("--dump: records the single-process reference; run it without mpirun and --grad-accum-steps");
-    if (opt.mesh_dot && mesh->rank == 0) mesh_write_dot(mesh, opt.mesh_dot);
     return mesh;
 }
 
@@ -764,6 +763,16 @@ int main(int argc, char **argv) {
     }
 
     DataSource *data = data_open(opt.data, cfg.vocab_size, t.cp_layout.T, (uint64_t)opt.seed);
+    char schedule_text[128];  // the checkpoint records it; a resume with another one says so
+    snprintf(schedule_text, sizeof schedule_text, "%s, warmup %d, min_lr_ratio %g", opt.lr_decay, opt.warmup_steps,
+             opt.min_lr_ratio);
+    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.cp_layout.T, opt.steps, opt.lr, schedule_text};
+    char resume_path[4096];
+    if (opt.resume) {  // its header now, before the first output is written (the diagrams, below)
+        checkpoint_resolve(opt.resume, resume_path, sizeof resume_path);
+        checkpoint_check(resume_path, &cfg, &run);
+    }
+    if (opt.mesh_dot && t.mesh->rank == 0) mesh_write_dot(t.mesh, opt.mesh_dot);
     // --desync-init: replicas differ (what DDP's broadcast must fix), the ranks of one replica agree
     uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.dp_index : 0);
     ParamSource init = init_checkpoint ? hf_param_source(init_checkpoint) : param_source_seed(init_seed);
@@ -781,16 +790,10 @@ int main(int argc, char **argv) {
     t.full_inputs = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.cp_layout.T);
     t.full_targets = mem_alloc(MEM_OTHER, sizeof(int) * t.micro * t.n_micro * t.cp_layout.T);
 
-    char schedule_text[128];  // the checkpoint records it; a resume with another one says so
-    snprintf(schedule_text, sizeof schedule_text, "%s, warmup %d, min_lr_ratio %g", opt.lr_decay, opt.warmup_steps,
-             opt.min_lr_ratio);
-    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.cp_layout.T, opt.steps, opt.lr, schedule_text};
     long long start_step = 0;
     if (opt.resume) {
-        char path[4096];
-        checkpoint_resolve(opt.resume, path, sizeof path);
-        start_step = load_state(&t, path, &run);
-        log_info("resumed from %s after step %lld", path, start_step);
+        start_step = load_state(&t, resume_path, &run);
+        log_info("resumed from %s after step %lld", resume_path, start_step);
     }
     LrSchedule schedule = {opt.lr, opt.min_lr_ratio, opt.warmup_steps, opt.steps,
                            (LrDecay)args_choice_index(LR_DECAY_NAMES, opt.lr_decay)};
