@@ -15,7 +15,9 @@
 // is not: the rename would put a file in the link's place). NULL when it may.
 static const char *not_replaceable(const char *path) {
     struct stat st;
-    if (lstat(path, &st) != 0 || S_ISREG(st.st_mode)) return NULL;
+    if (lstat(path, &st) != 0) return NULL;
+    // A file without write permission is one its owner protected; a rename would replace it anyway.
+    if (S_ISREG(st.st_mode)) return st.st_mode & 0222 ? NULL : "is read-only, which a rename would replace";
     if (S_ISLNK(st.st_mode)) return "is a symbolic link, which a rename would replace";
     if (S_ISDIR(st.st_mode)) return "is a directory";
     if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "is a device, which a rename would replace";

@@ -78,6 +78,10 @@ echo keep > "$T/link_target"
 ln -sfn "$T/link_target" "$T/link"
 expect_error "--trace-json $T/link: is a symbolic link" --trace-json "$T/link"
 [ -L "$T/link" ] && [ "$(cat "$T/link_target")" = keep ] || { echo "FAIL: the link or its target changed"; failures=$((failures + 1)); }
+# Nor a file without write permission (a rename replaces it whoever runs it: root included).
+echo keep > "$T/read_only" && chmod 444 "$T/read_only"
+expect_error "--grad-dump $T/read_only: is read-only" --grad-dump "$T/read_only"
+[ "$(cat "$T/read_only")" = keep ] || { echo "FAIL: the read-only file changed"; failures=$((failures + 1)); }
 # A FIFO given as an input is refused at once, not waited on (each under a timeout: a hang is a failure).
 for flag in "--data text:$T/fifo" "--data tokens:$T/fifo" "--resume $T/fifo"; do
     err=$(timeout 60 "$TRAIN" $flag 2>&1 >/dev/null); rc=$?
