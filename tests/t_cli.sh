@@ -21,6 +21,11 @@ expect_error "unknown flag" --no-such-flag
 expect_error "--steps abc: not an integer" --steps abc
 expect_error "--steps 0: must be at least 1" --steps 0
 expect_error "--comm-timeout 1e10: must be between 0.1 and 1e+09" --comm-timeout 1e10
+# a flag that means something only with another one, without it
+expect_error "--export-hf-shard-mb: needs --export-hf" --export-hf-shard-mb 1
+expect_error "--compare-rtol: needs --compare" --compare-rtol 0.1
+expect_error "--desync-init: needs --dp-replicate 2 or more" --desync-init
+expect_error "--model-info: prints the model and exits; --trace would be ignored" --model-info --trace "$T/x.pftrace"
 expect_error "--seq-len 0: must be at least 1" --seq-len 0
 expect_error "--batch -3: must be at least 1" --batch -3
 expect_error "--lr nan: not a finite number" --lr nan

@@ -221,6 +221,40 @@ static ModelConfig resolve_config(const ArgSpec *flags, HfCheckpoint **init_chec
     return cfg;
 }
 
+// A mode that does one thing and exits (what says what it does) refuses every flag but the ones
+// it uses (NULL-terminated): a flag of the training run would be ignored.
+static void refuse_flags_but(const ArgSpec *flags, const char *const *used, const char *what) {
+    for (int i = 0; i < N_FLAGS; i++) {
+        bool is_used = false;
+        for (int u = 0; used[u]; u++) is_used |= strcmp(flags[i].name, used[u]) == 0;
+        if (!is_used && args_given(flags, N_FLAGS, flags[i].name))
+            fatal_input("%s; --%s would be ignored (leave it out)", what, flags[i].name);
+    }
+}
+
+// Flags that mean something only with another one are refused without it: they would be ignored.
+// (--bucket-mb and --no-overlap, which change when communication happens and not the numbers, are
+// accepted by every layout, so that one set of flags can run them all.)
+static void check_flags_that_need_others(const ArgSpec *flags) {
+    const struct {
+        const char *flag;
+        bool has_effect;
+        const char *needs;
+    } rules[] = {
+        {"export-hf-shard-mb", opt.export_hf != NULL, "--export-hf"},
+        {"compare-rtol", opt.compare != NULL, "--compare"},
+        {"desync-init", opt.dp_replicate > 1 || opt.dp_shard > 1,  // with --dp-shard: refused with the reason, later
+         "--dp-replicate 2 or more (the replicas it makes differ)"},
+    };
+    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
+        if (!rules[i].has_effect && args_given(flags, N_FLAGS, rules[i].flag))
+            fatal_input("--%s: needs %s; without it the flag would be ignored", rules[i].flag, rules[i].needs);
+    if (opt.model_info) {
+        static const char *const used[] = {"model-info", "model", "n-layers", "rope-theta", "seq-len", "init-from", NULL};
+        refuse_flags_but(flags, used, "--model-info: prints the model and exits");
+    }
+}
+
 static void print_model_info(const ModelConfig *c, int seq_len) {
     log_info("model %s: dim %d, layers %d, heads %d, kv heads %d, head dim %d, ffn %d, vocab %d, %s, rope theta %g",
              c->name, c->dim, c->n_layers, c->n_heads, c->n_kv_heads, model_head_dim(c), c->ffn_dim,
@@ -705,17 +739,13 @@ int main(int argc, char **argv) {
     if (cuda) trainer_cuda_start(argv);  // before MPI starts: the GPU build takes over, or checks its settings
     matmul_set_backend((MatmulBackend)args_choice_index(MATMUL_BACKEND_NAMES, opt.matmul));
     AttentionImpl attention = (AttentionImpl)args_choice_index(ATTENTION_IMPL_NAMES, opt.attention);
-    if (opt.compare) {  // a check of a dump, then exit: a flag of the training run would be ignored
-        const char *used[] = {"compare", "compare-rtol", "attention", "matmul"};
-        for (int i = 0; i < N_FLAGS; i++) {
-            bool is_used = false;
-            for (size_t u = 0; u < sizeof used / sizeof used[0]; u++) is_used |= strcmp(flags[i].name, used[u]) == 0;
-            if (!is_used && args_given(flags, N_FLAGS, flags[i].name))
-                fatal_input("--compare: checks a dump and exits; --%s would be ignored (leave it out)", flags[i].name);
-        }
+    if (opt.compare) {  // a check of a dump, then exit
+        static const char *const used[] = {"compare", "compare-rtol", "attention", "matmul", NULL};
+        refuse_flags_but(flags, used, "--compare: checks a dump and exits");
         return dump_compare(opt.compare, attention, opt.compare_rtol);
     }
 
+    check_flags_that_need_others(flags);
     HfCheckpoint *init_checkpoint;
     ModelConfig cfg = resolve_config(flags, &init_checkpoint);
     print_model_info(&cfg, opt.seq_len);
