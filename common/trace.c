@@ -1144,6 +1144,11 @@ bool trace_write_json_ranks(const char *path, const TraceRankInput *ranks, int n
 // Single-process convenience
 // ================================================================================================
 
+void trace_report_write_error(const char *path, const char *err) {
+    if (strncmp(err, path, strlen(path)) == 0) fprintf(stderr, "trace: %s\n", err);
+    else fprintf(stderr, "trace: %s: %s\n", path, err);
+}
+
 static bool write_local(const char *path, bool json) {
     char err[512];
     lock_buffer();
@@ -1156,7 +1161,7 @@ static bool write_local(const char *path, bool json) {
     else
         ok = trace_write_pftrace_ranks(path, &input, 1, err, sizeof err);
     unlock_buffer();
-    if (!ok) fprintf(stderr, "trace: %s: %s\n", path, err);
+    if (!ok) trace_report_write_error(path, err);
     return ok;
 }
 

@@ -106,3 +106,6 @@ bool trace_write_json_ranks(const char *path, const TraceRankInput *ranks, int n
 // This process's buffer alone, offset 0; failures are printed on stderr.
 bool trace_write_pftrace(const char *path);
 bool trace_write_json(const char *path);
+// A failed write as one line on stderr: "trace: <err>", with the path in front when err does not
+// begin with it (the file layer's messages do).
+void trace_report_write_error(const char *path, const char *err);

@@ -174,7 +174,7 @@ static bool write_one(RankWriter writer, const char *path, const TraceRankInput 
     if (!path) return true;
     char err[512];
     if (writer(path, inputs, n, err, sizeof err)) return true;
-    fprintf(stderr, "trace: %s: %s\n", path, err);
+    trace_report_write_error(path, err);
     return false;
 }
 

@@ -64,13 +64,13 @@ static void add_param_tensors(StWriter *w, const Model *m, const char *prefix, c
     }
 }
 
-void dump_write_flat(const Model *m, const char *prefix, const real *flat, const char *path) {
+void dump_write_flat(const Model *m, const char *prefix, const real *flat, const char *path, const char *flag) {
     char err[1024];
     StWriter *w = st_writer_new();
     add_param_tensors(w, m, prefix, flat);
     char *config = model_config_to_json(&m->cfg);
     if (!st_writer_add_metadata(w, "config", config, err, sizeof err) || !st_write(w, path, err, sizeof err))
-        fatal("%s: %s", path, err);
+        fatal("%s: %s", flag, err);  // err names the file
     free(config);
     st_writer_free(w);
 }

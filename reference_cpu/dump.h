@@ -30,7 +30,7 @@ void dump_record_step(DumpRecorder *d, const Model *m, const ModelActs *acts, lo
 void dump_write(DumpRecorder *d, const Model *m, const char *path);  // also frees the recorder
 // One flat buffer in m's table layout as safetensors "<prefix><name>" (real dtype), e.g. the
 // step-1 gradients of a parallel run (train --grad-dump), to compare with a dump's "grad." tensors.
-void dump_write_flat(const Model *m, const char *prefix, const real *flat, const char *path);
+void dump_write_flat(const Model *m, const char *prefix, const real *flat, const char *path, const char *flag);
 
 // Loads a dump (ours or another implementation's, F32 or F64), runs step 1 of the reference on its
 // inputs and weights, and prints for logits, loss and every gradient: max abs error, max relative

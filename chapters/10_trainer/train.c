@@ -490,7 +490,7 @@ static void grad_dump_after_gradients(void *ctx, Trainer *t, const StepBatch *b,
     real *full = mem_alloc(MEM_OTHER, sizeof(real) * whole.table.total_numel);
     trainer_full_state(t, STATE_GRADS, full);
     if (t->mesh->rank == 0) {
-        dump_write_flat(&whole, "grad.", full, path);
+        dump_write_flat(&whole, "grad.", full, path, "--grad-dump");
         log_info("step-1 gradients written to %s", path);
     }
     mem_free(full);
