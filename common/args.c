@@ -60,7 +60,8 @@ static void set_value(const ArgSpec *s, const char *text) {
     case ARG_INT:
     case ARG_LONG: {
         long long v = strtoll(text, &end, 10);
-        if (errno || end == text || *end) fatal_input("--%s %s: not an integer", s->name, text);
+        if (end == text || *end) fatal_input("--%s %s: not an integer", s->name, text);
+        if (errno == ERANGE) fatal_input("--%s %s: out of range for a 64-bit integer", s->name, text);
         if (s->type == ARG_INT && (v < -2147483647LL || v > 2147483647LL))
             fatal_input("--%s %s: out of range for an int", s->name, text);
         check_range(s, text, (double)v);
@@ -70,7 +71,9 @@ static void set_value(const ArgSpec *s, const char *text) {
     }
     case ARG_DOUBLE: {
         double v = strtod(text, &end);
-        if (errno || end == text || *end || !isfinite(v)) fatal_input("--%s %s: not a finite number", s->name, text);
+        if (end == text || *end || !isfinite(v)) fatal_input("--%s %s: not a finite number", s->name, text);
+        if (errno == ERANGE)  // a finite result with ERANGE: below the smallest double
+            fatal_input("--%s %s: too small for a double (use 0, or a larger value)", s->name, text);
         check_range(s, text, v);
         *(double *)s->dest = v;
         break;

@@ -29,6 +29,8 @@ expect_error "--model-info: prints the model and exits; --trace would be ignored
 expect_error "--seq-len 0: must be at least 1" --seq-len 0
 expect_error "--batch -3: must be at least 1" --batch -3
 expect_error "--lr nan: not a finite number" --lr nan
+expect_error "--lr 1e-400: too small for a double" --lr 1e-400
+expect_error "--seed 99999999999999999999: out of range for a 64-bit integer" --seed 99999999999999999999
 expect_error "--model gpt5: must be one of" --model gpt5
 expect_error "--attention" --attention slow
 expect_error "--steps: needs a value" --steps
