@@ -109,6 +109,10 @@ expect_error "nothing to do"
 expect_error "--trace $TEST_TMP: is a directory" --check --trace "$TEST_TMP"  # before the check runs, not after
 expect_error "--max-bytes 0: must be between" --bench --max-bytes 0
 expect_error "--min-bytes 4096: must not exceed --max-bytes 1024" --bench --min-bytes 4096 --max-bytes 1024
+expect_error "--iters: a setting of --bench, which this run does not do" --check --iters 5
+expect_error "--seed: a setting of --check, which this run does not do" --bench --seed 5
+expect_error "--trace-bytes: a setting of --trace, which this run does not do" --check --trace-bytes 4096
+expect_error "whole float32s, multiples of 4 (5, 67108864, 1048576)" --bench --min-bytes 5
 expect_error "--iters x: not an integer" --bench --iters x
 expect_error "--trace $TEST_TMP/no/such/dir/r.pftrace: directory $TEST_TMP/no/such/dir does not exist" --trace "$TEST_TMP/no/such/dir/r.pftrace"
 echo "t_collectives: OK"

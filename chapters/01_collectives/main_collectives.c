@@ -435,6 +435,18 @@ int main(int argc, char **argv) {
                "Chapter 1: ring all-reduce, reduce-scatter and all-gather from point-to-point transfers, checked "
                "and timed against the built-in collectives. Run under mpirun.");
     if (!opt.check && !opt.bench && !opt.trace) fatal_input("nothing to do: give --check, --bench and/or --trace FILE");
+    // A setting of a mode that does not run would be ignored: refused (each one's help names its mode).
+    static const struct {
+        const char *flag, *mode;
+    } settings[] = {{"seed", "check"},  {"tol-scale", "check"}, {"min-bytes", "bench"},   {"max-bytes", "bench"},
+                    {"factor", "bench"}, {"iters", "bench"},     {"warmup", "bench"},      {"trace-bytes", "trace"},
+                    {"trace-iters", "trace"}};
+    for (size_t i = 0; i < sizeof settings / sizeof settings[0]; i++)
+        if (args_given(FLAGS, N_FLAGS, settings[i].flag) && !args_given(FLAGS, N_FLAGS, settings[i].mode))
+            fatal_input("--%s: a setting of --%s, which this run does not do", settings[i].flag, settings[i].mode);
+    if (opt.min_bytes % 4 || opt.max_bytes % 4 || opt.trace_bytes % 4)
+        fatal_input("--min-bytes, --max-bytes and --trace-bytes: whole float32s, multiples of 4 (%lld, %lld, %lld)",
+                    opt.min_bytes, opt.max_bytes, opt.trace_bytes);
     if (opt.min_bytes > opt.max_bytes)
         fatal_input("--min-bytes %lld: must not exceed --max-bytes %lld", opt.min_bytes, opt.max_bytes);
     fileio_check_output("trace", opt.trace, OUTPUT_FILE);  // now, not after the run
