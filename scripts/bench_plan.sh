@@ -57,7 +57,8 @@ read -r small_us big_us < <(awk '$1 == "all_gather" && $2 == 65536 { s = $9 } $1
     END { print s, b }' "$LOG/coll.txt")
 # t = alpha + S/2 / B for a ring of 2: two sizes give both.
 read -r alpha bw < <(awk -v s="$small_us" -v b="$big_us" 'BEGIN {
-    beta = (b - s) * 1e-6 / ((4194304 - 65536) / 2); printf "%.3e %.4e\n", s * 1e-6 - 32768 * beta, 1 / beta }')
+    beta = (b - s) * 1e-6 / ((4194304 - 65536) / 2); alpha = s * 1e-6 - 32768 * beta
+    printf "%.3e %.4e\n", (alpha > 0 ? alpha : 0), 1 / beta }')  # a noisy pair can make alpha negative: none
 # The compute rate: plan's prediction for the calibration run at 1 GFLOP/s, scaled to the measurement
 # (element-wise ops and AdamW are given an unlimited bandwidth, so the time is FLOPs / rate).
 profile() {  # peak -> JSON

@@ -80,6 +80,12 @@ def main():
     profile["attn_eff"] = 3 * fwd_flops / attn_s / peak
     profile["hbm_bw"] = need(g, "copy_bytes_per_s", args.gemm)
     profile["hbm_bytes"] = need(g, "device_bytes", args.gemm)
+    # A share above 1 means the peak given is below what the device ran: build/plan refuses it.
+    for k in ("gemm_eff", "fp8_gemm_eff", "attn_eff"):
+        if profile.get(k, 0) > 1:
+            print(f"gpu_profile: {k} {profile[k]:.3f} > 1: --peak-tflops {args.peak_tflops} is below what this "
+                  f"device measured; give its dense bf16 peak", file=sys.stderr)
+            sys.exit(2)
     with open(args.out, "w") as f:
         json.dump(profile, f, indent=1)
         f.write("\n")

@@ -12,6 +12,7 @@ BUILD=${BUILD:-build}
 PYTHON=${PYTHON:-$BUILD/venv/bin/python}
 T=${TEST_TMP:?TEST_TMP must name a scratch directory}
 PLAN="$BUILD/plan"
+tps_of() { "$PLAN" "$@" | tail -1 | sed 's/^TPS\/GPU //'; }
 
 expect_bad() {  # WANTED FLAGS...: exit status 2 and exactly one line on stderr containing WANTED
     local want=$1; shift
@@ -38,6 +39,72 @@ expect_bad "--trace $T: is a directory" --trace "$T"  # refused before the simul
 mkfifo "$T/cluster.fifo"
 expect_bad "is not a regular file" --cluster "$T/cluster.fifo"  # refused at once, not waited on
 
+# Sizes whose products wrapped an int (65536 x 65536 = 0, then a division by it: SIGFPE), and the
+# limits that keep every product in range: 10^6 GPUs, 65,536 micro-batches, 2^31 - 1 tokens a step.
+expect_bad "= 4294967296 GPUs: more than 1000000" --dp-shard 65536 --dp-replicate 65536
+expect_bad "= 4294967296 GPUs: more than 1000000" --dp-shard 65536 --dp-replicate 65536 --search --top 1
+expect_bad "--batch must be a multiple of dp-replicate x dp-shard x pp-microbatches" \
+    --pp 2 --pp-microbatches 65536 --dp-shard 65536
+expect_bad "--gpus 0: must be between 1" --dp-shard 65536 --dp-replicate 65536 --search --gpus 0
+expect_bad "--gpus 0: must be between 1" --gpus 0
+expect_bad "--pp-microbatches 65537: must be between 0 and 65536" --pp 2 --pp-microbatches 65537
+expect_bad "= 8589934592 tokens per step: more than 2147483647" --batch 1024 --seq-len 8388608
+# --pp-microbatches 0 is the default (the schedule's count), not a count of 0 to divide by.
+"$PLAN" --search --gpus 8 --pp-microbatches 0 --top 1 >/dev/null || { echo "FAIL: --search --pp-microbatches 0"; exit 1; }
+echo "ok: --search --pp-microbatches 0 searches the micro-batches"
+
+# --fp8 needs FP8 matmuls on the cluster (else every step would take forever: "step inf s") and
+# the GPU precision its model is of. A profile without FP8 stays valid without --fp8.
+expect_bad "--fp8: cluster a100-sxm-ib has no FP8 matmuls (peak_fp8 0, fp8_gemm_eff 0)" --cluster a100-sxm-ib --fp8
+expect_bad "--fp8: cluster cpu has no FP8 matmuls" --cluster cpu --fp8 --search --gpus 8 --top 3
+expect_bad "--fp8: only with --precision mixed" --precision fp32 --fp8
+echo '{"name": "no-fp8", "peak_fp8": 0, "fp8_gemm_eff": 0, "async_tp_hidden": 0, "power_w": 0, "nvlink_lat": 0,
+       "net_lat": 0}' >"$T/no-fp8.json"
+expect_bad "--fp8: cluster no-fp8 has no FP8 matmuls" --cluster "$T/no-fp8.json" --fp8
+for cluster in h100-sxm-ib a100-sxm-ib cpu "$T/no-fp8.json" "$T/no-fp8.json --precision fp32" "h100-sxm-ib --fp8"; do
+    # shellcheck disable=SC2086
+    "$PLAN" --model tiny --batch 4 --seq-len 64 --cluster $cluster >/dev/null ||
+        { echo "FAIL: --cluster $cluster refused"; exit 1; }
+done
+echo "ok: every profile, and a file with the fields that may be 0 at 0, accepted"
+
+# A cluster file: one object, every number finite and physical, name a string.
+bad_cluster() {  # WANTED JSON: the file is refused with WANTED
+    printf '%s\n' "$2" >"$T/c.json"
+    expect_bad "--cluster $T/c.json: $1" --cluster "$T/c.json"
+}
+bad_cluster "hbm_bytes -8e+10: must be positive" '{"hbm_bytes": -80e9}'
+bad_cluster "net_lat -1e-05: must not be negative" '{"net_lat": -10e-6}'
+bad_cluster "nvlink_lat -3e-06: must not be negative" '{"nvlink_lat": -3e-6}'
+bad_cluster "fp8_gemm_eff -0.357: must be in [0, 1]" '{"fp8_gemm_eff": -0.357}'
+bad_cluster "peak_fp8 -1.979e+15: must not be negative" '{"peak_fp8": -1979e12}'
+bad_cluster "gemm_eff 5: must be in (0, 1]" '{"gemm_eff": 5}'
+bad_cluster "attn_eff 0: must be in (0, 1]" '{"attn_eff": 0}'
+bad_cluster "async_tp_hidden 1.5: must be in [0, 1]" '{"async_tp_hidden": 1.5}'
+bad_cluster "peak_bf16 inf: must be a finite number" '{"peak_bf16": 1e999}'
+bad_cluster "net_bw 0: must be positive" '{"net_bw": 0}'
+bad_cluster "power_w -500: must not be negative" '{"power_w": -500}'
+bad_cluster "gpus_per_node 2.5: must be a whole number from 1 to 1000000" '{"gpus_per_node": 2.5}'
+bad_cluster "gpus_per_node 0: must be a whole number" '{"gpus_per_node": 0}'
+bad_cluster "more after the JSON object (at byte 19)" '{"gemm_eff": 0.45} xyz'
+bad_cluster "more after the JSON object (at byte 18)" '{"gemm_eff": 0.45}{"gemm_eff": 0.5}'
+bad_cluster "field name must be a non-empty string" '{"name": 5}'
+bad_cluster "field name must be a non-empty string" '{"name": null}'
+bad_cluster "field gemm_eff given twice" '{"gemm_eff": 0.45, "gemm_eff": 0.5}'
+bad_cluster "unknown field warp_drive" '{"warp_drive": "fast"}'
+printf '{}\n' >"$T/empty.json"  # every field the default profile's
+[ "$(tps_of --cluster "$T/empty.json")" = "$(tps_of)" ] || { echo "FAIL: {} is not the default profile"; exit 1; }
+echo "ok: {} is the default profile"
+
+# --search validates the mesh flags given as a plain run does, before searching.
+expect_bad "--tp must divide the query and key/value heads" --search --tp 3
+expect_bad "--tp must divide the query and key/value heads" --search --gpus 16 --tp 16
+expect_bad "--batch must be a multiple of dp-replicate x dp-shard" --search --dp-shard 3
+expect_bad "--gpus 8: not a multiple of the mesh flags given (pp x dp-replicate x dp-shard x cp x tp = 3)" \
+    --search --gpus 8 --dp-shard 3
+expect_bad "--gpus 16: the mesh has 8" --search --gpus 16 --pp 2 --dp-replicate 1 --dp-shard 2 --cp 1 --tp 2
+expect_bad "--seq-len must be a multiple of 2 x cp" --search --gpus 8 --seq-len 8191
+
 # A cluster file overrides the default profile field by field.
 echo '{"name": "half", "gemm_eff": 0.225, "fp8_gemm_eff": 0.1785, "attn_eff": 0.108}' > "$T/half.json"
 full=$("$PLAN" --dp-shard 8 --batch 16 | sed -n 's/^TPS\/GPU //p')
@@ -60,7 +127,6 @@ echo "ok: trace of 2 pipeline ranks read by trace-summary"
 # zero schedule m v mem step bubble MFU TPS/GPU.
 search_rows() { printf '%s\n' "$1" | awk 'NR > 2 && NF == 15'; }
 field() { local n=$2; set -- $1; eval "echo \${$n}"; }  # ROW N: the row's Nth field
-tps_of() { "$PLAN" "$@" | tail -1 | sed 's/^TPS\/GPU //'; }
 row_flags() {  # one search row -> the plain run's flags
     set -- $1
     printf -- '--pp %s --tp %s --dp-replicate %s --dp-shard %s --cp %s --ac %s' "$1" "$2" "$3" "$4" "$5" "$6"
@@ -74,7 +140,7 @@ check_search() {  # NAME FLAGS...: sorted, within memory, and each of the first 
     s=$("$PLAN" "$@" --search)
     while [ $# -gt 0 ]; do  # the flags without those each row names
         a=$1; shift
-        case $a in --cp | --ac | --zero-stage) shift ;; *) base+=("$a") ;; esac
+        case $a in --pp | --dp-replicate | --dp-shard | --cp | --tp | --ac | --zero-stage) shift ;; *) base+=("$a") ;; esac
     done
     rows=$(search_rows "$s")
     printf '%s\n' "$rows" | awk '{ if (NR > 1 && $15 + 0 > prev + 0) bad = 1; prev = $15; if ($11 + 0 > 89.5) bad = 1 }
@@ -156,6 +222,15 @@ done
     { echo "FAIL: '$row': $tried settings tried, the default gives $default_tps TPS/GPU"; exit 1; }
 echo "ok: search picks ZeRO-$zero $sched with $m micro-batches for pp 8 ($listed TPS/GPU), the best of $tried" \
     "settings (default: $default_tps)"
+# The mesh flags given stay fixed: the rows are the whole search's rows with those sizes, in its order.
+whole=$(search_rows "$search_out")
+check_search "70B on 64 GPUs, --tp 4" --model llama3_70b --gpus 64 --batch 512 --ac full --tp 4
+[ "$(search_rows "$search_out")" = "$(printf '%s\n' "$whole" | awk '$2 == 4')" ] ||
+    { echo "FAIL: --search --tp 4: $search_out"; exit 1; }
+check_search "70B on 64 GPUs, --pp 4 --dp-replicate 1 --dp-shard 2" --model llama3_70b --gpus 64 --batch 512 --ac full \
+    --pp 4 --dp-replicate 1 --dp-shard 2
+[ "$(search_rows "$search_out")" = "$(printf '%s\n' "$whole" | awk '$1 == 4 && $3 == 1 && $4 == 2')" ] ||
+    { echo "FAIL: --search --pp 4 --dp-replicate 1 --dp-shard 2: $search_out"; exit 1; }
 # cp is searched unless given: 8B at 128k on 8 GPUs (Table 2's row) does not fit without it; the
 # fastest mesh has cp > 1, and with --cp 2 every row keeps cp 2.
 "$PLAN" --model llama3_8b --gpus 8 --batch 8 --seq-len 131072 --ac full --fp8 --compile | grep -q "DOES NOT FIT" ||

@@ -2,6 +2,10 @@
 // efficiencies are the only ones fitted (see chapters/11_at_scale/README.md, "Where the numbers
 // come from").
 #include <cjson/cJSON.h>
+#include <ctype.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,36 +33,118 @@ bool cluster_lookup(const char *name, Cluster *c) {
     return false;
 }
 
-#define CLUSTER_DOUBLE_FIELDS(X)                                                                          \
-    X(peak_bf16) X(peak_fp8) X(gemm_eff) X(fp8_gemm_eff) X(attn_eff) X(async_tp_hidden) X(hbm_bw) X(hbm_bytes) X(nvlink_bw) \
-    X(nvlink_lat) X(net_bw) X(net_lat) X(power_w)
+// What each number of a profile may physically be.
+typedef enum {
+    POSITIVE,      // peaks, bandwidths, memory
+    NON_NEGATIVE,  // latencies (0: none), power (informational, 0: unknown), peak_fp8 (0: no FP8)
+    SHARE,         // efficiencies: achieved shares of a peak, in (0, 1]
+    SHARE_OR_ZERO, // fp8_gemm_eff (0: no FP8), async_tp_hidden (0: AsyncTP hides nothing), in [0, 1]
+} FieldRange;
 
-void cluster_load_json(const char *path, Cluster *c) {
+#define CLUSTER_DOUBLE_FIELDS(X)                                                                            \
+    X(peak_bf16, POSITIVE) X(peak_fp8, NON_NEGATIVE) X(gemm_eff, SHARE) X(fp8_gemm_eff, SHARE_OR_ZERO)        \
+    X(attn_eff, SHARE) X(async_tp_hidden, SHARE_OR_ZERO) X(hbm_bw, POSITIVE) X(hbm_bytes, POSITIVE)           \
+    X(nvlink_bw, POSITIVE) X(nvlink_lat, NON_NEGATIVE) X(net_bw, POSITIVE) X(net_lat, NON_NEGATIVE)           \
+    X(power_w, NON_NEGATIVE)
+
+static const struct {
+    const char *name;
+    size_t offset;
+    FieldRange range;
+} FIELDS[] = {
+#define FIELD(field, range) {#field, offsetof(Cluster, field), range},
+    CLUSTER_DOUBLE_FIELDS(FIELD)
+#undef FIELD
+};
+#define N_FIELDS (int)(sizeof FIELDS / sizeof FIELDS[0])
+#define GPUS_PER_NODE -1  // the one int field, in field_index's numbering
+
+static double *field_of(Cluster *c, int i) { return (double *)((char *)c + FIELDS[i].offset); }
+static double field_value(const Cluster *c, int i) { return *(const double *)((const char *)c + FIELDS[i].offset); }
+
+// The rule v breaks, or NULL. Infinity is no peak or bandwidth (it makes every time 0): refused
+// like NaN.
+static const char *range_broken(FieldRange range, double v) {
+    if (!isfinite(v)) return "must be a finite number";
+    switch (range) {
+    case POSITIVE: return v > 0 ? NULL : "must be positive";
+    case NON_NEGATIVE: return v >= 0 ? NULL : "must not be negative";
+    case SHARE: return v > 0 && v <= 1 ? NULL : "must be in (0, 1] (a share of the peak)";
+    case SHARE_OR_ZERO: return v >= 0 && v <= 1 ? NULL : "must be in [0, 1]";
+    }
+    return NULL;
+}
+
+const char *cluster_check(const Cluster *c, char *buf, size_t len) {
+    if (c->gpus_per_node < 1 || c->gpus_per_node > PLAN_MAX_GPUS) {
+        snprintf(buf, len, "gpus_per_node %d: must be a whole number from 1 to %d", c->gpus_per_node, PLAN_MAX_GPUS);
+        return buf;
+    }
+    for (int i = 0; i < N_FIELDS; i++) {
+        double v = field_value(c, i);
+        const char *broken = range_broken(FIELDS[i].range, v);
+        if (broken) return snprintf(buf, len, "%s %g: %s", FIELDS[i].name, v, broken), buf;
+    }
+    return NULL;
+}
+
+// FIELDS' index of a JSON field, GPUS_PER_NODE, or N_FIELDS for an unknown one.
+static int field_index(const char *name) {
+    if (strcmp(name, "gpus_per_node") == 0) return GPUS_PER_NODE;
+    int i = 0;
+    while (i < N_FIELDS && strcmp(FIELDS[i].name, name) != 0) i++;
+    return i;
+}
+
+// One field of the file into c (any but "name"). gpus_per_node is checked before it becomes an int,
+// where 2.5 would silently become 2 and 1e12 would not fit.
+static void set_field(const char *path, const cJSON *f, Cluster *c) {
+    int i = field_index(f->string);
+    if (i == N_FIELDS) fatal_input("--cluster %s: unknown field %s", path, f->string);
+    if (!cJSON_IsNumber(f)) fatal_input("--cluster %s: field %s must be a number", path, f->string);
+    double v = f->valuedouble;
+    if (i != GPUS_PER_NODE) {
+        *field_of(c, i) = v;
+        return;
+    }
+    if (!(v >= 1 && v <= PLAN_MAX_GPUS && v == floor(v)))
+        fatal_input("--cluster %s: gpus_per_node %g: must be a whole number from 1 to %d", path, v, PLAN_MAX_GPUS);
+    c->gpus_per_node = (int)v;
+}
+
+// The file's one object; refuses what follows it (a second object, stray text) instead of
+// ignoring it.
+static cJSON *parse_object(const char *path) {
     char err[256];
     size_t size;
     unsigned char *text = read_whole_file(path, &size, err, sizeof err);
     if (!text) fatal_input("--cluster %s: %s", path, err);
-    cJSON *o = cJSON_ParseWithLength((const char *)text, size);
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts((const char *)text, size, &end, false);
+    size_t rest = o ? (size_t)(end - (const char *)text) : 0;
+    while (o && rest < size && isspace(text[rest])) rest++;
     free(text);
     if (!cJSON_IsObject(o)) fatal_input("--cluster %s: not a JSON object", path);
+    if (rest < size) fatal_input("--cluster %s: more after the JSON object (at byte %zu): one object per file", path, rest);
+    return o;
+}
+
+void cluster_load_json(const char *path, Cluster *c) {
+    cJSON *o = parse_object(path);
     cluster_lookup("h100-sxm-ib", c);
     snprintf(c->name, sizeof c->name, "%s", path);
     for (cJSON *f = o->child; f; f = f->next) {
-        bool known = false;
-        if (strcmp(f->string, "name") == 0 && cJSON_IsString(f)) {
+        for (cJSON *g = o->child; g != f; g = g->next)  // the last would win silently
+            if (strcmp(g->string, f->string) == 0) fatal_input("--cluster %s: field %s given twice", path, f->string);
+        if (strcmp(f->string, "name") != 0) {
+            set_field(path, f, c);
+        } else if (cJSON_IsString(f) && f->valuestring[0]) {
             snprintf(c->name, sizeof c->name, "%s", f->valuestring);
-            continue;
+        } else {
+            fatal_input("--cluster %s: field name must be a non-empty string", path);
         }
-        if (!cJSON_IsNumber(f)) fatal_input("--cluster %s: field %s must be a number", path, f->string);
-        if (strcmp(f->string, "gpus_per_node") == 0) c->gpus_per_node = (int)f->valuedouble, known = true;
-#define SET(field) \
-        if (strcmp(f->string, #field) == 0) c->field = f->valuedouble, known = true;
-        CLUSTER_DOUBLE_FIELDS(SET)
-#undef SET
-        if (!known) fatal_input("--cluster %s: unknown field %s", path, f->string);
     }
     cJSON_Delete(o);
-    if (c->gpus_per_node < 1 || c->peak_bf16 <= 0 || c->gemm_eff <= 0 || c->attn_eff <= 0 || c->hbm_bw <= 0 ||
-        c->nvlink_bw <= 0 || c->net_bw <= 0)
-        fatal_input("--cluster %s: gpus_per_node, peaks, efficiencies and bandwidths must be positive", path);
+    char why[160];
+    if (cluster_check(c, why, sizeof why)) fatal_input("--cluster %s: %s", path, why);
 }

@@ -23,14 +23,18 @@ static struct {
 } opt;
 
 #define UNBOUNDED 1e9
+// The flags that fix a dimension of --search (the rest of the flags are the run's, never searched).
+#define SEARCH_FIXES \
+    "--pp --dp-replicate --dp-shard --cp --tp --zero-stage --pp-schedule --pp-microbatches --pp-virtual-stages --ac"
 static ArgSpec flags[] = {
     {"model", ARG_STRING, &opt.model, "llama3_8b", "model config (the trainer's names)", .value_name = "NAME"},
     {"cluster", ARG_STRING, &opt.cluster, "h100-sxm-ib", "cluster profile: " CLUSTER_NAMES ", or a JSON file", .value_name = "NAME|FILE"},
-    {"gpus", ARG_INT, &opt.gpus, "0", "GPUs in all (0: the mesh's product; else --dp-shard fills the rest)", .min = 0,
-     .max = UNBOUNDED},
+    // No default (0 in opt): the mesh's product. The mesh's own product is checked in mesh_gpus.
+    {"gpus", ARG_INT, &opt.gpus, NULL, "GPUs in all (default: the mesh's product; else --dp-shard fills the rest)",
+     .min = 1, .max = PLAN_MAX_GPUS},
     {"dp-replicate", ARG_INT, &opt.dp_replicate, "1", "data-parallel replicas (DDP, or HSDP's outer dim)", .min = 1,
-     .max = UNBOUNDED},
-    {"dp-shard", ARG_INT, &opt.dp_shard, "1", "data-parallel shards (FSDP)", .min = 1, .max = UNBOUNDED},
+     .max = PLAN_MAX_GPUS},
+    {"dp-shard", ARG_INT, &opt.dp_shard, "1", "data-parallel shards (FSDP)", .min = 1, .max = PLAN_MAX_GPUS},
     {"cp", ARG_INT, &opt.cp, "1", "context-parallel ranks (ring attention)", .min = 1, .max = 1024},
     {"tp", ARG_INT, &opt.tp, "1", "tensor-parallel ranks (with sequence parallelism)", .min = 1, .max = 1024},
     {"pp", ARG_INT, &opt.pp, "1", "pipeline ranks", .min = 1, .max = 1024},
@@ -43,7 +47,7 @@ static ArgSpec flags[] = {
     {"zero-stage", ARG_INT, &opt.zero_stage, "3", "ZeRO stage of the shard group", .min = 1, .max = 3},
     {"pp-schedule", ARG_CHOICE, &opt.schedule, "1F1B", "pipeline schedule", .choices = PP_SCHEDULE_NAMES},
     {"pp-microbatches", ARG_INT, &opt.microbatches, "0", "micro-batches per step (0: pp, or 2 pp interleaved)",
-     .min = 0, .max = UNBOUNDED},
+     .min = 0, .max = PLAN_MAX_MICROBATCHES},
     {"pp-virtual-stages", ARG_INT, &opt.virtual_stages, "0", "chunks per pipeline rank (0: 1, or 2 interleaved)",
      .min = 0, .max = 64},
     {"fp8", ARG_BOOL, &opt.fp8, NULL, "matmuls in FP8 (Float8 training)", .choices = NULL},
@@ -52,16 +56,42 @@ static ArgSpec flags[] = {
     {"precision", ARG_CHOICE, &opt.precision, "mixed", "mixed: bf16 compute, fp32 master/grads/AdamW; fp32: the CPU trainer",
      .choices = "mixed|fp32"},
     {"trace", ARG_STRING, &opt.trace, NULL, "write the simulated step as a Perfetto trace", .value_name = "FILE"},
-    {"search", ARG_BOOL, &opt.search, NULL, "list the meshes that fit on --gpus, fastest first, each with its best ZeRO stage, schedule, micro-batches and --ac (flags given stay fixed)", .choices = NULL},
+    {"search", ARG_BOOL, &opt.search, NULL,
+     "list the meshes that fit on --gpus, fastest first, each with its best ZeRO stage, schedule, micro-batches and "
+     "--ac; each of " SEARCH_FIXES " given stays fixed", .choices = NULL},
     {"top", ARG_INT, &opt.top, "0", "with --search: list only the N fastest (0: all)", .min = 0, .max = UNBOUNDED},
 };
 #define N_FLAGS (int)(sizeof flags / sizeof flags[0])
 
 static Cluster load_cluster(void) {
     Cluster c;
-    if (cluster_lookup(opt.cluster, &c)) return c;
+    if (cluster_lookup(opt.cluster, &c)) {
+        char why[160];  // the built-in profiles keep the rules a file must: a slip there is a bug, not bad input
+        if (cluster_check(&c, why, sizeof why)) fatal("profile %s: %s", c.name, why);
+        return c;
+    }
     if (strchr(opt.cluster, '.') || strchr(opt.cluster, '/')) return cluster_load_json(opt.cluster, &c), c;
     fatal_input("--cluster %s: not a profile (%s) nor a .json file", opt.cluster, CLUSTER_NAMES);
+}
+
+// The GPUs of the mesh flags, refused above PLAN_MAX_GPUS. In double, where the product of five
+// flags (up to 10^6 x 10^6 x 1024^3) cannot wrap as it would in an int (65536 x 65536 = 0) or
+// even a long; exact up to 2^53, and any larger product is refused anyway.
+static int mesh_gpus(const PlanConfig *p) {
+    double n = (double)p->pp * p->dp_replicate * p->dp_shard * p->cp * p->tp;
+    if (n > PLAN_MAX_GPUS)
+        fatal_input("pp x dp-replicate x dp-shard x cp x tp = %d x %d x %d x %d x %d = %.0f GPUs: more than %d", p->pp,
+                    p->dp_replicate, p->dp_shard, p->cp, p->tp, n, PLAN_MAX_GPUS);
+    return (int)n;
+}
+
+// The tokens of a step, refused above PLAN_MAX_TOKENS (a micro-batch's tokens are an int in the
+// model's shapes: 1024 x 8M tokens would wrap and shrink the activations counted).
+static void check_tokens(const PlanConfig *p) {
+    long long tokens = (long long)p->batch * p->seq_len;
+    if (tokens > PLAN_MAX_TOKENS)
+        fatal_input("--batch %d x --seq-len %d = %lld tokens per step: more than %lld", p->batch, p->seq_len, tokens,
+                    PLAN_MAX_TOKENS);
 }
 
 static PlanConfig config_from_flags(void) {
@@ -70,7 +100,10 @@ static PlanConfig config_from_flags(void) {
         fatal_input("--model %s: unknown (one of %s)", opt.model, MODEL_CONFIG_NAMES);
     p.seq_len = opt.seq_len ? opt.seq_len : p.model.max_seq_len;
     model_config_validate(&p.model, p.seq_len);
+    p.batch = opt.batch;
+    check_tokens(&p);
     p.dp_replicate = opt.dp_replicate, p.dp_shard = opt.dp_shard, p.cp = opt.cp, p.tp = opt.tp, p.pp = opt.pp;
+    mesh_gpus(&p);  // from here on every product of the mesh's sizes fits an int
     if (opt.gpus) {
         long rest = (long)p.dp_replicate * p.cp * p.tp * p.pp;
         if (!args_given(flags, N_FLAGS, "dp-shard") && !opt.search) {
@@ -80,7 +113,6 @@ static PlanConfig config_from_flags(void) {
             fatal_input("--gpus %d: the mesh has %ld", opt.gpus, rest * p.dp_shard);
         }
     }
-    p.batch = opt.batch;
     p.ac = (ActCheckpoint)args_choice_index(AC_MODE_NAMES, opt.ac);
     p.sac_mm_share = opt.sac_mm_share;
     p.zero_stage = opt.zero_stage;
@@ -90,12 +122,26 @@ static PlanConfig config_from_flags(void) {
     p.microbatches = opt.microbatches ? opt.microbatches : p.pp * (interleaved ? 2 : 1);
     p.fp8 = opt.fp8, p.compile = opt.compile, p.async_tp = opt.async_tp;
     bool fp32 = strcmp(opt.precision, "fp32") == 0;
+    // The FP8 model is Float8 training on GPUs: matmuls at the FP8 peak, casts that read bf16
+    // inputs. fp32 is the CPU trainer, whose --fp8 emulates FP8 with fp32 matmuls: nothing here
+    // would predict it.
+    if (p.fp8 && fp32)
+        fatal_input("--fp8: only with --precision mixed (the FP8 model casts bf16 inputs; fp32 is the CPU trainer, "
+                    "whose FP8 is emulated in fp32 matmuls)");
     // mixed: bf16 activations and gathered weights; fp32 master weights, gradients (reduced in
     // fp32, as torchtitan does) and AdamW m, v. fp32: the CPU trainer, one copy of everything.
     p.act_bytes = fp32 ? 4 : 2;
     p.master_bytes = 4, p.grad_bytes = 4, p.optim_bytes = 8;
     p.working_bytes = fp32 ? 0 : 2;
     return p;
+}
+
+// --fp8 runs the matmuls at peak_fp8 x fp8_gemm_eff: a cluster without FP8 (an A100, a CPU) would
+// make every step infinitely long.
+static void check_fp8(const PlanConfig *p, const Cluster *c) {
+    if (p->fp8 && (c->peak_fp8 <= 0 || c->fp8_gemm_eff <= 0))
+        fatal_input("--fp8: cluster %s has no FP8 matmuls (peak_fp8 %g, fp8_gemm_eff %g)", c->name, c->peak_fp8,
+                    c->fp8_gemm_eff);
 }
 
 static const double GiB = 1073741824.0;
@@ -118,12 +164,13 @@ static void print_plan(const PlanConfig *p, const Cluster *c) {
     printf("TPS/GPU %.0f\n", t.tps_per_gpu);
 }
 
-// --search: every mesh of --gpus ranks over (pp, dp_replicate, dp_shard, cp, tp), tp within a node,
-// cp tried at each power of two unless --cp is given. Each mesh is listed with the fastest of its
-// settings that fits, among: ZeRO stage 1, 2 or 3 where there is a shard group (unless
-// --zero-stage is given); for pp > 1, 1F1B and interleaved 1F1B with 2 chunks a rank (unless
-// --pp-schedule is given), at each micro-batch count pp x 2^k dividing the rank's batch (unless
-// --pp-microbatches is given); and the lightest checkpointing that fits, none, then selective,
+// --search: every mesh of --gpus ranks over (pp, dp_replicate, dp_shard, cp, tp): each of pp,
+// dp_replicate, cp and tp at the value given, else at each power of two (tp within a node, pp up
+// to 64), and dp_shard the rest (only meshes where that is the value given, when given). Each
+// mesh is listed with the fastest of its settings that fits, among: ZeRO stage 1, 2 or 3 where
+// there is a shard group (unless --zero-stage is given); for pp > 1, 1F1B and interleaved 1F1B
+// with 2 chunks a rank (unless --pp-schedule is given), at each micro-batch count pp x 2^k
+// dividing the rank's batch, up to PLAN_MAX_MICROBATCHES (unless --pp-microbatches is given); and the lightest checkpointing that fits, none, then selective,
 // then full (unless --ac is given: recomputing only adds compute, so a lighter policy that fits
 // is never slower). Between settings as fast, the one needing less memory. The batch and the rest
 // stay as given.
@@ -146,6 +193,17 @@ static int by_tps(const void *a, const void *b) {
 }
 
 static bool flag_given(const char *name) { return args_given(flags, N_FLAGS, name); }
+// --pp-microbatches 0 is its default (the schedule's own count), not a count to hold the search to.
+static bool microbatches_fixed(void) { return opt.microbatches > 0; }
+
+// The sizes --search tries for a mesh dimension: the flag's value when given, else each power of
+// two up to limit (at most PLAN_MAX_GPUS: 20 of them). Returns how many.
+static int sizes_to_try(const char *flag, int given, int limit, int out[32]) {
+    if (flag_given(flag)) return out[0] = given, 1;
+    int n = 0;
+    for (int size = 1; size <= limit; size *= 2) out[n++] = size;
+    return n;
+}
 
 // The schedules a mesh with pp pipeline ranks is tried with; returns how many.
 static int schedules_to_try(const PlanConfig *base, int pp, PpScheduleKind out[2]) {
@@ -193,7 +251,8 @@ static bool best_settings(const PlanConfig *mesh, const Cluster *c, Candidate *b
         p.virtual_stages = interleaved ? (opt.virtual_stages ? opt.virtual_stages : 2) : 1;
         int m_first = mesh->pp, m_last = rank_batch;
         if (mesh->pp == 1) m_first = m_last = 1;
-        else if (flag_given("pp-microbatches")) m_first = m_last = opt.microbatches;
+        else if (microbatches_fixed()) m_first = m_last = opt.microbatches;
+        if (m_last > PLAN_MAX_MICROBATCHES) m_last = PLAN_MAX_MICROBATCHES;
         for (int m = m_first; m <= m_last; m *= 2)
             for (int z = 0; z < n_stages; z++) {  // innermost, with the checkpointing: the same schedule
                 p.microbatches = m, p.zero_stage = stages[z];
@@ -224,19 +283,52 @@ static void print_candidates(const Candidate *found, int n) {
     }
 }
 
+// Refuses, before searching, what no mesh of the search could run: the mesh flags given must divide
+// --gpus (all five given: make it), and the flags given, with every searched dimension at its
+// smallest (1; m = pp, 1F1B unless --pp-schedule is given), must pass plan_check, with the plain
+// run's message. Each of its rules only gets stricter as the searched dimensions grow (more
+// data-parallel ranks or micro-batches to divide the batch by, smaller micro-batches to divide
+// over tp, more stages), so a flag that breaks one here breaks it in every mesh.
+static void check_search_flags(const PlanConfig *base, int gpus) {
+    const char *mesh_flags[] = {"pp", "dp-replicate", "dp-shard", "cp", "tp"};
+    int fixed = 0, all_fixed = 1;
+    for (int i = 0; i < 5; i++) fixed += flag_given(mesh_flags[i]), all_fixed &= flag_given(mesh_flags[i]);
+    int given = plan_gpus(base);  // the dimensions not given are 1
+    if (fixed && gpus % given)
+        fatal_input("--gpus %d: not a multiple of the mesh flags given (pp x dp-replicate x dp-shard x cp x tp = %d)",
+                    gpus, given);
+    if (all_fixed && given != gpus) fatal_input("--gpus %d: the mesh has %d", gpus, given);
+    PlanConfig least = *base;
+    if (least.pp == 1 || !flag_given("pp-schedule")) least.schedule = PP_1F1B;  // as schedules_to_try's first
+    bool interleaved = least.schedule == PP_INTERLEAVED_1F1B;
+    least.virtual_stages = interleaved ? (opt.virtual_stages ? opt.virtual_stages : 2) : 1;
+    least.microbatches = least.pp == 1 ? 1 : microbatches_fixed() ? opt.microbatches : least.pp;
+    const char *err = plan_check(&least);
+    if (err) fatal_input("%s", err);
+}
+
 static void search(const PlanConfig *base, const Cluster *c) {
-    int gpus = opt.gpus ? opt.gpus : plan_gpus(base), cp_max = flag_given("cp") ? base->cp : gpus;
+    int gpus = opt.gpus ? opt.gpus : plan_gpus(base);
+    check_search_flags(base, gpus);
+    int tps[32], cps[32], pps[32], reps[32];
+    int n_tp = sizes_to_try("tp", base->tp, c->gpus_per_node < gpus ? c->gpus_per_node : gpus, tps);
+    int n_cp = sizes_to_try("cp", base->cp, gpus, cps);
+    int n_pp = sizes_to_try("pp", base->pp, 64 < gpus ? 64 : gpus, pps);
+    int n_rep = sizes_to_try("dp-replicate", base->dp_replicate, gpus, reps);
     Candidate *found = NULL;
     int n = 0, tried = 0;
-    for (int tp = 1; tp <= c->gpus_per_node && tp <= gpus; tp *= 2)
-        for (int cp = flag_given("cp") ? base->cp : 1; cp <= cp_max && cp * tp <= gpus; cp *= 2)
-            for (int pp = 1; pp <= 64 && pp * cp * tp <= gpus; pp *= 2)
-                for (int rep = 1; rep * pp * cp * tp <= gpus; rep *= 2) {
-                    long rest = (long)tp * cp * pp * rep;
-                    if (gpus % rest) continue;
+    // Products in 64 bits: each factor is at most PLAN_MAX_GPUS, and a partial product over gpus
+    // is dropped before it is multiplied again.
+    for (int i = 0; i < n_tp; i++)
+        for (int j = 0; j < n_cp; j++)
+            for (int k = 0; k < n_pp; k++)
+                for (int l = 0; l < n_rep; l++) {
+                    long long rest = (long long)tps[i] * cps[j];
+                    if (rest > gpus || (rest *= pps[k]) > gpus || (rest *= reps[l]) > gpus || gpus % rest) continue;
                     PlanConfig mesh = *base;
-                    mesh.tp = tp, mesh.cp = cp, mesh.pp = pp, mesh.dp_replicate = rep;
+                    mesh.tp = tps[i], mesh.cp = cps[j], mesh.pp = pps[k], mesh.dp_replicate = reps[l];
                     mesh.dp_shard = (int)(gpus / rest);
+                    if (flag_given("dp-shard") && mesh.dp_shard != base->dp_shard) continue;
                     bool valid = false;
                     Candidate best;
                     bool fits = best_settings(&mesh, c, &best, &valid);
@@ -246,11 +338,13 @@ static void search(const PlanConfig *base, const Cluster *c) {
                     found[n++] = best;
                 }
     qsort(found, (size_t)n, sizeof(Candidate), by_tps);
-    printf("%s on %d GPUs of %s, batch %d x %d%s%s: %d of %d meshes fit in %.1f GiB (searched:%s%s%s%s%s)\n",
+    printf("%s on %d GPUs of %s, batch %d x %d%s%s: %d of %d meshes fit in %.1f GiB (searched:%s%s%s%s%s%s%s%s%s)\n",
            base->model.name, gpus, c->name, base->batch, base->seq_len, base->fp8 ? ", fp8" : "",
-           base->compile ? ", compile" : "", n, tried, c->hbm_bytes / GiB, flag_given("cp") ? "" : " cp",
-           flag_given("ac") ? "" : " ac", flag_given("zero-stage") ? "" : " zero",
-           flag_given("pp-schedule") ? "" : " schedule", flag_given("pp-microbatches") ? "" : " m");
+           base->compile ? ", compile" : "", n, tried, c->hbm_bytes / GiB, flag_given("pp") ? "" : " pp",
+           flag_given("dp-replicate") ? "" : " dp_rep", flag_given("dp-shard") ? "" : " dp_shard",
+           flag_given("cp") ? "" : " cp", flag_given("tp") ? "" : " tp", flag_given("ac") ? "" : " ac",
+           flag_given("zero-stage") ? "" : " zero", flag_given("pp-schedule") ? "" : " schedule",
+           microbatches_fixed() ? "" : " m");
     print_candidates(found, opt.top && opt.top < n ? opt.top : n);
     if (n) printf("TPS/GPU %.0f\n", found[0].t.tps_per_gpu);
     free(found);
@@ -262,6 +356,7 @@ int main(int argc, char **argv) {
     fileio_check_output("trace", opt.trace, OUTPUT_FILE);
     Cluster c = load_cluster();
     PlanConfig p = config_from_flags();
+    check_fp8(&p, &c);
     if (flag_given("top") && !opt.search) fatal_input("--top: only with --search");
     if (opt.search) {
         if (opt.trace) fatal_input("--trace: not with --search");

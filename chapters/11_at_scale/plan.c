@@ -24,10 +24,11 @@ const char *plan_check(const PlanConfig *p) {
     const ModelConfig *c = &p->model;
     if (c->n_heads % p->tp || c->n_kv_heads % p->tp || c->ffn_dim % p->tp || c->vocab_size % p->tp)
         return "--tp must divide the query and key/value heads, the FFN size and the vocabulary";
-    if (p->batch % (dp_size(p) * p->microbatches))
+    // 64-bit: a data-parallel size of up to PLAN_MAX_GPUS times the micro-batches passes 2^31.
+    if (p->batch % ((long long)dp_size(p) * p->microbatches))
         return "--batch must be a multiple of dp-replicate x dp-shard x pp-microbatches";
     if (p->seq_len % (2 * p->cp)) return "--seq-len must be a multiple of 2 x cp (zigzag chunks)";
-    if (p->tp > 1 && (p->batch / dp_size(p) / p->microbatches) * (p->seq_len / p->cp) % p->tp)
+    if (p->tp > 1 && (long long)micro_batch(p) * (p->seq_len / p->cp) % p->tp)
         return "the tokens of a micro-batch must divide over tp (sequence parallel)";
     if (n_stages(p) > c->n_layers) return "pp x pp-virtual-stages must not exceed the model's layers";
     if (p->pp == 1 && p->schedule == PP_INTERLEAVED_1F1B && p->virtual_stages > 1)
@@ -164,7 +165,7 @@ static const PlanSchedule *schedule_of(const PlanConfig *p) {
     if (err) fatal_input("pipeline schedule: %s", err);
     kept.in_flight = calloc((size_t)p->pp, sizeof(int));
     char problem[256];
-    if (!pp_validate(&kept.s, kept.in_flight, problem, sizeof problem)) fatal("plan: invalid schedule: %s", problem);
+    if (!pp_validate(&kept.s, kept.in_flight, problem, sizeof problem)) fatal("invalid schedule: %s", problem);
     kept.kind = p->schedule, kept.pp = p->pp, kept.m = p->microbatches, kept.v = p->virtual_stages;
     kept.built = true;
     return &kept;
@@ -358,7 +359,7 @@ static void record(SliceList *l, SimSlice s) {
     if (l->count == l->capacity) {
         l->capacity = l->capacity ? 2 * l->capacity : 1024;
         l->items = realloc(l->items, sizeof(SimSlice) * (size_t)l->capacity);
-        if (!l->items) fatal("plan: out of memory recording the trace");
+        if (!l->items) fatal("out of memory recording the trace");
     }
     l->items[l->count++] = s;
 }
@@ -401,7 +402,7 @@ static void queue_push(MessageQueue *q, double t) {
     if (q->count == q->capacity) {
         q->capacity = q->capacity ? 2 * q->capacity : 64;
         q->times = realloc(q->times, sizeof(double) * (size_t)q->capacity);
-        if (!q->times) fatal("plan: out of memory");
+        if (!q->times) fatal("out of memory");
     }
     q->times[q->count++] = t;
 }
@@ -529,7 +530,7 @@ static void build_chunks(Sim *sim) {
     for (int s = 0; s < S; s++) {
         StageLayout l = stage_layout(p, s);
         ChunkUnits *cu = &sim->chunks[s];
-        if (l.end - l.first + 2 > 512) fatal_input("plan: at most 510 blocks per stage");
+        if (l.end - l.first + 2 > 512) fatal_input("at most 510 blocks per stage");
         if (l.embed) cu->cost[cu->n++] = &sim->k->embed;
         for (int b = l.first; b < l.end; b++) cu->cost[cu->n++] = &sim->k->block;
         if (l.head) cu->cost[cu->n++] = &sim->k->head;
@@ -558,7 +559,7 @@ static SimResult simulate(Sim *sim, const PpSchedule *s) {
             if (l->items[i].kind == PP_BACKWARD) st[r].last_backward[pp_chunk_of_stage(l->items[i].stage, P)] = l->items[i].microbatch;
     }
     for (bool moved = true, done = false; !done;) {
-        if (!moved) fatal("plan: the schedule deadlocks in the simulation");
+        if (!moved) fatal("the schedule deadlocks in the simulation");
         moved = false;
         done = true;
         for (int r = 0; r < P; r++) {
@@ -626,15 +627,15 @@ static void write_trace(const PlanConfig *p, const SliceList *l, double step, co
         void *blob;
         size_t len;
         char err[256];
-        if (!trace_serialize(&blob, &len)) fatal("plan: could not serialize the trace");
+        if (!trace_serialize(&blob, &len)) fatal("could not serialize the trace");
         data[r] = trace_deserialize(blob, len, err, sizeof err);
         free(blob);
-        if (!data[r]) fatal("plan: %s", err);
+        if (!data[r]) fatal("%s", err);
         inputs[r] = (TraceRankInput){data[r], 0};
     }
     trace_shutdown();
     char err[256];
-    if (!trace_write_pftrace_ranks(path, inputs, p->pp, err, sizeof err)) fatal("plan: %s", err);
+    if (!trace_write_pftrace_ranks(path, inputs, p->pp, err, sizeof err)) fatal("%s", err);
     for (int r = 0; r < p->pp; r++) trace_rank_data_free(data[r]);
     free(data), free(inputs);
 }

@@ -19,6 +19,7 @@
 // same time, so one representative per pipeline rank is simulated.
 #pragma once
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "chapters/07_pipeline_parallel/schedule.h"
 #include "reference_cpu/config.h"
@@ -42,9 +43,25 @@ typedef struct {
 #define CLUSTER_NAMES "h100-sxm-ib|a100-sxm-ib|cpu"
 // Fills c with the named profile; false if there is none.
 bool cluster_lookup(const char *name, Cluster *c);
-// Reads a JSON profile (the fields of Cluster, by name; a missing field keeps the default profile's
-// value). Exits with status 2 and one line on a bad file.
+// Reads a JSON profile: one object with the fields of Cluster, by name; a missing field keeps the
+// default profile's value, anything after the object is refused. Exits with status 2 and one line
+// on a bad file, a field that is not a number (name: not a string) or a number cluster_check refuses.
 void cluster_load_json(const char *path, Cluster *c);
+// NULL if every number of c is finite and physical: peaks, bandwidths and memory > 0, latencies and
+// power >= 0, efficiencies in (0, 1], gpus_per_node 1 to PLAN_MAX_GPUS. peak_fp8, fp8_gemm_eff
+// and async_tp_hidden may be 0 (no FP8 matmuls, as on an A100; AsyncTP hiding nothing). Else the
+// first field that is not, with its value and the rule, in buf (len bytes), which it returns.
+const char *cluster_check(const Cluster *c, char *buf, size_t len);
+
+// ---- limits ----------------------------------------------------------------------------------------
+// The most GPUs a plan may have (the product of its mesh, or --gpus), well beyond any cluster
+// trained on. Below it every product of mesh sizes fits the ints the plan keeps them in.
+#define PLAN_MAX_GPUS 1000000
+// The most micro-batches per step: the simulation replays every one of them on every pipeline
+// rank (65,536 on 64 ranks take seconds and a GiB).
+#define PLAN_MAX_MICROBATCHES 65536
+// The most tokens per step (batch x seq_len): the model's shapes count a micro-batch's tokens in an int.
+#define PLAN_MAX_TOKENS 2147483647LL
 
 // ---- the run -------------------------------------------------------------------------------------
 typedef struct {
