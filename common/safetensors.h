@@ -58,6 +58,11 @@ bool st_writer_add_metadata(StWriter *w, const char *key, const char *value, cha
 // The header is padded with spaces to a multiple of 8 bytes so the data block is 8-byte aligned.
 bool st_write(const StWriter *w, const char *path, char *err, size_t err_len);
 
+// A 64-bit hash of the data block the writer will write (the tensors' bytes in the order added):
+// a writer records it in the metadata, and a reader compares it with st_data_hash to find a file
+// damaged after it was written. Not cryptographic: any change to one 8-byte word changes it.
+uint64_t st_writer_data_hash(const StWriter *w);
+
 // ---- reading ---------------------------------------------------------------------------------
 typedef struct StFile StFile;
 
@@ -98,6 +103,9 @@ int st_metadata_count(const StFile *f);
 // Fills key and value of the index-th metadata pair; false if index is out of range.
 bool st_metadata_entry(const StFile *f, int index, const char **key, const char **value);
 const char *st_metadata(const StFile *f, const char *key);  // NULL if absent
+// The same hash of the file's data block, as st_writer_data_hash computes it for the file's
+// writer; false for a file opened with st_open_header (its data is not in memory).
+bool st_data_hash(const StFile *f, uint64_t *hash);
 
 // Copies the tensor's bytes to dst, which holds dst_bytes; false (and err) unless they are equal.
 bool st_copy_to(const StTensor *t, void *dst, size_t dst_bytes, char *err, size_t err_len);

@@ -172,6 +172,15 @@ expect_error "truncated.safetensors" --model tiny --steps 2 --batch 2 --resume "
 expect_error "data source 'text:$T/no-such-text'" --model tiny --steps 2 --data "text:$T/no-such-text" \
     --mesh-dot "$T/keep.dot"
 [ "$(cat "$T/keep.dot")" = keep ] || { echo "FAIL: --mesh-dot was written before the bad input was refused"; failures=$((failures + 1)); }
+# one flipped bit in the tensor data: the hash the checkpoint records no longer matches
+"$PYTHON" - "$good" "$T/flipped.safetensors" <<'PY'
+import struct, sys
+b = bytearray(open(sys.argv[1], "rb").read())
+b[8 + struct.unpack("<Q", b[:8])[0] + 1000] ^= 1
+open(sys.argv[2], "wb").write(b)
+PY
+expect_error "flipped.safetensors: the tensor data does not match the hash its writer recorded" --model tiny --steps 2 \
+    --batch 2 --resume "$T/flipped.safetensors"
 printf 'garbage that is not a safetensors file at all' > "$T/garbage.safetensors"
 expect_error "garbage.safetensors" --model tiny --steps 2 --batch 2 --resume "$T/garbage.safetensors"
 expect_error "--seed" --model tiny --steps 2 --batch 2 --seed 7 --resume "$good"

@@ -591,6 +591,48 @@ START_TEST(test_header_byte_flips) {
 }
 END_TEST
 
+// The data hash: the writer's (tensors hashed one by one, sizes that split the 8-byte words and
+// 32-byte chunks) equals the reader's over the written block; changing any one byte of the block
+// changes it; a header-only file has none.
+START_TEST(test_data_hash) {
+    char err[512];
+    static const uint8_t odd[5] = {1, 2, 3, 4, 5};
+    float ramp[40];
+    for (int i = 0; i < 40; i++) ramp[i] = (float)i * 0.5f;
+    StWriter *w = st_writer_new();
+    ck_assert(st_writer_add(w, "a", ST_F32, 1, (int64_t[]){3}, F32, err, sizeof err));
+    ck_assert(st_writer_add(w, "b", ST_U8, 1, (int64_t[]){5}, odd, err, sizeof err));
+    ck_assert(st_writer_add(w, "c", ST_F32, 1, (int64_t[]){40}, ramp, err, sizeof err));
+    uint64_t written = st_writer_data_hash(w), read;
+    Path path_buf = tmp_file("hash.safetensors");
+    const char *path = path_buf.s;
+    ck_assert_msg(st_write(w, path, err, sizeof err), "%s", err);
+    st_writer_free(w);
+    StFile *f = open_ok(path);
+    ck_assert(st_data_hash(f, &read));
+    ck_assert_uint_eq(read, written);
+    st_close(f);
+    size_t n;
+    unsigned char *bytes = read_file(path, &n);
+    size_t data_start = 8 + get_u64(bytes);
+    ck_assert_uint_eq(n - data_start, 12 + 5 + 160);
+    for (size_t pos = data_start; pos < n; pos++) {
+        bytes[pos] ^= 0x01;
+        write_file(path, bytes, n);
+        f = open_ok(path);
+        ck_assert(st_data_hash(f, &read));
+        ck_assert_msg(read != written, "a flipped bit at byte %zu left the hash unchanged", pos);
+        st_close(f);
+        bytes[pos] ^= 0x01;
+    }
+    free(bytes);
+    StFile *lazy = st_open_header(path, err, sizeof err);
+    ck_assert_msg(lazy != NULL, "%s", err);
+    ck_assert(!st_data_hash(lazy, &read));
+    st_close(lazy);
+}
+END_TEST
+
 // ---- atomic writes ---------------------------------------------------------------------------
 
 START_TEST(test_write_into_missing_directory) {
@@ -660,6 +702,7 @@ static Suite *safetensors_suite(void) {
     tcase_add_test(tc, test_rejects_bad_file);
     tcase_add_test(tc, test_every_truncation);
     tcase_add_test(tc, test_header_byte_flips);
+    tcase_add_test(tc, test_data_hash);
     tcase_add_test(tc, test_write_into_missing_directory);
     tcase_add_test(tc, test_overwrite_replaces_wholly);
     suite_add_tcase(s, tc);
