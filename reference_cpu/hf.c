@@ -251,6 +251,16 @@ static void match_table(HfCheckpoint *h, const char *dir) {
         }
     }
     param_table_free(&t);
+    // A layer the config does not have: num_hidden_layers cut short (the model would silently be
+    // the first layers only). Other extra tensors (rotary tables of older exports) are ignored.
+    for (int f = 0; f < h->n_files; f++)
+        for (int i = 0; i < st_count(h->files[f]); i++) {
+            const char *tensor = st_tensor(h->files[f], i)->name;
+            int layer;
+            if (sscanf(tensor, "model.layers.%d.", &layer) == 1 && layer >= h->cfg.n_layers)
+                fatal_input("%s: tensor '%s' is a layer beyond config.json's num_hidden_layers %d",
+                            st_path(h->files[f]), tensor, h->cfg.n_layers);
+        }
 }
 
 HfCheckpoint *hf_open(const char *dir, ModelConfig *cfg) {

@@ -300,6 +300,9 @@ def bad_files(chk, build, tmp, single_dir, sharded_dir):
                edit_config(lambda c: c.pop("hidden_size")), 'missing key "hidden_size"')
     expect_bad(chk, build, tmp, "shape mismatch", single_dir,
                edit_config(lambda c: c.update(intermediate_size=128)), "shape [96, 64], expected [128, 64]")
+    expect_bad(chk, build, tmp, "fewer layers in config.json than in the weights", single_dir,
+               edit_config(lambda c: c.update(num_hidden_layers=c["num_hidden_layers"] - 1)),
+               "is a layer beyond config.json's num_hidden_layers")
     expect_bad(chk, build, tmp, "negative rms_norm_eps", single_dir,
                edit_config(lambda c: c.update(rms_norm_eps=-1)), '"rms_norm_eps" -1 must be positive')
     expect_bad(chk, build, tmp, "zero rope_theta", single_dir,
