@@ -217,6 +217,7 @@ void checkpoint_clean_stale(const char *dir_path) {
 
 const char *checkpoint_resolve(const char *path_or_dir, char *out, size_t out_len) {
     struct stat st;
+    if (!*path_or_dir) fatal_input("--resume: empty path");
     if (stat(path_or_dir, &st) != 0) fatal_input("--resume %s: %s", path_or_dir, strerror(errno));
     if (!S_ISDIR(st.st_mode)) {
         snprintf(out, out_len, "%s", path_or_dir);

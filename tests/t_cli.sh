@@ -187,6 +187,7 @@ expect_error "--seed" --model tiny --steps 2 --batch 2 --seed 7 --resume "$good"
 expect_error "--batch" --model tiny --steps 2 --batch 4 --resume "$good"
 expect_error "different shape" --model small --steps 2 --batch 2 --resume "$good"
 expect_error "no step_" --model tiny --steps 2 --batch 2 --resume "$T"
+expect_error "--resume: empty path" --model tiny --steps 2 --batch 2 --resume ''
 expect_error "truncated.safetensors" --compare "$T/truncated.safetensors"
 # a shape mismatch names the first config field that differs
 expect_error "first difference, this run vs the checkpoint: n_layers 2 vs 4" --model tiny --n-layers 2 --steps 2 \
