@@ -296,6 +296,12 @@ uint64_t st_writer_data_hash(const StWriter *w) {
     return hash_final(&s);
 }
 
+bool st_writer_add_data_hash(StWriter *w, char *err, size_t err_len) {
+    char text[24];
+    snprintf(text, sizeof text, "%016" PRIx64, st_writer_data_hash(w));
+    return st_writer_add_metadata(w, "data_hash", text, err, err_len);
+}
+
 bool st_write(const StWriter *w, const char *path, char *err, size_t err_len) {
     size_t header_len;
     char *header = build_header(w, &header_len);
@@ -712,6 +718,18 @@ bool st_data_hash(const StFile *f, uint64_t *hash) {
     hash_update(&s, f->bytes + f->data_start, f->data_size);
     *hash = hash_final(&s);
     return true;
+}
+
+bool st_check_data_hash(const StFile *f, char *err, size_t err_len) {
+    const char *recorded = st_metadata(f, "data_hash");
+    uint64_t hash;
+    char text[24];
+    if (!recorded || !st_data_hash(f, &hash)) return true;
+    snprintf(text, sizeof text, "%016" PRIx64, hash);
+    if (strcmp(text, recorded) == 0) return true;
+    set_err(err, err_len, "%s: the tensor data does not match the hash its writer recorded (%s, now %s): the file "
+            "was damaged after it was written", f->path, recorded, text);
+    return false;
 }
 
 const char *st_metadata(const StFile *f, const char *key) {

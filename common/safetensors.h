@@ -62,6 +62,8 @@ bool st_write(const StWriter *w, const char *path, char *err, size_t err_len);
 // a writer records it in the metadata, and a reader compares it with st_data_hash to find a file
 // damaged after it was written. Not cryptographic: any change to one 8-byte word changes it.
 uint64_t st_writer_data_hash(const StWriter *w);
+// Records that hash as the metadata "data_hash"; call it after the last st_writer_add.
+bool st_writer_add_data_hash(StWriter *w, char *err, size_t err_len);
 
 // ---- reading ---------------------------------------------------------------------------------
 typedef struct StFile StFile;
@@ -106,6 +108,9 @@ const char *st_metadata(const StFile *f, const char *key);  // NULL if absent
 // The same hash of the file's data block, as st_writer_data_hash computes it for the file's
 // writer; false for a file opened with st_open_header (its data is not in memory).
 bool st_data_hash(const StFile *f, uint64_t *hash);
+// False (and err) when the file records a "data_hash" that its data no longer matches; true when it
+// matches, when the file records none, or when it was opened with st_open_header.
+bool st_check_data_hash(const StFile *f, char *err, size_t err_len);
 
 // Copies the tensor's bytes to dst, which holds dst_bytes; false (and err) unless they are equal.
 bool st_copy_to(const StTensor *t, void *dst, size_t dst_bytes, char *err, size_t err_len);

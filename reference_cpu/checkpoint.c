@@ -79,9 +79,9 @@ void checkpoint_save(const char *path, const Model *m, const real *adam_m, const
 #undef ADD_NUMBER
     add_metadata(w, "data", run->data_spec);
     if (run->schedule) add_metadata(w, "schedule", run->schedule);
-    snprintf(text, sizeof text, "%016" PRIx64, st_writer_data_hash(w));
-    add_metadata(w, "data_hash", text);  // checked on load: a file damaged since is refused
-    if (!st_write(w, path, err, sizeof err)) fatal("checkpoint: %s", err);
+    // checked on load: a file damaged since is refused
+    if (!st_writer_add_data_hash(w, err, sizeof err) || !st_write(w, path, err, sizeof err))
+        fatal("checkpoint: %s", err);
     st_writer_free(w);
 }
 
@@ -149,19 +149,6 @@ static long long check_header(const StFile *f, const ModelConfig *ours, const Ru
     return parse_step(f, run->total_steps);
 }
 
-// The data against the hash its writer recorded (checkpoints written before the hash existed have
-// none, and load unchecked).
-static void check_data_hash(const StFile *f) {
-    const char *recorded = st_metadata(f, "data_hash");
-    uint64_t hash;
-    char text[24];
-    if (!recorded || !st_data_hash(f, &hash)) return;
-    snprintf(text, sizeof text, "%016" PRIx64, hash);
-    if (strcmp(text, recorded) != 0)
-        fatal_input("%s: the tensor data does not match the hash its writer recorded (%s, now %s): the file was "
-                    "damaged after it was written", st_path(f), recorded, text);
-}
-
 void checkpoint_check(const char *path, const ModelConfig *cfg, const RunIdentity *run) {
     char err[1024];
     StFile *f = st_open_header(path, err, sizeof err);
@@ -175,7 +162,7 @@ long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v
     StFile *f = st_open(path, err, sizeof err);
     if (!f) fatal_input("--resume: %s", err);
     long long step = check_header(f, &m->cfg, run);
-    check_data_hash(f);
+    if (!st_check_data_hash(f, err, sizeof err)) fatal_input("--resume: %s", err);  // none in older checkpoints
     note_schedule_change(f, run);
     real *buffers[3] = {m->params, adam_m, adam_v};
     char name[PARAM_NAME_MAX + 16];

@@ -523,7 +523,8 @@ void fp8_state_save(const Fp8 *f, const char *path) {
     state_identity(f, identity, sizeof identity);
     StWriter *w = st_writer_new();
     if (!st_writer_add(w, "fp8.delayed_state", ST_F32, 1, shape, state, err, sizeof err) ||
-        !st_writer_add_metadata(w, "fp8", identity, err, sizeof err) || !st_write(w, path, err, sizeof err))
+        !st_writer_add_metadata(w, "fp8", identity, err, sizeof err) || !st_writer_add_data_hash(w, err, sizeof err) ||
+        !st_write(w, path, err, sizeof err))
         fatal("fp8 state: %s", err);
     st_writer_free(w);
     mem_free(state);
@@ -532,7 +533,7 @@ void fp8_state_save(const Fp8 *f, const char *path) {
 void fp8_state_load(Fp8 *f, const char *path) {
     char err[1024], identity[128];
     StFile *file = st_open(path, err, sizeof err);
-    if (!file) fatal_input("--resume with delayed FP8 scaling: %s", err);
+    if (!file || !st_check_data_hash(file, err, sizeof err)) fatal_input("--resume with delayed FP8 scaling: %s", err);
     state_identity(f, identity, sizeof identity);
     const char *theirs = st_metadata(file, "fp8");
     if (!theirs || strcmp(theirs, identity) != 0)
