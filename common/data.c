@@ -72,6 +72,9 @@ static void parse_markov_options(DataSource *src, const char *spec, const char *
     char buffer[256];
     if (strlen(options) >= sizeof buffer) fatal_input("data source '%s': options too long", spec);
     snprintf(buffer, sizeof buffer, "%s", options);
+    size_t n = strlen(options);  // strtok_r would skip an empty item: "order=2," would pass
+    if (n && (options[0] == ',' || options[n - 1] == ',' || strstr(options, ",,")))
+        fatal_input("data source '%s': an empty option (a stray comma)", spec);
     char *saveptr = NULL;
     char seen[256] = ",";  // ",order,branches,": keys given so far; a repeated one is refused
     for (char *item = strtok_r(buffer, ",", &saveptr); item; item = strtok_r(NULL, ",", &saveptr)) {

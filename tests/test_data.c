@@ -362,6 +362,9 @@ START_TEST(test_bad_specs) {
     expect_bad_input("nonsense", 256, 16, "unknown (expected markov");
     expect_bad_input("markovian", 256, 16, "unknown (expected markov");
     expect_bad_input("", 256, 16, "unknown");
+    expect_bad_input("markov:order=2,", 256, 16, "an empty option (a stray comma)");
+    expect_bad_input("markov:,order=2", 256, 16, "an empty option (a stray comma)");
+    expect_bad_input("markov:order=2,,branches=3", 256, 16, "an empty option (a stray comma)");
     expect_bad_input("markov:order=0", 256, 16, "order=0: must be in 1..8");
     expect_bad_input("markov:order=9", 256, 16, "order=9: must be in 1..8");
     expect_bad_input("markov:order=x", 256, 16, "order=x: not a non-negative integer");
