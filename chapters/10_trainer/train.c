@@ -294,16 +294,24 @@ static bool written_by(const DirOutput *d, const char *path) {
     return fileio_same_file(parent, d->dir);
 }
 
-// An output file may not be a file that a directory output writes (checkpoints, the Hugging Face
-// export, the per-rank traces for HTA): one of the two would be lost.
-static void check_not_written_by_dir_outputs(const char *flag, const char *path) {
-    const DirOutput dirs[] = {
+// The directory outputs and the names the run writes in each (checkpoints, the Hugging Face
+// export, the per-rank traces for HTA). Returns how many.
+enum { N_DIR_OUTPUTS = 6 };
+static int dir_outputs(DirOutput dirs[N_DIR_OUTPUTS]) {
+    const DirOutput all[N_DIR_OUTPUTS] = {
         {"checkpoint-dir", opt.checkpoint_dir, "step_", ""},  // step_N.safetensors, its .fp8, temporaries
         {"export-hf", opt.export_hf, "config.json", ""},      {"export-hf", opt.export_hf, "model", ".safetensors"},
         {"export-hf", opt.export_hf, "model", ".json"},        // model.safetensors.index.json
         {"trace-hta", opt.trace_hta, "rank", ".json"},         {"trace-hta", opt.trace_hta, ".merged.json.part", ""},
     };
-    for (size_t d = 0; d < sizeof dirs / sizeof dirs[0]; d++)
+    memcpy(dirs, all, sizeof all);
+    return N_DIR_OUTPUTS;
+}
+
+// An output file may not be a file that a directory output writes: one of the two would be lost.
+static void check_not_written_by_dir_outputs(const char *flag, const char *path) {
+    DirOutput dirs[N_DIR_OUTPUTS];
+    for (int d = 0, n = dir_outputs(dirs); d < n; d++)
         if (dirs[d].dir && written_by(&dirs[d], path))
             fatal_input("--%s %s: the run writes that into --%s %s; one of the two outputs would be lost", flag, path,
                         dirs[d].flag, dirs[d].dir);
@@ -360,9 +368,10 @@ static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
     for (size_t i = 0; i < sizeof outputs / sizeof outputs[0]; i++)
         fileio_check_output(outputs[i].flag, *outputs[i].path, outputs[i].kind);
     check_outputs_distinct();
-    fileio_check_dir_entries("checkpoint-dir", opt.checkpoint_dir, "step_", "");  // step_N.safetensors and .fp8
-    fileio_check_dir_entries("trace-hta", opt.trace_hta, "rank", ".json");
-    fileio_check_dir_entries("trace-hta", opt.trace_hta, ".merged.json.part", "");
+    DirOutput dirs[N_DIR_OUTPUTS];  // what the run will write in them must be replaceable
+    for (int d = 0, n = dir_outputs(dirs); d < n; d++)
+        if (strcmp(dirs[d].flag, "export-hf") != 0)  // hf_export_check's, below
+            fileio_check_dir_entries(dirs[d].flag, dirs[d].dir, dirs[d].prefix, dirs[d].suffix);
     if (opt.export_hf) hf_export_check(opt.export_hf, cfg, ST_F32, (size_t)(opt.export_hf_shard_mb * 1048576.0));
     if (args_given(flags, N_FLAGS, "zero-stage") && opt.dp_shard == 1)
         fatal_input("--zero-stage %d: shards over --dp-shard, which is 1 here (give --dp-shard 2 or more, or leave "
