@@ -929,7 +929,6 @@ static void gpu_block_backward(const GpuModel *m, int l, void *dx) {
 // this rank's columns (the lse is the whole row's), and dxn summed over the group in fp32.
 static void loss_and_logits_backward(GpuModel *m, const GpuHead *h, double dloss) {
     int BT = m->B * m->T, D = m->cfg.dim, V = m->local.vocab_size;
-    zero(m, m->dlogits, (size_t)BT * V);  // cross-entropy's backward accumulates
     if (m->tp) {
         gpu_cross_entropy_backward_columns_bf16(m->dlogits, h->logits, h->lse_final, h->targets, BT,
                                                 m->local.vocab_start, V, dloss);

@@ -608,7 +608,8 @@ __global__ void count_valid_targets_kernel(int *n_valid, const int *targets, int
     if (threadIdx.x == 0) *n_valid = count;
 }
 
-// dlogits (N,V) += dloss / n_valid * (softmax(x) - onehot(target)), block per row. The target's
+// dlogits (N,V) = dloss / n_valid * (softmax(x) - onehot(target)), block per row, written (not
+// added to: no fill before it, and dlogits is not read); an ignored row is written 0. The target's
 // element gets both terms in the reference's order before its one store.
 // Vocab-parallel: the row's columns are vocabulary entries [v_start, v_start + V) (0 otherwise).
 // In packs of W elements as the lse kernel; each element's arithmetic is the same for every W.
@@ -616,15 +617,21 @@ template <typename T, int W>
 __global__ void cross_entropy_backward_kernel(T *dlogits, const T *logits, const float *lse, const int *targets,
                                               const int *n_valid, int v_start, int V, double dloss) {
     int t = targets[blockIdx.x];
-    if (t == IGNORE_INDEX || *n_valid == 0) return;
+    T *dx = dlogits + (size_t)blockIdx.x * V;
+    if (t == IGNORE_INDEX) {  // every row is, where n_valid is 0
+        Pack<T, W> zeros;
+#pragma unroll
+        for (int k = 0; k < W; k++) zeros.v[k] = from_f32<T>(0.0f);
+        for (int p = threadIdx.x; p < V / W; p += blockDim.x) store_pack<W>(dx, p, zeros);
+        return;
+    }
     float coef = (float)(dloss / *n_valid), row_lse = lse[blockIdx.x];
     const T *x = logits + (size_t)blockIdx.x * V;
-    T *dx = dlogits + (size_t)blockIdx.x * V;
     for (int p = threadIdx.x; p < V / W; p += blockDim.x) {
-        Pack<T, W> xv = load_pack<W>(x, p), dv = load_pack<W>(dx, p);
+        Pack<T, W> xv = load_pack<W>(x, p), dv;
 #pragma unroll
         for (int k = 0; k < W; k++) {
-            float g = to_f32(dv.v[k]) + coef * expf(to_f32(xv.v[k]) - row_lse);
+            float g = coef * expf(to_f32(xv.v[k]) - row_lse);
             if (p * W + k + v_start == t) g -= coef;
             dv.v[k] = from_f32<T>(g);
         }

@@ -194,6 +194,7 @@ void gpu_swiglu_backward_bf16(gpu_bf16 *dgate, gpu_bf16 *dup, const gpu_bf16 *do
 // ---- cross-entropy, mean over targets != IGNORE_INDEX -------------------------------------------------------
 // Returns the loss (waits for the stream). A target outside [0, V) other than IGNORE_INDEX ends the
 // run with a message (the reference would read out of bounds).
+// The backward writes dlogits (ignored rows 0), as the reference's: no fill needed before it.
 double gpu_cross_entropy_forward(float *lse, const float *logits, const int *targets, int N, int V);
 void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets, int N,
                                 int V, double dloss);
@@ -222,7 +223,7 @@ void gpu_vocab_parallel_sums_bf16(double *sums, const gpu_bf16 *logits, const fl
                                   int N, int v_start, int v_count);
 void gpu_vocab_parallel_loss(double *loss, float *lse, const float *row_max, const double *sums, const int *targets,
                              int N);
-// dlogits (N, v_count) += dloss / n_valid * (softmax - onehot(target)) on this rank's columns, lse
+// dlogits (N, v_count) = dloss / n_valid * (softmax - onehot(target)) on this rank's columns, lse
 // being the whole row's: gpu_cross_entropy_backward_bf16's arithmetic, the target's column shifted.
 void gpu_cross_entropy_backward_columns_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
                                              const int *targets, int N, int v_start, int v_count, double dloss);

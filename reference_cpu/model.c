@@ -519,7 +519,6 @@ void model_head_backward(Model *m, ModelActs *acts, double dloss) {
     const real *out_unit = c->tied ? unit_params(m, LAYER_EMBEDDING, PASS_BACKWARD) : head;
     real *head_grads = unit_grads(m, L);
     real *out_grads = c->tied ? unit_grads(m, LAYER_EMBEDDING) : head_grads;
-    zero_fill(acts->dlogits, (size_t)BT * V);
     if (m->tp.size == 1) cross_entropy_backward(acts->dlogits, acts->logits, acts->lse, acts->targets, BT, V, dloss);
     else m->tp.loss_backward(m->tp.ctx, acts->dlogits, acts->logits, acts->lse, acts->targets, BT,
                              m->local.vocab_start, V, dloss);

@@ -751,14 +751,16 @@ void cross_entropy_backward(real *dlogits, const real *logits, const real *lse, 
 void cross_entropy_backward_columns(real *dlogits, const real *logits, const real *lse, const int *targets, int N,
                                     int v_start, int v_count, double dloss) {
     int n_valid = count_valid_targets(targets, N);
-    if (n_valid == 0) return;
-    real coef = (real)(dloss / n_valid);
+    real coef = n_valid ? (real)(dloss / n_valid) : 0;  // n_valid 0: every row is ignored
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        if (targets[n] == IGNORE_INDEX) continue;
         const real *x = logits + (size_t)n * v_count;
         real *dx = dlogits + (size_t)n * v_count;
-        for (int j = 0; j < v_count; j++) dx[j] += coef * exp_r(x[j] - lse[n]);
+        if (targets[n] == IGNORE_INDEX) {
+            memset(dx, 0, sizeof(real) * (size_t)v_count);
+            continue;
+        }
+        for (int j = 0; j < v_count; j++) dx[j] = coef * exp_r(x[j] - lse[n]);
         int target = targets[n] - v_start;  // this shard's column of the target, if it holds it
         if (target >= 0 && target < v_count) dx[target] -= coef;
     }

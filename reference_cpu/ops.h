@@ -94,7 +94,9 @@ void swiglu_backward(real *dgate, real *dup, const real *dout, const real *gate,
 // logits (N,V), targets (N). lse (N) keeps each row's log-sum-exp for backward. Returns the mean
 // loss (0 if every target is ignored).
 double cross_entropy_forward(real *lse, const real *logits, const int *targets, int N, int V);
-// dlogits (N,V) += dloss * (softmax(logits) - onehot(target)) / n_valid
+// dlogits (N,V) = dloss * (softmax(logits) - onehot(target)) / n_valid, written (not added to: the
+// logits are used once, so nothing accumulates into their gradient); rows whose target is ignored
+// are written 0.
 void cross_entropy_backward(real *dlogits, const real *logits, const real *lse, const int *targets,
                             int N, int V, double dloss);
 // The same for the vocabulary columns [v_start, v_start + v_count) alone (a tensor-parallel shard:

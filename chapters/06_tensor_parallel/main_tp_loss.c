@@ -70,7 +70,10 @@ static int run_case(Model *m, Case c) {
     int tp = comm_size(m->tp.ctx), rank = comm_rank(m->tp.ctx), v_count = VOCAB / tp, v_start = rank * v_count;
     real *logits = malloc(sizeof(real) * TOKENS * VOCAB), *local = malloc(sizeof(real) * TOKENS * v_count);
     real *lse_ref = malloc(sizeof(real) * TOKENS), *lse = malloc(sizeof(real) * TOKENS);
-    real *dlogits_ref = calloc((size_t)TOKENS * VOCAB, sizeof(real)), *dlogits = calloc((size_t)TOKENS * v_count, sizeof(real));
+    real *dlogits_ref = malloc(sizeof(real) * TOKENS * VOCAB), *dlogits = malloc(sizeof(real) * TOKENS * v_count);
+    // NaN where the gradient goes: the loss's backward writes every element (ignored rows 0), adding to none
+    for (size_t i = 0; i < (size_t)TOKENS * VOCAB; i++) dlogits_ref[i] = NAN;
+    for (size_t i = 0; i < (size_t)TOKENS * v_count; i++) dlogits[i] = NAN;
     real *dlogits_ref_local = malloc(sizeof(real) * TOKENS * v_count);
     int targets[TOKENS];
     make_inputs(c, logits, targets);
