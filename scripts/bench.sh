@@ -86,8 +86,12 @@ fi
 echo "bench: $MODEL, batch $BATCH x seq $SEQ, $STEPS steps, $THREADS threads, $ROUNDS round(s); load: $(uptime | sed 's/.*load/load/')"
 # sgemm is measured right before each program: on a shared machine the load changes from one
 # program to the next, and each program's % of sgemm compares it with its own neighbourhood.
+# Each round starts one program later than the last (round 2: the second program first, ...), so
+# that no program always runs in the same place of the sequence (say, right after the slowest).
+n_programs=${#programs[@]}
 for ((r = 1; r <= ROUNDS; r++)); do
-    for i in "${!programs[@]}"; do
+    for ((k = 0; k < n_programs; k++)); do
+        i=$(((k + r - 1) % n_programs))
         name=${programs[$i]%%|*} cmd=${programs[$i]#*|}
         out=$LOG/p$i.r$r.txt
         "$BUILD/sgemm_rate" --n 2048 --reps 5 | tee "$LOG/sgemm.txt"
