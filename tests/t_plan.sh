@@ -27,6 +27,8 @@ expect_bad "nope" --model nope
 expect_bad "--tp must divide" --tp 3
 expect_bad "--batch" --batch 0
 expect_bad "--top: only with --search" --top 3
+expect_bad "--cp-impl: only with --cp above 1" --cp-impl torch-allgather
+expect_bad "--cp-impl" --cp 2 --seq-len 8192 --cp-impl allgather
 expect_bad "--gpus 10" --gpus 10 --tp 4
 expect_bad "multiple of the pipeline ranks" --pp 2 --pp-schedule Interleaved1F1B --pp-microbatches 3 --batch 6
 expect_bad "missing.json" --cluster "$T/missing.json"

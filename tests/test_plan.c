@@ -207,6 +207,57 @@ START_TEST(test_step_time_responds) {
 }
 END_TEST
 
+// Context parallel's two implementations (plan_cp_costs) against their formulas, for 8B (32 query
+// heads, 8 kv heads, head_dim 128) at cp 8, 256k tokens, one sequence: the ring hops the kv heads'
+// K and V in bf16, hidden behind attention when that is long; PyTorch's all-gather moves K and V
+// repeated to the query heads (4x the ring's bytes per rank), dK and dV in fp32, and under compile
+// hides nothing.
+START_TEST(test_cp_costs) {
+    Cluster c;
+    ck_assert(cluster_lookup("h100-sxm-ib", &c));
+    PlanConfig p = base_config("llama3_8b");
+    p.dp_shard = 1, p.cp = 8, p.batch = 1, p.seq_len = 262144;
+    double Tl = 32768, q_elems = Tl * 32 * 128, kv_ring = 2 * Tl * 8 * 128 * 2, hop = c.nvlink_lat + kv_ring / c.nvlink_bw;
+    CpCost none = plan_cp_costs(&p, &c, 0);  // attention of no length hides nothing
+    ck_assert_msg(fabs(none.fwd_wait - 7 * hop) < 1e-15 && fabs(none.bwd_wait - 15 * hop) < 1e-15, "ring %g %g, hop %g",
+                  none.fwd_wait, none.bwd_wait, hop);
+    ck_assert(none.fwd_merge == 0 && none.bwd_merge == 0);
+    CpCost hidden = plan_cp_costs(&p, &c, 1.0);  // 1 s of attention hides every hop
+    ck_assert(hidden.fwd_wait == 0 && hidden.bwd_wait == 0);
+    p.cp_impl = CP_TORCH_ALLGATHER, p.compile = true;
+    double gather = 7 * c.nvlink_lat + 7.0 / 8 * (8 * 2 * q_elems * 2) / c.nvlink_bw;
+    double dkv = c.nvlink_lat + 2 * q_elems * 4 / c.nvlink_bw;
+    ck_assert_msg(fabs(2 * q_elems * 2 - 4 * kv_ring) < 1, "repeat_kv: 4x the ring's bytes");
+    CpCost torch = plan_cp_costs(&p, &c, 1.0);  // compiled: nothing hides, however long the attention
+    ck_assert_msg(fabs(torch.fwd_wait - gather) < 1e-12 && fabs(torch.bwd_wait - (gather + 8 * dkv)) < 1e-12,
+                  "torch compiled: %g %g, want %g %g", torch.fwd_wait, torch.bwd_wait, gather, gather + 8 * dkv);
+    ck_assert_msg(fabs(torch.fwd_merge - 7 * q_elems * 10 / c.hbm_bw) < 1e-12 &&
+                      fabs(torch.bwd_merge - 8 * 3 * q_elems * 10 / c.hbm_bw) < 1e-12,
+                  "merges %g %g", torch.fwd_merge, torch.bwd_merge);
+    p.compile = false;  // eager: the gather behind the first block, the dK, dV sends behind the others
+    CpCost eager = plan_cp_costs(&p, &c, 1.0);
+    ck_assert(eager.fwd_wait == 0 && eager.bwd_wait == 0 && eager.fwd_merge == torch.fwd_merge);
+    eager = plan_cp_costs(&p, &c, 8 * 1e-3);  // blocks of 1 ms
+    ck_assert_msg(fabs(eager.fwd_wait - (gather - 1e-3)) < 1e-12 &&
+                      fabs(eager.bwd_wait - (gather - 2e-3 + 8 * dkv - 2e-3 * 7)) < 1e-12,
+                  "torch eager: %g %g", eager.fwd_wait, eager.bwd_wait);
+    // tp 8 x cp 8 spans 8 nodes: the gather crosses the network.
+    p.tp = 8;
+    double gather_net = 7 * c.net_lat + 7.0 / 8 * (8 * 2 * q_elems / 8 * 2) / c.net_bw;
+    CpCost across = plan_cp_costs(&p, &c, 0);
+    ck_assert_msg(fabs(across.fwd_wait - gather_net) < 1e-12, "across nodes: %g, want %g", across.fwd_wait, gather_net);
+    // The step: the same run is slower with PyTorch's implementation, and at cp 1 both are one.
+    p.tp = 1, p.compile = true;
+    double t_torch = plan_step_time(&p, &c, NULL).step_s;
+    p.cp_impl = CP_RING;
+    ck_assert(t_torch > plan_step_time(&p, &c, NULL).step_s);
+    p.cp = 1, p.dp_shard = 8, p.batch = 8, p.seq_len = 32768;
+    double t_ring1 = plan_step_time(&p, &c, NULL).step_s;
+    p.cp_impl = CP_TORCH_ALLGATHER;
+    ck_assert(plan_step_time(&p, &c, NULL).step_s == t_ring1);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("plan");
@@ -220,6 +271,7 @@ int main(void) {
     tcase_add_test(tc, test_collective_costs);
     tcase_add_test(tc, test_ideal_bubble);
     tcase_add_test(tc, test_step_time_responds);
+    tcase_add_test(tc, test_cp_costs);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

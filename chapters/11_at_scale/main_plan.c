@@ -16,7 +16,7 @@
 #include "common/log.h"
 
 static struct {
-    const char *model, *cluster, *ac, *schedule, *trace, *precision;
+    const char *model, *cluster, *ac, *schedule, *trace, *precision, *cp_impl;
     int gpus, dp_replicate, dp_shard, cp, tp, pp, batch, seq_len, zero_stage, microbatches, virtual_stages, top;
     bool fp8, compile, async_tp, search;
     double sac_mm_share;
@@ -36,6 +36,11 @@ static ArgSpec flags[] = {
      .max = PLAN_MAX_GPUS},
     {"dp-shard", ARG_INT, &opt.dp_shard, "1", "data-parallel shards (FSDP)", .min = 1, .max = PLAN_MAX_GPUS},
     {"cp", ARG_INT, &opt.cp, "1", "context-parallel ranks (ring attention)", .min = 1, .max = 1024},
+    {"cp-impl", ARG_CHOICE, &opt.cp_impl, "ring",
+     "with --cp: ring (chapter 8's: the kv heads' K and V hop by hop behind the attention) or torch-allgather "
+     "(PyTorch's context_parallel as seed 001's runs used it: K and V repeated to the query heads and "
+     "all-gathered per attention call, dK and dV sent in fp32, fp32 merges; under --compile nothing overlaps)",
+     .choices = CP_IMPL_NAMES},
     {"tp", ARG_INT, &opt.tp, "1", "tensor-parallel ranks (with sequence parallelism)", .min = 1, .max = 1024},
     {"pp", ARG_INT, &opt.pp, "1", "pipeline ranks", .min = 1, .max = 1024},
     {"batch", ARG_INT, &opt.batch, "16", "global batch, sequences", .min = 1, .max = UNBOUNDED},
@@ -121,6 +126,7 @@ static PlanConfig config_from_flags(void) {
     p.virtual_stages = opt.virtual_stages ? opt.virtual_stages : interleaved ? 2 : 1;
     p.microbatches = opt.microbatches ? opt.microbatches : p.pp * (interleaved ? 2 : 1);
     p.fp8 = opt.fp8, p.compile = opt.compile, p.async_tp = opt.async_tp;
+    p.cp_impl = (CpImpl)args_choice_index(CP_IMPL_NAMES, opt.cp_impl);
     bool fp32 = strcmp(opt.precision, "fp32") == 0;
     // The FP8 model is Float8 training on GPUs: matmuls at the FP8 peak, casts that read bf16
     // inputs. fp32 is the CPU trainer, whose --fp8 emulates FP8 with fp32 matmuls: nothing here
@@ -150,10 +156,11 @@ static void print_plan(const PlanConfig *p, const Cluster *c) {
     PlanMemory m = plan_memory(p);
     PlanTime t = plan_step_time(p, c, opt.trace);
     printf("%s on %d GPUs of %s: pp %d x dp_replicate %d x dp_shard %d x cp %d x tp %d; batch %d x %d tokens; "
-           "--ac %s, ZeRO-%d, %s m=%d v=%d%s%s%s\n",
+           "--ac %s, ZeRO-%d, %s m=%d v=%d%s%s%s%s\n",
            p->model.name, plan_gpus(p), c->name, p->pp, p->dp_replicate, p->dp_shard, p->cp, p->tp, p->batch,
            p->seq_len, opt.ac, p->zero_stage, pp_schedule_name(p->schedule), p->microbatches, p->virtual_stages,
-           p->fp8 ? ", fp8" : "", p->compile ? ", compile" : "", p->async_tp ? ", async tp" : "");
+           p->fp8 ? ", fp8" : "", p->compile ? ", compile" : "", p->async_tp ? ", async tp" : "",
+           p->cp > 1 && p->cp_impl == CP_TORCH_ALLGATHER ? ", cp torch-allgather" : "");
     printf("memory per GPU (GiB, pp rank %d, %d micro-batches in flight): weights %.2f  grads %.2f  optimizer %.2f  "
            "activations %.2f  comm %.2f  total %.2f of %.1f%s\n",
            m.pp_rank, m.in_flight, m.weights / GiB, m.grads / GiB, m.optimizer / GiB, m.activations / GiB,
@@ -338,9 +345,9 @@ static void search(const PlanConfig *base, const Cluster *c) {
                     found[n++] = best;
                 }
     qsort(found, (size_t)n, sizeof(Candidate), by_tps);
-    printf("%s on %d GPUs of %s, batch %d x %d%s%s: %d of %d meshes fit in %.1f GiB (searched:%s%s%s%s%s%s%s%s%s)\n",
+    printf("%s on %d GPUs of %s, batch %d x %d%s%s%s: %d of %d meshes fit in %.1f GiB (searched:%s%s%s%s%s%s%s%s%s)\n",
            base->model.name, gpus, c->name, base->batch, base->seq_len, base->fp8 ? ", fp8" : "",
-           base->compile ? ", compile" : "", n, tried, c->hbm_bytes / GiB, flag_given("pp") ? "" : " pp",
+           base->compile ? ", compile" : "", base->cp_impl == CP_TORCH_ALLGATHER ? ", cp torch-allgather" : "", n, tried, c->hbm_bytes / GiB, flag_given("pp") ? "" : " pp",
            flag_given("dp-replicate") ? "" : " dp_rep", flag_given("dp-shard") ? "" : " dp_shard",
            flag_given("cp") ? "" : " cp", flag_given("tp") ? "" : " tp", flag_given("ac") ? "" : " ac",
            flag_given("zero-stage") ? "" : " zero", flag_given("pp-schedule") ? "" : " schedule",
@@ -358,6 +365,7 @@ int main(int argc, char **argv) {
     PlanConfig p = config_from_flags();
     check_fp8(&p, &c);
     if (flag_given("top") && !opt.search) fatal_input("--top: only with --search");
+    if (flag_given("cp-impl") && p.cp == 1 && !opt.search) fatal_input("--cp-impl: only with --cp above 1 (or --search)");
     if (opt.search) {
         if (opt.trace) fatal_input("--trace: not with --search");
         search(&p, &c);

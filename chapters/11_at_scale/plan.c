@@ -198,6 +198,9 @@ static PlanMemory rank_memory(const PlanConfig *p, const Model *m, int r, int in
     // Collective buffers: reduce-scatter inputs of two units (FSDP) or two buckets of one unit
     // (DDP), in the gradient precision.
     if (p->dp_replicate * p->dp_shard * p->cp > 1) mem.comm = 2 * biggest * p->grad_bytes;
+    // PyTorch's context parallel: one attention call's K and V gathered whole, repeated to the query heads.
+    if (p->cp > 1 && p->cp_impl == CP_TORCH_ALLGATHER)
+        mem.comm += (double)p->cp * 2 * B * T * p->model.n_heads / p->tp * model_head_dim(&p->model) * p->act_bytes;
     mem.total = mem.weights + mem.grads + mem.optimizer + mem.activations + mem.comm;
     return mem;
 }
@@ -248,6 +251,41 @@ static double fp8_cast_bytes_per_token(const PlanConfig *p, double h, double hq,
     return elems * (p->compile ? 1.0 : 3.0);
 }
 
+CpCost plan_cp_costs(const PlanConfig *p, const Cluster *c, double t_attn) {
+    CpCost k = {0};
+    if (p->cp == 1) return k;
+    const ModelConfig *m = &p->model;
+    double b = micro_batch(p), Tl = (double)p->seq_len / p->cp, hd = model_head_dim(m);
+    double hq = m->n_heads * hd, hkv = m->n_kv_heads * hd;
+    double tp = p->tp, cp = p->cp, block_attn = t_attn / cp;
+    bool local = p->cp * p->tp <= c->gpus_per_node;
+    if (p->cp_impl == CP_RING) {
+        // cp - 1 hops of the rank's K and V (b, T/cp, hkv/tp); every hop but the first hides behind
+        // the attention of the previous block. Backward passes K and V cp - 1 times and dK, dV cp
+        // times (the last hop brings each rank its own gradients home): 2 cp - 1 hops (chapter 8's
+        // count), behind twice the attention.
+        double hop = p2p_s(c, local, 2 * b * Tl * hkv / tp * p->act_bytes);
+        k.fwd_wait = fmax(0, (cp - 1) * hop - block_attn * (cp - 1));
+        k.bwd_wait = fmax(0, (2 * cp - 1) * hop - 2 * block_attn * (cp - 1));
+        return k;
+    }
+    // PyTorch's all-gather implementation. q_elems: the rank's query (or output) elements; K and V
+    // carry as many each, repeated from the kv heads to the query heads.
+    double q_elems = b * Tl * hq / tp;
+    double gather = plan_all_gather_s(c, p->cp, p->tp, cp * 2 * q_elems * p->act_bytes);
+    double dkv_send = p2p_s(c, local, 2 * q_elems * 4);
+    bool overlap = !p->compile;
+    k.fwd_wait = overlap ? fmax(0, gather - block_attn) : gather;
+    k.bwd_wait = (overlap ? fmax(0, gather - 2 * block_attn) : gather) +
+                 (overlap ? fmax(0, cp * dkv_send - 2 * block_attn * (cp - 1)) : cp * dkv_send);
+    // Forward, each block after the first: its output read (bf16: 2 bytes an element), the fp32
+    // running output read and written (8; the lse is head_dim times smaller). Backward, every
+    // block: its dQ, dK, dV read and added to fp32 sums (read and written): 3 x (2 + 8) bytes.
+    k.fwd_merge = (cp - 1) * q_elems * (p->act_bytes + 8) / c->hbm_bw;
+    k.bwd_merge = cp * 3 * q_elems * (p->act_bytes + 8) / c->hbm_bw;
+    return k;
+}
+
 typedef struct {
     UnitCost block, embed, head;
     double p2p;                  // one micro-batch's activations (or their gradient) to the next rank
@@ -270,12 +308,13 @@ static Costs unit_costs(const PlanConfig *p, const Cluster *c) {
     double ew_bytes = tokens / tp * (elementwise_per_token(p, h, hq / tp, hkv / tp, F / tp) * p->act_bytes +
                                      (p->fp8 ? fp8_cast_bytes_per_token(p, h, hq / tp, F / tp) : 0));
     double t_ew = ew_bytes / c->hbm_bw;
-    double fwd = t_gemm + t_attn + t_ew;
+    CpCost cpc = plan_cp_costs(p, c, t_attn);
+    double fwd = t_gemm + t_attn + t_ew + cpc.fwd_merge;
     // Full: the whole forward again. Selective: the element-wise ops, and the share of the matmuls
     // the policy does not keep (0 for this project's, which keeps every matmul output).
     double recompute = p->ac == AC_FULL ? fwd : p->ac == AC_SELECTIVE ? t_ew + p->sac_mm_share * t_gemm : 0;
     k.block.fwd = fwd;
-    k.block.bwd = 2 * fwd + recompute;
+    k.block.bwd = 2 * (fwd - cpc.fwd_merge) + cpc.bwd_merge + recompute;
     k.block.flops_fwd = gemm + attn;
     // Tensor parallel with sequence parallelism: per block forward two all-gathers and two
     // reduce-scatters of the (tokens, h) activations over tp (ranks adjacent, stride 1); backward
@@ -285,18 +324,8 @@ static Costs unit_costs(const PlanConfig *p, const Cluster *c) {
     // AsyncTP splits each collective into pieces that overlap the matmul they feed; the share it
     // hides in practice is a profile parameter (copy engines and SMs are shared, pieces are small).
     if (p->async_tp) tp_fwd *= 1 - c->async_tp_hidden, tp_bwd *= 1 - c->async_tp_hidden;
-    // Context parallel ring: cp - 1 steps, each passing the K and V blocks (b, T/cp, hkv/tp) of
-    // this rank; every step but the first hides behind the attention of the previous block.
-    // Backward passes K and V cp - 1 times and dK, dV cp times (the last hop brings each rank its
-    // own gradients home): 2 cp - 1 hops (chapter 8's count), behind twice the attention.
-    double cp_fwd = 0, cp_bwd = 0;
-    if (p->cp > 1) {
-        double kv = 2 * b * Tl * hkv / tp * p->act_bytes;
-        bool local = p->cp * p->tp <= c->gpus_per_node;
-        double hop = p2p_s(c, local, kv);
-        cp_fwd = fmax(0, (p->cp - 1) * hop - t_attn * (p->cp - 1) / p->cp);
-        cp_bwd = fmax(0, (2 * p->cp - 1) * hop - 2 * t_attn * (p->cp - 1) / p->cp) + (p->ac == AC_FULL ? cp_fwd : 0);
-    }
+    // Context parallel: full recompute runs the forward's transfers again.
+    double cp_fwd = cpc.fwd_wait, cp_bwd = cpc.bwd_wait + (p->ac == AC_FULL ? cpc.fwd_wait : 0);
     k.block.fwd_wait = tp_fwd + cp_fwd;
     k.block.bwd_wait = tp_bwd + cp_bwd;
     k.block.wait_track = p->tp > 1 ? TRACK_TP : TRACK_CP;

@@ -64,6 +64,22 @@ const char *cluster_check(const Cluster *c, char *buf, size_t len);
 #define PLAN_MAX_TOKENS 2147483647LL
 
 // ---- the run -------------------------------------------------------------------------------------
+// How context parallelism moves K and V (--cp-impl):
+//   CP_RING             chapter 8's ring: each rank's K and V (its kv heads, in the compute
+//                       precision) hop cp - 1 times, each hop hidden behind the previous block's
+//                       attention; backward K, V and dK, dV 2 cp - 1 hops.
+//   CP_TORCH_ALLGATHER  PyTorch's context_parallel as torchtitan ran it in seed 001 (torch of
+//                       2024-12-23): K and V repeated to every query head (repeat_kv before SDPA),
+//                       all-gathered in one collective per attention call (forward, recompute and
+//                       backward each gather again); dK and dV passed around the ring in fp32, cp
+//                       sends; every block's output merged into an fp32 running output, the
+//                       gradients summed in fp32. Under --compile each collective is waited on right
+//                       after it starts (traced functional collectives), so none overlaps compute;
+//                       eager, the all-gather overlaps the first block and the dK, dV sends the
+//                       next blocks.
+typedef enum { CP_RING, CP_TORCH_ALLGATHER } CpImpl;
+#define CP_IMPL_NAMES "ring|torch-allgather"  // in enum order (plan's --cp-impl choices)
+
 typedef struct {
     ModelConfig model;
     int dp_replicate, dp_shard, cp, tp, pp; // mesh, outermost first: pp, dp_replicate, dp_shard, cp, tp
@@ -74,6 +90,7 @@ typedef struct {
     PpScheduleKind schedule;
     int microbatches, virtual_stages;       // per step, per pp rank
     bool fp8, compile, async_tp;
+    CpImpl cp_impl;                         // with cp > 1
     int act_bytes;                          // bytes per activation element: 2 (bf16 on GPUs), 4 (fp32 CPU)
     int master_bytes, working_bytes, grad_bytes, optim_bytes;  // per parameter (see plan_memory)
 } PlanConfig;
@@ -137,3 +154,13 @@ double plan_ideal_bubble(PpScheduleKind kind, int p, int m, int v);
 int plan_group_per_node(const Cluster *c, int n, int stride);
 double plan_all_gather_s(const Cluster *c, int n, int stride, double bytes);
 double plan_all_reduce_s(const Cluster *c, int n, int stride, double bytes);
+
+// Context parallel's cost per block and micro-batch on one rank, by p->cp_impl: the waits it adds
+// to the forward and to the backward (transfers not hidden behind compute; full recompute adds the
+// forward's again), and the element-wise time of merging the blocks' partial outputs (forward,
+// repeated by recompute) and of summing their gradients in fp32 (backward). t_attn: the rank's
+// attention time in the block's forward, cp blocks of equal work (load-balanced). All 0 at cp 1.
+typedef struct {
+    double fwd_wait, bwd_wait, fwd_merge, bwd_merge;
+} CpCost;
+CpCost plan_cp_costs(const PlanConfig *p, const Cluster *c, double t_attn);
