@@ -79,7 +79,7 @@ static const ArgSpec FLAGS[] = {
     {"seed", ARG_LONG, &opt.seed, "1234", "seed of the weights and the data", .min = 0, .max = 9.2e18},
     {"data", ARG_STRING, &opt.data, "markov",
      "markov | markov:order=K,branches=N | text:FILE | tokens:FILE (common/DATA.md)", .value_name = "SPEC"},
-    {"rope-theta", ARG_DOUBLE, &opt.rope_theta, NULL, "RoPE base (default: the model's, 500000)", .min = 1,
+    {"rope-theta", ARG_DOUBLE, &opt.rope_theta, NULL, "RoPE base (default: the model's)", .min = 1,
      .max = UNBOUNDED},
     {"device", ARG_CHOICE, &opt.device, "cpu",
      "where the model runs: cpu (the reference and every chapter), cuda (the GPU model: the single process, "
