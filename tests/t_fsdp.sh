@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Chapters 3-5 under mpirun: ZeRO stages 1-3 at 2, 4 and 8 ranks, HSDP, activation checkpointing
-# with DDP and FSDP, resume of sharded state, memory by stage, bad input.
+# with DDP and FSDP, resume of sharded state, memory by stage, the ZeRO-3 timeline (prefetch, and each
+# reshard policy's all-gathers per step), bad input.
 # Tolerances (fp32), as in tests/t_ddp.sh: the sharded gradient is the reference's sum added in
 # another order (per-rank matmuls, then the reduce-scatter's rank-order sum), so
 #   losses: rtol 1e-5; params after 20 AdamW steps: rtol 5e-4 of each tensor's max (AdamW's
@@ -86,7 +87,12 @@ trace_run() {  # name, extra flags
 }
 trace_run trace_prefetch
 trace_run trace_no_prefetch --no-overlap
-$PYTHON tests/py/check_fsdp_trace.py "$T/trace_prefetch.json" --expect-prefetch "$T/trace_no_prefetch.json"
+$PYTHON tests/py/check_fsdp_trace.py "$T/trace_prefetch.json" --expect-prefetch "$T/trace_no_prefetch.json" --expect-gathers 13
+# The reshard policies by their all-gathers per step (small: 6 blocks; the default's 13 just above).
+trace_run trace_always --reshard-after-forward always
+trace_run trace_never --reshard-after-forward never
+$PYTHON tests/py/check_fsdp_trace.py "$T/trace_always.json" --expect-gathers 15
+$PYTHON tests/py/check_fsdp_trace.py "$T/trace_never.json" --expect-gathers 8
 $PYTHON tests/py/check_fsdp_trace.py "$T/trace_no_prefetch.json" --expect-no-gather-overlap
 traces/trace-summary "$T/trace_prefetch.pftrace"
 traces/trace-summary "$T/trace_no_prefetch.pftrace"

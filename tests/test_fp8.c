@@ -195,6 +195,28 @@ START_TEST(test_delayed_history) {
 }
 END_TEST
 
+// An input with an infinity (an overflow upstream) must not set the scale to 448 / inf = 0, which
+// would quantize every value of that tensor to 0 for as long as the infinity stays in the history:
+// the scale stays where it was until the history holds finite amaxes only.
+START_TEST(test_delayed_nonfinite_amax) {
+    enum { M = 4, K = 8, N = 4 };
+    Fp8Options o = {FP8_DELAYED, 2, 1};
+    Fp8 *f = fp8_create(&o, 2, (Fp8Groups){NULL, NULL});
+    real x[M * K], w[N * K], y[M * N];
+    for (int i = 0; i < N * K; i++) w[i] = (real)0.25;
+    const double amaxes[] = {2.0, INFINITY, 1.0, 1.0};
+    const double refs[] = {2.0, 2.0, 2.0, 1.0};  // the scale of amax 2 kept while inf is in the last 2
+    for (int step = 0; step < 4; step++) {
+        for (int i = 0; i < M * K; i++) x[i] = (real)(i == 5 ? amaxes[step] : 0.125);
+        fp8_linear_forward(f, 1, PROJ_W2, y, x, w, M, K, N);
+        fp8_step_end(f);
+        float want = (float)(448.0 / 2 / refs[step]), got = fp8_delayed_scale(f, 1, PROJ_W2, 0);
+        ck_assert_msg(got == want, "step %d (amax %g): input scale %g, expected %g", step, amaxes[step], got, want);
+    }
+    fp8_free(f);
+}
+END_TEST
+
 // The model with the FP8 hook: the loss stays within 1% of fp32 and the gradients keep the linear's
 // SQNR; without the hook, nothing changes; with full activation checkpointing the recompute
 // quantizes the same tensors with the same scales, so the gradients are the same bits.
@@ -252,6 +274,7 @@ int main(void) {
     tcase_add_test(tc, test_gemm_sqnr);
     tcase_add_test(tc, test_outliers_tensorwise_vs_rowwise);
     tcase_add_test(tc, test_delayed_history);
+    tcase_add_test(tc, test_delayed_nonfinite_amax);
     tcase_add_test(tc, test_model_hook);
     suite_add_tcase(s, tc);
     return run_suite(s);

@@ -251,6 +251,16 @@ START_TEST(test_cp_costs) {
     double t_torch = plan_step_time(&p, &c, NULL).step_s;
     p.cp_impl = CP_RING;
     ck_assert(t_torch > plan_step_time(&p, &c, NULL).step_s);
+    // Memory: PyTorch's gathered K and V of one attention call, repeated to the query heads, are
+    // comm memory the ring does not hold (cp x 2 x b x s/cp x h_q x hd x 2 bytes); nothing else moves.
+    PlanMemory ring_mem = plan_memory(&p);
+    p.cp_impl = CP_TORCH_ALLGATHER;
+    PlanMemory torch_mem = plan_memory(&p);
+    double gathered = 8.0 * 2 * 1 * Tl * 32 * 128 * 2;
+    ck_assert_msg(torch_mem.comm - ring_mem.comm == gathered && torch_mem.total - ring_mem.total == gathered &&
+                      torch_mem.activations == ring_mem.activations,
+                  "gathered K/V: %.0f more bytes, want %.0f", torch_mem.comm - ring_mem.comm, gathered);
+    p.cp_impl = CP_RING;
     p.cp = 1, p.dp_shard = 8, p.batch = 8, p.seq_len = 32768;
     double t_ring1 = plan_step_time(&p, &c, NULL).step_s;
     p.cp_impl = CP_TORCH_ALLGATHER;

@@ -263,6 +263,9 @@ START_TEST(test_clip_by_global_norm) {
     double norm = sqrt(sum_of_squares(g, 2));
     clip_by_global_norm(g, 2, norm, 1.0);
     ck_assert_msg(fabs(norm - 5) < 1e-12 && fabs(g[0] - 0.6) < 1e-6 && fabs(g[1] - 0.8) < 1e-6, "clip %g %g", g[0], g[1]);
+    // the factor alone: never above 1 (a small norm is not scaled up), 1 with clipping off
+    ck_assert(clip_coefficient(0.5, 1.0) == 1 && clip_coefficient(5.0, 0) == 1);
+    ck_assert_msg(fabs(clip_coefficient(5.0, 1.0) - 1.0 / (5.0 + 1e-6)) < 1e-15, "%.17g", clip_coefficient(5.0, 1.0));
 }
 END_TEST
 

@@ -23,9 +23,16 @@ comm stream (one worker runs it in that order, so the slices' start times keep i
                          --replicate R > 1 (HSDP) each reduce-scatter is followed by one all-reduce
                          over the replicate group of its shard, 1/N of the reduce-scatter's bytes.
 
+And the reshard policy, by its count of weight all-gathers:
+  --expect-gathers N     per step and rank, exactly N all-gathers on the shard group: forward gathers
+                         every unit once (L + 2 for L blocks), backward again each unit it
+                         resharded after forward but the embedding, whose gradient needs no
+                         weights: the default policy keeps the embedding, the head and the last
+                         block (2L + 1 in all), always keeps none (2L + 3), never all (L + 2).
+
 usage: check_fsdp_trace.py TRACE.json [--expect-prefetch NO_PREFETCH.json | --expect-no-gather-overlap]
                            [--expect-prefetch-order | --expect-no-prefetch-order]
-                           [--expect-reduce-formula --shard N [--replicate R]]
+                           [--expect-reduce-formula --shard N [--replicate R]] [--expect-gathers N]
 Prints, per rank, how many all-gathers and reduce-scatters overlap a block's forward or backward.
 """
 import argparse
@@ -154,6 +161,7 @@ def main():
     ap.add_argument("--expect-reduce-formula", action="store_true")
     ap.add_argument("--shard", type=int, default=0, help="ranks in the shard group (--expect-reduce-formula)")
     ap.add_argument("--replicate", type=int, default=1, help="ranks in the replicate group (HSDP)")
+    ap.add_argument("--expect-gathers", type=int, metavar="N", help="all-gathers on the shard group per step")
     args = ap.parse_args()
     if args.expect_reduce_formula and args.shard < 2:
         ap.error("--expect-reduce-formula needs --shard N (N >= 2)")
@@ -165,10 +173,15 @@ def main():
                 found += backward_order_problems(seq, args.expect_prefetch_order)
             if args.expect_reduce_formula:
                 found += reduce_formula_problems(seq, args.shard, args.replicate)
+            if args.expect_gathers is not None:
+                n = sum(op == "all_gather" and group == "dp_shard_cp" for op, group, size in seq)
+                if n != args.expect_gathers:
+                    found.append(f"{n} all-gathers on the shard group, want {args.expect_gathers} (reshard policy)")
             problems += [f"rank {rank} step {step}: {p}" for p in found]
     for p in problems[:6]:
         print("FAIL:", p)
-    if args.expect_prefetch_order or args.expect_no_prefetch_order or args.expect_reduce_formula:
+    if (args.expect_prefetch_order or args.expect_no_prefetch_order or args.expect_reduce_formula
+            or args.expect_gathers is not None):
         print("comm order and sizes: " + ("ok" if not problems else f"{len(problems)} problems"))
     ranks = slices_by_rank(args.trace)
     if not ranks:
