@@ -347,7 +347,8 @@ static void search(const PlanConfig *base, const Cluster *c) {
     qsort(found, (size_t)n, sizeof(Candidate), by_tps);
     printf("%s on %d GPUs of %s, batch %d x %d%s%s%s: %d of %d meshes fit in %.1f GiB (searched:%s%s%s%s%s%s%s%s%s)\n",
            base->model.name, gpus, c->name, base->batch, base->seq_len, base->fp8 ? ", fp8" : "",
-           base->compile ? ", compile" : "", base->cp_impl == CP_TORCH_ALLGATHER ? ", cp torch-allgather" : "", n, tried, c->hbm_bytes / GiB, flag_given("pp") ? "" : " pp",
+           base->compile ? ", compile" : "", base->cp_impl == CP_TORCH_ALLGATHER ? ", cp torch-allgather" : "", n,
+           tried, c->hbm_bytes / GiB, flag_given("pp") ? "" : " pp",
            flag_given("dp-replicate") ? "" : " dp_rep", flag_given("dp-shard") ? "" : " dp_shard",
            flag_given("cp") ? "" : " cp", flag_given("tp") ? "" : " tp", flag_given("ac") ? "" : " ac",
            flag_given("zero-stage") ? "" : " zero", flag_given("pp-schedule") ? "" : " schedule",

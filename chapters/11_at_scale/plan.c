@@ -104,6 +104,13 @@ static double p2p_s(const Cluster *c, bool same_node, double bytes) {
     return same_node ? c->nvlink_lat + bytes / c->nvlink_bw : c->net_lat + bytes / c->net_bw;
 }
 
+// Query (and attention output) elements of one micro-batch on one rank: b x s/cp x h_q/tp x head_dim.
+// PyTorch's context parallel repeats K and V to the query heads, so each carries as many.
+static double cp_query_elems(const PlanConfig *p) {
+    const ModelConfig *m = &p->model;
+    return (double)micro_batch(p) * p->seq_len / p->cp * m->n_heads * model_head_dim(m) / p->tp;
+}
+
 // ---- memory -------------------------------------------------------------------------------------------
 // One tp rank's model (shapes only: no RoPE table, nothing allocated), sequence parallel when tp > 1
 // as the trainer's --tp runs it.
@@ -198,9 +205,8 @@ static PlanMemory rank_memory(const PlanConfig *p, const Model *m, int r, int in
     // Collective buffers: reduce-scatter inputs of two units (FSDP) or two buckets of one unit
     // (DDP), in the gradient precision.
     if (p->dp_replicate * p->dp_shard * p->cp > 1) mem.comm = 2 * biggest * p->grad_bytes;
-    // PyTorch's context parallel: one attention call's K and V gathered whole, repeated to the query heads.
-    if (p->cp > 1 && p->cp_impl == CP_TORCH_ALLGATHER)
-        mem.comm += (double)p->cp * 2 * B * T * p->model.n_heads / p->tp * model_head_dim(&p->model) * p->act_bytes;
+    // PyTorch's context parallel: one attention call's K and V gathered whole (cp ranks' shares).
+    if (p->cp > 1 && p->cp_impl == CP_TORCH_ALLGATHER) mem.comm += p->cp * 2 * cp_query_elems(p) * p->act_bytes;
     mem.total = mem.weights + mem.grads + mem.optimizer + mem.activations + mem.comm;
     return mem;
 }
@@ -256,8 +262,7 @@ CpCost plan_cp_costs(const PlanConfig *p, const Cluster *c, double t_attn) {
     if (p->cp == 1) return k;
     const ModelConfig *m = &p->model;
     double b = micro_batch(p), Tl = (double)p->seq_len / p->cp, hd = model_head_dim(m);
-    double hq = m->n_heads * hd, hkv = m->n_kv_heads * hd;
-    double tp = p->tp, cp = p->cp, block_attn = t_attn / cp;
+    double hkv = m->n_kv_heads * hd, tp = p->tp, cp = p->cp, block_attn = t_attn / cp;
     bool local = p->cp * p->tp <= c->gpus_per_node;
     if (p->cp_impl == CP_RING) {
         // cp - 1 hops of the rank's K and V (b, T/cp, hkv/tp); every hop but the first hides behind
@@ -269,9 +274,8 @@ CpCost plan_cp_costs(const PlanConfig *p, const Cluster *c, double t_attn) {
         k.bwd_wait = fmax(0, (2 * cp - 1) * hop - 2 * block_attn * (cp - 1));
         return k;
     }
-    // PyTorch's all-gather implementation. q_elems: the rank's query (or output) elements; K and V
-    // carry as many each, repeated from the kv heads to the query heads.
-    double q_elems = b * Tl * hq / tp;
+    // PyTorch's all-gather implementation: K and V repeated to the query heads (cp_query_elems).
+    double q_elems = cp_query_elems(p);
     double gather = plan_all_gather_s(c, p->cp, p->tp, cp * 2 * q_elems * p->act_bytes);
     double dkv_send = p2p_s(c, local, 2 * q_elems * 4);
     bool overlap = !p->compile;
