@@ -150,10 +150,11 @@ bool gpu_attention_bf16_uses_tensor_cores(const AttnShape *s);
 // warp as two fragments of 16: FlashAttention-2's forward tiling, in which each fragment of the other
 // side a warp loads from shared memory serves twice the products). The backward kernels take 128 only
 // where head_dim is at most 64 (their 128-wide accumulators would spill). Every choice gives the same
-// bits. The environment's LLAMA_ATTN_TILE_ROWS sets the starting values: "128" (all three) or
-// "128,128,64" (forward, dQ, dK/dV). Not yet timed on a GPU against each other: `bench_gpu
-// --attention-only` times both. gpu_init reads the environment's value (a bad one stops the program
-// there, exit status 2).
+// bits. The default is 64, 64, 128 (forward, dQ, dK/dV): on an H200 at llama3_1b's attention, 16 x 2048,
+// the fastest of the four mixes `bench_gpu --attention-only` times (gpu/README.md, *Benchmark*). The
+// environment's LLAMA_ATTN_TILE_ROWS sets the starting values: "128" (all three) or "128,128,64"
+// (forward, dQ, dK/dV). gpu_init reads the environment's value (a bad one stops the program there,
+// exit status 2).
 typedef struct {
     int forward, dq, dkdv;
 } GpuAttnTileRows;

@@ -1252,8 +1252,8 @@ static void test_attention_bf16(const AttnCase *c) {
     // Every kernel's other tile (64 or 128 rows of its own side): the same arithmetic per query and
     // per key, so the same bits.
     const GpuAttnTileRows rows = gpu_attention_tile_rows();
-    const int other_rows = rows.forward == 64 ? 128 : 64;
-    gpu_attention_set_tile_rows((GpuAttnTileRows){other_rows, other_rows, other_rows});
+    const GpuAttnTileRows flipped = {192 - rows.forward, 192 - rows.dq, 192 - rows.dkdv};  // 64 <-> 128 each
+    gpu_attention_set_tile_rows(flipped);
     AttnResults other = run_attention_bf16(false, &s, q, k, v, dout, dq0, dk0, dv0);
     gpu_attention_set_tile_rows(rows);
 
@@ -1310,8 +1310,8 @@ static void test_attention_bf16(const AttnCase *c) {
     for (size_t t = 0; t < sizeof same / sizeof same[0]; t++) {
         snprintf(name, sizeof name, "attention bf16 %s %s run twice", c->name, same[t].what);
         check_exact(name, same[t].a, same[t].b, same[t].n);
-        snprintf(name, sizeof name, "attention bf16 %s %s: %d-row tiles = %d-row", c->name, same[t].what, other_rows,
-                 rows.forward);
+        snprintf(name, sizeof name, "attention bf16 %s %s: tiles %d,%d,%d = %d,%d,%d", c->name, same[t].what,
+                 flipped.forward, flipped.dq, flipped.dkdv, rows.forward, rows.dq, rows.dkdv);
         check_exact(name, same[t].other, same[t].a, same[t].n);
     }
 
