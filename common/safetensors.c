@@ -667,6 +667,7 @@ StFile *st_open_header(const char *path, char *err, size_t err_len) {
         st_close(f);
         return NULL;
     }
+    f->data_start = 8 + header_len, f->data_size = size - 8 - header_len;
     return f;
 }
 
@@ -712,10 +713,24 @@ bool st_metadata_entry(const StFile *f, int index, const char **key, const char 
     return true;
 }
 
-bool st_data_hash(const StFile *f, uint64_t *hash) {
-    if (f->fp) return false;  // st_open_header: the data is on disk
+bool st_data_hash(const StFile *f, uint64_t *hash, char *err, size_t err_len) {
     DataHash s = hash_start();
-    hash_update(&s, f->bytes + f->data_start, f->data_size);
+    if (!f->fp) {
+        hash_update(&s, f->bytes + f->data_start, f->data_size);
+    } else {  // st_open_header: the data streamed from disk, a chunk at a time (the hash is chunk-blind)
+        enum { CHUNK = 1 << 22 };
+        unsigned char *buffer = xrealloc(NULL, CHUNK);
+        for (size_t done = 0; done < f->data_size;) {
+            size_t n = f->data_size - done < CHUNK ? f->data_size - done : CHUNK;
+            if (!read_at(f, f->data_start + done, n, buffer, err, err_len)) {
+                free(buffer);
+                return false;
+            }
+            hash_update(&s, buffer, n);
+            done += n;
+        }
+        free(buffer);
+    }
     *hash = hash_final(&s);
     return true;
 }
@@ -724,7 +739,8 @@ bool st_check_data_hash(const StFile *f, char *err, size_t err_len) {
     const char *recorded = st_metadata(f, "data_hash");
     uint64_t hash;
     char text[24];
-    if (!recorded || !st_data_hash(f, &hash)) return true;
+    if (!recorded) return true;
+    if (!st_data_hash(f, &hash, err, err_len)) return false;
     snprintf(text, sizeof text, "%016" PRIx64, hash);
     if (strcmp(text, recorded) == 0) return true;
     set_err(err, err_len, "%s: the tensor data does not match the hash its writer recorded (%s, now %s): the file "

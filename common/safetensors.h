@@ -106,10 +106,11 @@ int st_metadata_count(const StFile *f);
 bool st_metadata_entry(const StFile *f, int index, const char **key, const char **value);
 const char *st_metadata(const StFile *f, const char *key);  // NULL if absent
 // The same hash of the file's data block, as st_writer_data_hash computes it for the file's
-// writer; false for a file opened with st_open_header (its data is not in memory).
-bool st_data_hash(const StFile *f, uint64_t *hash);
-// False (and err) when the file records a "data_hash" that its data no longer matches; true when it
-// matches, when the file records none, or when it was opened with st_open_header.
+// writer; for a file opened with st_open_header the data is read from disk in chunks (memory stays
+// small). False (and err) on a failed read.
+bool st_data_hash(const StFile *f, uint64_t *hash, char *err, size_t err_len);
+// False (and err) when the file records a "data_hash" that its data no longer matches, or its data
+// cannot be read; true when it matches or when the file records none.
 bool st_check_data_hash(const StFile *f, char *err, size_t err_len);
 
 // Copies the tensor's bytes to dst, which holds dst_bytes; false (and err) unless they are equal.

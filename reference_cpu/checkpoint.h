@@ -30,8 +30,9 @@ void checkpoint_save(const char *path, const Model *m, const real *adam_m, const
 // total steps), exits with status 2 and one line naming the difference (for the model, the first
 // config field that differs). So does a step that is not an integer in 0..total_steps.
 long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v, const RunIdentity *run);
-// The same checks from the file's header alone (its size included: a truncated file fails), without
-// a model: a run can refuse a bad --resume before it writes anything.
+// The same checks without a model, the data's hash included (read from disk in chunks, never held
+// whole): a run can refuse a bad --resume -- truncated, damaged, or from another run -- before it
+// writes anything.
 void checkpoint_check(const char *path, const ModelConfig *cfg, const RunIdentity *run);
 // A file path is returned as is; for a directory, the step_*.safetensors with the highest step
 // (exits 2 if there is none). out holds the result.

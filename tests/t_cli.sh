@@ -180,7 +180,7 @@ b[8 + struct.unpack("<Q", b[:8])[0] + 1000] ^= 1
 open(sys.argv[2], "wb").write(b)
 PY
 expect_error "flipped.safetensors: the tensor data does not match the hash its writer recorded" --model tiny --steps 2 \
-    --batch 2 --resume "$T/flipped.safetensors"
+    --batch 2 --resume "$T/flipped.safetensors" --mesh-dot "$T/keep.dot"
 # the same for delayed FP8 scaling's companion file (step_N.safetensors.fp8: the amax history)
 fp8=(--model tiny --steps 4 --batch 2 --fp8 --fp8-recipe delayed)
 "$TRAIN" "${fp8[@]}" --checkpoint-every 2 --checkpoint-dir "$T/ck8" >/dev/null || { echo "FAIL: FP8 run"; exit 1; }
@@ -191,7 +191,9 @@ b[8 + struct.unpack("<Q", b[:8])[0] + 4] ^= 1
 open(sys.argv[1], "wb").write(b)
 PY
 expect_error "step_000002.safetensors.fp8: the tensor data does not match the hash" "${fp8[@]}" \
-    --resume "$T/ck8/step_000002.safetensors"
+    --resume "$T/ck8/step_000002.safetensors" --mesh-dot "$T/keep.dot"
+# the damaged data is found before any output is written, as the truncated file above
+[ "$(cat "$T/keep.dot")" = keep ] || { echo "FAIL: --mesh-dot was written before a damaged --resume was refused"; failures=$((failures + 1)); }
 printf 'garbage that is not a safetensors file at all' > "$T/garbage.safetensors"
 expect_error "garbage.safetensors" --model tiny --steps 2 --batch 2 --resume "$T/garbage.safetensors"
 expect_error "--seed" --model tiny --steps 2 --batch 2 --seed 7 --resume "$good"

@@ -592,8 +592,9 @@ START_TEST(test_header_byte_flips) {
 END_TEST
 
 // The data hash: the writer's (tensors hashed one by one, sizes that split the 8-byte words and
-// 32-byte chunks) equals the reader's over the written block; changing any one byte of the block
-// changes it; a header-only file has none.
+// 32-byte chunks) equals the reader's over the written block, whether the file was read whole or
+// only its header (then the data is hashed from disk); changing any one byte of the block changes
+// both.
 START_TEST(test_data_hash) {
     char err[512];
     static const uint8_t odd[5] = {1, 2, 3, 4, 5};
@@ -609,7 +610,7 @@ START_TEST(test_data_hash) {
     ck_assert_msg(st_write(w, path, err, sizeof err), "%s", err);
     st_writer_free(w);
     StFile *f = open_ok(path);
-    ck_assert(st_data_hash(f, &read));
+    ck_assert(st_data_hash(f, &read, err, sizeof err));
     ck_assert_uint_eq(read, written);
     st_close(f);
     size_t n;
@@ -620,16 +621,53 @@ START_TEST(test_data_hash) {
         bytes[pos] ^= 0x01;
         write_file(path, bytes, n);
         f = open_ok(path);
-        ck_assert(st_data_hash(f, &read));
+        ck_assert(st_data_hash(f, &read, err, sizeof err));
         ck_assert_msg(read != written, "a flipped bit at byte %zu left the hash unchanged", pos);
         st_close(f);
+        StFile *lazy = st_open_header(path, err, sizeof err);
+        ck_assert_msg(lazy != NULL, "%s", err);
+        ck_assert(st_data_hash(lazy, &read, err, sizeof err));
+        ck_assert_msg(read != written, "header-only: a flipped bit at byte %zu left the hash unchanged", pos);
+        st_close(lazy);
         bytes[pos] ^= 0x01;
     }
+    write_file(path, bytes, n);  // the file as written again
     free(bytes);
     StFile *lazy = st_open_header(path, err, sizeof err);
     ck_assert_msg(lazy != NULL, "%s", err);
-    ck_assert(!st_data_hash(lazy, &read));
+    ck_assert(st_data_hash(lazy, &read, err, sizeof err));
+    ck_assert_uint_eq(read, written);
     st_close(lazy);
+}
+END_TEST
+
+// A data block larger than the chunk the header-only hash reads at a time (4 MiB), with a length
+// that is no multiple of it nor of 32: both readers give the writer's hash.
+START_TEST(test_data_hash_large) {
+    char err[512];
+    const int64_t n = (int64_t)(1 << 20) + 1234567;  // floats: 9.2 MB
+    float *values = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) values[i] = (float)(i % 1000) - 0.25f;
+    static const uint8_t tail[3] = {7, 8, 9};
+    StWriter *w = st_writer_new();
+    ck_assert(st_writer_add(w, "big", ST_F32, 1, (int64_t[]){n}, values, err, sizeof err));
+    ck_assert(st_writer_add(w, "tail", ST_U8, 1, (int64_t[]){3}, tail, err, sizeof err));
+    ck_assert(st_writer_add_data_hash(w, err, sizeof err));
+    uint64_t written = st_writer_data_hash(w), whole, streamed;
+    Path path_buf = tmp_file("hash_large.safetensors");
+    ck_assert_msg(st_write(w, path_buf.s, err, sizeof err), "%s", err);
+    st_writer_free(w);
+    free(values);
+    StFile *f = open_ok(path_buf.s);
+    ck_assert(st_data_hash(f, &whole, err, sizeof err));
+    st_close(f);
+    StFile *lazy = st_open_header(path_buf.s, err, sizeof err);
+    ck_assert_msg(lazy != NULL, "%s", err);
+    ck_assert(st_data_hash(lazy, &streamed, err, sizeof err));
+    ck_assert_msg(st_check_data_hash(lazy, err, sizeof err), "%s", err);
+    st_close(lazy);
+    ck_assert_uint_eq(whole, written);
+    ck_assert_uint_eq(streamed, written);
 }
 END_TEST
 
@@ -703,6 +741,7 @@ static Suite *safetensors_suite(void) {
     tcase_add_test(tc, test_every_truncation);
     tcase_add_test(tc, test_header_byte_flips);
     tcase_add_test(tc, test_data_hash);
+    tcase_add_test(tc, test_data_hash_large);
     tcase_add_test(tc, test_write_into_missing_directory);
     tcase_add_test(tc, test_overwrite_replaces_wholly);
     suite_add_tcase(s, tc);

@@ -33,6 +33,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/mesh.h"
+#include "common/safetensors.h"
 #include "common/trace.h"
 #include "common/trace_dist.h"
 #include "reference_cpu/adamw.h"
@@ -569,6 +570,16 @@ static void fp8_save(Trainer *t, const char *path) {
     mem_free(state);
 }
 
+// Before anything is written: the companion of --resume's checkpoint exists and its data matches its
+// recorded hash (what fp8_state_load reads later, once the FP8 state exists, it checks again).
+static void fp8_check_companion(const char *checkpoint) {
+    char companion[4200], err[1024];
+    fp8_companion(checkpoint, companion, sizeof companion);
+    StFile *f = st_open_header(companion, err, sizeof err);
+    if (!f || !st_check_data_hash(f, err, sizeof err)) fatal_input("--resume with delayed FP8 scaling: %s", err);
+    st_close(f);
+}
+
 static void fp8_load(const char *path) {
     if (!fp8 || fp8_state_numel(fp8) == 0) return;
     char companion[4200];
@@ -810,6 +821,7 @@ int main(int argc, char **argv) {
     if (opt.resume) {  // its header now, before the first output is written (the diagrams, below)
         checkpoint_resolve(opt.resume, resume_path, sizeof resume_path);
         checkpoint_check(resume_path, &cfg, &run);
+        if (opt.fp8 && !cuda && strcmp(opt.fp8_recipe, "delayed") == 0) fp8_check_companion(resume_path);
     }
     if (opt.mesh_dot && t.mesh->rank == 0) mesh_write_dot(t.mesh, opt.mesh_dot);
     // --desync-init: replicas differ (what DDP's broadcast must fix), the ranks of one replica agree
