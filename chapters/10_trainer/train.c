@@ -818,7 +818,7 @@ int main(int argc, char **argv) {
              opt.min_lr_ratio);
     RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.cp_layout.T, opt.steps, opt.lr, schedule_text};
     char resume_path[4096];
-    if (opt.resume) {  // its header now, before the first output is written (the diagrams, below)
+    if (opt.resume) {  // checked whole now (header and data hash), before the diagrams below are written
         checkpoint_resolve(opt.resume, resume_path, sizeof resume_path);
         checkpoint_check(resume_path, &cfg, &run);
         if (opt.fp8 && !cuda && strcmp(opt.fp8_recipe, "delayed") == 0) fp8_check_companion(resume_path);
