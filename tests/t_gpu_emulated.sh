@@ -141,16 +141,19 @@ need = ["peak_bf16", "peak_fp8", "gemm_eff", "fp8_gemm_eff", "attn_eff", "hbm_bw
 sys.exit(0 if all(p.get(k, 0) > 0 for k in need) else 1)' "$profile" ||
     { echo "FAIL: bench_gpu.sh's profile and prediction"; tail -20 <<<"$out"; cat "$profile" 2>/dev/null; exit 1; }
 echo "ok: $(grep '^build/plan --cluster' <<<"$out")"
-for rows in 128,128,64 64,64,128 128,128,128; do
+grep -qE "^  ours, tiles 64,64,128 " <<<"$out" ||
+    { echo "FAIL: bench_gpu.sh's row for the attention kernels' default tiles 64,64,128"; tail -20 <<<"$out"; exit 1; }
+for rows in 64,64,64 128,128,64 128,128,128; do
     grep -qE "^  ours, tiles $rows .* same bits: yes$" <<<"$out" ||
         { echo "FAIL: bench_gpu.sh's row for the attention kernels' tiles $rows"; tail -20 <<<"$out"; exit 1; }
 done
 # --attention-only times the kernels' tile sizes and compares their results bit for bit: on `small`
-# (head_dim 64) the tensor-core kernels, with the default 64-row tiles, then 128-row query tiles in the
-# forward and dQ kernels, a 128-row key tile in dK/dV, and both.
+# (head_dim 64) the tensor-core kernels, with the default tiles (64-row query tiles in the forward and
+# dQ kernels, a 128-row key tile in dK/dV), then 64 rows in all three, 128 in the forward and dQ
+# kernels with 64 in dK/dV, and 128 in all three.
 out=$("$EMU/bench_gpu" --model small --batch 1 --seq-len 192 --steps 2 --warmup 1 --attention-only 2>&1) ||
     { echo "FAIL: bench_gpu --attention-only on small"; tail -5 <<<"$out"; exit 1; }
-for line in "attention: .* rows=64,64,64 " "attention-tiles: rows=128,128,64 " "attention-tiles: rows=64,64,128 " \
+for line in "attention: .* rows=64,64,128 " "attention-tiles: rows=64,64,64 " "attention-tiles: rows=128,128,64 " \
     "attention-tiles: rows=128,128,128 "; do
     [ "$(grep -cE "^$line" <<<"$out")" -eq 1 ] ||
         { echo "FAIL: the attention kernels' 64- and 128-row tiles, no line $line: $(grep attention <<<"$out")"; exit 1; }
