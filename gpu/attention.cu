@@ -176,9 +176,6 @@ __global__ void attention_dvec_kernel(float *dvec, const T *dout, const T *out, 
 template <int LANES>
 __global__ void attention_dvec_packed_kernel(float *dvec, const bf16 *dout, const bf16 *out, AttnParams p) {
     static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "a power of two of lanes a row");
-    struct alignas(16) Pack8 {
-        bf16 v[8];
-    };
     const size_t n_rows = (size_t)p.B * p.H * p.Tq;
     const size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / LANES;  // the row
     const int lane = (int)(threadIdx.x % LANES);
@@ -186,7 +183,7 @@ __global__ void attention_dvec_packed_kernel(float *dvec, const bf16 *dout, cons
     if (w < n_rows) {  // no early return: every lane of the warp takes part in the shuffles below
         int i = (int)(w % p.Tq), h = (int)((w / p.Tq) % p.H), b = (int)(w / ((size_t)p.Tq * p.H));
         size_t at = q_offset(p, b, i, h) + (size_t)lane * 8;
-        const Pack8 d = *reinterpret_cast<const Pack8 *>(dout + at), o = *reinterpret_cast<const Pack8 *>(out + at);
+        const Pack<bf16, 8> d = load_pack<8>(dout + at, 0), o = load_pack<8>(out + at, 0);
 #pragma unroll
         for (int e = 0; e < 8; e++) sum += to_f32(d.v[e]) * to_f32(o.v[e]);
     }

@@ -627,7 +627,7 @@ static size_t prepare_tc(Kernel kernel, AttnKernel which, int head_dim, int own_
 // The rows of each kernel's own tile (gpu_attention_set_tile_rows); 0 until first asked for, then from
 // LLAMA_ATTN_TILE_ROWS: "R" (all three) or "F,DQ,DKDV", each 64 or 128. By default 64, 64 and 128: on an
 // H200 (llama3_1b's attention at 16 x 2048, two runs) the 128-key dK/dV tile took the backward from
-// 6.03 to 5.88 ms, while 128-query tiles made the forward slower (2.00 -> 2.26 ms) and dQ no faster.
+// 6.03 to 5.88 ms, while 128-query tiles made the forward slower (2.00 -> 2.26 ms) and dQ slower too.
 static GpuAttnTileRows tile_rows;
 static bool valid_rows(int rows) { return rows == ATTN_BR || rows == 2 * ATTN_BR; }
 static bool valid_tile_rows(GpuAttnTileRows r) { return valid_rows(r.forward) && valid_rows(r.dq) && valid_rows(r.dkdv); }

@@ -88,6 +88,18 @@ template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __f
 // ---- block-wide reductions (blockDim.x a multiple of 32, at most 1024) ----------------------------
 // Every thread gets the result. The order of the additions depends only on blockDim.x, so results
 // are the same run to run. `scratch` holds 32 values; it may be reused by the next call.
+// W consecutive elements moved as one access of W * sizeof(T) bytes (16: one 128-bit load or store
+// per thread); element i of load_pack / store_pack is the pack at p + i W.
+template <typename T, int W> struct alignas(sizeof(T) * W) Pack {
+    T v[W];
+};
+template <int W, typename T> __device__ __forceinline__ Pack<T, W> load_pack(const T *p, size_t i) {
+    return reinterpret_cast<const Pack<T, W> *>(p)[i];
+}
+template <int W, typename T> __device__ __forceinline__ void store_pack(T *p, size_t i, const Pack<T, W> &x) {
+    reinterpret_cast<Pack<T, W> *>(p)[i] = x;
+}
+
 template <typename V> __device__ __forceinline__ V warp_sum(V x) {
     for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
     return x;

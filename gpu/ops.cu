@@ -27,15 +27,7 @@ static_assert(sizeof(real) == sizeof(float), "gpu/ needs the fp32 build of refer
 // W scalar ones). Its launcher runs kernel<W> over the largest multiple of W elements when every
 // pointer is aligned to its pack, then kernel<1> over the rest (and over everything otherwise):
 // the same per-element arithmetic either way.
-template <typename T, int W> struct alignas(sizeof(T) * W) Pack {
-    T v[W];
-};
-template <int W, typename T> __device__ __forceinline__ Pack<T, W> load_pack(const T *p, size_t i) {
-    return reinterpret_cast<const Pack<T, W> *>(p)[i];
-}
-template <int W, typename T> __device__ __forceinline__ void store_pack(T *p, size_t i, const Pack<T, W> &x) {
-    reinterpret_cast<Pack<T, W> *>(p)[i] = x;
-}
+// (Pack, load_pack and store_pack: gpu/internal.cuh.)
 static bool aligned(const void *p, size_t bytes) { return (uintptr_t)p % bytes == 0; }
 // How many of n elements the vector kernel takes: n rounded down to W, or none if some pointer is
 // not aligned to its pack.

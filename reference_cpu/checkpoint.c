@@ -155,7 +155,7 @@ void checkpoint_check(const char *path, const ModelConfig *cfg, const RunIdentit
     if (!f) fatal_input("--resume: %s", err);
     check_header(f, cfg, run);
     // The data too (read from disk a chunk at a time): a damaged checkpoint stops the run here,
-    // before it writes anything, not at the load after its diagrams and directories.
+    // before it writes anything, not at the load, after its diagrams are written.
     if (!st_check_data_hash(f, err, sizeof err)) fatal_input("--resume: %s", err);
     st_close(f);
 }
