@@ -78,7 +78,7 @@ __device__ __forceinline__ void copy_rows_async(bf16 *dst, int ld, const bf16 *s
 }
 // ROWS rows: a tile (ATTN_BR), or the 128-row query tile of the forward and dQ kernels (MT = 2).
 template <int ROWS = ATTN_BR>
-__device__ void copy_tile_async(bf16 *dst, int ld, const bf16 *src, int b, int r0, int T_len, int n_heads, int head,
+__device__ __forceinline__ void copy_tile_async(bf16 *dst, int ld, const bf16 *src, int b, int r0, int T_len, int n_heads, int head,
                                 int hd) {
     if (hd == 64 || hd == 128) {
         const bf16 *src_row0 = src + (((size_t)b * T_len + r0) * n_heads + head) * hd;
@@ -120,8 +120,8 @@ __device__ KeyStage key_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int stag
 // tile is needed, the same on every thread. Thread t < 64 writes position t and votes on it: the vote
 // needs no barrier before it. Past the last tile (j0 >= Tk) an empty group, so that the wait for the
 // last tile leaves exactly one group in flight as for every other.
-__device__ bool prefetch_key_tile(const KeyStage &st, int ld, const bf16 *k, const bf16 *v, const AttnParams &p, int b,
-                                  int g, int j0, int max_q_pos) {
+__device__ __forceinline__ bool prefetch_key_tile(const KeyStage &st, int ld, const bf16 *k, const bf16 *v, const AttnParams &p, int b,
+                                  int g, int j0, int max_q_pos, int hd) {
     if (j0 >= p.Tk) {
         cp_async_commit();
         return false;
@@ -129,8 +129,8 @@ __device__ bool prefetch_key_tile(const KeyStage &st, int ld, const bf16 *k, con
     load_positions(st.pos, p.k_pos, j0, p.Tk, INT_MAX);
     const bool needed = !p.causal || __syncthreads_or(threadIdx.x < ATTN_BC && st.pos[threadIdx.x] <= max_q_pos);
     if (needed) {
-        copy_tile_async(st.K, ld, k, b, j0, p.Tk, p.KV, g, p.hd);
-        copy_tile_async(st.V, ld, v, b, j0, p.Tk, p.KV, g, p.hd);
+        copy_tile_async(st.K, ld, k, b, j0, p.Tk, p.KV, g, hd);
+        copy_tile_async(st.V, ld, v, b, j0, p.Tk, p.KV, g, hd);
     }
     cp_async_commit();
     return needed;
@@ -164,9 +164,9 @@ __device__ QueryStage query_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int 
 // unless causal and no query of it reaches the block's first key (min_k_pos), its Q and dO queued;
 // the group committed (empty past the last step, as prefetch_key_tile). Returns whether the tile is
 // needed, on every thread.
-__device__ bool prefetch_query_tile(const QueryStage &st, int ld, const bf16 *q, const bf16 *dout, const float *lse,
+__device__ __forceinline__ bool prefetch_query_tile(const QueryStage &st, int ld, const bf16 *q, const bf16 *dout, const float *lse,
                                     const float *dvec, const AttnParams &p, int b, int g, int n, int tiles,
-                                    int min_k_pos) {
+                                    int min_k_pos, int hd) {
     if (n >= p.group * tiles) {
         cp_async_commit();
         return false;
@@ -182,8 +182,8 @@ __device__ bool prefetch_query_tile(const QueryStage &st, int ld, const bf16 *q,
     }
     const bool needed = !p.causal || __syncthreads_or(threadIdx.x < ATTN_BR && st.pos[threadIdx.x] >= min_k_pos);
     if (needed) {
-        copy_tile_async(st.Q, ld, q, b, i0, p.Tq, p.H, h, p.hd);
-        copy_tile_async(st.dO, ld, dout, b, i0, p.Tq, p.H, h, p.hd);
+        copy_tile_async(st.Q, ld, q, b, i0, p.Tq, p.H, h, hd);
+        copy_tile_async(st.dO, ld, dout, b, i0, p.Tq, p.H, h, hd);
     }
     cp_async_commit();
     return needed;
@@ -211,7 +211,7 @@ __device__ __forceinline__ float group_sum(float x) {
 // row0 + 16m + 15 against the other's rows 8n .. 8n+7. Each accumulator sums its k-steps in the same
 // order whatever MT and NT are, so a score does not depend on them.
 template <int HD_MAX, int MT, int NT>
-__device__ void warp_scores(float (&scores)[MT][NT][4], const bf16 *mine, const bf16 *other, int ld, int row0,
+__device__ __forceinline__ void warp_scores(float (&scores)[MT][NT][4], const bf16 *mine, const bf16 *other, int ld, int row0,
                             int hd) {
     static_assert(NT % 2 == 0, "B fragments come in pairs");
 #pragma unroll
@@ -242,7 +242,7 @@ __device__ void warp_scores(float (&scores)[MT][NT][4], const bf16 *mine, const 
 // dimensions 8n .. 8n+7 of the warp's fragment m. Two calls on rows [0, 32) and [32, 64) add in the
 // same order as one call on [0, 64).
 template <int HD_MAX, int MT, int NT>
-__device__ void warp_accumulate(float (&acc)[MT][HD_MAX / 8][4], const float (&weights)[MT][NT][4],
+__device__ __forceinline__ void warp_accumulate(float (&acc)[MT][HD_MAX / 8][4], const float (&weights)[MT][NT][4],
                                 const bf16 *other, int ld, int hd) {
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
@@ -280,7 +280,7 @@ template <int MT, int NT, typename F> __device__ __forceinline__ void for_each_s
 // row[d] += acc (or = acc, with `set`) for the lane's columns d = 8n + 2t, 8n + 2t + 1 of
 // accumulator row `half` (0: row g, 1: row g + 8), each rounded to T (bf16, or fp32: exact) once.
 template <int HD_MAX, typename T>
-__device__ void store_row(T *row, const float acc[HD_MAX / 8][4], int half, int hd, bool set) {
+__device__ __forceinline__ void store_row(T *row, const float acc[HD_MAX / 8][4], int half, int hd, bool set) {
 #pragma unroll
     for (int n = 0; n < HD_MAX / 8; n++) {
         if (n * 8 >= hd) break;
@@ -293,24 +293,35 @@ __device__ void store_row(T *row, const float acc[HD_MAX / 8][4], int half, int 
     }
 }
 
+// The kernels' head_dim: HD_MAX itself where head_dim fills the accumulators (EXACT_HD: the models'
+// 64 and 128), a constant, so that the products' k-step loops and the tile copies unroll with no test
+// of it; else p.hd, up to HD_MAX (test_gpu_ops' head_dim 16 and 32 cases). Read from p, each k-step
+// was a branch (ncu: 0.8 branches per HMMA in the forward) that kept the compiler from loading the
+// next fragments early; as a constant, on an H200 at 16 x 2048, the forward went 2.00 -> 1.63 ms and
+// the backward 5.68 -> 4.74.
+template <int HD_MAX, bool EXACT_HD> __device__ __forceinline__ int head_dim_of(const AttnParams &p) {
+    return EXACT_HD ? HD_MAX : p.hd;
+}
+
 // ================================ forward ========================================================
 
 // MT m16 fragments of query rows per warp: MT = 1, a 64-row query tile (warp w: rows 16w .. 16w+15);
 // MT = 2, a 128-row one (warp w: rows 32w .. 32w+31), FlashAttention-2's forward tiling, in which a
 // warp's B fragments of K and V serve two fragments of rows. Key tiles are 64 rows either way, and
 // a row's arithmetic is the same: the two give the same bits (test_gpu_ops checks it).
-template <int HD_MAX, typename OutT, int MT>
+template <int HD_MAX, bool EXACT_HD, typename OutT, int MT>
 __global__ void __launch_bounds__(ATTN_TC_THREADS)
 flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, AttnParams p) {
     constexpr int BR = ATTN_TC_WARPS * 16 * MT;  // the block's query rows
+    const int hd = head_dim_of<HD_MAX, EXACT_HD>(p);
     GPU_DYNAMIC_SMEM(Chunk16, smem);
-    const AttnTcSmemLayout L = attn_tc_smem_layout_rows(ATTN_KERNEL_FORWARD, p.hd, BR);
+    const AttnTcSmemLayout L = attn_tc_smem_layout_rows(ATTN_KERNEL_FORWARD, hd, BR);
     bf16 *Qs = SMEM_AT(bf16, L.q);
     int *q_pos_s = SMEM_AT(int, L.q_pos);
     const int i0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
     const int row0 = (int)(threadIdx.x / 32) * 16 * MT;  // the warp's first row of the tile
 
-    copy_tile_async<BR>(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
+    copy_tile_async<BR>(Qs, L.ld, q, b, i0, p.Tq, p.H, h, hd);
     cp_async_commit();  // Q: waited for with the first key tile
     int min_q_pos;
     const int max_q_pos = load_query_positions(q_pos_s, p, i0, &min_q_pos, BR);
@@ -323,10 +334,10 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
         zero<HD_MAX / 8>(o[m]);
     }
 
-    bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos);
+    bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos, hd);
     for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
         const bool needed = next_needed;
-        next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos);
+        next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos, hd);
         const KeyStage kt = key_stage(smem, L, stage);
         const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos, BR);
         if (!needed) continue;
@@ -334,7 +345,7 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
         const int *k_pos_s = kt.pos;
 
         float s[MT][SCORE_TILES][4];  // S = Q K^T (unscaled), then P: the warp's rows x the tile's 64 keys
-        warp_scores<HD_MAX, MT, SCORE_TILES>(s, Qs, Ks, L.ld, row0, p.hd);
+        warp_scores<HD_MAX, MT, SCORE_TILES>(s, Qs, Ks, L.ld, row0, hd);
         // The largest score of each of the lane's rows, masked scores set to -inf first where the tile
         // is not wholly visible (a block-wide branch: the full tiles' loop has no per-element test).
         // The scale is positive and rounding monotonic, so max(s) scale is exactly max(s scale).
@@ -373,7 +384,7 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
 #pragma unroll
                 for (int e = 0; e < 4; e++) o[m][n][e] *= correction[e / 2];
         }
-        warp_accumulate<HD_MAX, MT, SCORE_TILES>(o, s, Vs, L.ld, p.hd);  // O += bf16(P) V
+        warp_accumulate<HD_MAX, MT, SCORE_TILES>(o, s, Vs, L.ld, hd);  // O += bf16(P) V
         __syncthreads();  // before this stage is refilled with the tile after next
     }
     cp_async_wait<0>();  // no copy outlives the kernel (with Tk = 0 the loop never waited for Q)
@@ -387,7 +398,7 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
         for (int half = 0; half < 2; half++) {
             int i = i0 + row0 + 16 * m + lane_group() + 8 * half;
             if (i >= p.Tq) continue;
-            store_row<HD_MAX, OutT>(out + q_offset(p, b, i, h), o[m], half, p.hd, true);
+            store_row<HD_MAX, OutT>(out + q_offset(p, b, i, h), o[m], half, hd, true);
             if (lane_in_group() == 0) lse[stat_offset(p, b, h, i)] = online_softmax_lse(&st[m][half]);
         }
     }
@@ -400,25 +411,29 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
 // 8 KV heads, head_dim 64): dQ then uses 128 registers, not 152, and 4 blocks fit an SM instead of
 // 3 (ncu: 1.75 -> 1.48 ms); dK/dV keeps its 168 registers and 3 blocks (without a request the compiler chose 168 too, and
 // with a request of 1 it took 186, leaving room for 2). The whole backward went 4.56 -> 4.30 ms.
-// The 128-row variants (MT = 2) ask for nothing: twice the accumulators.
+// The 128-row variants (MT = 2) ask for nothing: twice the accumulators. With head_dim a constant
+// (EXACT_HD) the compiler keeps more loads in flight: at head_dim 64 dQ takes 127 registers, dK/dV
+// 168, and the 128-key dK/dV 255 with 66 bytes spilled -- and yet the backward took 4.74 ms on an
+// H200 at 16 x 2048, against 5.33 with only dK/dV's head_dim read from p (242 registers, no spill).
 constexpr int min_blocks_hd64(int hd_max, int mt, int blocks) { return hd_max <= 64 && mt == 1 ? blocks : 0; }
 
 // MT m16 fragments of query rows per warp, as the forward kernel: a 64- or a 128-row query tile.
 // A row's arithmetic is the same either way (the same bits).
-template <int HD_MAX, typename GradT, int MT>
+template <int HD_MAX, bool EXACT_HD, typename GradT, int MT>
 __global__ void __launch_bounds__(ATTN_TC_THREADS, min_blocks_hd64(HD_MAX, MT, 4))
 flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                             const float *lse, const float *dvec, AttnParams p) {
     constexpr int BR = ATTN_TC_WARPS * 16 * MT;  // the block's query rows
+    const int hd = head_dim_of<HD_MAX, EXACT_HD>(p);
     GPU_DYNAMIC_SMEM(Chunk16, smem);
-    const AttnTcSmemLayout L = attn_tc_smem_layout_rows(ATTN_KERNEL_BACKWARD_DQ, p.hd, BR);
+    const AttnTcSmemLayout L = attn_tc_smem_layout_rows(ATTN_KERNEL_BACKWARD_DQ, hd, BR);
     bf16 *Qs = SMEM_AT(bf16, L.q), *dOs = SMEM_AT(bf16, L.dout);
     int *q_pos_s = SMEM_AT(int, L.q_pos);
     const int i0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
     const int row0 = (int)(threadIdx.x / 32) * 16 * MT;
 
-    copy_tile_async<BR>(Qs, L.ld, q, b, i0, p.Tq, p.H, h, p.hd);
-    copy_tile_async<BR>(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, p.hd);
+    copy_tile_async<BR>(Qs, L.ld, q, b, i0, p.Tq, p.H, h, hd);
+    copy_tile_async<BR>(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, hd);
     cp_async_commit();  // Q and dO: waited for with the first key tile
     int min_q_pos;
     const int max_q_pos = load_query_positions(q_pos_s, p, i0, &min_q_pos, BR);
@@ -437,10 +452,10 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
 #pragma unroll
     for (int m = 0; m < MT; m++) zero<HD_MAX / 8>(acc[m]);
 
-    bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos);
+    bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos, hd);
     for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
         const bool needed = next_needed;
-        next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos);
+        next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos, hd);
         const KeyStage kt = key_stage(smem, L, stage);
         // full: then every row saw a key of this tile, so its lse is finite
         const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos, BR);
@@ -449,8 +464,8 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
         const int *k_pos_s = kt.pos;
 
         float s[MT][SCORE_TILES][4], dp[MT][SCORE_TILES][4];  // S = Q K^T (then dS) and dP = dO V^T
-        warp_scores<HD_MAX, MT, SCORE_TILES>(s, Qs, Ks, L.ld, row0, p.hd);
-        warp_scores<HD_MAX, MT, SCORE_TILES>(dp, dOs, Vs, L.ld, row0, p.hd);
+        warp_scores<HD_MAX, MT, SCORE_TILES>(s, Qs, Ks, L.ld, row0, hd);
+        warp_scores<HD_MAX, MT, SCORE_TILES>(dp, dOs, Vs, L.ld, row0, hd);
         if (!full) {  // masked scores to -inf, whose probability 2^-inf is 0 (as forward)
             for_each_score<MT, SCORE_TILES>([&](int m, int n, int e) {
                 int r = row0 + 16 * m + acc_row(e), c = n * 8 + acc_col(e);
@@ -462,7 +477,7 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
             float prob = exp2_weight(exp2_arg(p.scale, row_lse[m][e / 2]), s[m][n][e]);  // P = exp(S scale - lse)
             s[m][n][e] = prob * fmaf(dp[m][n][e], p.scale, -row_D[m][e / 2]);  // dS = P (dP - D) scale
         });
-        warp_accumulate<HD_MAX, MT, SCORE_TILES>(acc, s, Ks, L.ld, p.hd);  // dQ += bf16(dS) K
+        warp_accumulate<HD_MAX, MT, SCORE_TILES>(acc, s, Ks, L.ld, hd);  // dQ += bf16(dS) K
         __syncthreads();  // before this stage is refilled
     }
     cp_async_wait<0>();  // as in forward
@@ -472,7 +487,7 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
 #pragma unroll
         for (int half = 0; half < 2; half++) {
             int i = i0 + row0 + 16 * m + lane_group() + 8 * half;
-            if (i < p.Tq) store_row<HD_MAX, GradT>(dq + q_offset(p, b, i, h), acc[m], half, p.hd, false);
+            if (i < p.Tq) store_row<HD_MAX, GradT>(dq + q_offset(p, b, i, h), acc[m], half, hd, false);
         }
 }
 
@@ -481,22 +496,23 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
 // two passes of 32 rows, so that the scores keep 32 registers a lane while the accumulators double.
 // Each Q and dO fragment a warp loads then serves two fragments of keys. A key's arithmetic is the
 // same either way, its sums in the same order (warp_accumulate): the same bits.
-template <int HD_MAX, typename GradT, int MT>
+template <int HD_MAX, bool EXACT_HD, typename GradT, int MT>
 __global__ void __launch_bounds__(ATTN_TC_THREADS, min_blocks_hd64(HD_MAX, MT, 3))
 flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                               const float *lse, const float *dvec, AttnParams p) {
     constexpr int BK = ATTN_TC_WARPS * 16 * MT;  // the block's keys
     constexpr int NT = SCORE_TILES / MT;         // a pass's 16x8 score tiles: 8 NT query rows
     constexpr int PASS_ROWS = 8 * NT;
+    const int hd = head_dim_of<HD_MAX, EXACT_HD>(p);
     GPU_DYNAMIC_SMEM(Chunk16, smem);
-    const AttnTcSmemLayout L = attn_tc_smem_layout_rows(ATTN_KERNEL_BACKWARD_DKDV, p.hd, BK);
+    const AttnTcSmemLayout L = attn_tc_smem_layout_rows(ATTN_KERNEL_BACKWARD_DKDV, hd, BK);
     bf16 *Ks = SMEM_AT(bf16, L.k), *Vs = SMEM_AT(bf16, L.v);
     int *k_pos_s = SMEM_AT(int, L.k_pos);
     const int j0 = blockIdx.x * BK, g = blockIdx.y, b = blockIdx.z;
     const int row0 = (int)(threadIdx.x / 32) * 16 * MT;  // the warp's first key of the tile
 
-    copy_tile_async<BK>(Ks, L.ld, k, b, j0, p.Tk, p.KV, g, p.hd);
-    copy_tile_async<BK>(Vs, L.ld, v, b, j0, p.Tk, p.KV, g, p.hd);
+    copy_tile_async<BK>(Ks, L.ld, k, b, j0, p.Tk, p.KV, g, hd);
+    copy_tile_async<BK>(Vs, L.ld, v, b, j0, p.Tk, p.KV, g, hd);
     cp_async_commit();  // K and V: waited for with the first query tile
     load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX, BK);
     __syncthreads();
@@ -513,12 +529,12 @@ flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16
 
     // The query tiles of the group's heads, head by head: step n is head g group + n / tiles, tile n % tiles.
     const int tiles = (p.Tq + ATTN_BR - 1) / ATTN_BR, steps = p.group * tiles;
-    bool next_needed = prefetch_query_tile(query_stage(smem, L, 0), L.ld, q, dout, lse, dvec, p, b, g, 0, tiles, min_k_pos);
+    bool next_needed = prefetch_query_tile(query_stage(smem, L, 0), L.ld, q, dout, lse, dvec, p, b, g, 0, tiles, min_k_pos, hd);
     for (int n = 0, stage = 0; n < steps; n++, stage ^= 1) {
         const int i0 = (n % tiles) * ATTN_BR;  // of head g group + n / tiles
         const bool needed = next_needed;
         next_needed = prefetch_query_tile(query_stage(smem, L, stage ^ 1), L.ld, q, dout, lse, dvec, p, b, g, n + 1,
-                                          tiles, min_k_pos);
+                                          tiles, min_k_pos, hd);
         const QueryStage qt = query_stage(smem, L, stage);
         cp_async_wait<1>();
         // The whole tile visible (as wait_key_tile's vote): no per-element mask, and every query saw
@@ -535,8 +551,8 @@ flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16
             const int q0 = pass * PASS_ROWS;  // the pass's first row of the query tile
             const bf16 *Qs = qt.Q + q0 * L.ld, *dOs = qt.dO + q0 * L.ld;
             float st[MT][NT][4], dpt[MT][NT][4];  // S^T = K Q^T (then P^T), dP^T = V dO^T (then dS^T)
-            warp_scores<HD_MAX, MT, NT>(st, Ks, Qs, L.ld, row0, p.hd);
-            warp_scores<HD_MAX, MT, NT>(dpt, Vs, dOs, L.ld, row0, p.hd);
+            warp_scores<HD_MAX, MT, NT>(st, Ks, Qs, L.ld, row0, hd);
+            warp_scores<HD_MAX, MT, NT>(dpt, Vs, dOs, L.ld, row0, hd);
             if (!full) {  // masked scores to -inf, whose probability 2^-inf is 0 (rows with no key: lse2 +inf)
                 for_each_score<MT, NT>([&](int m, int t, int e) {
                     int key = row0 + 16 * m + acc_row(e), r = q0 + t * 8 + acc_col(e);  // a row per key, a column per query
@@ -552,8 +568,8 @@ flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16
                 st[m][t][e] = prob;
                 dpt[m][t][e] = prob * fmaf(dpt[m][t][e], p.scale, -Ds_s[r]);
             });
-            warp_accumulate<HD_MAX, MT, NT>(dv_acc, st, dOs, L.ld, p.hd);  // dV += bf16(P^T) dO
-            warp_accumulate<HD_MAX, MT, NT>(dk_acc, dpt, Qs, L.ld, p.hd);  // dK += bf16(dS^T) Q
+            warp_accumulate<HD_MAX, MT, NT>(dv_acc, st, dOs, L.ld, hd);  // dV += bf16(P^T) dO
+            warp_accumulate<HD_MAX, MT, NT>(dk_acc, dpt, Qs, L.ld, hd);  // dK += bf16(dS^T) Q
         }
         __syncthreads();  // before this stage is refilled
     }
@@ -564,8 +580,8 @@ flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16
         for (int half = 0; half < 2; half++) {
             int j = j0 + row0 + 16 * m + lane_group() + 8 * half;
             if (j >= p.Tk) continue;
-            store_row<HD_MAX, GradT>(dk + kv_offset(p, b, j, g), dk_acc[m], half, p.hd, false);
-            store_row<HD_MAX, GradT>(dv + kv_offset(p, b, j, g), dv_acc[m], half, p.hd, false);
+            store_row<HD_MAX, GradT>(dk + kv_offset(p, b, j, g), dk_acc[m], half, hd, false);
+            store_row<HD_MAX, GradT>(dv + kv_offset(p, b, j, g), dv_acc[m], half, hd, false);
         }
 }
 
@@ -652,63 +668,65 @@ extern "C" void gpu_attention_set_tile_rows(GpuAttnTileRows rows) {
     tile_rows = rows;
 }
 
-// HD_MAX: the accumulators' size in registers, 64 or 128 (head_dim up to it).
+// HD_MAX: the accumulators' size in registers, 64 or 128 (head_dim up to it); EXACT_HD: head_dim is HD_MAX.
 // OutT / GradT: bf16 (the model's tensors) or float (context parallelism's ring, which merges and sums
 // its blocks' outputs and gradients in fp32).
 // MT: fragments of 16 query rows per warp (the query tile: 64 MT rows).
-template <int HD_MAX, typename OutT, int MT>
+template <int HD_MAX, bool EXACT_HD, typename OutT, int MT>
 static void launch_forward_tc(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnParams &p) {
     constexpr int rows = ATTN_TC_WARPS * 16 * MT;
-    size_t smem = prepare_tc(flash_forward_tc_kernel<HD_MAX, OutT, MT>, ATTN_KERNEL_FORWARD, p.hd, rows);
+    size_t smem = prepare_tc(flash_forward_tc_kernel<HD_MAX, EXACT_HD, OutT, MT>, ATTN_KERNEL_FORWARD, p.hd, rows);
     dim3 grid((p.Tq + rows - 1) / rows, p.H, p.B);
-    GPU_LAUNCH((flash_forward_tc_kernel<HD_MAX, OutT, MT>), grid, ATTN_TC_THREADS, smem, out, lse, q, k, v, p);
+    GPU_LAUNCH((flash_forward_tc_kernel<HD_MAX, EXACT_HD, OutT, MT>), grid, ATTN_TC_THREADS, smem, out, lse, q, k, v, p);
 }
-template <int HD_MAX, typename GradT, int MT>
+template <int HD_MAX, bool EXACT_HD, typename GradT, int MT>
 static void launch_dq_tc(GradT *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
                          const float *dvec, const AttnParams &p) {
     constexpr int rows = ATTN_TC_WARPS * 16 * MT;
-    size_t smem = prepare_tc(flash_backward_dq_tc_kernel<HD_MAX, GradT, MT>, ATTN_KERNEL_BACKWARD_DQ, p.hd, rows);
+    size_t smem = prepare_tc(flash_backward_dq_tc_kernel<HD_MAX, EXACT_HD, GradT, MT>, ATTN_KERNEL_BACKWARD_DQ, p.hd, rows);
     dim3 grid((p.Tq + rows - 1) / rows, p.H, p.B);
-    GPU_LAUNCH((flash_backward_dq_tc_kernel<HD_MAX, GradT, MT>), grid, ATTN_TC_THREADS, smem, dq, dout, q, k, v, lse,
+    GPU_LAUNCH((flash_backward_dq_tc_kernel<HD_MAX, EXACT_HD, GradT, MT>), grid, ATTN_TC_THREADS, smem, dq, dout, q, k, v, lse,
                dvec, p);
 }
-template <int HD_MAX, typename GradT, int MT>
+template <int HD_MAX, bool EXACT_HD, typename GradT, int MT>
 static void launch_dkdv_tc(GradT *dk, GradT *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                            const float *lse, const float *dvec, const AttnParams &p) {
     constexpr int rows = ATTN_TC_WARPS * 16 * MT;
-    size_t smem = prepare_tc(flash_backward_dkdv_tc_kernel<HD_MAX, GradT, MT>, ATTN_KERNEL_BACKWARD_DKDV, p.hd, rows);
+    size_t smem = prepare_tc(flash_backward_dkdv_tc_kernel<HD_MAX, EXACT_HD, GradT, MT>, ATTN_KERNEL_BACKWARD_DKDV, p.hd, rows);
     dim3 grid((p.Tk + rows - 1) / rows, p.KV, p.B);
-    GPU_LAUNCH((flash_backward_dkdv_tc_kernel<HD_MAX, GradT, MT>), grid, ATTN_TC_THREADS, smem, dk, dv, dout, q, k, v,
+    GPU_LAUNCH((flash_backward_dkdv_tc_kernel<HD_MAX, EXACT_HD, GradT, MT>), grid, ATTN_TC_THREADS, smem, dk, dv, dout, q, k, v,
                lse, dvec, p);
 }
-template <int HD_MAX, typename GradT>
+template <int HD_MAX, bool EXACT_HD, typename GradT>
 static void launch_backward_tc(GradT *dq, GradT *dk, GradT *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
                                const bf16 *v, const float *lse, const float *dvec, const AttnParams &p) {
     // The backward kernels' 128-row tiles at head_dim up to 64 only: with 128-wide accumulators they
     // would spill (ptxas, dQ: 1.2 KB).
     if constexpr (HD_MAX <= 64) {
         const GpuAttnTileRows rows = gpu_attention_tile_rows();
-        if (rows.dq == 2 * ATTN_BR) launch_dq_tc<HD_MAX, GradT, 2>(dq, dout, q, k, v, lse, dvec, p);
-        else launch_dq_tc<HD_MAX, GradT, 1>(dq, dout, q, k, v, lse, dvec, p);
-        if (rows.dkdv == 2 * ATTN_BC) launch_dkdv_tc<HD_MAX, GradT, 2>(dk, dv, dout, q, k, v, lse, dvec, p);
-        else launch_dkdv_tc<HD_MAX, GradT, 1>(dk, dv, dout, q, k, v, lse, dvec, p);
+        if (rows.dq == 2 * ATTN_BR) launch_dq_tc<HD_MAX, EXACT_HD, GradT, 2>(dq, dout, q, k, v, lse, dvec, p);
+        else launch_dq_tc<HD_MAX, EXACT_HD, GradT, 1>(dq, dout, q, k, v, lse, dvec, p);
+        if (rows.dkdv == 2 * ATTN_BC) launch_dkdv_tc<HD_MAX, EXACT_HD, GradT, 2>(dk, dv, dout, q, k, v, lse, dvec, p);
+        else launch_dkdv_tc<HD_MAX, EXACT_HD, GradT, 1>(dk, dv, dout, q, k, v, lse, dvec, p);
     } else {
-        launch_dq_tc<HD_MAX, GradT, 1>(dq, dout, q, k, v, lse, dvec, p);
-        launch_dkdv_tc<HD_MAX, GradT, 1>(dk, dv, dout, q, k, v, lse, dvec, p);
+        launch_dq_tc<HD_MAX, EXACT_HD, GradT, 1>(dq, dout, q, k, v, lse, dvec, p);
+        launch_dkdv_tc<HD_MAX, EXACT_HD, GradT, 1>(dk, dv, dout, q, k, v, lse, dvec, p);
     }
 }
-template <int HD_MAX, typename OutT>
+template <int HD_MAX, bool EXACT_HD, typename OutT>
 static void launch_forward_tc_rows(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                    const AttnParams &p) {
-    if (gpu_attention_tile_rows().forward == 2 * ATTN_BR) launch_forward_tc<HD_MAX, OutT, 2>(out, lse, q, k, v, p);
-    else launch_forward_tc<HD_MAX, OutT, 1>(out, lse, q, k, v, p);
+    if (gpu_attention_tile_rows().forward == 2 * ATTN_BR) launch_forward_tc<HD_MAX, EXACT_HD, OutT, 2>(out, lse, q, k, v, p);
+    else launch_forward_tc<HD_MAX, EXACT_HD, OutT, 1>(out, lse, q, k, v, p);
 }
 template <typename OutT>
 static void forward_tc(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnShape *s) {
     AttnParams p = attn_params_of(s);
     if (p.B == 0 || p.Tq == 0) return;
-    if (p.hd <= 64) launch_forward_tc_rows<64, OutT>(out, lse, q, k, v, p);
-    else launch_forward_tc_rows<128, OutT>(out, lse, q, k, v, p);
+    if (p.hd == 64) launch_forward_tc_rows<64, true, OutT>(out, lse, q, k, v, p);
+    else if (p.hd < 64) launch_forward_tc_rows<64, false, OutT>(out, lse, q, k, v, p);
+    else if (p.hd == 128) launch_forward_tc_rows<128, true, OutT>(out, lse, q, k, v, p);
+    else launch_forward_tc_rows<128, false, OutT>(out, lse, q, k, v, p);
 }
 // D = rowsum(dO O) from the bf16 dout and out, then the dQ and dK/dV kernels.
 template <typename GradT>
@@ -718,8 +736,10 @@ static void backward_tc(GradT *dq, GradT *dk, GradT *dv, const bf16 *dout, const
     if (p.B == 0 || p.Tq == 0 || p.Tk == 0) return;
     float *dvec = (float *)gpu_scratch_alloc((size_t)p.B * p.H * p.Tq * sizeof(float));
     attention_dvec_bf16(dvec, dout, out, p);
-    if (p.hd <= 64) launch_backward_tc<64, GradT>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
-    else launch_backward_tc<128, GradT>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
+    if (p.hd == 64) launch_backward_tc<64, true, GradT>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
+    else if (p.hd < 64) launch_backward_tc<64, false, GradT>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
+    else if (p.hd == 128) launch_backward_tc<128, true, GradT>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
+    else launch_backward_tc<128, false, GradT>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
     gpu_scratch_free(dvec);
 }
 
