@@ -71,7 +71,8 @@ static void set_value(const ArgSpec *s, const char *text) {
     }
     case ARG_DOUBLE: {
         double v = strtod(text, &end);
-        if (end == text || *end || !isfinite(v)) fatal_input("--%s %s: not a finite number", s->name, text);
+        if (end == text || *end) fatal_input("--%s %s: not a number", s->name, text);
+        if (!isfinite(v)) fatal_input("--%s %s: not a finite number", s->name, text);
         if (errno == ERANGE)  // a finite result with ERANGE: below the smallest double
             fatal_input("--%s %s: too small for a double (use 0, or a larger value)", s->name, text);
         check_range(s, text, v);

@@ -148,7 +148,9 @@ expect_error "GiB of physical memory" --batch 60000000
 expect_error "--zero-stage 2: shards over --dp-shard, which is 1 here" --zero-stage 2
 expect_error "--resume $T/missing.safetensors" --resume "$T/missing.safetensors"
 expect_error "--bucket-mb 0: must be between" --bucket-mb 0
-expect_error "--bucket-mb x: not a finite number" --bucket-mb x
+expect_error "--bucket-mb x: not a number" --bucket-mb x
+expect_error "--lr 1e-3x: not a number" --lr 1e-3x
+expect_error "--lr inf: not a finite number" --lr inf
 expect_error "--grad-accum-steps 0: must be at least 1" --grad-accum-steps 0
 # Refused rather than silently resolved: a flag given twice (the last one used to win), blanks
 # around a number (' 2' used to pass while '2 ' failed), a data option given twice.
