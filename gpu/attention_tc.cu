@@ -78,8 +78,8 @@ __device__ __forceinline__ void copy_rows_async(bf16 *dst, int ld, const bf16 *s
 }
 // ROWS rows: a tile (ATTN_BR), or the 128-row query tile of the forward and dQ kernels (MT = 2).
 template <int ROWS = ATTN_BR>
-__device__ __forceinline__ void copy_tile_async(bf16 *dst, int ld, const bf16 *src, int b, int r0, int T_len, int n_heads, int head,
-                                int hd) {
+__device__ __forceinline__ void copy_tile_async(bf16 *dst, int ld, const bf16 *src, int b, int r0, int T_len,
+                                                int n_heads, int head, int hd) {
     if (hd == 64 || hd == 128) {
         const bf16 *src_row0 = src + (((size_t)b * T_len + r0) * n_heads + head) * hd;
         const size_t row_elems = (size_t)n_heads * hd;
@@ -120,8 +120,8 @@ __device__ KeyStage key_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int stag
 // tile is needed, the same on every thread. Thread t < 64 writes position t and votes on it: the vote
 // needs no barrier before it. Past the last tile (j0 >= Tk) an empty group, so that the wait for the
 // last tile leaves exactly one group in flight as for every other.
-__device__ __forceinline__ bool prefetch_key_tile(const KeyStage &st, int ld, const bf16 *k, const bf16 *v, const AttnParams &p, int b,
-                                  int g, int j0, int max_q_pos, int hd) {
+__device__ __forceinline__ bool prefetch_key_tile(const KeyStage &st, int ld, const bf16 *k, const bf16 *v,
+                                                  const AttnParams &p, int b, int g, int j0, int max_q_pos, int hd) {
     if (j0 >= p.Tk) {
         cp_async_commit();
         return false;
@@ -164,9 +164,9 @@ __device__ QueryStage query_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int 
 // unless causal and no query of it reaches the block's first key (min_k_pos), its Q and dO queued;
 // the group committed (empty past the last step, as prefetch_key_tile). Returns whether the tile is
 // needed, on every thread.
-__device__ __forceinline__ bool prefetch_query_tile(const QueryStage &st, int ld, const bf16 *q, const bf16 *dout, const float *lse,
-                                    const float *dvec, const AttnParams &p, int b, int g, int n, int tiles,
-                                    int min_k_pos, int hd) {
+__device__ __forceinline__ bool prefetch_query_tile(const QueryStage &st, int ld, const bf16 *q, const bf16 *dout,
+                                                    const float *lse, const float *dvec, const AttnParams &p, int b,
+                                                    int g, int n, int tiles, int min_k_pos, int hd) {
     if (n >= p.group * tiles) {
         cp_async_commit();
         return false;
@@ -211,8 +211,8 @@ __device__ __forceinline__ float group_sum(float x) {
 // row0 + 16m + 15 against the other's rows 8n .. 8n+7. Each accumulator sums its k-steps in the same
 // order whatever MT and NT are, so a score does not depend on them.
 template <int HD_MAX, int MT, int NT>
-__device__ __forceinline__ void warp_scores(float (&scores)[MT][NT][4], const bf16 *mine, const bf16 *other, int ld, int row0,
-                            int hd) {
+__device__ __forceinline__ void warp_scores(float (&scores)[MT][NT][4], const bf16 *mine, const bf16 *other, int ld,
+                                            int row0, int hd) {
     static_assert(NT % 2 == 0, "B fragments come in pairs");
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -243,7 +243,7 @@ __device__ __forceinline__ void warp_scores(float (&scores)[MT][NT][4], const bf
 // same order as one call on [0, 64).
 template <int HD_MAX, int MT, int NT>
 __device__ __forceinline__ void warp_accumulate(float (&acc)[MT][HD_MAX / 8][4], const float (&weights)[MT][NT][4],
-                                const bf16 *other, int ld, int hd) {
+                                                const bf16 *other, int ld, int hd) {
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
         uint32_t a[MT][4];
@@ -337,7 +337,8 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
     bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos, hd);
     for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
         const bool needed = next_needed;
-        next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos, hd);
+        next_needed =
+            prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos, hd);
         const KeyStage kt = key_stage(smem, L, stage);
         const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos, BR);
         if (!needed) continue;
@@ -455,7 +456,8 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
     bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos, hd);
     for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
         const bool needed = next_needed;
-        next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos, hd);
+        next_needed =
+            prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos, hd);
         const KeyStage kt = key_stage(smem, L, stage);
         // full: then every row saw a key of this tile, so its lse is finite
         const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos, BR);
@@ -529,7 +531,8 @@ flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16
 
     // The query tiles of the group's heads, head by head: step n is head g group + n / tiles, tile n % tiles.
     const int tiles = (p.Tq + ATTN_BR - 1) / ATTN_BR, steps = p.group * tiles;
-    bool next_needed = prefetch_query_tile(query_stage(smem, L, 0), L.ld, q, dout, lse, dvec, p, b, g, 0, tiles, min_k_pos, hd);
+    bool next_needed =
+        prefetch_query_tile(query_stage(smem, L, 0), L.ld, q, dout, lse, dvec, p, b, g, 0, tiles, min_k_pos, hd);
     for (int n = 0, stage = 0; n < steps; n++, stage ^= 1) {
         const int i0 = (n % tiles) * ATTN_BR;  // of head g group + n / tiles
         const bool needed = next_needed;
@@ -677,25 +680,28 @@ static void launch_forward_tc(OutT *out, float *lse, const bf16 *q, const bf16 *
     constexpr int rows = ATTN_TC_WARPS * 16 * MT;
     size_t smem = prepare_tc(flash_forward_tc_kernel<HD_MAX, EXACT_HD, OutT, MT>, ATTN_KERNEL_FORWARD, p.hd, rows);
     dim3 grid((p.Tq + rows - 1) / rows, p.H, p.B);
-    GPU_LAUNCH((flash_forward_tc_kernel<HD_MAX, EXACT_HD, OutT, MT>), grid, ATTN_TC_THREADS, smem, out, lse, q, k, v, p);
+    GPU_LAUNCH((flash_forward_tc_kernel<HD_MAX, EXACT_HD, OutT, MT>), grid, ATTN_TC_THREADS, smem, out, lse, q, k, v,
+               p);
 }
 template <int HD_MAX, bool EXACT_HD, typename GradT, int MT>
 static void launch_dq_tc(GradT *dq, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
                          const float *dvec, const AttnParams &p) {
     constexpr int rows = ATTN_TC_WARPS * 16 * MT;
-    size_t smem = prepare_tc(flash_backward_dq_tc_kernel<HD_MAX, EXACT_HD, GradT, MT>, ATTN_KERNEL_BACKWARD_DQ, p.hd, rows);
+    size_t smem =
+        prepare_tc(flash_backward_dq_tc_kernel<HD_MAX, EXACT_HD, GradT, MT>, ATTN_KERNEL_BACKWARD_DQ, p.hd, rows);
     dim3 grid((p.Tq + rows - 1) / rows, p.H, p.B);
-    GPU_LAUNCH((flash_backward_dq_tc_kernel<HD_MAX, EXACT_HD, GradT, MT>), grid, ATTN_TC_THREADS, smem, dq, dout, q, k, v, lse,
-               dvec, p);
+    GPU_LAUNCH((flash_backward_dq_tc_kernel<HD_MAX, EXACT_HD, GradT, MT>), grid, ATTN_TC_THREADS, smem, dq, dout, q, k,
+               v, lse, dvec, p);
 }
 template <int HD_MAX, bool EXACT_HD, typename GradT, int MT>
 static void launch_dkdv_tc(GradT *dk, GradT *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                            const float *lse, const float *dvec, const AttnParams &p) {
     constexpr int rows = ATTN_TC_WARPS * 16 * MT;
-    size_t smem = prepare_tc(flash_backward_dkdv_tc_kernel<HD_MAX, EXACT_HD, GradT, MT>, ATTN_KERNEL_BACKWARD_DKDV, p.hd, rows);
+    size_t smem =
+        prepare_tc(flash_backward_dkdv_tc_kernel<HD_MAX, EXACT_HD, GradT, MT>, ATTN_KERNEL_BACKWARD_DKDV, p.hd, rows);
     dim3 grid((p.Tk + rows - 1) / rows, p.KV, p.B);
-    GPU_LAUNCH((flash_backward_dkdv_tc_kernel<HD_MAX, EXACT_HD, GradT, MT>), grid, ATTN_TC_THREADS, smem, dk, dv, dout, q, k, v,
-               lse, dvec, p);
+    GPU_LAUNCH((flash_backward_dkdv_tc_kernel<HD_MAX, EXACT_HD, GradT, MT>), grid, ATTN_TC_THREADS, smem, dk, dv, dout,
+               q, k, v, lse, dvec, p);
 }
 template <int HD_MAX, bool EXACT_HD, typename GradT>
 static void launch_backward_tc(GradT *dq, GradT *dk, GradT *dv, const bf16 *dout, const bf16 *q, const bf16 *k,
@@ -716,8 +722,10 @@ static void launch_backward_tc(GradT *dq, GradT *dk, GradT *dv, const bf16 *dout
 template <int HD_MAX, bool EXACT_HD, typename OutT>
 static void launch_forward_tc_rows(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v,
                                    const AttnParams &p) {
-    if (gpu_attention_tile_rows().forward == 2 * ATTN_BR) launch_forward_tc<HD_MAX, EXACT_HD, OutT, 2>(out, lse, q, k, v, p);
-    else launch_forward_tc<HD_MAX, EXACT_HD, OutT, 1>(out, lse, q, k, v, p);
+    if (gpu_attention_tile_rows().forward == 2 * ATTN_BR)
+        launch_forward_tc<HD_MAX, EXACT_HD, OutT, 2>(out, lse, q, k, v, p);
+    else
+        launch_forward_tc<HD_MAX, EXACT_HD, OutT, 1>(out, lse, q, k, v, p);
 }
 template <typename OutT>
 static void forward_tc(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnShape *s) {
