@@ -46,6 +46,8 @@
 #include "gpu/attention.cuh"
 #include "gpu/mma.cuh"
 
+#include <type_traits>
+
 constexpr int SCORE_TILES = ATTN_BC / 8;  // 16x8 accumulator tiles across a warp's 16 x 64 scores
 static_assert(ATTN_BR == ATTN_BC && ATTN_TC_ROWS_PER_WARP == 16, "a warp's rows are one m16 fragment");
 
@@ -727,14 +729,23 @@ static void launch_forward_tc_rows(OutT *out, float *lse, const bf16 *q, const b
     else
         launch_forward_tc<HD_MAX, EXACT_HD, OutT, 1>(out, lse, q, k, v, p);
 }
+// The instantiation for head_dim hd: launch(HD_MAX, EXACT_HD) with the accumulators' width (64 or 128) and
+// whether hd fills them, each as a std::integral_constant.
+template <typename Launch> static void with_head_dim(int hd, Launch &&launch) {
+    using hd64 = std::integral_constant<int, 64>;
+    using hd128 = std::integral_constant<int, 128>;
+    if (hd == 64) launch(hd64{}, std::true_type{});
+    else if (hd < 64) launch(hd64{}, std::false_type{});
+    else if (hd == 128) launch(hd128{}, std::true_type{});
+    else launch(hd128{}, std::false_type{});
+}
 template <typename OutT>
 static void forward_tc(OutT *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, const AttnShape *s) {
     AttnParams p = attn_params_of(s);
     if (p.B == 0 || p.Tq == 0) return;
-    if (p.hd == 64) launch_forward_tc_rows<64, true, OutT>(out, lse, q, k, v, p);
-    else if (p.hd < 64) launch_forward_tc_rows<64, false, OutT>(out, lse, q, k, v, p);
-    else if (p.hd == 128) launch_forward_tc_rows<128, true, OutT>(out, lse, q, k, v, p);
-    else launch_forward_tc_rows<128, false, OutT>(out, lse, q, k, v, p);
+    with_head_dim(p.hd, [&](auto hd_max, auto exact) {
+        launch_forward_tc_rows<decltype(hd_max)::value, decltype(exact)::value, OutT>(out, lse, q, k, v, p);
+    });
 }
 // D = rowsum(dO O) from the bf16 dout and out, then the dQ and dK/dV kernels.
 template <typename GradT>
@@ -744,10 +755,10 @@ static void backward_tc(GradT *dq, GradT *dk, GradT *dv, const bf16 *dout, const
     if (p.B == 0 || p.Tq == 0 || p.Tk == 0) return;
     float *dvec = (float *)gpu_scratch_alloc((size_t)p.B * p.H * p.Tq * sizeof(float));
     attention_dvec_bf16(dvec, dout, out, p);
-    if (p.hd == 64) launch_backward_tc<64, true, GradT>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
-    else if (p.hd < 64) launch_backward_tc<64, false, GradT>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
-    else if (p.hd == 128) launch_backward_tc<128, true, GradT>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
-    else launch_backward_tc<128, false, GradT>(dq, dk, dv, dout, q, k, v, lse, dvec, p);
+    with_head_dim(p.hd, [&](auto hd_max, auto exact) {
+        launch_backward_tc<decltype(hd_max)::value, decltype(exact)::value, GradT>(dq, dk, dv, dout, q, k, v, lse,
+                                                                                    dvec, p);
+    });
     gpu_scratch_free(dvec);
 }
 

@@ -85,9 +85,7 @@ template <> __device__ __forceinline__ float from_f32<float>(float x) { return x
 // cvt.rn.bf16.f32: round to nearest even, the rounding gpu/numerics.h's bf16_bits_from_f32 spells out.
 template <> __device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
 
-// ---- block-wide reductions (blockDim.x a multiple of 32, at most 1024) ----------------------------
-// Every thread gets the result. The order of the additions depends only on blockDim.x, so results
-// are the same run to run. `scratch` holds 32 values; it may be reused by the next call.
+// ---- 16-byte packs ------------------------------------------------------------------------------
 // W consecutive elements moved as one access of W * sizeof(T) bytes (16: one 128-bit load or store
 // per thread); element i of load_pack / store_pack is the pack at p + i W.
 template <typename T, int W> struct alignas(sizeof(T) * W) Pack {
@@ -100,6 +98,9 @@ template <int W, typename T> __device__ __forceinline__ void store_pack(T *p, si
     reinterpret_cast<Pack<T, W> *>(p)[i] = x;
 }
 
+// ---- block-wide reductions (blockDim.x a multiple of 32, at most 1024) ----------------------------
+// Every thread gets the result. The order of the additions depends only on blockDim.x, so results
+// are the same run to run. `scratch` holds 32 values; it may be reused by the next call.
 template <typename V> __device__ __forceinline__ V warp_sum(V x) {
     for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
     return x;
