@@ -56,50 +56,67 @@ struct alignas(16) Chunk16 {
     uint32_t w[4];
 };
 
-// Rows [r0, r0 + 64) of head `head` of a (B, T_len, n_heads, hd) bf16 tensor into a shared tile with
-// row stride ld elements, queued 16 bytes at a time by cp.async (gpu/mma.cuh); rows past T_len are
-// zeros, stored at once. The caller commits the group, and waits for it before a barrier.
+// The tiles of one side, rows [r0, r0 + ROWS) of head `head` of a (B, T_len, n_heads, hd) bf16 tensor,
+// into a shared tile with row stride ld elements, queued 16 bytes at a time by cp.async (gpu/mma.cuh);
+// rows past T_len are zeros, stored at once. The caller commits the group, and waits for it before a
+// barrier. A kernel makes one TileSource per tensor, for its sequence b, before its loop over tiles.
 //
-// Where head_dim is 64 or 128 (the models' widths), copy_rows_async: thread t copies chunk t % CHUNKS of
-// rows t / CHUNKS, + STEP, + 2 STEP, ..., its source and destination stepped by constants -- about 4
-// instructions a chunk, against some 30 for the general loop's index arithmetic (in the SASS: about
-// 300 of a forward tile's roughly 1,000 instructions per thread, by a count of its code).
-template <int CHUNKS, int ROWS>
-__device__ __forceinline__ void copy_rows_async(bf16 *dst, int ld, const bf16 *src_row0, size_t row_elems,
-                                                int rows_valid) {
-    constexpr int STEP = ATTN_TC_THREADS / CHUNKS;  // rows copied by the block at once
+// Where head_dim fills the accumulators (EXACT_HD: 64 or 128, the models' widths) thread t copies chunk
+// t % CHUNKS of rows t / CHUNKS, + STEP, + 2 STEP, ... of every tile. Its source pointer and the 64-bit
+// row step are worked out once, in the constructor, so that queuing a tile inside the sequence is a
+// pointer step and, per chunk, a 64-bit add and the copy, with no row test; only a tile that reaches
+// past T_len tests its rows. (Computed per tile from (b, row, head) with every row tested, the copies
+// took about 150 of the 580 instructions a visible forward tile issued per thread at head_dim 64, by a
+// count of the SASS, against about 40 now.)
+// Other head dims take the general loop, its index arithmetic per chunk.
+template <int HD_MAX, bool EXACT_HD, int ROWS = ATTN_BR> struct TileSource;
+
+template <int HD, int ROWS> struct TileSource<HD, true, ROWS> {
+    static constexpr int CHUNKS = HD / 8, STEP = ATTN_TC_THREADS / CHUNKS;  // 16-byte chunks a row; rows at once
     static_assert(ATTN_TC_THREADS % CHUNKS == 0 && ROWS % STEP == 0, "whole rows per step");
-    const int c = threadIdx.x % CHUNKS, r = threadIdx.x / CHUNKS;
-    const bf16 *from = src_row0 + (size_t)r * row_elems + c * 8;
-    bf16 *to = dst + r * ld + c * 8;
+    const bf16 *from;  // this thread's chunk of its first row in sequence b, head 0
+    size_t row_elems;  // n_heads hd: from one row to the next
+    int T_len;
+    __device__ TileSource(const bf16 *src, int b, int T_len_, int n_heads, int /*hd*/) : T_len(T_len_) {
+        row_elems = (size_t)n_heads * HD;
+        from = src + ((size_t)b * T_len + threadIdx.x / CHUNKS) * row_elems + (threadIdx.x % CHUNKS) * 8;
+    }
+    __device__ __forceinline__ void copy(bf16 *dst, int ld, int r0, int head) const {
+        const int r = threadIdx.x / CHUNKS;
+        const bf16 *src = from + (size_t)r0 * row_elems + head * HD;
+        const size_t step = (size_t)STEP * row_elems;
+        bf16 *to = dst + r * ld + (threadIdx.x % CHUNKS) * 8;
+        if (r0 + ROWS <= T_len) {  // every tile but a last, partial one
 #pragma unroll
-    for (int k = 0; k < ROWS / STEP; k++) {
-        if (r + k * STEP < rows_valid) cp_async16(to + k * STEP * ld, from + (size_t)k * STEP * row_elems);
-        else *reinterpret_cast<Chunk16 *>(to + k * STEP * ld) = Chunk16{{0u, 0u, 0u, 0u}};
+            for (int k = 0; k < ROWS / STEP; k++, src += step) cp_async16(to + k * STEP * ld, src);
+            return;
+        }
+#pragma unroll
+        for (int k = 0; k < ROWS / STEP; k++, src += step) {
+            if (r0 + r + k * STEP < T_len) cp_async16(to + k * STEP * ld, src);
+            else *reinterpret_cast<Chunk16 *>(to + k * STEP * ld) = Chunk16{{0u, 0u, 0u, 0u}};
+        }
     }
-}
-// ROWS rows: a tile (ATTN_BR), or the 128-row query tile of the forward and dQ kernels (MT = 2).
-template <int ROWS = ATTN_BR>
-__device__ __forceinline__ void copy_tile_async(bf16 *dst, int ld, const bf16 *src, int b, int r0, int T_len,
-                                                int n_heads, int head, int hd) {
-    if (hd == 64 || hd == 128) {
-        const bf16 *src_row0 = src + (((size_t)b * T_len + r0) * n_heads + head) * hd;
-        const size_t row_elems = (size_t)n_heads * hd;
-        if (hd == 64) copy_rows_async<8, ROWS>(dst, ld, src_row0, row_elems, T_len - r0);
-        else copy_rows_async<16, ROWS>(dst, ld, src_row0, row_elems, T_len - r0);
-        return;
+};
+
+template <int HD_MAX, int ROWS> struct TileSource<HD_MAX, false, ROWS> {
+    const bf16 *src;
+    int b, T_len, n_heads, hd;
+    __device__ TileSource(const bf16 *src_, int b_, int T_len_, int n_heads_, int hd_)
+        : src(src_), b(b_), T_len(T_len_), n_heads(n_heads_), hd(hd_) {}
+    __device__ __forceinline__ void copy(bf16 *dst, int ld, int r0, int head) const {
+        const int chunks = hd / 8, step_rows = blockDim.x / chunks, step_chunks = blockDim.x % chunks;
+        int r = threadIdx.x / chunks, c = threadIdx.x % chunks;  // of element e = r chunks + c, stepping by blockDim
+        for (int e = threadIdx.x; e < ROWS * chunks; e += blockDim.x) {
+            bf16 *to = dst + r * ld + c * 8;
+            int t = r0 + r;
+            if (t < T_len) cp_async16(to, src + (((size_t)b * T_len + t) * n_heads + head) * hd + c * 8);
+            else *reinterpret_cast<Chunk16 *>(to) = Chunk16{{0u, 0u, 0u, 0u}};
+            r += step_rows, c += step_chunks;
+            if (c >= chunks) c -= chunks, r++;
+        }
     }
-    const int chunks = hd / 8, step_rows = blockDim.x / chunks, step_chunks = blockDim.x % chunks;
-    int r = threadIdx.x / chunks, c = threadIdx.x % chunks;  // of element e = r chunks + c, stepping by blockDim
-    for (int e = threadIdx.x; e < ROWS * chunks; e += blockDim.x) {
-        bf16 *to = dst + r * ld + c * 8;
-        int t = r0 + r;
-        if (t < T_len) cp_async16(to, src + (((size_t)b * T_len + t) * n_heads + head) * hd + c * 8);
-        else *reinterpret_cast<Chunk16 *>(to) = Chunk16{{0u, 0u, 0u, 0u}};
-        r += step_rows, c += step_chunks;
-        if (c >= chunks) c -= chunks, r++;
-    }
-}
+};
 
 // ---- the streamed side's two stages ------------------------------------------------------------------
 // A kernel computes on one stage of the other side's tiles while the next tile is copied into the
@@ -119,20 +136,24 @@ __device__ KeyStage key_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int stag
 }
 // The key tile at j0 into stage st: its positions, then, unless no query of the block (positions up
 // to max_q_pos) can see any of its keys, its K and V queued; the group committed. Returns whether the
-// tile is needed, the same on every thread. Thread t < 64 writes position t and votes on it: the vote
-// needs no barrier before it. Past the last tile (j0 >= Tk) an empty group, so that the wait for the
+// tile is needed, the same on every thread. With positions given (ring attention's chunks) thread
+// t < 64 writes position t and the block votes on them (the vote needs no barrier before it); with the
+// positions 0..Tk-1 the tile's first key j0 is its earliest, so the test needs no vote and no barrier
+// (one barrier a tile fewer). Past the last tile (j0 >= Tk) an empty group, so that the wait for the
 // last tile leaves exactly one group in flight as for every other.
-__device__ __forceinline__ bool prefetch_key_tile(const KeyStage &st, int ld, const bf16 *k, const bf16 *v,
-                                                  const AttnParams &p, int b, int g, int j0, int max_q_pos, int hd) {
+template <typename Src>
+__device__ __forceinline__ bool prefetch_key_tile(const KeyStage &st, int ld, const Src &k, const Src &v,
+                                                  const AttnParams &p, int g, int j0, int max_q_pos) {
     if (j0 >= p.Tk) {
         cp_async_commit();
         return false;
     }
     load_positions(st.pos, p.k_pos, j0, p.Tk, INT_MAX);
-    const bool needed = !p.causal || __syncthreads_or(threadIdx.x < ATTN_BC && st.pos[threadIdx.x] <= max_q_pos);
+    const bool needed = !p.causal || (p.k_pos ? __syncthreads_or(threadIdx.x < ATTN_BC && st.pos[threadIdx.x] <= max_q_pos)
+                                              : j0 <= max_q_pos);
     if (needed) {
-        copy_tile_async(st.K, ld, k, b, j0, p.Tk, p.KV, g, hd);
-        copy_tile_async(st.V, ld, v, b, j0, p.Tk, p.KV, g, hd);
+        k.copy(st.K, ld, j0, g);
+        v.copy(st.V, ld, j0, g);
     }
     cp_async_commit();
     return needed;
@@ -152,7 +173,8 @@ __device__ bool wait_key_tile(const KeyStage &st, const AttnParams &p, int i0, i
 struct QueryStage {  // the dK/dV kernel's query tile
     bf16 *Q, *dO;
     int *pos;
-    float *lse, *D;  // lse log2(e) (+inf: the row saw no key) and D scale, per query row
+    float *lse, *D;  // per query row: lse and D as read, then lse log2(e) (+inf: the row saw no key) and
+                     // D scale (convert_query_row_stats)
 };
 __device__ QueryStage query_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int stage) {
     const int at = stage * L.stage_bytes;
@@ -160,35 +182,53 @@ __device__ QueryStage query_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int 
                       SMEM_AT(float, L.lse + at), SMEM_AT(float, L.dvec + at)};
 }
 // Step n of the dK/dV kernel's walk over its group's query tiles (head g group + n / tiles, tile
-// n % tiles) into stage st: the rows' positions, lse and D (attention.cuh's load_query_rows; lse then
-// times log2(e), +inf for a row that saw no key, and D times the scale, as the kernel's fmas take
-// them), then,
-// unless causal and no query of it reaches the block's first key (min_k_pos), its Q and dO queued;
-// the group committed (empty past the last step, as prefetch_key_tile). Returns whether the tile is
-// needed, on every thread.
-__device__ __forceinline__ bool prefetch_query_tile(const QueryStage &st, int ld, const bf16 *q, const bf16 *dout,
+// n % tiles) into stage st: the rows' positions, their lse and D queued by cp.async (thread t < 64,
+// row t; -inf and 0 stored past Tq), then, unless causal and no query of it reaches the block's first
+// key (min_k_pos), its Q and dO queued; the group committed (empty past the last step, as
+// prefetch_key_tile). Returns whether the tile is needed, on every thread. The kernel converts lse
+// and D in place after its wait (convert_query_row_stats). (Loaded into registers and stored here, each
+// step's prefetch stalled the block's first two warps, and at the next barrier all four, for a round
+// trip to memory.)
+template <typename Src>
+__device__ __forceinline__ bool prefetch_query_tile(const QueryStage &st, int ld, const Src &q, const Src &dout,
                                                     const float *lse, const float *dvec, const AttnParams &p, int b,
-                                                    int g, int n, int tiles, int min_k_pos, int hd) {
+                                                    int g, int n, int tiles, int min_k_pos) {
     if (n >= p.group * tiles) {
         cp_async_commit();
         return false;
     }
     const int h = g * p.group + n / tiles, i0 = (n % tiles) * ATTN_BR;
-    load_query_rows(st.pos, st.lse, st.D, p, lse, dvec, b, h, i0);
-    if (threadIdx.x < ATTN_BR) {  // the row this thread wrote, in the units the kernel's fmas take
-        const float l = st.lse[threadIdx.x];
-        // A row that saw no key (lse -inf; past Tq among them) gets +inf: every probability of it is
-        // then 2^(s - inf) = 0, masked (s = -inf) or not, with no test of its own.
-        st.lse[threadIdx.x] = l == -INFINITY ? INFINITY : l * LOG2E_F;
-        st.D[threadIdx.x] *= p.scale;
+    load_positions(st.pos, p.q_pos, i0, p.Tq, INT_MIN);
+    if (threadIdx.x < ATTN_BR) {
+        const int i = i0 + (int)threadIdx.x;
+        if (i < p.Tq) {
+            cp_async4(&st.lse[threadIdx.x], &lse[stat_offset(p, b, h, i)]);
+            cp_async4(&st.D[threadIdx.x], &dvec[stat_offset(p, b, h, i)]);
+        } else {
+            st.lse[threadIdx.x] = -INFINITY, st.D[threadIdx.x] = 0.0f;
+        }
     }
-    const bool needed = !p.causal || __syncthreads_or(threadIdx.x < ATTN_BR && st.pos[threadIdx.x] >= min_k_pos);
+    // positions i0.. in order (q_pos NULL): the tile's last row in range is its latest, no vote needed
+    const bool needed = !p.causal || (p.q_pos ? __syncthreads_or(threadIdx.x < ATTN_BR && st.pos[threadIdx.x] >= min_k_pos)
+                                              : min(i0 + ATTN_BR, p.Tq) - 1 >= min_k_pos);
     if (needed) {
-        copy_tile_async(st.Q, ld, q, b, i0, p.Tq, p.H, h, hd);
-        copy_tile_async(st.dO, ld, dout, b, i0, p.Tq, p.H, h, hd);
+        q.copy(st.Q, ld, i0, h);
+        dout.copy(st.dO, ld, i0, h);
     }
     cp_async_commit();
     return needed;
+}
+
+// After the step's wait, before its barrier: row threadIdx.x's lse and D (the thread's own copies, which
+// its wait made visible to it) into the units the kernel's fmas take: lse times log2(e), +inf for a row
+// that saw no key (lse -inf; past Tq among them): every probability of it is then 2^(s - inf) = 0,
+// masked (s = -inf) or not, with no test of its own; D times the scale.
+__device__ __forceinline__ void convert_query_row_stats(const QueryStage &st, const AttnParams &p) {
+    if (threadIdx.x < ATTN_BR) {
+        const float l = st.lse[threadIdx.x];
+        st.lse[threadIdx.x] = l == -INFINITY ? INFINITY : l * LOG2E_F;
+        st.D[threadIdx.x] *= p.scale;
+    }
 }
 
 // Max or sum over the 4 lanes of a group (the lanes sharing accumulator rows); all get the same bits.
@@ -323,8 +363,9 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
     const int i0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
     const int row0 = (int)(threadIdx.x / 32) * 16 * MT;  // the warp's first row of the tile
 
-    copy_tile_async<BR>(Qs, L.ld, q, b, i0, p.Tq, p.H, h, hd);
+    TileSource<HD_MAX, EXACT_HD, BR>(q, b, p.Tq, p.H, hd).copy(Qs, L.ld, i0, h);
     cp_async_commit();  // Q: waited for with the first key tile
+    const TileSource<HD_MAX, EXACT_HD> k_src(k, b, p.Tk, p.KV, hd), v_src(v, b, p.Tk, p.KV, hd);
     int min_q_pos;
     const int max_q_pos = load_query_positions(q_pos_s, p, i0, &min_q_pos, BR);
 
@@ -336,11 +377,10 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
         zero<HD_MAX / 8>(o[m]);
     }
 
-    bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos, hd);
+    bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k_src, v_src, p, g, 0, max_q_pos);
     for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
         const bool needed = next_needed;
-        next_needed =
-            prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos, hd);
+        next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k_src, v_src, p, g, j0 + ATTN_BC, max_q_pos);
         const KeyStage kt = key_stage(smem, L, stage);
         const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos, BR);
         if (!needed) continue;
@@ -415,7 +455,7 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
 // 3 (ncu: 1.75 -> 1.48 ms); dK/dV keeps its 168 registers and 3 blocks (without a request the compiler chose 168 too, and
 // with a request of 1 it took 186, leaving room for 2). The whole backward went 4.56 -> 4.30 ms.
 // The 128-row variants (MT = 2) ask for nothing: twice the accumulators. With head_dim a constant
-// (EXACT_HD) the compiler keeps more loads in flight: at head_dim 64 dQ takes 127 registers, dK/dV
+// (EXACT_HD) the compiler keeps more loads in flight: at head_dim 64 dQ takes 126 registers, dK/dV
 // 168, and the 128-key dK/dV 255 with 66 bytes spilled -- and yet the backward took 4.74 ms on an
 // H200 at 16 x 2048, against 5.33 with only dK/dV's head_dim read from p (242 registers, no spill).
 constexpr int min_blocks_hd64(int hd_max, int mt, int blocks) { return hd_max <= 64 && mt == 1 ? blocks : 0; }
@@ -435,9 +475,10 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
     const int i0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
     const int row0 = (int)(threadIdx.x / 32) * 16 * MT;
 
-    copy_tile_async<BR>(Qs, L.ld, q, b, i0, p.Tq, p.H, h, hd);
-    copy_tile_async<BR>(dOs, L.ld, dout, b, i0, p.Tq, p.H, h, hd);
+    TileSource<HD_MAX, EXACT_HD, BR>(q, b, p.Tq, p.H, hd).copy(Qs, L.ld, i0, h);
+    TileSource<HD_MAX, EXACT_HD, BR>(dout, b, p.Tq, p.H, hd).copy(dOs, L.ld, i0, h);
     cp_async_commit();  // Q and dO: waited for with the first key tile
+    const TileSource<HD_MAX, EXACT_HD> k_src(k, b, p.Tk, p.KV, hd), v_src(v, b, p.Tk, p.KV, hd);
     int min_q_pos;
     const int max_q_pos = load_query_positions(q_pos_s, p, i0, &min_q_pos, BR);
     // Of the lane's rows g, g + 8 of each fragment (lse -inf: no gradient, past Tq or saw no key):
@@ -455,11 +496,10 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
 #pragma unroll
     for (int m = 0; m < MT; m++) zero<HD_MAX / 8>(acc[m]);
 
-    bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k, v, p, b, g, 0, max_q_pos, hd);
+    bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k_src, v_src, p, g, 0, max_q_pos);
     for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
         const bool needed = next_needed;
-        next_needed =
-            prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k, v, p, b, g, j0 + ATTN_BC, max_q_pos, hd);
+        next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k_src, v_src, p, g, j0 + ATTN_BC, max_q_pos);
         const KeyStage kt = key_stage(smem, L, stage);
         // full: then every row saw a key of this tile, so its lse is finite
         const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos, BR);
@@ -515,9 +555,10 @@ flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16
     const int j0 = blockIdx.x * BK, g = blockIdx.y, b = blockIdx.z;
     const int row0 = (int)(threadIdx.x / 32) * 16 * MT;  // the warp's first key of the tile
 
-    copy_tile_async<BK>(Ks, L.ld, k, b, j0, p.Tk, p.KV, g, hd);
-    copy_tile_async<BK>(Vs, L.ld, v, b, j0, p.Tk, p.KV, g, hd);
+    TileSource<HD_MAX, EXACT_HD, BK>(k, b, p.Tk, p.KV, hd).copy(Ks, L.ld, j0, g);
+    TileSource<HD_MAX, EXACT_HD, BK>(v, b, p.Tk, p.KV, hd).copy(Vs, L.ld, j0, g);
     cp_async_commit();  // K and V: waited for with the first query tile
+    const TileSource<HD_MAX, EXACT_HD> q_src(q, b, p.Tq, p.H, hd), dout_src(dout, b, p.Tq, p.H, hd);
     load_positions(k_pos_s, p.k_pos, j0, p.Tk, INT_MAX, BK);
     __syncthreads();
     int max_k_pos;
@@ -534,14 +575,15 @@ flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16
     // The query tiles of the group's heads, head by head: step n is head g group + n / tiles, tile n % tiles.
     const int tiles = (p.Tq + ATTN_BR - 1) / ATTN_BR, steps = p.group * tiles;
     bool next_needed =
-        prefetch_query_tile(query_stage(smem, L, 0), L.ld, q, dout, lse, dvec, p, b, g, 0, tiles, min_k_pos, hd);
+        prefetch_query_tile(query_stage(smem, L, 0), L.ld, q_src, dout_src, lse, dvec, p, b, g, 0, tiles, min_k_pos);
     for (int n = 0, stage = 0; n < steps; n++, stage ^= 1) {
         const int i0 = (n % tiles) * ATTN_BR;  // of head g group + n / tiles
         const bool needed = next_needed;
-        next_needed = prefetch_query_tile(query_stage(smem, L, stage ^ 1), L.ld, q, dout, lse, dvec, p, b, g, n + 1,
-                                          tiles, min_k_pos, hd);
+        next_needed = prefetch_query_tile(query_stage(smem, L, stage ^ 1), L.ld, q_src, dout_src, lse, dvec, p, b, g,
+                                          n + 1, tiles, min_k_pos);
         const QueryStage qt = query_stage(smem, L, stage);
         cp_async_wait<1>();
+        convert_query_row_stats(qt, p);
         // The whole tile visible (as wait_key_tile's vote): no per-element mask, and every query saw
         // this tile's keys, so its lse is finite. The vote is the barrier after the copies.
         const bool full = __syncthreads_and(

@@ -126,10 +126,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *row
 }
 #endif
 // ---- cp.async: 16-byte copies from global to shared memory that do not pass through registers ----
-// cp_async16 queues a copy; cp_async_commit closes the thread's group of copies queued since the last
-// commit; cp_async_wait<N> waits until all but the newest N of the thread's committed groups are done.
+// cp_async16 queues a copy (cp_async4: of 4 bytes, a float); cp_async_commit closes the thread's group
+// of copies queued since the last commit; cp_async_wait<N> waits until all but the newest N of the
+// thread's committed groups are done.
 // A copy is visible to the other threads only after their wait and a barrier: the kernels wait, then
-// pass a __syncthreads, before reading a streamed tile. (cp.async.cg: cached in L2 only.)
+// pass a __syncthreads, before reading a streamed tile; the thread that queued a copy may read it after
+// its wait alone. (cp.async.cg: cached in L2 only; 4-byte copies take .ca, the only form for them.)
 #ifdef GPU_EMULATOR
 // Emulated as late as the hardware may do it: a thread's copies wait in its list and are done when
 // that thread waits for their group. So a kernel that reads a tile before its wait and barrier reads
@@ -137,7 +139,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const bf16 *row
 struct EmuAsyncCopy {
     void *dst;
     const void *src;
-    int group;  // the thread's commit count when it was queued
+    int bytes, group;  // group: the thread's commit count when it was queued
 };
 struct EmuAsyncQueue {
     EmuAsyncCopy copies[64];
@@ -147,17 +149,19 @@ inline EmuAsyncQueue &emu_async_queue() {
     static EmuAsyncQueue queues[1024];
     return queues[threadIdx.x % 1024];
 }
-inline void cp_async16(void *dst, const void *src) {
+inline void emu_cp_async(void *dst, const void *src, int bytes) {
     EmuAsyncQueue &q = emu_async_queue();
     if (q.n == 64) __builtin_trap();  // more copies in flight than any kernel here queues
-    q.copies[q.n++] = EmuAsyncCopy{dst, src, q.committed};
+    q.copies[q.n++] = EmuAsyncCopy{dst, src, bytes, q.committed};
 }
+inline void cp_async16(void *dst, const void *src) { emu_cp_async(dst, src, 16); }
+inline void cp_async4(void *dst, const void *src) { emu_cp_async(dst, src, 4); }
 inline void cp_async_commit() { emu_async_queue().committed++; }
 template <int N> inline void cp_async_wait() {
     EmuAsyncQueue &q = emu_async_queue();
     int kept = 0;
     for (int i = 0; i < q.n; i++) {
-        if (q.copies[i].group < q.committed - N) memcpy(q.copies[i].dst, q.copies[i].src, 16);
+        if (q.copies[i].group < q.committed - N) memcpy(q.copies[i].dst, q.copies[i].src, q.copies[i].bytes);
         else q.copies[kept++] = q.copies[i];
     }
     q.n = kept;
@@ -166,6 +170,10 @@ template <int N> inline void cp_async_wait() {
 __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
     unsigned at = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(at), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
+    unsigned at = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(at), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

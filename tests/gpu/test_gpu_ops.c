@@ -75,19 +75,23 @@ static float *dev_f32_poisoned(size_t n) {  // every byte 0xff: every element Na
     gpu_fill_bytes(d, 0xff, sizeof(float) * n);
     return d;
 }
-static gpu_bf16 *dev_bf16(const float *host, size_t n) {  // host values rounded to bf16
-    uint16_t *bits = malloc(sizeof(uint16_t) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) bits[i] = bf16_bits_from_f32(host[i]);
-    gpu_bf16 *d = gpu_alloc(MEM_OTHER, sizeof(uint16_t) * n);
-    gpu_upload(d, bits, sizeof(uint16_t) * n);
-    free(bits);
-    return d;
-}
 static gpu_bf16 *dev_bf16_poisoned(size_t n) {
     gpu_bf16 *d = gpu_alloc(MEM_OTHER, sizeof(uint16_t) * n);
     gpu_fill_bytes(d, 0xff, sizeof(uint16_t) * n);  // 0xffff is a bf16 NaN
     return d;
 }
+// host values rounded to bf16, followed by `tail` NaNs: a kernel that reads a row past the tensor's
+// end (a tile copy that takes one row too many as inside the sequence) gets NaN into its products.
+static gpu_bf16 *dev_bf16_nan_tail(const float *host, size_t n, size_t tail) {
+    uint16_t *bits = malloc(sizeof(uint16_t) * (n + tail ? n + tail : 1));
+    for (size_t i = 0; i < n; i++) bits[i] = bf16_bits_from_f32(host[i]);
+    for (size_t i = n; i < n + tail; i++) bits[i] = 0xffff;
+    gpu_bf16 *d = gpu_alloc(MEM_OTHER, sizeof(uint16_t) * (n + tail));
+    gpu_upload(d, bits, sizeof(uint16_t) * (n + tail));
+    free(bits);
+    return d;
+}
+static gpu_bf16 *dev_bf16(const float *host, size_t n) { return dev_bf16_nan_tail(host, n, 0); }
 static int *dev_ints(const int *host, size_t n) {
     int *d = gpu_alloc(MEM_OTHER, sizeof(int) * (n ? n : 1));
     gpu_upload(d, host, sizeof(int) * n);
@@ -1178,7 +1182,9 @@ static AttnResults run_attention_bf16(bool simt, const AttnShape *s, const float
     int *d_qpos = s->q_pos ? dev_ints(s->q_pos, s->Tq) : NULL, *d_kpos = s->k_pos ? dev_ints(s->k_pos, s->Tk) : NULL;
     ds.q_pos = d_qpos, ds.k_pos = d_kpos;
     float *zeros = calloc(nq > nk ? nq : nk, sizeof(float));
-    gpu_bf16 *d_q = dev_bf16(q, nq), *d_k = dev_bf16(k, nk), *d_v = dev_bf16(v, nk), *d_dout = dev_bf16(dout, nq);
+    const size_t row = (size_t)s->n_heads * s->head_dim;  // a row of q or dout; k and v's are shorter
+    gpu_bf16 *d_q = dev_bf16_nan_tail(q, nq, row), *d_k = dev_bf16_nan_tail(k, nk, row);
+    gpu_bf16 *d_v = dev_bf16_nan_tail(v, nk, row), *d_dout = dev_bf16_nan_tail(dout, nq, row);
     gpu_bf16 *d_out = dev_bf16_poisoned(nq);
     gpu_bf16 *d_dq = dev_bf16(dq0 ? dq0 : zeros, nq), *d_dk = dev_bf16(dk0 ? dk0 : zeros, nk);
     gpu_bf16 *d_dv = dev_bf16(dv0 ? dv0 : zeros, nk);
@@ -1403,11 +1409,13 @@ int main(void) {
     };
     for (size_t i = 0; i < sizeof f32_cases / sizeof f32_cases[0]; i++) test_attention_f32(&f32_cases[i]);
     test_mma_fragments();
-    // T not a multiple of 64 (3 tiles, the last of 2 rows), causal ones with whole tiles skipped.
+    // T not a multiple of 64 (3 tiles, the last of 2 rows; 2 tiles, the last one row short), causal ones
+    // with whole tiles skipped. The inputs are followed by NaNs (dev_bf16_nan_tail).
     const AttnCase bf16_cases[] = {
         {"causal GQA 2x130 H4/KV2 hd32", 2, 130, 130, 4, 2, 32, true, POS_NONE},
         {"full Tq70 Tk130 H2/KV2 hd16", 1, 70, 130, 2, 2, 16, false, POS_NONE},
         {"causal 1x130 H2/KV1 hd64", 1, 130, 130, 2, 1, 64, true, POS_NONE},
+        {"causal 1x127 H2/KV1 hd64", 1, 127, 127, 2, 1, 64, true, POS_NONE},  // a last tile one row short
         {"causal positions Tq60 Tk130 hd64", 1, 60, 130, 4, 2, 64, true, POS_SCATTERED},
         {"causal 1x100 H2/KV2 hd96", 1, 100, 100, 2, 2, 96, true, POS_NONE},
         {"causal 1x130 H4/KV2 hd128", 1, 130, 130, 4, 2, 128, true, POS_NONE},
