@@ -126,6 +126,14 @@ template <int HD_MAX, int ROWS> struct TileSource<HD_MAX, false, ROWS> {
 // refilled, two tiles on).
 #define SMEM_AT(type, offset) reinterpret_cast<type *>(reinterpret_cast<unsigned char *>(smem) + (offset))
 
+// Row r's position in a streamed tile from r0: read from the stage where positions are given
+// (`given`: ring attention's chunks), else r0 + r, and `outside` past T_len, as load_positions writes
+// them. With the positions 0..T-1 a stage holds none: its tile's need and visibility are comparisons
+// with its first and last row, and its masks compute the positions.
+__device__ __forceinline__ int tile_position(const int *pos_s, bool given, int r0, int r, int T_len, int outside) {
+    return given ? pos_s[r] : r0 + r < T_len ? r0 + r : outside;
+}
+
 struct KeyStage {  // the forward and dQ kernels' key tile
     bf16 *K, *V;
     int *pos;
@@ -134,9 +142,9 @@ __device__ KeyStage key_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int stag
     const int at = stage * L.stage_bytes;
     return KeyStage{SMEM_AT(bf16, L.k + at), SMEM_AT(bf16, L.v + at), SMEM_AT(int, L.k_pos + at)};
 }
-// The key tile at j0 into stage st: its positions, then, unless no query of the block (positions up
-// to max_q_pos) can see any of its keys, its K and V queued; the group committed. Returns whether the
-// tile is needed, the same on every thread. With positions given (ring attention's chunks) thread
+// The key tile at j0 into stage st: its positions (where given), then, unless no query of the block
+// (positions up to max_q_pos) can see any of its keys, its K and V queued; the group committed. Returns
+// whether the tile is needed, the same on every thread. With positions given (ring attention's chunks) thread
 // t < 64 writes position t and the block votes on them (the vote needs no barrier before it); with the
 // positions 0..Tk-1 the tile's first key j0 is its earliest, so the test needs no vote and no barrier
 // (one barrier a tile fewer). Past the last tile (j0 >= Tk) an empty group, so that the wait for the
@@ -148,9 +156,10 @@ __device__ __forceinline__ bool prefetch_key_tile(const KeyStage &st, int ld, co
         cp_async_commit();
         return false;
     }
-    load_positions(st.pos, p.k_pos, j0, p.Tk, INT_MAX);
-    const bool needed = !p.causal || (p.k_pos ? __syncthreads_or(threadIdx.x < ATTN_BC && st.pos[threadIdx.x] <= max_q_pos)
-                                              : j0 <= max_q_pos);
+    if (p.k_pos) load_positions(st.pos, p.k_pos, j0, p.Tk, INT_MAX);
+    const bool needed =
+        !p.causal || (p.k_pos ? __syncthreads_or(threadIdx.x < ATTN_BC && st.pos[threadIdx.x] <= max_q_pos)
+                              : j0 <= max_q_pos);
     if (needed) {
         k.copy(st.K, ld, j0, g);
         v.copy(st.V, ld, j0, g);
@@ -166,6 +175,10 @@ __device__ __forceinline__ bool prefetch_key_tile(const KeyStage &st, int ld, co
 __device__ bool wait_key_tile(const KeyStage &st, const AttnParams &p, int i0, int j0, int min_q_pos,
                               int q_rows = ATTN_BR) {
     cp_async_wait<1>();
+    if (!p.k_pos) {  // keys j0.. in order: the last, j0 + 63, is the latest
+        __syncthreads();
+        return tile_in_range(p, i0, j0, q_rows) && attn_pos_visible(p.causal, min_q_pos, j0 + ATTN_BC - 1);
+    }
     return __syncthreads_and(tile_in_range(p, i0, j0, q_rows) &&
                              (threadIdx.x >= ATTN_BC || attn_pos_visible(p.causal, min_q_pos, st.pos[threadIdx.x])));
 }
@@ -182,9 +195,9 @@ __device__ QueryStage query_stage(Chunk16 *smem, const AttnTcSmemLayout &L, int 
                       SMEM_AT(float, L.lse + at), SMEM_AT(float, L.dvec + at)};
 }
 // Step n of the dK/dV kernel's walk over its group's query tiles (head g group + n / tiles, tile
-// n % tiles) into stage st: the rows' positions, their lse and D queued by cp.async (thread t < 64,
-// row t; -inf and 0 stored past Tq), then, unless causal and no query of it reaches the block's first
-// key (min_k_pos), its Q and dO queued; the group committed (empty past the last step, as
+// n % tiles) into stage st: the rows' positions (where given), their lse and D queued by cp.async
+// (thread t < 64, row t; -inf and 0 stored past Tq), then, unless causal and no query of it reaches the
+// block's first key (min_k_pos), its Q and dO queued; the group committed (empty past the last step, as
 // prefetch_key_tile). Returns whether the tile is needed, on every thread. The kernel converts lse
 // and D in place after its wait (convert_query_row_stats). (Loaded into registers and stored here, each
 // step's prefetch stalled the block's first two warps, and at the next barrier all four, for a round
@@ -198,7 +211,7 @@ __device__ __forceinline__ bool prefetch_query_tile(const QueryStage &st, int ld
         return false;
     }
     const int h = g * p.group + n / tiles, i0 = (n % tiles) * ATTN_BR;
-    load_positions(st.pos, p.q_pos, i0, p.Tq, INT_MIN);
+    if (p.q_pos) load_positions(st.pos, p.q_pos, i0, p.Tq, INT_MIN);
     if (threadIdx.x < ATTN_BR) {
         const int i = i0 + (int)threadIdx.x;
         if (i < p.Tq) {
@@ -209,8 +222,9 @@ __device__ __forceinline__ bool prefetch_query_tile(const QueryStage &st, int ld
         }
     }
     // positions i0.. in order (q_pos NULL): the tile's last row in range is its latest, no vote needed
-    const bool needed = !p.causal || (p.q_pos ? __syncthreads_or(threadIdx.x < ATTN_BR && st.pos[threadIdx.x] >= min_k_pos)
-                                              : min(i0 + ATTN_BR, p.Tq) - 1 >= min_k_pos);
+    const bool needed =
+        !p.causal || (p.q_pos ? __syncthreads_or(threadIdx.x < ATTN_BR && st.pos[threadIdx.x] >= min_k_pos)
+                              : min(i0 + ATTN_BR, p.Tq) - 1 >= min_k_pos);
     if (needed) {
         q.copy(st.Q, ld, i0, h);
         dout.copy(st.dO, ld, i0, h);
@@ -380,7 +394,8 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
     bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k_src, v_src, p, g, 0, max_q_pos);
     for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
         const bool needed = next_needed;
-        next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k_src, v_src, p, g, j0 + ATTN_BC, max_q_pos);
+        next_needed =
+            prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k_src, v_src, p, g, j0 + ATTN_BC, max_q_pos);
         const KeyStage kt = key_stage(smem, L, stage);
         const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos, BR);
         if (!needed) continue;
@@ -395,7 +410,8 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
         if (!full) {
             for_each_score<MT, SCORE_TILES>([&](int m, int n, int e) {
                 int r = row0 + 16 * m + acc_row(e), c = n * 8 + acc_col(e);
-                if (!(i0 + r < p.Tq && j0 + c < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c])))
+                if (!(i0 + r < p.Tq && j0 + c < p.Tk &&
+                      attn_pos_visible(p.causal, q_pos_s[r], tile_position(k_pos_s, p.k_pos, j0, c, p.Tk, INT_MAX))))
                     s[m][n][e] = -INFINITY;
             });
         }
@@ -410,7 +426,7 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
             Exp2Arg arg[2];  // exp(s scale - m) as one fma and one ex2 per score (numerics.h)
 #pragma unroll
             for (int half = 0; half < 2; half++) {
-                correction[half] = online_softmax_rescale(&st[m][half], group_max(tile_max[half]) * p.scale);
+                correction[half] = online_softmax_rescale_exp2(&st[m][half], group_max(tile_max[half]) * p.scale);
                 arg[half] = exp2_arg(p.scale, st[m][half].m);
             }
 #pragma unroll
@@ -455,8 +471,8 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
 // 3 (ncu: 1.75 -> 1.48 ms); dK/dV keeps its 168 registers and 3 blocks (without a request the compiler chose 168 too, and
 // with a request of 1 it took 186, leaving room for 2). The whole backward went 4.56 -> 4.30 ms.
 // The 128-row variants (MT = 2) ask for nothing: twice the accumulators. With head_dim a constant
-// (EXACT_HD) the compiler keeps more loads in flight: at head_dim 64 dQ takes 126 registers, dK/dV
-// 168, and the 128-key dK/dV 255 with 66 bytes spilled -- and yet the backward took 4.74 ms on an
+// (EXACT_HD) the compiler keeps more loads in flight: at head_dim 64 dQ takes 128 registers, dK/dV
+// 168, and the 128-key dK/dV 255 with 58 bytes spilled (66 when measured) -- and yet the backward took 4.74 ms on an
 // H200 at 16 x 2048, against 5.33 with only dK/dV's head_dim read from p (242 registers, no spill).
 constexpr int min_blocks_hd64(int hd_max, int mt, int blocks) { return hd_max <= 64 && mt == 1 ? blocks : 0; }
 
@@ -499,7 +515,8 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
     bool next_needed = prefetch_key_tile(key_stage(smem, L, 0), L.ld, k_src, v_src, p, g, 0, max_q_pos);
     for (int j0 = 0, stage = 0; j0 < p.Tk; j0 += ATTN_BC, stage ^= 1) {
         const bool needed = next_needed;
-        next_needed = prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k_src, v_src, p, g, j0 + ATTN_BC, max_q_pos);
+        next_needed =
+            prefetch_key_tile(key_stage(smem, L, stage ^ 1), L.ld, k_src, v_src, p, g, j0 + ATTN_BC, max_q_pos);
         const KeyStage kt = key_stage(smem, L, stage);
         // full: then every row saw a key of this tile, so its lse is finite
         const bool full = wait_key_tile(kt, p, i0, j0, min_q_pos, BR);
@@ -513,7 +530,8 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
         if (!full) {  // masked scores to -inf, whose probability 2^-inf is 0 (as forward)
             for_each_score<MT, SCORE_TILES>([&](int m, int n, int e) {
                 int r = row0 + 16 * m + acc_row(e), c = n * 8 + acc_col(e);
-                if (!(row_lse[m][e / 2] != -INFINITY && j0 + c < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[c])))
+                if (!(row_lse[m][e / 2] != -INFINITY && j0 + c < p.Tk &&
+                      attn_pos_visible(p.causal, q_pos_s[r], tile_position(k_pos_s, p.k_pos, j0, c, p.Tk, INT_MAX))))
                     s[m][n][e] = -INFINITY;
             });
         }
@@ -585,10 +603,17 @@ flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16
         cp_async_wait<1>();
         convert_query_row_stats(qt, p);
         // The whole tile visible (as wait_key_tile's vote): no per-element mask, and every query saw
-        // this tile's keys, so its lse is finite. The vote is the barrier after the copies.
-        const bool full = __syncthreads_and(
-            tile_in_range(p, i0, j0, ATTN_BR, BK) &&
-            (threadIdx.x >= ATTN_BR || attn_pos_visible(p.causal, qt.pos[threadIdx.x], max_k_pos)));
+        // this tile's keys, so its lse is finite. The vote is the barrier after the copies; with the
+        // positions 0..Tq-1 the tile's first query, i0, is its earliest, and no vote is needed.
+        bool full;
+        if (p.q_pos) {
+            full = __syncthreads_and(
+                tile_in_range(p, i0, j0, ATTN_BR, BK) &&
+                (threadIdx.x >= ATTN_BR || attn_pos_visible(p.causal, qt.pos[threadIdx.x], max_k_pos)));
+        } else {
+            __syncthreads();
+            full = tile_in_range(p, i0, j0, ATTN_BR, BK) && attn_pos_visible(p.causal, i0, max_k_pos);
+        }
         if (!needed) continue;
         const int *q_pos_s = qt.pos;
         const float *lse2_s = qt.lse, *Ds_s = qt.D;  // lse log2(e) (+inf: saw no key), D scale (prefetch_query_tile)
@@ -603,7 +628,8 @@ flash_backward_dkdv_tc_kernel(GradT *dk, GradT *dv, const bf16 *dout, const bf16
             if (!full) {  // masked scores to -inf, whose probability 2^-inf is 0 (rows with no key: lse2 +inf)
                 for_each_score<MT, NT>([&](int m, int t, int e) {
                     int key = row0 + 16 * m + acc_row(e), r = q0 + t * 8 + acc_col(e);  // a row per key, a column per query
-                    if (!(j0 + key < p.Tk && attn_pos_visible(p.causal, q_pos_s[r], k_pos_s[key])))
+                    const int q_pos = tile_position(q_pos_s, p.q_pos, i0, r, p.Tq, INT_MIN);
+                    if (!(j0 + key < p.Tk && attn_pos_visible(p.causal, q_pos, k_pos_s[key])))
                         st[m][t][e] = -INFINITY;
                 });
             }

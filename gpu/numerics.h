@@ -137,6 +137,17 @@ GPU_HD Exp2Arg exp2_arg(float scale, float m) {
     return c;
 }
 GPU_HD float exp2_weight(Exp2Arg c, float s) { return exp2_fast(fmaf(s, c.scale_log2, c.neg_m_log2)); }
+// online_softmax_rescale with its factor exp(m_old - m_new) as one ex2 of (m_old - m_new) log2(e),
+// the tensor-core forward's (attention_tc.cu): its probabilities are ex2s already, and expf took a
+// dozen instructions per row and tile. m_old = -inf (the first visible tile) gives 2^-inf = 0.
+GPU_HD float online_softmax_rescale_exp2(OnlineSoftmax *st, float tile_max) {
+    float m_new = tile_max > st->m ? tile_max : st->m;
+    if (m_new == -INFINITY) return 1.0f;  // still nothing visible: state unchanged
+    float correction = exp2_fast((st->m - m_new) * LOG2E_F);
+    st->l *= correction;
+    st->m = m_new;
+    return correction;
+}
 GPU_HD void online_softmax_add(OnlineSoftmax *st, float tile_weight_sum) { st->l += tile_weight_sum; }
 // The row's log-sum-exp, and an element of its output from the accumulator: -inf and 0 when the
 // row saw no key (as in reference_cpu, which ring attention relies on to merge such rows away).
