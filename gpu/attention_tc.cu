@@ -361,6 +361,14 @@ template <int HD_MAX, bool EXACT_HD> __device__ __forceinline__ int head_dim_of(
 
 // ================================ forward ========================================================
 
+// The query tile of this block in the forward and dQ kernels. Causal, the last query tiles see the
+// most keys: blockIdx.x 0 takes the last tile, so that the blocks launched last (the grid goes through
+// blockIdx.x first) are the shortest and the multiprocessors run out of work together. Any order gives
+// the same bits: a block's arithmetic does not depend on when it runs.
+__device__ __forceinline__ int query_tile_of_block(const AttnParams &p) {
+    return p.causal ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+}
+
 // MT m16 fragments of query rows per warp: MT = 1, a 64-row query tile (warp w: rows 16w .. 16w+15);
 // MT = 2, a 128-row one (warp w: rows 32w .. 32w+31), FlashAttention-2's forward tiling, in which a
 // warp's B fragments of K and V serve two fragments of rows. Key tiles are 64 rows either way, and
@@ -374,7 +382,7 @@ flash_forward_tc_kernel(OutT *out, float *lse, const bf16 *q, const bf16 *k, con
     const AttnTcSmemLayout L = attn_tc_smem_layout_rows(ATTN_KERNEL_FORWARD, hd, BR);
     bf16 *Qs = SMEM_AT(bf16, L.q);
     int *q_pos_s = SMEM_AT(int, L.q_pos);
-    const int i0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
+    const int i0 = query_tile_of_block(p) * BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
     const int row0 = (int)(threadIdx.x / 32) * 16 * MT;  // the warp's first row of the tile
 
     TileSource<HD_MAX, EXACT_HD, BR>(q, b, p.Tq, p.H, hd).copy(Qs, L.ld, i0, h);
@@ -488,7 +496,7 @@ flash_backward_dq_tc_kernel(GradT *dq, const bf16 *dout, const bf16 *q, const bf
     const AttnTcSmemLayout L = attn_tc_smem_layout_rows(ATTN_KERNEL_BACKWARD_DQ, hd, BR);
     bf16 *Qs = SMEM_AT(bf16, L.q), *dOs = SMEM_AT(bf16, L.dout);
     int *q_pos_s = SMEM_AT(int, L.q_pos);
-    const int i0 = blockIdx.x * BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
+    const int i0 = query_tile_of_block(p) * BR, h = blockIdx.y, b = blockIdx.z, g = h / p.group;
     const int row0 = (int)(threadIdx.x / 32) * 16 * MT;
 
     TileSource<HD_MAX, EXACT_HD, BR>(q, b, p.Tq, p.H, hd).copy(Qs, L.ld, i0, h);
