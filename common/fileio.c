@@ -130,17 +130,18 @@ static void check_file(const char *flag, const char *path) {
     if (error) fatal_input("--%s %s: cannot create a file there (%s)", flag, path, strerror(error));
 }
 
+// An existing directory must take new files; a new one is not made here (its writer makes it, once
+// the run's inputs have passed their checks: a refused run leaves nothing behind), but its parent
+// must take new entries.
 static void check_dir(const char *flag, const char *path) {
     struct stat st;
-    if (stat(path, &st) == 0) {
-        if (!S_ISDIR(st.st_mode)) fatal_input("--%s %s: exists and is not a directory", flag, path);
-    } else {
+    if (stat(path, &st) != 0) {
         check_parent(flag, path);
-        // Kept once made: the run creates it anyway, and under mpirun every rank checks at once (a
-        // rank removing it again would pull it from under another rank's probe).
-        if (mkdir(path, 0777) != 0 && errno != EEXIST)
-            fatal_input("--%s %s: cannot create the directory (%s)", flag, path, strerror(errno));
+        int error = probe_create(path);  // "<path>.tmp.<pid>" in the parent: ranks probe apart
+        if (error) fatal_input("--%s %s: cannot create the directory (%s)", flag, path, strerror(error));
+        return;
     }
+    if (!S_ISDIR(st.st_mode)) fatal_input("--%s %s: exists and is not a directory", flag, path);
     char probe[PATH_MAX];
     snprintf(probe, sizeof probe, "%s/probe", path);
     int error = probe_create(probe);

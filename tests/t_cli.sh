@@ -174,6 +174,14 @@ expect_error "truncated.safetensors" --model tiny --steps 2 --batch 2 --resume "
 expect_error "data source 'text:$T/no-such-text'" --model tiny --steps 2 --data "text:$T/no-such-text" \
     --mesh-dot "$T/keep.dot"
 [ "$(cat "$T/keep.dot")" = keep ] || { echo "FAIL: --mesh-dot was written before the bad input was refused"; failures=$((failures + 1)); }
+# ... and the output directories a refused run names are not made
+expect_error "data source 'text:$T/no-such-text'" --model tiny --steps 2 --data "text:$T/no-such-text" \
+    --checkpoint-dir "$T/new-ck" --trace-hta "$T/new-hta" --export-hf "$T/new-hf"
+expect_error "truncated.safetensors" --model tiny --steps 2 --batch 2 --resume "$T/truncated.safetensors" \
+    --checkpoint-dir "$T/new-ck"
+for d in new-ck new-hta new-hf; do
+    [ ! -e "$T/$d" ] || { echo "FAIL: a refused run made its output directory $T/$d"; failures=$((failures + 1)); }
+done
 # one flipped bit in the tensor data: the hash the checkpoint records no longer matches
 "$PYTHON" - "$good" "$T/flipped.safetensors" <<'PY'
 import struct, sys

@@ -801,11 +801,6 @@ int main(int argc, char **argv) {
     t.dp_index = comm_rank(t.mesh->dp);
     t.n_micro = opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps;
     t.micro = t.B / (t.dp_size * t.n_micro);
-    if (opt.checkpoint_dir && t.mesh->rank == 0) {
-        if (mkdir(opt.checkpoint_dir, 0777) != 0 && errno != EEXIST)  // checked writable above
-            fatal("--checkpoint-dir %s: %s", opt.checkpoint_dir, strerror(errno));
-        checkpoint_clean_stale(opt.checkpoint_dir);
-    }
     if (tracing) {
         trace_align_clocks(comm_world());
         trace_init(t.mesh->rank, t.mesh->label);
@@ -822,6 +817,11 @@ int main(int argc, char **argv) {
         checkpoint_resolve(opt.resume, resume_path, sizeof resume_path);
         checkpoint_check(resume_path, &cfg, &run);
         if (opt.fp8 && !cuda && strcmp(opt.fp8_recipe, "delayed") == 0) fp8_check_companion(resume_path);
+    }
+    if (opt.checkpoint_dir && t.mesh->rank == 0) {  // made now that the inputs have passed
+        if (mkdir(opt.checkpoint_dir, 0777) != 0 && errno != EEXIST)  // its parent was checked above
+            fatal("--checkpoint-dir %s: %s", opt.checkpoint_dir, strerror(errno));
+        checkpoint_clean_stale(opt.checkpoint_dir);
     }
     if (opt.mesh_dot && t.mesh->rank == 0) mesh_write_dot(t.mesh, opt.mesh_dot);
     // --desync-init: replicas differ (what DDP's broadcast must fix), the ranks of one replica agree
