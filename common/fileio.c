@@ -148,8 +148,7 @@ static void check_dir(const char *flag, const char *path) {
     if (error) fatal_input("--%s %s: cannot create files in this directory (%s)", flag, path, strerror(error));
 }
 
-void fileio_check_output(const char *flag, const char *path, OutputKind kind) {
-    if (!path) return;
+void fileio_check_output_name(const char *flag, const char *path, OutputKind kind) {
     if (!*path) fatal_input("--%s: empty path", flag);
     // Room for the temporary's ".tmp.<pid>" suffix, within the name and within the path
     size_t suffix = (size_t)snprintf(NULL, 0, ".tmp.%d", (int)getpid());
@@ -157,6 +156,11 @@ void fileio_check_output(const char *flag, const char *path, OutputKind kind) {
         fatal_input("--%s %.60s...: a name is longer than NAME_MAX, %d bytes (a file's name needs %d more for its "
                     "temporary \".tmp.<pid>\")", flag, path, NAME_MAX, (int)suffix);
     if (strlen(path) + suffix + 16 >= PATH_MAX) fatal_input("--%s %.60s...: path too long", flag, path);
+}
+
+void fileio_check_output(const char *flag, const char *path, OutputKind kind) {
+    if (!path) return;
+    fileio_check_output_name(flag, path, kind);
     if (kind == OUTPUT_DIR) check_dir(flag, path);
     else check_file(flag, path);
 }

@@ -31,10 +31,13 @@ typedef enum { OUTPUT_FILE, OUTPUT_DIR } OutputKind;
 // Checks, before any work, that the output `path` given to --flag can be written: not empty, every
 // name within NAME_MAX (the temporary "<name>.tmp.<pid>" too), the parent an existing directory,
 // an existing target of the right kind (a regular file, or a directory), and the directory really
-// takes a new file: a probe temporary is created and removed (a missing directory is created, as
-// the run would create it next, and kept). Exits with status 2 and one line naming the flag and
+// takes a new file: a probe temporary is created and removed (for a missing directory, in its parent:
+// the directory is not made here but by the run, once its inputs have passed). Exits with status 2 and one line naming the flag and
 // the reason otherwise.
 void fileio_check_output(const char *flag, const char *path, OutputKind kind);
+// Its checks of the name alone (not empty, each part within NAME_MAX with room for the temporary's
+// suffix, the whole within PATH_MAX), for a file in a directory the run has yet to make.
+void fileio_check_output_name(const char *flag, const char *path, OutputKind kind);
 
 // For an output directory the run fills with files named PREFIX*SUFFIX (checkpoints step_*): exits 2
 // with one line, before the run, if such an entry exists and is not a regular file (the write would

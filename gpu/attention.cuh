@@ -44,11 +44,12 @@ __device__ __forceinline__ size_t stat_offset(const AttnParams &p, int b, int h,
 
 // Positions of rows [r0, r0 + rows); rows past T_len get `outside`, chosen so that they see
 // nothing (queries: INT_MIN) or are seen by nothing (keys: INT_MAX).
+// (row_position: one row t's, the positions read from pos or, with pos NULL, t itself.)
+__device__ __forceinline__ int row_position(const int *pos, int t, int T_len, int outside) {
+    return t < T_len ? (pos ? pos[t] : t) : outside;
+}
 __device__ inline void load_positions(int *dst, const int *pos, int r0, int T_len, int outside, int rows = ATTN_BR) {
-    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-        int t = r0 + r;
-        dst[r] = t < T_len ? (pos ? pos[t] : t) : outside;
-    }
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) dst[r] = row_position(pos, r0 + r, T_len, outside);
 }
 // Loads the query tile's positions (rows of them); returns the largest (every thread gets it), and
 // the smallest in *min_q_pos where asked. Its barrier also covers whatever the block wrote to shared

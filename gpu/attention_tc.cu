@@ -55,6 +55,8 @@ static_assert(ATTN_BR == ATTN_BC && ATTN_TC_ROWS_PER_WARP == 16, "a warp's rows 
 struct alignas(16) Chunk16 {
     uint32_t w[4];
 };
+// A row past the sequence's end: its chunk of the tile set to zeros at once (no copy).
+__device__ __forceinline__ void zero_chunk(bf16 *to) { *reinterpret_cast<Chunk16 *>(to) = Chunk16{{0u, 0u, 0u, 0u}}; }
 
 // The tiles of one side, rows [r0, r0 + ROWS) of head `head` of a (B, T_len, n_heads, hd) bf16 tensor,
 // into a shared tile with row stride ld elements, queued 16 bytes at a time by cp.async (gpu/mma.cuh);
@@ -94,7 +96,7 @@ template <int HD, int ROWS> struct TileSource<HD, true, ROWS> {
 #pragma unroll
         for (int k = 0; k < ROWS / STEP; k++, src += step) {
             if (r0 + r + k * STEP < T_len) cp_async16(to + k * STEP * ld, src);
-            else *reinterpret_cast<Chunk16 *>(to + k * STEP * ld) = Chunk16{{0u, 0u, 0u, 0u}};
+            else zero_chunk(to + k * STEP * ld);
         }
     }
 };
@@ -111,7 +113,7 @@ template <int HD_MAX, int ROWS> struct TileSource<HD_MAX, false, ROWS> {
             bf16 *to = dst + r * ld + c * 8;
             int t = r0 + r;
             if (t < T_len) cp_async16(to, src + (((size_t)b * T_len + t) * n_heads + head) * hd + c * 8);
-            else *reinterpret_cast<Chunk16 *>(to) = Chunk16{{0u, 0u, 0u, 0u}};
+            else zero_chunk(to);
             r += step_rows, c += step_chunks;
             if (c >= chunks) c -= chunks, r++;
         }
@@ -131,7 +133,7 @@ template <int HD_MAX, int ROWS> struct TileSource<HD_MAX, false, ROWS> {
 // them. With the positions 0..T-1 a stage holds none: its tile's need and visibility are comparisons
 // with its first and last row, and its masks compute the positions.
 __device__ __forceinline__ int tile_position(const int *pos_s, bool given, int r0, int r, int T_len, int outside) {
-    return given ? pos_s[r] : r0 + r < T_len ? r0 + r : outside;
+    return given ? pos_s[r] : row_position(nullptr, r0 + r, T_len, outside);
 }
 
 struct KeyStage {  // the forward and dQ kernels' key tile

@@ -3,7 +3,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -524,14 +523,14 @@ void hf_export_check(const char *dir, const ModelConfig *cfg, StDtype dtype, siz
     char path[4200], file[64];
     struct stat st;
     // A directory the export will make (fileio_check_output checked that its parent takes it) holds
-    // nothing to replace: only the lengths of the paths are checked.
+    // nothing to replace: only the names are checked.
     bool dir_exists = stat(dir, &st) == 0;
     for (int s = 0; s < n_shards + 2; s++) {  // the shards, then the index (if any) and config.json
         if (s == n_shards && n_shards == 1) continue;
         if (s < n_shards) shard_name(file, sizeof file, s, n_shards);
         snprintf(path, sizeof path, "%s/%s", dir, s < n_shards ? file : s == n_shards ? HF_INDEX : "config.json");
         if (dir_exists) fileio_check_output("export-hf", path, OUTPUT_FILE);
-        else if (strlen(path) + 32 >= PATH_MAX) fatal_input("--export-hf %.60s...: path too long", dir);
+        else fileio_check_output_name("export-hf", path, OUTPUT_FILE);
     }
     stale_path(path, sizeof path, dir, n_shards);
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
