@@ -19,9 +19,14 @@ run_one() {  # name, command...
         echo "FAIL $name ($((SECONDS - start))s)"; sed 's/^/    /' "$log" | tail -60
     fi
 }
+suites=0
 for t in "$BUILD"/tests/test*; do
-    [ -x "$t" ] && run_one "$(basename "$t")" "$t"
+    [ -x "$t" ] && [ -f "$t" ] || continue
+    suites=$((suites + 1))
+    run_one "$(basename "$t")" "$t"
 done
+# An empty or missing $BUILD/tests would otherwise end "0 failed": the C suites were not built.
+[ "$suites" -gt 0 ] || { echo "FAIL: no test programs in $BUILD/tests (run make all first)"; failed=$((failed + 1)); }
 for t in tests/t_*.sh; do
     [ -f "$t" ] && run_one "$(basename "$t" .sh)" bash "$t"
 done

@@ -62,6 +62,9 @@ for job in "${jobs[@]}"; do
         skeleton) [ "$passed" = 0 ] && [ -z "${extra:-}" ] || verdict="FAIL: the skeleton should get 0 and name its hole" ;;
         mutant) [ "$passed" != "$total" ] || verdict="FAIL: this mistake gets full marks" ;;
     esac
+    # No score line (total "?"): the code was never graded -- it did not compile or link, or the
+    # grader could not start -- which proves nothing about the checks, whatever the kind.
+    case $total in '' | *[!0-9]*) verdict="FAIL: not graded (no score line: did it build?)" ;; esac
     printf '%-6s %-10s %-30s %s/%s %s\n' "$lab" "$kind" "$name" "$passed" "$total" "$verdict"
     if [ "$verdict" != ok ]; then
         bad=1; sed 's/^/    /' "$TEST_TMP/results/$lab-$name.log"

@@ -130,7 +130,8 @@ $MPIRUN -np 2 "$BUILD/train" --model tiny --steps 1 --batch 4 --pp 2 --pp-schedu
 dot -Tsvg "$T/schedule.dot" -o "$T/schedule.svg"
 n=$(grep -c "<title>r[01]_[0-9]*&#45;&gt;r[01]_[0-9]*</title>" "$T/schedule.svg")
 echo "== schedule.svg: $n edges between actions (2 micro-batches x 3 boundaries x 2 directions = 12 transfers)"
-[ "$(grep -c 'constraint=false' "$T/schedule.dot")" -eq 12 ] || { echo "FAIL: transfer edges"; exit 1; }
+[ "$(grep -c 'constraint=false' "$T/schedule.dot")" -eq 12 ] && [ "$n" -eq 12 ] ||
+    { echo "FAIL: transfer edges (want 12 in the .dot and in the rendered .svg)"; exit 1; }
 
 # A traced run per schedule, p = 2, m = 2, with enough compute per micro-batch (small, 4 layers,
 # 2 x 64 tokens) for the pipeline to show over the transfers. trace-summary prints its columns;

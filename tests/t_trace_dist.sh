@@ -108,7 +108,8 @@ PY
 }
 
 have_hta() { "$PYTHON" -c "import hta.trace_analysis" 2>/dev/null; }
-have_hta || echo "t_trace_dist: SKIP the HTA comparison: holistictraceanalysis is not in $PYTHON (make deps)"
+# make deps installs it: without it the comparison with HTA would be skipped, so that is a failure.
+have_hta || { echo "FAIL: holistictraceanalysis is not in $PYTHON (make deps installs it)"; exit 1; }
 
 # Without MPI: three ranks fabricated in one process.
 mkdir -p "$TEST_TMP/fabricated"

@@ -22,8 +22,10 @@ static double sqnr_db(const real *ref, const real *got, size_t n) {
 
 static void expect_sqnr(const char *what, const real *ref, const real *got, size_t n, double min_db) {
     double db = sqnr_db(ref, got, n);
-    printf("%s: SQNR %.2f dB (at least %.1f)\n", what, db, min_db);
+    printf("%s: SQNR %.2f dB (at least %.1f, at most %.1f)\n", what, db, min_db, FP8_SQNR_MAX_DB);
     ck_assert_msg(db >= min_db, "%s: SQNR %.2f dB < %.1f dB", what, db, min_db);
+    ck_assert_msg(db <= FP8_SQNR_MAX_DB, "%s: SQNR %.2f dB > %.1f dB: nothing was quantized to FP8", what, db,
+                  FP8_SQNR_MAX_DB);
 }
 
 static Fp8 *new_fp8(Fp8Recipe r, int n_layers) {

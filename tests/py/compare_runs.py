@@ -1,7 +1,9 @@
 """Compares two training runs of build/train: the per-step losses in their logs and the parameters
 in their final checkpoints. For each parameter prints max abs error, max relative error
 (max|a - b| / max|b|) and the worst index; exits 1 if a loss or a parameter is off by more than
-its tolerance. With --param-norm-rtol the bound is on ||a - b|| / ||b|| (Frobenius norms) instead:
+its tolerance, or is not finite. --exact compares the stored bytes (so -0.0 against +0.0 is a
+mismatch). --prefix takes a comma-separated list (param.,adam_m.,adam_v.: the weights and both AdamW
+moments); a tensor with one of the prefixes in only one of the two files is a mismatch. With --param-norm-rtol the bound is on ||a - b|| / ||b|| (Frobenius norms) instead:
 for FP8 runs, where one element rounding to the neighbouring FP8 value moves a few gradient
 entries by several percent of the tensor's largest while leaving the tensor as a whole close.
 
@@ -25,6 +27,13 @@ def losses(path):
         return {int(m.group(1)): float(m.group(2)) for m in map(STEP.match, f) if m}
 
 
+def same_value_note(a, b):
+    """Why two tensors of equal values fail --exact."""
+    if a.dtype != b.dtype:
+        return f" (equal values, dtype {a.dtype} vs {b.dtype})"
+    return " (equal values, other bytes: a zero of the other sign)"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--log"), ap.add_argument("--log-ref")
@@ -33,9 +42,10 @@ def main():
     ap.add_argument("--param-rtol", type=float, default=0.0)
     ap.add_argument("--param-norm-rtol", type=float, default=None,
                     help="bound ||a - b|| / ||b|| per tensor instead of max|a - b| / max|b|")
-    ap.add_argument("--exact", action="store_true", help="require bit-identical parameters")
+    ap.add_argument("--exact", action="store_true", help="require bit-identical tensors (the stored bytes)")
     ap.add_argument("--prefix", default="param.",
-                    help="tensors compared in the --ckpt files (grad. for --grad-dump files against a --dump)")
+                    help="tensors compared in the --ckpt files, comma-separated prefixes (grad. for --grad-dump "
+                         "files against a --dump; param.,adam_m.,adam_v. for the whole training state)")
     args = ap.parse_args()
     failures = 0
     if args.log:
@@ -43,7 +53,10 @@ def main():
         if not ref or set(ours) != set(ref):
             print(f"FAIL: logged steps differ: {sorted(ours)} vs {sorted(ref)}")
             return 1
-        worst = max(abs(ours[s] - ref[s]) / abs(ref[s]) for s in ref)
+        # A NaN or inf loss in either log is a mismatch (NaN compares false with every bound).
+        errs = [abs(ours[s] - ref[s]) / abs(ref[s]) if np.isfinite(ours[s]) and np.isfinite(ref[s]) else np.inf
+                for s in ref]
+        worst = max(errs)
         print(f"loss: {len(ref)} steps, max rel err {worst:.3e} (rtol {args.loss_rtol:.1e})"
               f"{'  MISMATCH' if worst > args.loss_rtol else ''}")
         failures += worst > args.loss_rtol
@@ -54,8 +67,13 @@ def main():
         matched = 0
         by_norm = args.param_norm_rtol is not None
         what, bound = ("norm rel err", args.param_norm_rtol) if by_norm else ("max rel err", args.param_rtol)
+        prefixes = tuple(args.prefix.split(","))
+        for name in sorted(set(ours) - set(ref)):
+            if name.startswith(prefixes):
+                print(f"  {name:44s} only in {args.ckpt}  MISMATCH")
+                failures += 1
         for name in sorted(ref):
-            if not name.startswith(args.prefix):
+            if not name.startswith(prefixes):
                 continue
             matched += 1
             if name not in ours or ours[name].shape != ref[name].shape:
@@ -74,16 +92,19 @@ def main():
             norm_rel = (np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)) if nonfinite == 0 else np.inf
             measured = norm_rel if by_norm else rel
             worst_rel = max(worst_rel, measured)
-            bad = nonfinite > 0 or (not np.array_equal(a, b) if args.exact else not measured <= bound)
+            same_bytes = ours[name].dtype == ref[name].dtype and ours[name].tobytes() == ref[name].tobytes()
+            bad = nonfinite > 0 or (not same_bytes if args.exact else not measured <= bound)
             if bad or diff.max() > 0 and measured == worst_rel:
                 print(f"  {name:44s} max_abs {diff.max():.3e} max_rel {rel:.3e} norm_rel {norm_rel:.3e} worst [{idx}] "
                       f"{a.flat[idx]:.9g} vs {b.flat[idx]:.9g}{f' ({nonfinite} not finite)' if nonfinite else ''}"
+                      f"{same_value_note(ours[name], ref[name]) if bad and nonfinite == 0 and diff.max() == 0 else ''}"
                       f"{'  MISMATCH' if bad else ''}")
             failures += bad
         if matched == 0:
-            print(f"  no tensor named {args.prefix}* in {args.ckpt_ref}  MISMATCH")
+            print(f"  no tensor named {args.prefix.replace(',', '* or ')}* in {args.ckpt_ref}  MISMATCH")
             failures += 1
-        print(f"{args.prefix}* tensors{' after the last step' if args.prefix == 'param.' else ''}: {what} {worst_rel:.3e} "
+        print(f"{args.prefix.replace(',', '*, ')}* tensors{' after the last step' if args.prefix == 'param.' else ''}: "
+              f"{what} {worst_rel:.3e} "
               f"({'exact required' if args.exact else f'rtol {bound:.1e}'})")
     if failures:
         print(f"FAIL: {failures} mismatches (marked MISMATCH above)")
