@@ -136,8 +136,13 @@ static void check_file(const char *flag, const char *path) {
 static void check_dir(const char *flag, const char *path) {
     struct stat st;
     if (stat(path, &st) != 0) {
+        if (lstat(path, &st) == 0)  // a link to nothing: mkdir would fail on it after the training
+            fatal_input("--%s %s: a symbolic link whose target does not exist; give a directory", flag, path);
         check_parent(flag, path);
-        int error = probe_create(path);  // "<path>.tmp.<pid>" in the parent: ranks probe apart
+        char name[PATH_MAX];  // "dir/" names dir: the probe goes next to it, not inside it
+        snprintf(name, sizeof name, "%s", path);
+        for (size_t n = strlen(name); n > 1 && name[n - 1] == '/';) name[--n] = 0;
+        int error = probe_create(name);  // "<path>.tmp.<pid>" in the parent: ranks probe apart
         if (error) fatal_input("--%s %s: cannot create the directory (%s)", flag, path, strerror(error));
         return;
     }

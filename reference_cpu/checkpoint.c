@@ -116,8 +116,13 @@ static long long parse_step(const StFile *f, long long total_steps) {
 // before these keys existed carry neither, and load silently.
 static void note_schedule_change(const StFile *f, const RunIdentity *run) {
     const char *lr = st_metadata(f, "lr"), *schedule = st_metadata(f, "schedule");
-    if (lr && strtod(lr, NULL) != run->lr)
-        log_info("resume: --lr changes from %g (checkpoint) to %g", strtod(lr, NULL), run->lr);
+    if (lr) {  // the writer's %.17g of --lr, finite and 0 or more: anything else is a damaged file
+        char *end = NULL;
+        double theirs = strtod(lr, &end);
+        if (end == lr || *end || !isfinite(theirs) || theirs < 0)
+            fatal_input("%s: bad lr \"%.40s\" (must be a finite number, 0 or more)", st_path(f), lr);
+        if (theirs != run->lr) log_info("resume: --lr changes from %g (checkpoint) to %g", theirs, run->lr);
+    }
     if (schedule && run->schedule && strcmp(schedule, run->schedule) != 0)
         log_info("resume: the schedule changes from \"%s\" (checkpoint) to \"%s\"", schedule, run->schedule);
 }
@@ -220,9 +225,14 @@ const char *checkpoint_resolve(const char *path_or_dir, char *out, size_t out_le
     for (struct dirent *e; (e = readdir(dir));) {
         long long step;
         int consumed = 0;
-        if (sscanf(e->d_name, "step_%lld.safetensors%n", &step, &consumed) == 1 && e->d_name[consumed] == 0 &&
-            step > best)
-            best = step;
+        if (sscanf(e->d_name, "step_%lld.safetensors%n", &step, &consumed) != 1 || e->d_name[consumed] != 0 ||
+            step < 0)
+            continue;
+        // Only the names the writer makes: step_10, step_+7 or an overflowing number would otherwise
+        // pick a step whose canonical file (step_000010) is not there.
+        char canonical[64];
+        snprintf(canonical, sizeof canonical, "step_%06lld.safetensors", step);
+        if (strcmp(canonical, e->d_name) == 0 && step > best) best = step;
     }
     closedir(dir);
     if (best < 0) fatal_input("--resume %s: no step_*.safetensors checkpoint in this directory", path_or_dir);

@@ -332,6 +332,14 @@ static void read_elements(const HfEntry *e, size_t first, size_t n, unsigned cha
     char err[4400];
     if (!st_read_bytes(e->file, e->tensor, first * es, n * es, scratch, err, sizeof err)) fatal("hf: %s", err);
     convert_to_real(scratch, e->tensor->dtype, n, out);
+    // A NaN or inf weight would only show as a NaN loss at step 1, blamed on the learning rate.
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(out[i])) {
+            char name[PARAM_NAME_MAX + 32];  // the file's name for it
+            if (!hf_name(e->name, name, sizeof name)) snprintf(name, sizeof name, "%s", e->name);
+            fatal_input("%s: tensor '%s' holds %s at element %zu (not a finite weight)", st_path(e->file), name,
+                        isnan(out[i]) ? "NaN" : "an infinity", first + i);
+        }
 }
 
 static const HfEntry *find_entry(const HfCheckpoint *h, const char *name) {

@@ -5,10 +5,11 @@ set -u
 TRAIN="$BUILD/train"
 T="$TEST_TMP"
 failures=0
+AS_USER=""  # a command prefix that runs train as another user (the read-only directory case below)
 expect_error() {  # expected-substring, args...
     local want=$1; shift
     local err rc
-    err=$("$TRAIN" "$@" 2>&1 >/dev/null); rc=$?
+    err=$($AS_USER "$TRAIN" "$@" 2>&1 >/dev/null); rc=$?
     local lines; lines=$(printf '%s\n' "$err" | grep -c .)
     if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || [[ "$err" != *"$want"* ]]; then
         echo "FAIL: train $* -> exit $rc, $lines line(s): $err (wanted exit 2, one line with '$want')"
@@ -37,6 +38,7 @@ expect_error "--steps: needs a value" --steps
 expect_error "unexpected argument" stray
 expect_error "--warmup-steps 30: must not exceed --steps 20" --warmup-steps 30
 expect_error "needs --checkpoint-dir" --checkpoint-every 5
+expect_error "--min-lr-ratio: needs a decaying --lr-decay" --lr-decay constant --min-lr-ratio 0.5
 expect_error "markov" --data "markov:order=0"
 expect_error "nofile.txt" --data text:"$T/nofile.txt"
 expect_error "does not exist" --trace "$T/no/such/dir/x.pftrace"
@@ -62,13 +64,21 @@ expect_error "--checkpoint-dir: empty path" --checkpoint-dir ""
 expect_error "a name is longer than NAME_MAX" --trace "$T/$long"  # 250 bytes, but its temporary has 260+
 expect_error "a name is longer than NAME_MAX" --checkpoint-dir "$T/${long}nnnnnnnnnn"
 expect_error "--pp-schedule-dot $T/outdir: is a directory" --pp 2 --pp-schedule-dot "$T/outdir"
-if [ "$(id -u)" -ne 0 ]; then  # root writes anywhere: the case needs an ordinary user
-    chmod a-w "$T/readonly"
-    expect_error "--trace $T/readonly/x.pftrace: cannot create a file there (Permission denied)" \
-        --trace "$T/readonly/x.pftrace"
-else
-    echo "skip: a read-only directory (running as root, which may write anywhere)"
+# A directory the user may not write to. Root writes anywhere, so as root the case runs as the user
+# nobody (setpriv, util-linux) on a copy of train in a directory of its own that nobody can reach
+# (the checkout and TEST_TMP may not be).
+readonly_dir=$T/readonly TRAIN_ORIG=$TRAIN
+if [ "$(id -u)" -eq 0 ]; then
+    as_nobody=$(mktemp -d "${TMPDIR:-/tmp}/llama-as-nobody.XXXXXX")
+    chmod 755 "$as_nobody" && cp "$TRAIN" "$as_nobody/train" && mkdir "$as_nobody/readonly"
+    readonly_dir=$as_nobody/readonly TRAIN=$as_nobody/train
+    AS_USER="setpriv --reuid=65534 --regid=65534 --clear-groups"
 fi
+chmod 555 "$readonly_dir"
+expect_error "--trace $readonly_dir/x.pftrace: cannot create a file there (Permission denied)" \
+    --trace "$readonly_dir/x.pftrace"
+AS_USER="" TRAIN=$TRAIN_ORIG
+[ "$(id -u)" -ne 0 ] || rm -rf "$as_nobody"
 
 # Device nodes and FIFOs are never replaced: refused before training (a rename would turn them
 # into regular files; as root, --trace /dev/null would destroy /dev/null). Leave a flag out to
@@ -85,6 +95,16 @@ echo keep > "$T/link_target"
 ln -sfn "$T/link_target" "$T/link"
 expect_error "--trace-json $T/link: is a symbolic link" --trace-json "$T/link"
 [ -L "$T/link" ] && [ "$(cat "$T/link_target")" = keep ] || { echo "FAIL: the link or its target changed"; failures=$((failures + 1)); }
+# A link to nothing as an output directory: refused before training (mkdir on it failed after it).
+ln -sfn "$T/no_such_target" "$T/dangling"
+for flag in checkpoint-dir export-hf trace-hta; do
+    expect_error "--$flag $T/dangling: a symbolic link whose target does not exist" --"$flag" "$T/dangling"
+done
+# A new output directory named with a trailing slash is made like one without it.
+"$TRAIN" --model tiny --steps 1 --batch 2 --checkpoint-dir "$T/slash_ck/" --trace-hta "$T/slash_hta/" \
+    --export-hf "$T/slash_hf/" > "$T/slash.log" 2>&1 &&
+    [ -f "$T/slash_ck/step_000001.safetensors" ] && [ -f "$T/slash_hta/rank0.json" ] && [ -f "$T/slash_hf/config.json" ] ||
+    { cat "$T/slash.log"; echo "FAIL: output directories named dir/"; failures=$((failures + 1)); }
 # Nor a file without write permission (a rename replaces it whoever runs it: root included).
 echo keep > "$T/read_only" && chmod 444 "$T/read_only"
 expect_error "--grad-dump $T/read_only: is read-only" --grad-dump "$T/read_only"
@@ -216,23 +236,33 @@ expect_error "truncated.safetensors" --compare "$T/truncated.safetensors"
 expect_error "first difference, this run vs the checkpoint: n_layers 2 vs 4" --model tiny --n-layers 2 --steps 2 \
     --batch 2 --resume "$good"
 # a step that overflows long long, or lies beyond the run's total steps, is refused before any work
-with_step() {  # step, output: a copy of the good checkpoint whose metadata says `step`
-    "${PYTHON:-python3}" - "$good" "$1" "$2" <<'PY'
+with_meta() {  # key, value, output: a copy of the good checkpoint whose metadata says key = value
+    "${PYTHON:-python3}" - "$good" "$1" "$2" "$3" <<'PY'
 import json, struct, sys
-src, step, out = sys.argv[1:]
+src, key, value, out = sys.argv[1:]
 data = open(src, "rb").read()
 n = struct.unpack("<Q", data[:8])[0]
 header = json.loads(data[8:8 + n])
-header["__metadata__"]["step"] = step
+header["__metadata__"][key] = value
 text = json.dumps(header).encode()
 text += b" " * (-len(text) % 8)
 open(out, "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
 PY
 }
-with_step 99999999999999999999 "$T/huge_step.safetensors"
+with_meta step 99999999999999999999 "$T/huge_step.safetensors"
 expect_error 'bad step "99999999999999999999"' --model tiny --steps 2 --batch 2 --resume "$T/huge_step.safetensors"
-with_step 3 "$T/step3.safetensors"
+with_meta step 3 "$T/step3.safetensors"
 expect_error 'bad step "3"' --model tiny --steps 2 --batch 2 --resume "$T/step3.safetensors"
+# the recorded --lr is only reported, but a value no run writes is a damaged file
+with_meta lr nan "$T/lr_nan.safetensors"
+expect_error 'bad lr "nan"' --model tiny --steps 2 --batch 2 --resume "$T/lr_nan.safetensors"
+# --resume DIR takes the latest of the names the trainer writes (step_000002), not step_10 or step_+7,
+# whose canonical names (step_000010, step_000007) are not there
+mkdir -p "$T/odd_names"
+for name in step_000002 step_10 step_+7 step_99999999999999999999999; do cp "$good" "$T/odd_names/$name.safetensors"; done
+"$TRAIN" --model tiny --steps 2 --batch 2 --resume "$T/odd_names" > "$T/odd_names.log" 2>&1 &&
+    grep -q "resumed from $T/odd_names/step_000002.safetensors after step 2" "$T/odd_names.log" ||
+    { cat "$T/odd_names.log"; echo "FAIL: --resume DIR with odd step names"; failures=$((failures + 1)); }
 [ "$(sha256sum "$good" | cut -d' ' -f1)" = "$sum_before" ] || { echo "FAIL: checkpoint changed"; failures=$((failures + 1)); }
 ls "$T/ck" | grep -q tmp && { echo "FAIL: temporary file left in $T/ck"; failures=$((failures + 1)); }
 

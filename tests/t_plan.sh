@@ -29,6 +29,23 @@ expect_bad "--batch" --batch 0
 expect_bad "--top: only with --search" --top 3
 expect_bad "--cp-impl: only with --cp above 1" --cp-impl torch-allgather
 expect_bad "--cp-impl" --cp 2 --seq-len 8192 --cp-impl allgather
+# A flag the configuration would ignore (as the trainer refuses them)
+expect_bad "--sac-mm-share: only with --ac selective" --sac-mm-share 0.5
+expect_bad "--sac-mm-share: only with --ac selective" --sac-mm-share 0.5 --ac full --search --gpus 8
+expect_bad "--async-tp: only with --tp above 1" --async-tp
+expect_bad "--zero-stage: only with a shard group" --zero-stage 2
+expect_bad "--pp-schedule: only with --pp above 1" --pp-schedule GPipe
+expect_bad "--pp-microbatches: only with --pp above 1" --pp-microbatches 4
+expect_bad "--pp-virtual-stages: only with --pp above 1" --pp-virtual-stages 2
+# --trace may not overwrite the --cluster file it reads (a JSON profile)
+printf '{}\n' >"$T/cluster_in.json"
+expect_bad "--trace $T/cluster_in.json: is the file --cluster reads" --cluster "$T/cluster_in.json" --trace "$T/cluster_in.json"
+[ "$(cat "$T/cluster_in.json")" = "{}" ] || { echo "FAIL: the cluster file was overwritten"; exit 1; }
+# Numbers in the wrong unit give a step too long for a trace's clock: refused, no trace written
+printf '{"peak_bf16": 1e6, "hbm_bw": 1e6}\n' >"$T/slow_units.json"
+expect_bad "beyond a trace's clock" --model llama3_405b --dp-shard 8 --tp 8 --pp 8 --batch 64 \
+    --cluster "$T/slow_units.json" --trace "$T/slow_units.pftrace"
+[ ! -e "$T/slow_units.pftrace" ] || { echo "FAIL: a trace was written for a refused run"; exit 1; }
 expect_bad "--gpus 10" --gpus 10 --tp 4
 expect_bad "multiple of the pipeline ranks" --pp 2 --pp-schedule Interleaved1F1B --pp-microbatches 3 --batch 6
 expect_bad "missing.json" --cluster "$T/missing.json"
@@ -75,17 +92,22 @@ bad_cluster() {  # WANTED JSON: the file is refused with WANTED
     printf '%s\n' "$2" >"$T/c.json"
     expect_bad "--cluster $T/c.json: $1" --cluster "$T/c.json"
 }
-bad_cluster "hbm_bytes -8e+10: must be positive" '{"hbm_bytes": -80e9}'
-bad_cluster "net_lat -1e-05: must not be negative" '{"net_lat": -10e-6}'
-bad_cluster "nvlink_lat -3e-06: must not be negative" '{"nvlink_lat": -3e-6}'
+bad_cluster "hbm_bytes -8e+10: must be from 1e6 to 1e15 bytes" '{"hbm_bytes": -80e9}'
+bad_cluster "net_lat -1e-05: must be from 0 to 1 s" '{"net_lat": -10e-6}'
+bad_cluster "nvlink_lat -3e-06: must be from 0 to 1 s" '{"nvlink_lat": -3e-6}'
 bad_cluster "fp8_gemm_eff -0.357: must be in [0, 1]" '{"fp8_gemm_eff": -0.357}'
-bad_cluster "peak_fp8 -1.979e+15: must not be negative" '{"peak_fp8": -1979e12}'
+bad_cluster "peak_fp8 -1.979e+15: must be 0 (no FP8) or from 1e6" '{"peak_fp8": -1979e12}'
 bad_cluster "gemm_eff 5: must be in (0, 1]" '{"gemm_eff": 5}'
 bad_cluster "attn_eff 0: must be in (0, 1]" '{"attn_eff": 0}'
 bad_cluster "async_tp_hidden 1.5: must be in [0, 1]" '{"async_tp_hidden": 1.5}'
 bad_cluster "peak_bf16 inf: must be a finite number" '{"peak_bf16": 1e999}'
-bad_cluster "net_bw 0: must be positive" '{"net_bw": 0}'
-bad_cluster "power_w -500: must not be negative" '{"power_w": -500}'
+bad_cluster "net_bw 0: must be from 1e6 to 1e15 bytes/s" '{"net_bw": 0}'
+bad_cluster "net_bw 40: must be from 1e6 to 1e15 bytes/s" '{"net_bw": 40}'  # GB/s for bytes/s
+bad_cluster "peak_bf16 989: must be from 1e6 to 1e18 FLOP/s" '{"peak_bf16": 989}'
+bad_cluster "peak_fp8 1979: must be 0 (no FP8) or from 1e6 to 1e18 FLOP/s" '{"peak_fp8": 1979}'
+bad_cluster "hbm_bytes 80: must be from 1e6 to 1e15 bytes" '{"hbm_bytes": 80}'
+bad_cluster "net_lat 10: must be from 0 to 1 s" '{"net_lat": 10}'  # microseconds for seconds
+bad_cluster "power_w -500: must be from 0 to 1e5 W" '{"power_w": -500}'
 bad_cluster "gpus_per_node 2.5: must be a whole number from 1 to 1000000" '{"gpus_per_node": 2.5}'
 bad_cluster "gpus_per_node 0: must be a whole number" '{"gpus_per_node": 0}'
 bad_cluster "more after the JSON object (at byte 19)" '{"gemm_eff": 0.45} xyz'

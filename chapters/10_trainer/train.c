@@ -219,6 +219,8 @@ static ModelConfig resolve_config(const ArgSpec *flags, HfCheckpoint **init_chec
         fatal_input("--warmup-steps %d: must not exceed --steps %d", opt.warmup_steps, opt.steps);
     if (opt.checkpoint_every > 0 && !opt.checkpoint_dir)
         fatal_input("--checkpoint-every %d: needs --checkpoint-dir", opt.checkpoint_every);
+    if (args_given(FLAGS, N_FLAGS, "min-lr-ratio") && strcmp(opt.lr_decay, "constant") == 0)
+        fatal_input("--min-lr-ratio: needs a decaying --lr-decay (cosine or linear); constant keeps the peak");
     return cfg;
 }
 

@@ -33,19 +33,24 @@ bool cluster_lookup(const char *name, Cluster *c) {
     return false;
 }
 
-// What each number of a profile may physically be.
+// What each number of a profile may physically be, in SI units. The bounds are far outside any real
+// machine on both sides; they catch a wrong unit (GB/s written as 40 for 40e9 bytes/s) that would
+// otherwise predict a step of years, or one too long for the trace's nanosecond clock.
 typedef enum {
-    POSITIVE,      // peaks, bandwidths, memory
-    NON_NEGATIVE,  // latencies (0: none), power (informational, 0: unknown), peak_fp8 (0: no FP8)
+    PEAK,          // FLOP/s, 1e6 .. 1e18
+    PEAK_OR_ZERO,  // peak_fp8: the same, or 0 (no FP8)
+    BANDWIDTH,     // bytes/s, 1e6 .. 1e15
+    BYTES,         // hbm_bytes, 1e6 .. 1e15
+    LATENCY,       // seconds, 0 (none) .. 1
+    POWER,         // watts, 0 (unknown; informational) .. 1e5
     SHARE,         // efficiencies: achieved shares of a peak, in (0, 1]
     SHARE_OR_ZERO, // fp8_gemm_eff (0: no FP8), async_tp_hidden (0: AsyncTP hides nothing), in [0, 1]
 } FieldRange;
 
 #define CLUSTER_DOUBLE_FIELDS(X)                                                                            \
-    X(peak_bf16, POSITIVE) X(peak_fp8, NON_NEGATIVE) X(gemm_eff, SHARE) X(fp8_gemm_eff, SHARE_OR_ZERO)        \
-    X(attn_eff, SHARE) X(async_tp_hidden, SHARE_OR_ZERO) X(hbm_bw, POSITIVE) X(hbm_bytes, POSITIVE)           \
-    X(nvlink_bw, POSITIVE) X(nvlink_lat, NON_NEGATIVE) X(net_bw, POSITIVE) X(net_lat, NON_NEGATIVE)           \
-    X(power_w, NON_NEGATIVE)
+    X(peak_bf16, PEAK) X(peak_fp8, PEAK_OR_ZERO) X(gemm_eff, SHARE) X(fp8_gemm_eff, SHARE_OR_ZERO)            \
+    X(attn_eff, SHARE) X(async_tp_hidden, SHARE_OR_ZERO) X(hbm_bw, BANDWIDTH) X(hbm_bytes, BYTES)              \
+    X(nvlink_bw, BANDWIDTH) X(nvlink_lat, LATENCY) X(net_bw, BANDWIDTH) X(net_lat, LATENCY) X(power_w, POWER)
 
 static const struct {
     const char *name;
@@ -67,8 +72,12 @@ static double field_value(const Cluster *c, int i) { return *(const double *)((c
 static const char *range_broken(FieldRange range, double v) {
     if (!isfinite(v)) return "must be a finite number";
     switch (range) {
-    case POSITIVE: return v > 0 ? NULL : "must be positive";
-    case NON_NEGATIVE: return v >= 0 ? NULL : "must not be negative";
+    case PEAK: return v >= 1e6 && v <= 1e18 ? NULL : "must be from 1e6 to 1e18 FLOP/s";
+    case PEAK_OR_ZERO: return v == 0 || (v >= 1e6 && v <= 1e18) ? NULL : "must be 0 (no FP8) or from 1e6 to 1e18 FLOP/s";
+    case BANDWIDTH: return v >= 1e6 && v <= 1e15 ? NULL : "must be from 1e6 to 1e15 bytes/s";
+    case BYTES: return v >= 1e6 && v <= 1e15 ? NULL : "must be from 1e6 to 1e15 bytes";
+    case LATENCY: return v >= 0 && v <= 1 ? NULL : "must be from 0 to 1 s";
+    case POWER: return v >= 0 && v <= 1e5 ? NULL : "must be from 0 to 1e5 W";
     case SHARE: return v > 0 && v <= 1 ? NULL : "must be in (0, 1] (a share of the peak)";
     case SHARE_OR_ZERO: return v >= 0 && v <= 1 ? NULL : "must be in [0, 1]";
     }

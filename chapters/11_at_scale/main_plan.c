@@ -152,8 +152,18 @@ static void check_fp8(const PlanConfig *p, const Cluster *c) {
 
 static const double GiB = 1073741824.0;
 
+// A trace's clock counts int64 nanoseconds: about 292 years. A step of more than 1e9 s (the cluster's
+// numbers in the wrong units, or a model far too big for it) is refused before the trace is written.
+#define PLAN_MAX_TRACED_STEP_S 1e9
+
 static void print_plan(const PlanConfig *p, const Cluster *c) {
     PlanMemory m = plan_memory(p);
+    if (opt.trace) {
+        double step_s = plan_step_time(p, c, NULL).step_s;
+        if (!(step_s <= PLAN_MAX_TRACED_STEP_S))
+            fatal_input("--trace %s: the step would take %.3g s, beyond a trace's clock (%g s); check the cluster's "
+                        "units (FLOP/s, bytes/s, s)", opt.trace, step_s, PLAN_MAX_TRACED_STEP_S);
+    }
     PlanTime t = plan_step_time(p, c, opt.trace);
     printf("%s on %d GPUs of %s: pp %d x dp_replicate %d x dp_shard %d x cp %d x tp %d; batch %d x %d tokens; "
            "--ac %s, ZeRO-%d, %s m=%d v=%d%s%s%s%s\n",
@@ -358,15 +368,34 @@ static void search(const PlanConfig *base, const Cluster *c) {
     free(found);
 }
 
+// A flag the configuration would ignore is refused (as the trainer does), not echoed into a plan
+// that does not use it. Under --search the mesh, the stage, the schedule and --ac may still be
+// chosen, so only what is fixed counts there.
+static void refuse_ignored(const PlanConfig *p) {
+    if (flag_given("sac-mm-share") && (flag_given("ac") || !opt.search) && p->ac != AC_SELECTIVE)
+        fatal_input("--sac-mm-share: only with --ac selective (the share of matmuls it recomputes)");
+    if (opt.search) return;
+    if (p->async_tp && p->tp == 1) fatal_input("--async-tp: only with --tp above 1 (or --search)");
+    if (flag_given("zero-stage") && p->dp_shard == 1 && p->cp == 1)
+        fatal_input("--zero-stage: only with a shard group, --dp-shard or --cp above 1 (or --search)");
+    const char *pp_flags[] = {"pp-schedule", "pp-microbatches", "pp-virtual-stages"};
+    for (int i = 0; i < 3; i++)
+        if (flag_given(pp_flags[i]) && p->pp == 1) fatal_input("--%s: only with --pp above 1 (or --search)", pp_flags[i]);
+}
+
 int main(int argc, char **argv) {
     args_parse(flags, N_FLAGS, argc, argv, "plan",
                "memory per GPU and simulated step time of a training run on a cluster model");
     fileio_check_output("trace", opt.trace, OUTPUT_FILE);
+    Cluster profile;
+    if (opt.trace && !cluster_lookup(opt.cluster, &profile) && fileio_same_file(opt.trace, opt.cluster))
+        fatal_input("--trace %s: is the file --cluster reads; the run would overwrite it", opt.trace);
     Cluster c = load_cluster();
     PlanConfig p = config_from_flags();
     check_fp8(&p, &c);
     if (flag_given("top") && !opt.search) fatal_input("--top: only with --search");
     if (flag_given("cp-impl") && p.cp == 1 && !opt.search) fatal_input("--cp-impl: only with --cp above 1 (or --search)");
+    refuse_ignored(&p);
     if (opt.search) {
         if (opt.trace) fatal_input("--trace: not with --search");
         search(&p, &c);
