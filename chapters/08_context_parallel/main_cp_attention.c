@@ -40,7 +40,7 @@ static const ArgSpec FLAGS[] = {
     {"cp-load-balance", ARG_CHOICE, &opt.load_balance, "on", "on: zigzag split; off: contiguous chunks",
      .choices = "on|off"},
     {"batch", ARG_INT, &opt.batch, "2", "sequences", .min = 1, .max = 1024},
-    {"seq-len", ARG_INT, &opt.seq_len, "48", "tokens per sequence (divisible by 2 x ranks when balanced)", .min = 1,
+    {"seq-len", ARG_INT, &opt.seq_len, "48", "tokens per sequence (divisible by 2 x ranks when balanced on 2 or more ranks)", .min = 1,
      .max = 1 << 20},
     {"heads", ARG_INT, &opt.heads, "4", "query heads", .min = 1, .max = 1024},
     {"kv-heads", ARG_INT, &opt.kv_heads, "2", "key/value heads (GQA; divides --heads)", .min = 1, .max = 1024},
@@ -114,7 +114,8 @@ int main(int argc, char **argv) {
         trace_init(rank, label);
     }
     CpMode mode = (CpMode)args_choice_index(CP_MODE_NAMES, opt.mode);
-    bool balanced = strcmp(opt.load_balance, "on") == 0;
+    // One rank holds the whole sequence in order (cp_layout): no zigzag to report, nor to divide T by.
+    bool balanced = strcmp(opt.load_balance, "on") == 0 && n > 1;
     int B = opt.batch, T = opt.seq_len, H = opt.heads, Hkv = opt.kv_heads, hd = opt.head_dim;
     ContextParallel *cp = cp_create(group, mode, balanced, B, T, H, Hkv, hd, NULL);
     int Tl = T / n;
