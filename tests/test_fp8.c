@@ -115,9 +115,9 @@ static void check_linear(Fp8Recipe r, double min_out_db, double min_dx_db, doubl
 // A single FP8 GEMM (both operands quantized, fp32 accumulation) keeps >= 25 dB; the gradients,
 // with an E5M2 operand (tensorwise, delayed), the linear's thresholds.
 START_TEST(test_gemm_sqnr) {
-    check_linear(FP8_TENSORWISE, FP8_SQNR_GEMM_DB, FP8_SQNR_LINEAR_OUT_DB, FP8_SQNR_LINEAR_WGRAD_DB);
+    check_linear(FP8_TENSORWISE, FP8_SQNR_GEMM_DB, FP8_SQNR_LINEAR_DGRAD_DB, FP8_SQNR_LINEAR_WGRAD_DB);
     check_linear(FP8_ROWWISE, FP8_SQNR_GEMM_DB, FP8_SQNR_GEMM_DB, FP8_SQNR_GEMM_DB);
-    check_linear(FP8_DELAYED, FP8_SQNR_GEMM_DB, FP8_SQNR_LINEAR_OUT_DB, FP8_SQNR_LINEAR_WGRAD_DB);
+    check_linear(FP8_DELAYED, FP8_SQNR_GEMM_DB, FP8_SQNR_LINEAR_DGRAD_DB, FP8_SQNR_LINEAR_WGRAD_DB);
 }
 END_TEST
 

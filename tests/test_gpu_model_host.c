@@ -463,6 +463,10 @@ static void run_against_reference(const ModelConfig *cfg, GpuPrecision precision
             ck_assert_msg(loss == ref_loss, "%s step %d: loss %.9g, reference %.9g", cfg->name, s, loss, ref_loss);
             if (s == 1) expect_equal_bits("step-1 gradients", m.grads, ref.grads, n);
         } else {
+            // bf16 activations and weight copies against the fp32 reference (measured on tiny and small:
+            // step-1 gradients within 1.1e-2 relative L2 per tensor, losses within 1.2e-3 relative over
+            // the 10 steps as the two trajectories drift apart). Bounds 0.1 and 3e-2: several times the
+            // measured, far under what a wrong gradient (order 1) or a missed update gives.
             ck_assert_msg(fabs(loss - ref_loss) <= 3e-2 * ref_loss, "%s bf16 step %d: loss %.6f, reference %.6f",
                           cfg->name, s, loss, ref_loss);
             if (s == 1)

@@ -36,14 +36,18 @@
 
 // FP8 (chapter 9), as signal-to-quantization-noise ratios, SQNR = 20 log10(|x| / |x - q(x)|) in dB
 // (torchao's test thresholds). A cast keeps 3 (E4M3) or 2 (E5M2) mantissa bits: relative error up
-// to 2^-4 or 2^-3 per element, about 31 dB and 25 dB on Gaussian data with a tensor-wide scale; a
-// GEMM averages K such errors, so no worse. The linear's output and weight gradient compound two
-// and three quantized operands (the gradient an E5M2 one): 18 dB and 17 dB. A wrong scale or a
-// format mix-up drops far below these (a factor-of-2 scale error costs nothing, so the tests also
-// check the scales themselves).
+// to 2^-4 or 2^-3 per element, about 31 dB and 25 dB on Gaussian data with a tensor-wide scale
+// (test_fp8's fixed-seed data: 31.6 and 25.6 dB; the E5M2 bound sits 0.6 dB under it, which the
+// same data always meets, and one mantissa bit lost costs 6 dB). A GEMM averages K such errors, so
+// no worse: its output measures 28.4 dB against FP8_SQNR_GEMM_DB. The linear's input gradient
+// (an E5M2 dY times an E4M3 W, tensorwise or delayed scaling: 24.7 dB) and weight gradient (E5M2 dY
+// times E4M3 X: 24.5 dB, and 19.8-22.1 dB inside the model after a backward pass) compound two and
+// three quantized operands: 18 dB and 17 dB. Rowwise scaling keeps every GEMM at 28.3-28.6 dB,
+// bounded by FP8_SQNR_GEMM_DB. A wrong scale or a format mix-up drops far below these (a factor-of-2
+// scale error costs nothing, so the tests also check the scales themselves).
 #define FP8_SQNR_CAST_DB 25.0
 #define FP8_SQNR_GEMM_DB 25.0
-#define FP8_SQNR_LINEAR_OUT_DB 18.0
+#define FP8_SQNR_LINEAR_DGRAD_DB 18.0
 #define FP8_SQNR_LINEAR_WGRAD_DB 17.0
 // And at most: 3 mantissa bits cap a cast near 31 dB and nothing above averages it past ~35, while
 // bf16's 8 bits give about 50 dB and no cast at all infinity. Above 45 dB no FP8 rounding happened.

@@ -979,7 +979,9 @@ static void test_clipping(void) {
     size_t n = 1000003;
     float *x = host_normal(n, 1.0, 90), *d_x = dev_f32(x, n);
     double want = sum_of_squares(x, n), got = gpu_sum_of_squares(d_x, n);
-    // Both sum in double: different orders differ by ~n 2^-53 relative.
+    // Both sum in double, in different orders: at worst n 2^-53 = 1e-10 relative apart, but the
+    // roundings of positive terms add as a random walk, ~sqrt(n) 2^-53 = 1e-13; 1e-12 is ten times
+    // that, while one element dropped or counted twice moves the sum by ~1e-6.
     report("sum_of_squares", fabs(got - want) <= 1e-12 * want, "%.15g vs reference %.15g", got, want);
     report("sum_of_squares of nothing", gpu_sum_of_squares(d_x, 0) == 0.0, "0 elements");
     gpu_scale_inplace(d_x, n, 0.37);
