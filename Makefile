@@ -287,12 +287,13 @@ test: all
 bench: all
 	BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/bench.sh
 
-# Labs: skeletons generated from the chapters' LAB markers; `make grade LAB=ring` scores yours.
+# Labs: skeletons generated from the chapters' LAB markers; `make grade LAB=ring` scores yours
+# (FIRST=1: stop at the first failing check; GRADE_CHECK_TIMEOUT=S: each check's time limit).
 # make exercises never overwrites a skeleton you edited; FORCE=1 keeps yours as FILE.edited instead.
 exercises:
 	$(PYTHON) scripts/make_exercises.py $(if $(FORCE),--force)
 grade: $(LIBREF32) $(LIBCOMMON)
-	@BUILD=$(BUILD) scripts/grade.sh "$(LAB)"
+	@BUILD=$(BUILD) scripts/grade.sh "$(LAB)" $(if $(FIRST),--first-failure)
 # What scripts/grade.sh needs to compile one lab file and link it against the libraries above.
 print-lab-build:
 	@printf "LAB_CC='%s'\nLAB_CFLAGS='%s'\nLAB_LDLIBS='%s'\nLAB_CHECK_LIBS='%s'\n" "$(CC)" "$(CFLAGS)" "$(LDLIBS)" "$(CHECK_LIBS)"

@@ -116,13 +116,17 @@ export BUILD="$WORK/build" PYTHON OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export REF_TRAIN="$CACHE/bin/train" REF_CACHE="$CACHE/ref"
 export MPIRUN_LAB=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
 
-# The lines of a failed check's log worth reading: MPI errors first, then the last lines that are
-# not mpirun's boilerplate about which process exited.
+# The lines of a failed check's log worth reading: MPI errors first, then the first lines a checker
+# marked as failing (they may sit above a summary table), then the last lines that are not mpirun's
+# boilerplate about which process exited; each line once.
 explain() {  # log
     grep -m1 "is yours to write" "$1" | sed 's/^/        /'
     grep -m3 "MPI_ERR" "$1" | sed 's/^/        /'
-    grep -vE '^[[:space:]]*$|^-{10,}|^\[[^]]*\] \*\*\*|Primary job|prterun|mpirun (noticed|detected|has exited)|Process name:|Exit code:|exited on signal|This may have caused|Local host:|Node:|^ *PID|normally terminate|\] \[ *[0-9]+\] |Per user-direction|non-zero status|job aborted|MPI_ABORT was invoked|You may or may not|NOTE: invoking|the job to be terminated|MPI_ERR' "$1" \
-        | grep -v "is yours to write" | awk '!seen[$0]++' | tail -4 | sed 's/^/        /'
+    {
+        grep -m3 -E '(^|[^A-Za-z])FAIL|MISMATCH' "$1"
+        grep -vE '^[[:space:]]*$|^-{10,}|^\[[^]]*\] \*\*\*|Primary job|prterun|mpirun (noticed|detected|has exited)|Process name:|Exit code:|exited on signal|This may have caused|Local host:|Node:|^ *PID|normally terminate|\] \[ *[0-9]+\] |Per user-direction|non-zero status|job aborted|MPI_ABORT was invoked|You may or may not|NOTE: invoking|the job to be terminated|MPI_ERR' "$1" \
+            | grep -v "is yours to write" | awk '!seen[$0]++' | tail -4
+    } | awk '!seen[$0]++' | sed 's/^/        /'
 }
 
 passed=0 total=$(grep -cvE '^[[:space:]]*(#|$)' "$LAB_DIR/checks") number=0 stopped=0
