@@ -241,10 +241,17 @@ typedef struct {
 } HtaTrack;
 
 typedef struct {
+    int64_t begin, end;  // ns
+} HtaSpan;
+
+typedef struct {
     int rank;
-    cJSON *events;     // what goes into this rank's file, in time order
+    cJSON *events;     // what goes into this rank's file: its process name, comm kernels, compute kernels
     HtaTrack *tracks;  // indexed by the JSON tid
     size_t n_tracks;
+    cJSON *compute;    // the top-level compute slices, cut by the waits before they join events
+    HtaSpan *waits;    // "comm-wait" slices on the compute track, at any depth
+    size_t n_waits;
 } HtaRank;
 
 typedef struct {
@@ -291,7 +298,8 @@ static bool split_init(HtaSplit *s, const TraceRankInput *ranks, int n) {
     if (!s->ranks || !s->index_of) return false;
     for (int r = 0; r <= s->max_rank; r++) s->index_of[r] = -1;
     for (int i = 0; i < n; i++) {
-        s->ranks[i] = (HtaRank){.rank = trace_rank(ranks[i].data), .events = cJSON_CreateArray()};
+        s->ranks[i] = (HtaRank){.rank = trace_rank(ranks[i].data), .events = cJSON_CreateArray(),
+                                .compute = cJSON_CreateArray()};
         s->index_of[s->ranks[i].rank] = i;
     }
     return true;
@@ -300,7 +308,9 @@ static bool split_init(HtaSplit *s, const TraceRankInput *ranks, int n) {
 static void split_free(HtaSplit *s) {
     for (int i = 0; s->ranks && i < s->n; i++) {
         cJSON_Delete(s->ranks[i].events);
+        cJSON_Delete(s->ranks[i].compute);
         free(s->ranks[i].tracks);
+        free(s->ranks[i].waits);
     }
     free(s->ranks);
     free(s->index_of);
@@ -369,16 +379,67 @@ static void make_kernel(cJSON *event, int rank, int stream) {
     replace_number(args, "device", rank);
 }
 
+static HtaSpan span_of(const cJSON *event) {
+    int64_t begin = llround(number_of(event, "ts") * 1000);
+    return (HtaSpan){begin, begin + llround(number_of(event, "dur") * 1000)};
+}
+
 // Slices (X) on a compute or comm track that no earlier slice of the same track still encloses.
 // The merged JSON lists each track's slices by begin time, a parent before its children.
 static bool is_top_level_kernel(HtaRank *r, const cJSON *event, int *stream) {
     HtaTrack *track = track_of(r, number_of(event, "tid"), false);
     if (!track || track->stream == STREAM_NONE) return false;
-    int64_t begin = llround(number_of(event, "ts") * 1000), end = begin + llround(number_of(event, "dur") * 1000);
-    if (begin < track->top_end_ns) return false;
-    track->top_end_ns = end;
+    HtaSpan span = span_of(event);
+    if (span.begin < track->top_end_ns) return false;
+    track->top_end_ns = span.end;
     *stream = track->stream;
     return true;
+}
+
+// A slice where the main thread waits on a collective (category "comm-wait"): not compute, at
+// whatever depth it sits in the compute track. A "pipeline-wait" stays a kernel: trace-summary
+// takes the communication under it as bubble, not exposed, so for HTA's overlap (comm time under
+// a compute kernel) to equal trace-summary's (1 - exposed / comm) it must count as covered.
+static void note_wait(HtaRank *r, const cJSON *event) {
+    if (strcmp(string_of(event, "cat"), "comm-wait") != 0) return;
+    HtaTrack *track = track_of(r, number_of(event, "tid"), false);
+    if (!track || track->stream != STREAM_COMPUTE) return;
+    HtaSpan *grown = realloc(r->waits, (r->n_waits + 1) * sizeof *grown);
+    if (!grown) fatal("trace_write_hta_dir: out of memory");
+    r->waits = grown;
+    r->waits[r->n_waits++] = span_of(event);
+}
+
+static int span_cmp(const void *a, const void *b) {
+    const HtaSpan *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+// A compute kernel for [begin, end) of `event` (a copy, its ts and dur replaced) into r->events.
+static void add_compute_piece(HtaRank *r, const cJSON *event, int64_t begin, int64_t end) {
+    cJSON *piece = cJSON_Duplicate(event, true);
+    if (!piece) fatal("trace_write_hta_dir: out of memory");
+    replace_number(piece, "ts", (double)begin / 1000);
+    replace_number(piece, "dur", (double)(end - begin) / 1000);
+    cJSON_AddItemToArray(r->events, piece);
+}
+
+// HTA's overlap counts comm time under the union of its compute kernels; trace-summary's counts comm
+// time under the top-level compute slices minus the collective waits (or under a pipeline wait). So
+// each top-level compute slice goes out as the pieces of it no collective wait covers: a forward
+// with an all-gather wait inside is two kernels, a "ddp wait" at top level none.
+static void cut_compute_by_waits(HtaRank *r) {
+    qsort(r->waits, r->n_waits, sizeof *r->waits, span_cmp);
+    for (const cJSON *event = r->compute->child; event; event = event->next) {
+        HtaSpan span = span_of(event);
+        int64_t at = span.begin;
+        for (size_t w = 0; w < r->n_waits && at < span.end; w++) {
+            if (r->waits[w].end <= at || r->waits[w].begin >= span.end) continue;
+            if (r->waits[w].begin > at) add_compute_piece(r, event, at, r->waits[w].begin);
+            if (r->waits[w].end > at) at = r->waits[w].end;
+        }
+        if (at < span.end) add_compute_piece(r, event, at, span.end);
+    }
 }
 
 // Moves what each rank's file needs out of the merged event list: its process name and its
@@ -399,12 +460,17 @@ static void split_events(HtaSplit *s, cJSON *events) {
             if (track) track->stream = stream_of_track(string_of(cJSON_GetObjectItemCaseSensitive(event, "args"), "name"));
         } else if (strcmp(ph, "M") == 0 && strcmp(name, "process_name") == 0) {
             cJSON_AddItemToArray(r->events, cJSON_DetachItemViaPointer(events, event));
-        } else if (strcmp(ph, "X") == 0 && is_top_level_kernel(r, event, &stream)) {
-            make_kernel(event, r->rank, stream);
-            cJSON_AddItemToArray(r->events, cJSON_DetachItemViaPointer(events, event));
+        } else if (strcmp(ph, "X") == 0) {
+            note_wait(r, event);
+            if (is_top_level_kernel(r, event, &stream)) {
+                make_kernel(event, r->rank, stream);
+                cJSON *to = stream == STREAM_COMPUTE ? r->compute : r->events;
+                cJSON_AddItemToArray(to, cJSON_DetachItemViaPointer(events, event));
+            }
         }
         event = next;
     }
+    for (int i = 0; i < s->n; i++) cut_compute_by_waits(&s->ranks[i]);
 }
 
 static void print_event(FILE *fp, const cJSON *event, const char **sep) {

@@ -141,11 +141,52 @@ out=$("$PLAN" --model llama3_8b --pp 2 --dp-shard 2 --tp 2 --batch 8 --pp-microb
 last=$(printf '%s\n' "$out" | tail -1)
 [[ "$last" =~ ^TPS/GPU\ [0-9]+$ ]] || { echo "FAIL: last line '$last'"; exit 1; }
 "$PYTHON" tests/py/trace_check.py "$T/sim.pftrace" --expect-slice "block fwd" --expect-slice "block bwd" \
-    --expect-slice "all-gather" --expect-slice "reduce-scatter" --expect-slice "send act" --expect-slice tp \
-    --expect-slice optimizer --expect-slice step --expect-slice "pp wait"
+    --expect-slice "all_gather" --expect-slice "reduce_scatter" --expect-slice "batch" --expect-slice "all_reduce" \
+    --expect-slice "tp wait" --expect-slice optimizer --expect-slice step --expect-slice "pp wait"
 summary=$(traces/trace-summary "$T/sim.pftrace")
 printf '%s\n' "$summary" | grep -q "pp1 dp0 cp0 tp0" || { echo "FAIL: trace-summary: $summary"; exit 1; }
 echo "ok: trace of 2 pipeline ranks read by trace-summary"
+
+# The simulated trace in the trainer's layout: on the same configuration, every track the plan
+# writes and every slice name on its comm tracks (and every wait on its compute track) is one the
+# trainer's own trace has, so the two open side by side. (The compute track's phases differ: the
+# plan draws the units it costs, flat.)
+layout_check() {  # ranks, layout flags...
+    local np=$1; shift
+    # shellcheck disable=SC2086
+    $MPIRUN -np "$np" "$BUILD/train" --model tiny --steps 1 --batch 8 --seq-len 32 "$@" --trace "$T/real.pftrace" \
+        > "$T/real.log" 2>&1 || { cat "$T/real.log"; echo "FAIL: train $*"; exit 1; }
+    "$PLAN" --model tiny --cluster cpu --precision fp32 --batch 8 --seq-len 32 "$@" --trace "$T/plan.pftrace" > /dev/null
+    "$PYTHON" - "$T/real.pftrace" "$T/plan.pftrace" "$*" <<'PY'
+import sys
+from collections import defaultdict
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+def names(path):  # track name -> {(slice name, category)}
+    trace = pb.Trace()
+    trace.ParseFromString(open(path, "rb").read())
+    tracks = {p.track_descriptor.uuid: p.track_descriptor.thread.thread_name for p in trace.packet
+              if p.HasField("track_descriptor") and p.track_descriptor.HasField("thread")}
+    out = defaultdict(set)
+    for p in trace.packet:
+        e = p.track_event
+        if p.HasField("track_event") and e.type == pb.TrackEvent.TYPE_SLICE_BEGIN and e.track_uuid in tracks:
+            out[tracks[e.track_uuid]].add((e.name, e.categories[0] if e.categories else ""))
+    return out
+real, plan = names(sys.argv[1]), names(sys.argv[2])
+problems = [f"track {t} (the trainer's: {sorted(real)})" for t in plan if t not in real]
+for track, slices in plan.items():
+    for name, cat in slices:
+        if (track.startswith("comm:") or cat.endswith("-wait")) and (name, cat) not in real.get(track, set()):
+            problems.append(f"{track}: {name!r} ({cat}), the trainer's: {sorted(real.get(track, set()))}")
+if problems:
+    sys.exit(f"FAIL: plan {sys.argv[3]}: not in the trainer's trace:\n  " + "\n  ".join(problems))
+print(f"ok: plan {sys.argv[3]}: tracks {sorted(plan)}, comm and wait names all the trainer's")
+PY
+}
+layout_check 2 --dp-replicate 2
+layout_check 2 --dp-shard 2 --zero-stage 3
+layout_check 4 --dp-replicate 2 --dp-shard 2 --zero-stage 3
+layout_check 4 --pp 2 --tp 2 --pp-microbatches 2
 
 # --search: sorted by TPS/GPU, every listed mesh within memory. Rows: pp tp dp_rep dp_shard cp ac
 # zero schedule m v mem step bubble MFU TPS/GPU.

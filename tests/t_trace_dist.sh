@@ -160,5 +160,17 @@ if have_hta; then
     check_hta "$TEST_TMP/ranks2/real_hta" "$TEST_TMP/ranks2/real.summary.json"
     expect_failure "HTA input that differs from the trace" check_hta "$TEST_TMP/ranks2/broken_hta" \
         "$TEST_TMP/ranks2/synthetic.summary.json"
+    # The trainer's own traces, whose compute track holds waits: a collective's ("ddp wait", FSDP's
+    # all-gather waits inside forward: not compute, so cut out of the exported kernels) and a
+    # pipeline stage's ("pp wait", "pp drain": bubble, under which comm is not exposed).
+    for run in "ddp 2 --dp-replicate 2" "fsdp 2 --dp-shard 2 --zero-stage 3" "pptp 4 --pp 2 --tp 2 --pp-microbatches 4"; do
+        read -r name np flags <<<"$run"
+        out=$TEST_TMP/trainer_$name
+        # shellcheck disable=SC2086
+        $MPIRUN -np "$np" "$BUILD/train" --model tiny --steps 3 $flags --trace "$out.pftrace" --trace-hta "$out.hta" \
+            > "$out.log" 2>&1 || { cat "$out.log"; echo "FAIL: train $flags"; exit 1; }
+        "$PYTHON" $SUMMARY "$out.pftrace" --json > "$out.summary.json"
+        check_hta "$out.hta" "$out.summary.json"
+    done
 fi
 echo "t_trace_dist: OK"

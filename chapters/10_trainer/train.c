@@ -447,13 +447,17 @@ static StepBatch load_step_batch(Trainer *t, const DataSource *data, long long s
 static StepResult train_step(Trainer *t, const DataSource *data, long long step, const LrSchedule *schedule,
                              const AdamWConfig *adam, TrainerExtension *ext, int n_ext) {
     Strategy *s = t->strategy;
+    int track = trace_track("compute");  // every part of the step is a slice: no untraced gap in it
+    trace_begin(track, "data", "phase");
     StepBatch batch = load_step_batch(t, data, step);
+    trace_end(track);
     StepResult r = {.lr = lr_at(schedule, step)};
+    trace_begin(track, "zero grads", "phase");
     s->zero_grads(s);
+    trace_end(track);
     r.loss = s->forward_backward(s, &batch);
     // the mean over the dp ranks' sequences and the cp ranks' tokens (each holds as many)
     if (comm_size(t->mesh->dp_cp) > 1) comm_all_reduce(t->mesh->dp_cp, &r.loss, 1, COMM_FLOAT64, COMM_AVG);
-    int track = trace_track("compute");
     trace_begin(track, "optimizer", "phase");
     r.grad_norm = s->grad_norm(s);  // every rank clips by the global norm and updates what it holds
     if (!isfinite(r.grad_norm)) fatal("step %lld: gradient norm is %g; stopping", step, r.grad_norm);

@@ -235,8 +235,20 @@ typedef struct {
 } UnitCost;
 
 enum { TRACK_COMPUTE, TRACK_SHARD, TRACK_REPLICATE, TRACK_TP, TRACK_CP, TRACK_PP, TRACK_STEPS, N_TRACKS };
-static const char *const TRACK_NAMES[N_TRACKS] = {"compute", "comm:dp_shard_cp", "comm:dp_replicate", "comm:tp",
-                                                  "comm:cp", "comm:pp", "steps"};
+
+// The trainer's track of each (common/mesh.c's group names): FSDP's shard group dp_shard x cp;
+// replicas all-reduce over dp_replicate under HSDP, over the whole dp group under DDP.
+static const char *track_name(const PlanConfig *p, int track) {
+    switch (track) {
+    case TRACK_COMPUTE: return "compute";
+    case TRACK_SHARD: return "comm:dp_shard_cp";
+    case TRACK_REPLICATE: return fsdp(p) ? "comm:dp_replicate" : "comm:dp";
+    case TRACK_TP: return "comm:tp";
+    case TRACK_CP: return "comm:cp";
+    case TRACK_PP: return "comm:pp";
+    default: return "steps";
+    }
+}
 
 // Element-wise traffic of one block's forward, in elements per token. Eager PyTorch runs each
 // element-wise op as its own kernel, reading and writing HBM: RMSNorm as ~5 kernels (cast, square
@@ -431,6 +443,13 @@ typedef struct {
     SliceList *slices;
 } Sim;
 
+// The trainer's name for the wait at the end of backward: DDP's bucket all-reduces (chapter 2), or
+// FSDP's reduce-scatters and, with replicas, HSDP's all-reduces (chapter 3), whichever ends last.
+static const char *gradient_wait_name(const PlanConfig *p, const RankState *x) {
+    if (!fsdp(p)) return "ddp wait";
+    return x->rep_free > x->shard_free ? "hsdp all-reduce wait" : "fsdp reduce-scatter wait";
+}
+
 static void queue_push(MessageQueue *q, double t) {
     if (q->count == q->capacity) {
         q->capacity = q->capacity ? 2 * q->capacity : 64;
@@ -460,10 +479,14 @@ static double run_compute(Sim *sim, RankState *st, int rank, double ready, doubl
     return start;
 }
 
-static void blocking_wait(Sim *sim, RankState *st, int rank, double dur, int track, const char *name, int mb) {
+// The trainer's names: tp's all-reduces and "tp wait" (chapter 6), the cp ring's batches of
+// send/receive and "cp wait" (chapter 8).
+static void blocking_wait(Sim *sim, RankState *st, int rank, double dur, int track, int mb) {
     if (dur <= 0) return;
-    record(sim->slices, (SimSlice){rank, track, st->clock, st->clock + dur, name, "comm", mb, -1, 0});
-    record(sim->slices, (SimSlice){rank, TRACK_COMPUTE, st->clock, st->clock + dur, name, "comm-wait", mb, -1, 0});
+    bool tp = track == TRACK_TP;
+    record(sim->slices, (SimSlice){rank, track, st->clock, st->clock + dur, tp ? "all_reduce" : "batch", "comm", mb, -1, 0});
+    record(sim->slices, (SimSlice){rank, TRACK_COMPUTE, st->clock, st->clock + dur, tp ? "tp wait" : "cp wait", "comm-wait",
+                                   mb, -1, 0});
     st->clock += dur;
     st->waited += dur;
 }
@@ -495,22 +518,22 @@ static void run_stage(Sim *sim, RankState *st, int rank, int mb, int stage, bool
         int u = fwd ? i : cu->n - 1 - i, next = fwd ? u + 1 : u - 1;
         const UnitCost *c = cu->cost[u];
         if (c->gather > 0 && gathered[u] < 0)
-            gathered[u] = issue(sim, &st->shard_free, rank, TRACK_SHARD, st->clock, c->gather, "all-gather");
+            gathered[u] = issue(sim, &st->shard_free, rank, TRACK_SHARD, st->clock, c->gather, "all_gather");
         double ready = fmax(gathered[u] < 0 ? 0 : gathered[u], i == 0 ? input_ready : 0);
         // The wait for the all-gather is communication; for the input, pipeline idle.
         bool comm = gathered[u] >= 0 && gathered[u] >= input_ready;
         double start = run_compute(sim, st, rank, ready, fwd ? c->fwd : c->bwd, unit_name(sim, c, fwd), mb, stage,
                                    fwd ? c->flops_fwd : 2 * c->flops_fwd, comm || i > 0);
         if (next >= 0 && next < cu->n && cu->cost[next]->gather > 0 && gathered[next] < 0)  // prefetch depth 1
-            gathered[next] = issue(sim, &st->shard_free, rank, TRACK_SHARD, start, cu->cost[next]->gather, "all-gather");
-        blocking_wait(sim, st, rank, fwd ? c->fwd_wait : c->bwd_wait, c->wait_track, c->wait_track == TRACK_TP ? "tp" : "cp ring", mb);
+            gathered[next] = issue(sim, &st->shard_free, rank, TRACK_SHARD, start, cu->cost[next]->gather, "all_gather");
+        blocking_wait(sim, st, rank, fwd ? c->fwd_wait : c->bwd_wait, c->wait_track, mb);
         // Forward: FSDP frees the gathered unit (not the last, which backward needs first).
         if (fwd && sim->reshard && u != cu->n - 1) gathered[u] = -1;
         if (!fwd && sim->reshard) gathered[u] = -1;
         if (!fwd && sync) {
             double done = st->clock;
-            if (c->reduce > 0) done = issue(sim, &st->shard_free, rank, TRACK_SHARD, done, c->reduce, "reduce-scatter");
-            if (c->replicate > 0) issue(sim, &st->rep_free, rank, TRACK_REPLICATE, done, c->replicate, "all-reduce");
+            if (c->reduce > 0) done = issue(sim, &st->shard_free, rank, TRACK_SHARD, done, c->reduce, "reduce_scatter");
+            if (c->replicate > 0) issue(sim, &st->rep_free, rank, TRACK_REPLICATE, done, c->replicate, "all_reduce");
         }
     }
 }
@@ -535,8 +558,7 @@ static bool advance(Sim *sim, RankState *st, int r, const PpActionList *list) {
             break;
         case PP_SEND_ACT:
         case PP_SEND_GRAD: {
-            double end = issue(sim, &st->pp_free, r, TRACK_PP, st->clock, sim->k->p2p,
-                               a->kind == PP_SEND_ACT ? "send act" : "send grad");
+            double end = issue(sim, &st->pp_free, r, TRACK_PP, st->clock, sim->k->p2p, "batch");  // as comm_batch_start
             queue_push(&sim->queues[(size_t)r * p->pp + a->peer], end);
             break;
         }
@@ -613,13 +635,14 @@ static SimResult simulate(Sim *sim, const PpSchedule *s) {
         RankState *x = &st[r];
         double drained = fmax(x->clock, fmax(x->shard_free, x->rep_free));
         if (drained > x->clock)
-            record(sim->slices, (SimSlice){r, TRACK_COMPUTE, x->clock, drained, "gradient sync wait", "comm-wait", -1, -1, 0});
+            record(sim->slices, (SimSlice){r, TRACK_COMPUTE, x->clock, drained, gradient_wait_name(sim->p, x), "comm-wait",
+                                           -1, -1, 0});
         x->waited += drained - x->clock;
         x->clock = drained;
         if (sim->k->optimizer > 0) run_compute(sim, x, r, x->clock, sim->k->optimizer, "optimizer", -1, -1, 0, false);
         if (sim->k->after_step > 0) {
-            double end = issue(sim, &x->shard_free, r, TRACK_SHARD, x->clock, sim->k->after_step, "all-gather");
-            record(sim->slices, (SimSlice){r, TRACK_COMPUTE, x->clock, end, "weights all-gather wait", "comm-wait", -1, -1, 0});
+            double end = issue(sim, &x->shard_free, r, TRACK_SHARD, x->clock, sim->k->after_step, "all_gather");
+            record(sim->slices, (SimSlice){r, TRACK_COMPUTE, x->clock, end, "fsdp weight all-gather", "comm-wait", -1, -1, 0});
             x->waited += end - x->clock;
             x->clock = end;
         }
@@ -639,17 +662,22 @@ static void write_trace(const PlanConfig *p, const SliceList *l, double step, co
     TraceRankData **data = calloc((size_t)p->pp, sizeof(TraceRankData *));
     for (int r = 0; r < p->pp; r++) {
         char name[96];
-        // The simulated rank stands for all ranks with its pipeline index.
-        snprintf(name, sizeof name, "rank %d [pp%d dp0 cp0 tp0] (simulated)", r * dp_size(p) * p->cp * p->tp, r);
-        trace_init(r, name);
+        // The simulated rank stands for all ranks with its pipeline index; it takes the number of the
+        // first of them (dp, cp and tp index 0), as the trainer's trace numbers that rank.
+        int rank = r * dp_size(p) * p->cp * p->tp;
+        snprintf(name, sizeof name, "rank %d [pp%d dp0 cp0 tp0] (simulated)", rank, r);
+        trace_init(rank, name);
         int tracks[N_TRACKS];
-        for (int t = 0; t < N_TRACKS; t++) tracks[t] = trace_track(TRACK_NAMES[t]);
+        for (int t = 0; t < N_TRACKS; t++) tracks[t] = -1;  // made when first used, as the trainer's are
+        tracks[TRACK_STEPS] = trace_track(track_name(p, TRACK_STEPS));
+        tracks[TRACK_COMPUTE] = trace_track(track_name(p, TRACK_COMPUTE));
         trace_begin_at(tracks[TRACK_STEPS], "step", "step", 0);
         trace_arg_int(tracks[TRACK_STEPS], "step", 1);
         trace_end_at(tracks[TRACK_STEPS], (int64_t)(step * 1e9));
         for (int i = 0; i < l->count; i++) {
             const SimSlice *s = &l->items[i];
             if (s->rank != r) continue;
+            if (tracks[s->track] < 0) tracks[s->track] = trace_track(track_name(p, s->track));
             int t = tracks[s->track];
             trace_begin_at(t, s->name, s->category, (int64_t)(s->start * 1e9));
             if (s->microbatch >= 0) trace_arg_int(t, "microbatch", s->microbatch);
