@@ -8,8 +8,12 @@
 #include <stdlib.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include "common/fileio.h"
 #include "common/log.h"
 #include "common/safetensors.h"
 
@@ -210,6 +214,61 @@ void checkpoint_clean_stale(const char *dir_path) {
     closedir(dir);
 }
 
+long long checkpoint_step_of_name(const char *name) {
+    long long step;
+    int consumed = 0;
+    if (sscanf(name, "step_%lld.safetensors%n", &step, &consumed) != 1 || name[consumed] != 0 || step < 0) return -1;
+    // Only the names the writer makes: step_10, step_+7 or an overflowing number would otherwise
+    // pick a step whose canonical file (step_000010) is not there.
+    char canonical[64];
+    snprintf(canonical, sizeof canonical, "step_%06lld.safetensors", step);
+    return strcmp(canonical, name) == 0 ? step : -1;
+}
+
+// The lock's descriptor stays open for the life of the process: the kernel drops the lock when the
+// process ends, however it ends, so a killed run never leaves the directory locked.
+static int claimed_lock_fd = -1;
+
+void checkpoint_dir_claim(const char *dir_path, const char *resume_path) {
+    char lock_path[4096];
+    snprintf(lock_path, sizeof lock_path, "%s/.lock", dir_path);
+    int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) fatal_input("--checkpoint-dir %s: cannot open %s (%s)", dir_path, lock_path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char holder[32] = "";
+        ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+        holder[n > 0 ? n : 0] = 0;
+        holder[strcspn(holder, "\n")] = 0;
+        fatal_input("--checkpoint-dir %s: in use by another run (process %s holds %s); give each run its own directory",
+                    dir_path, *holder ? holder : "?", lock_path);
+    }
+    char pid[32];
+    int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len)
+        fatal_input("--checkpoint-dir %s: cannot write %s (%s)", dir_path, lock_path, strerror(errno));
+    claimed_lock_fd = fd;
+    // Another run's checkpoints would be overwritten step by step, and a later --resume of this
+    // directory could continue from them: only the run resumed from this directory may write here.
+    DIR *dir = opendir(dir_path);
+    if (!dir) fatal_input("--checkpoint-dir %s: cannot read it (%s)", dir_path, strerror(errno));
+    char found[300] = "";
+    for (struct dirent *e; (e = readdir(dir)) && !*found;)
+        if (checkpoint_step_of_name(e->d_name) >= 0) snprintf(found, sizeof found, "%s", e->d_name);
+    closedir(dir);
+    bool resumed_here = false;
+    if (resume_path) {
+        char parent[4096];
+        snprintf(parent, sizeof parent, "%s", resume_path);
+        char *slash = strrchr(parent, '/');
+        if (slash) *slash = 0;
+        else snprintf(parent, sizeof parent, ".");
+        resumed_here = fileio_same_file(parent, dir_path);
+    }
+    if (*found && !resumed_here)
+        fatal_input("--checkpoint-dir %s: holds another run's checkpoints (%s); --resume %s to continue that run, "
+                    "or give an empty directory", dir_path, found, dir_path);
+}
+
 const char *checkpoint_resolve(const char *path_or_dir, char *out, size_t out_len) {
     struct stat st;
     if (!*path_or_dir) fatal_input("--resume: empty path");
@@ -223,19 +282,13 @@ const char *checkpoint_resolve(const char *path_or_dir, char *out, size_t out_le
     if (!dir) fatal_input("--resume %s: cannot read directory (%s)", path_or_dir, strerror(errno));
     long long best = -1;
     for (struct dirent *e; (e = readdir(dir));) {
-        long long step;
-        int consumed = 0;
-        if (sscanf(e->d_name, "step_%lld.safetensors%n", &step, &consumed) != 1 || e->d_name[consumed] != 0 ||
-            step < 0)
-            continue;
-        // Only the names the writer makes: step_10, step_+7 or an overflowing number would otherwise
-        // pick a step whose canonical file (step_000010) is not there.
-        char canonical[64];
-        snprintf(canonical, sizeof canonical, "step_%06lld.safetensors", step);
-        if (strcmp(canonical, e->d_name) == 0 && step > best) best = step;
+        long long step = checkpoint_step_of_name(e->d_name);
+        if (step > best) best = step;
     }
     closedir(dir);
-    if (best < 0) fatal_input("--resume %s: no step_*.safetensors checkpoint in this directory", path_or_dir);
+    if (best < 0)
+        fatal_input("--resume %s: no checkpoint in this directory (the trainer writes step_NNNNNN.safetensors)",
+                    path_or_dir);
     checkpoint_path_for_step(path_or_dir, best, out, out_len);
     return out;
 }

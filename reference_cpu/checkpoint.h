@@ -41,5 +41,12 @@ const char *checkpoint_resolve(const char *path_or_dir, char *out, size_t out_le
 // what a run killed while checkpointing leaves. A live pid's file is left alone (it may be a run
 // writing now). Logs one line per file removed. Call it when a checkpoint directory is opened.
 void checkpoint_clean_stale(const char *dir);
+// The step of a checkpoint file name as the writer makes it (step_000012.safetensors), or -1.
+long long checkpoint_step_of_name(const char *name);
+// Takes --checkpoint-dir for this run (one rank, before step 1): an exclusive lock on DIR/.lock that
+// lasts as long as the process (another run writing there is refused, naming the process that holds
+// it), and refuses a directory holding checkpoints unless this run resumes from it (resume_path in
+// DIR). Exit 2 on either, before any work.
+void checkpoint_dir_claim(const char *dir, const char *resume_path);
 // "<dir>/step_000123.safetensors"
 void checkpoint_path_for_step(const char *dir, long long step, char *out, size_t out_len);

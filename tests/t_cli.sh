@@ -95,6 +95,27 @@ echo keep > "$T/link_target"
 ln -sfn "$T/link_target" "$T/link"
 expect_error "--trace-json $T/link: is a symbolic link" --trace-json "$T/link"
 [ -L "$T/link" ] && [ "$(cat "$T/link_target")" = keep ] || { echo "FAIL: the link or its target changed"; failures=$((failures + 1)); }
+# A checkpoint directory is one run's: another run's checkpoints there are refused unless this run
+# resumes from them (they would be overwritten, and a later --resume could continue the wrong run),
+# and so is a directory another live run holds (its lock, DIR/.lock, goes when that process ends).
+mkdir -p "$T/other_run"
+"$TRAIN" --model tiny --steps 2 --batch 2 --checkpoint-dir "$T/other_run" > /dev/null
+sum_other=$(sha256sum "$T/other_run/step_000002.safetensors")
+expect_error "--checkpoint-dir $T/other_run: holds another run's checkpoints (step_000002.safetensors); --resume" \
+    --model tiny --steps 2 --batch 2 --seed 9 --checkpoint-dir "$T/other_run"
+[ "$(sha256sum "$T/other_run/step_000002.safetensors")" = "$sum_other" ] ||
+    { echo "FAIL: the other run's checkpoint changed"; failures=$((failures + 1)); }
+"$TRAIN" --model tiny --steps 2 --batch 2 --checkpoint-dir "$T/other_run" --resume "$T/other_run" > /dev/null ||
+    { echo "FAIL: resuming into the directory resumed from"; failures=$((failures + 1)); }
+mkdir -p "$T/held"
+# -o: flock itself holds the lock while its command (a sleep that records its pid) runs
+flock -o "$T/held/.lock" sh -c 'echo $$ > "$0"; exec sleep 60' "$T/held.sleep_pid" > /dev/null 2>&1 &
+holder=$!
+sleep 0.5
+expect_error "--checkpoint-dir $T/held: in use by another run" --model tiny --steps 2 --batch 2 --checkpoint-dir "$T/held"
+kill "$(cat "$T/held.sleep_pid")" "$holder" 2>/dev/null; wait "$holder" 2>/dev/null || true
+"$TRAIN" --model tiny --steps 2 --batch 2 --checkpoint-dir "$T/held" > /dev/null ||
+    { echo "FAIL: the directory stays locked after its holder ended"; failures=$((failures + 1)); }
 # A link to nothing as an output directory: refused before training (mkdir on it failed after it).
 ln -sfn "$T/no_such_target" "$T/dangling"
 for flag in checkpoint-dir export-hf trace-hta; do
@@ -229,7 +250,8 @@ expect_error "garbage.safetensors" --model tiny --steps 2 --batch 2 --resume "$T
 expect_error "--seed" --model tiny --steps 2 --batch 2 --seed 7 --resume "$good"
 expect_error "--batch" --model tiny --steps 2 --batch 4 --resume "$good"
 expect_error "different shape" --model small --steps 2 --batch 2 --resume "$good"
-expect_error "no step_" --model tiny --steps 2 --batch 2 --resume "$T"
+expect_error "no checkpoint in this directory (the trainer writes step_NNNNNN.safetensors)" --model tiny --steps 2 \
+    --batch 2 --resume "$T"
 expect_error "--resume: empty path" --model tiny --steps 2 --batch 2 --resume ''
 expect_error "truncated.safetensors" --compare "$T/truncated.safetensors"
 # a shape mismatch names the first config field that differs

@@ -827,6 +827,7 @@ int main(int argc, char **argv) {
     if (opt.checkpoint_dir && t.mesh->rank == 0) {  // made now that the inputs have passed
         if (mkdir(opt.checkpoint_dir, 0777) != 0 && errno != EEXIST)  // its parent was checked above
             fatal("--checkpoint-dir %s: %s", opt.checkpoint_dir, strerror(errno));
+        checkpoint_dir_claim(opt.checkpoint_dir, opt.resume ? resume_path : NULL);  // this run's alone
         checkpoint_clean_stale(opt.checkpoint_dir);
     }
     if (opt.mesh_dot && t.mesh->rank == 0) mesh_write_dot(t.mesh, opt.mesh_dot);
