@@ -576,13 +576,21 @@ static void fp8_save(Trainer *t, const char *path) {
     mem_free(state);
 }
 
-// Before anything is written: the companion of --resume's checkpoint exists and its data matches its
-// recorded hash (what fp8_state_load reads later, once the FP8 state exists, it checks again).
-static void fp8_check_companion(const char *checkpoint) {
-    char companion[4200], err[1024];
+// Before anything is written: the companion of --resume's checkpoint exists, its data matches its
+// recorded hash, and it was written under this run's data x context parallel degree (what
+// fp8_state_load reads later, once the FP8 state exists, it checks again, whole: fp8.c says why dp).
+static void fp8_check_companion(const char *checkpoint, int dp_cp) {
+    char companion[4200], err[1024], want[32];
     fp8_companion(checkpoint, companion, sizeof companion);
     StFile *f = st_open_header(companion, err, sizeof err);
     if (!f || !st_check_data_hash(f, err, sizeof err)) fatal_input("--resume with delayed FP8 scaling: %s", err);
+    const char *identity = st_metadata(f, "fp8");
+    snprintf(want, sizeof want, " dp=%d", dp_cp);
+    const char *dp = identity ? strstr(identity, " dp=") : NULL;
+    if (!dp || strcmp(dp, want) != 0)
+        fatal_input("%s: FP8 state written with %s, this run has data x context parallel degree %d (delayed scaling "
+                    "resumes under the same degree: the output gradients' amaxes scale with it)", companion,
+                    identity ? identity : "(none)", dp_cp);
     st_close(f);
 }
 
@@ -822,7 +830,8 @@ int main(int argc, char **argv) {
     if (opt.resume) {  // checked whole now (header and data hash), before the diagrams below are written
         checkpoint_resolve(opt.resume, resume_path, sizeof resume_path);
         checkpoint_check(resume_path, &cfg, &run);
-        if (opt.fp8 && !cuda && strcmp(opt.fp8_recipe, "delayed") == 0) fp8_check_companion(resume_path);
+        if (opt.fp8 && !cuda && strcmp(opt.fp8_recipe, "delayed") == 0)
+            fp8_check_companion(resume_path, comm_size(t.mesh->dp_cp));
     }
     if (opt.checkpoint_dir && t.mesh->rank == 0) {  // made now that the inputs have passed
         if (mkdir(opt.checkpoint_dir, 0777) != 0 && errno != EEXIST)  // its parent was checked above
