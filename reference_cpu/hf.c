@@ -1,6 +1,7 @@
 #include "reference_cpu/hf.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -545,21 +546,50 @@ void hf_export_check(const char *dir, const ModelConfig *cfg, StDtype dtype, siz
         fatal_input("--export-hf %s: %s is not a regular file, and this export would remove it", dir, path);
 }
 
+// dir/name removed if it is a regular file (anything else is never touched).
+static void remove_regular(const char *dir, const char *name) {
+    char path[4200];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) != 0)
+        fatal("--export-hf: cannot remove %s: %s", path, strerror(errno));
+}
+
+// The shard files of an earlier export with another shard count (model-00001-of-00004.safetensors
+// beside a new -of-00003 set, or any beside a single file): no index names them any more.
+static void remove_other_shards(const char *dir, int n_shards) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    for (struct dirent *e; (e = readdir(d));) {
+        int shard, of, consumed = 0;
+        if (sscanf(e->d_name, "model-%5d-of-%5d.safetensors%n", &shard, &of, &consumed) != 2 || e->d_name[consumed] != 0)
+            continue;
+        char canonical[64];
+        snprintf(canonical, sizeof canonical, "model-%05d-of-%05d.safetensors", shard, of);
+        if (strcmp(canonical, e->d_name) == 0 && (n_shards == 1 || of != n_shards)) remove_regular(dir, e->d_name);
+    }
+    closedir(d);
+}
+
 void hf_export(const char *dir, const ModelConfig *cfg, const real *flat, StDtype dtype, size_t max_shard_bytes) {
     if (dtype != ST_F32 && dtype != ST_F64) fatal("hf_export: dtype %s (F32 or F64 only)", st_dtype_name(dtype));
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) fatal_input("--export-hf %s: cannot create: %s", dir, strerror(errno));
     ParamTable t = param_table_build(cfg);
     int *shard_of = malloc(sizeof *shard_of * (size_t)t.count);
     int n_shards = assign_shards(&t, dtype, max_shard_bytes, shard_of);
+    // Each file is replaced atomically, the set is not: an export stopped half-way over an earlier
+    // sharded one would leave new and old shards under the old index, which loads. The old index goes
+    // first, so until the new one is written no index names a mixed set.
+    if (n_shards > 1) remove_regular(dir, HF_INDEX);
     for (int s = 0; s < n_shards; s++) write_shard(dir, &t, shard_of, s, n_shards, flat, dtype, model_head_dim(cfg));
     if (n_shards > 1) write_index(dir, &t, shard_of, n_shards, dtype);
     write_config(dir, cfg, dtype);
-    // only now, with the new checkpoint complete, and only a regular file
+    // only now, with the new checkpoint complete, and only regular files: the other layout's entry
+    // point, and the shards of an earlier export with another shard count
     char stale[4200];
-    struct stat st;
     stale_path(stale, sizeof stale, dir, n_shards);
-    if (lstat(stale, &st) == 0 && S_ISREG(st.st_mode) && unlink(stale) != 0)
-        fatal("--export-hf: cannot remove %s: %s", stale, strerror(errno));
+    remove_regular(dir, strrchr(stale, '/') + 1);
+    remove_other_shards(dir, n_shards);
     free(shard_of);
     param_table_free(&t);
 }
