@@ -83,6 +83,7 @@ void checkpoint_save(const char *path, const Model *m, const real *adam_m, const
 #undef ADD_NUMBER
     add_metadata(w, "data", run->data_spec);
     if (run->schedule) add_metadata(w, "schedule", run->schedule);
+    if (run->settings) add_metadata(w, "settings", run->settings);
     // checked on load: a file damaged since is refused
     if (!st_writer_add_data_hash(w, err, sizeof err) || !st_write(w, path, err, sizeof err))
         fatal("checkpoint: %s", err);
@@ -116,8 +117,8 @@ static long long parse_step(const StFile *f, long long total_steps) {
     return step;
 }
 
-// The learning rate and schedule may change on resume; say so when they do. Checkpoints written
-// before these keys existed carry neither, and load silently.
+// The learning rate, schedule and the other update settings may change on resume; say so when they
+// do. Checkpoints written before these keys existed carry none, and load silently.
 static void note_schedule_change(const StFile *f, const RunIdentity *run) {
     const char *lr = st_metadata(f, "lr"), *schedule = st_metadata(f, "schedule");
     if (lr) {  // the writer's %.17g of --lr, finite and 0 or more: anything else is a damaged file
@@ -129,6 +130,9 @@ static void note_schedule_change(const StFile *f, const RunIdentity *run) {
     }
     if (schedule && run->schedule && strcmp(schedule, run->schedule) != 0)
         log_info("resume: the schedule changes from \"%s\" (checkpoint) to \"%s\"", schedule, run->schedule);
+    const char *settings = st_metadata(f, "settings");
+    if (settings && run->settings && strcmp(settings, run->settings) != 0)
+        log_info("resume: the settings change from \"%s\" (checkpoint) to \"%s\"", settings, run->settings);
 }
 
 // The checks of checkpoint_load that need only the header: format, dtype, the model's shape, the

@@ -19,6 +19,9 @@ typedef struct {
     // one line naming the old and the new value.
     double lr;
     const char *schedule;  // "cosine, warmup 2, min_lr_ratio 0.1"
+    // The rest of what shapes the updates: "weight_decay 0.1, beta1 0.9, beta2 0.95, eps 1e-08,
+    // grad_clip 1, grad_accum 1, fp8 none" (NULL: not recorded).
+    const char *settings;
 } RunIdentity;
 
 // Exits with status 1 (and leaves any previous file intact) if the write fails, or without writing

@@ -289,7 +289,7 @@ for name in step_000002 step_10 step_+7 step_99999999999999999999999; do cp "$go
 ls "$T/ck" | grep -q tmp && { echo "FAIL: temporary file left in $T/ck"; failures=$((failures + 1)); }
 
 # Accepted with one log line saying so: --seq-len beyond the model's max_seq_len (the RoPE table
-# grows), and resuming with another --lr or schedule (the checkpoint records both).
+# grows), and resuming with another --lr, schedule or update setting (the checkpoint records them).
 "$TRAIN" --model tiny --steps 1 --batch 2 --seq-len 40 > "$T/seq.log" 2>&1 \
     && grep -q "^--seq-len 40: beyond model tiny's max_seq_len 32, which grows to 40" "$T/seq.log" \
     || { echo "FAIL: --seq-len beyond max_seq_len: no log line"; cat "$T/seq.log"; failures=$((failures + 1)); }
@@ -297,6 +297,9 @@ ls "$T/ck" | grep -q tmp && { echo "FAIL: temporary file left in $T/ck"; failure
     && grep -q "^resume: --lr changes from 0.0003 (checkpoint) to 0.001" "$T/lr.log" \
     && grep -q '^resume: the schedule changes from "cosine, warmup 0, min_lr_ratio 0.1" (checkpoint) to "linear, warmup 0, min_lr_ratio 0.1"' "$T/lr.log" \
     || { echo "FAIL: resume with another --lr and schedule: no log lines"; cat "$T/lr.log"; failures=$((failures + 1)); }
+"$TRAIN" --model tiny --steps 2 --batch 2 --weight-decay 0 --grad-clip 0.5 --resume "$good" > "$T/settings.log" 2>&1 \
+    && grep -q '^resume: the settings change from "weight_decay 0.1, beta1 0.9, beta2 0.95, eps 1e-08, grad_clip 1, grad_accum 1, fp8 none" (checkpoint) to "weight_decay 0, beta1 0.9, beta2 0.95, eps 1e-08, grad_clip 0.5, grad_accum 1, fp8 none"' "$T/settings.log" \
+    || { echo "FAIL: resume with another weight decay and clip: no log line"; cat "$T/settings.log"; failures=$((failures + 1)); }
 "$TRAIN" --model tiny --steps 2 --batch 2 --resume "$good" > "$T/same.log" 2>&1 && ! grep -q "^resume:" "$T/same.log" \
     || { echo "FAIL: resume with the same settings"; cat "$T/same.log"; failures=$((failures + 1)); }
 

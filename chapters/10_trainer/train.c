@@ -825,7 +825,11 @@ int main(int argc, char **argv) {
     char schedule_text[128];  // the checkpoint records it; a resume with another one says so
     snprintf(schedule_text, sizeof schedule_text, "%s, warmup %d, min_lr_ratio %g", opt.lr_decay, opt.warmup_steps,
              opt.min_lr_ratio);
-    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.cp_layout.T, opt.steps, opt.lr, schedule_text};
+    char settings_text[256];  // recorded too; a resume that changes them says so
+    snprintf(settings_text, sizeof settings_text,
+             "weight_decay %g, beta1 %g, beta2 %g, eps %g, grad_clip %g, grad_accum %d, fp8 %s", opt.weight_decay,
+             opt.beta1, opt.beta2, opt.eps, opt.grad_clip, opt.grad_accum_steps, opt.fp8 ? opt.fp8_recipe : "none");
+    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.cp_layout.T, opt.steps, opt.lr, schedule_text, settings_text};
     char resume_path[4096];
     if (opt.resume) {  // checked whole now (header and data hash), before the diagrams below are written
         checkpoint_resolve(opt.resume, resume_path, sizeof resume_path);
