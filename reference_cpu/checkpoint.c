@@ -147,9 +147,16 @@ static long long check_header(const StFile *f, const ModelConfig *ours, const Ru
     if (!model_config_from_json(require_metadata(f, "config"), &theirs, err, sizeof err))
         fatal_input("%s: %s", path, err);
     char diff[160];
-    if (!model_config_same_shape(ours, &theirs, diff, sizeof diff))
+    if (!model_config_same_shape(ours, &theirs, diff, sizeof diff)) {
+        // A model read from a Hugging Face config is named "hf": the usual mistake is the flag left out
+        // (or added) on resume, which the first differing field would not say.
+        bool hf_theirs = strcmp(theirs.name, "hf") == 0, hf_ours = strcmp(ours->name, "hf") == 0;
+        const char *hint = hf_theirs && !hf_ours ? "; that run started from --init-from hf:DIR: give it again"
+                           : !hf_theirs && hf_ours ? "; that run did not start from --init-from: give its --model"
+                                                   : "";
         fatal_input("%s: written for model %s, which has a different shape from this run's --model %s (first "
-                    "difference, this run vs the checkpoint: %s)", path, theirs.name, ours->name, diff);
+                    "difference, this run vs the checkpoint: %s)%s", path, theirs.name, ours->name, diff, hint);
+    }
 #define EXPECT_NUMBER(key, fmt, value, flag)   \
     snprintf(text, sizeof text, fmt, value);   \
     expect_same(f, key, text, flag);

@@ -275,6 +275,10 @@ with_meta step 99999999999999999999 "$T/huge_step.safetensors"
 expect_error 'bad step "99999999999999999999"' --model tiny --steps 2 --batch 2 --resume "$T/huge_step.safetensors"
 with_meta step 3 "$T/step3.safetensors"
 expect_error 'bad step "3"' --model tiny --steps 2 --batch 2 --resume "$T/step3.safetensors"
+# a run started from a Hugging Face export, resumed without --init-from: the hint names the flag
+"$TRAIN" --model tiny --steps 1 --batch 2 --export-hf "$T/hf_start" > /dev/null
+"$TRAIN" --init-from "hf:$T/hf_start" --steps 2 --batch 2 --checkpoint-dir "$T/from_hf" > /dev/null
+expect_error "that run started from --init-from hf:DIR: give it again" --steps 2 --batch 2 --resume "$T/from_hf"
 # the recorded --lr is only reported, but a value no run writes is a damaged file
 with_meta lr nan "$T/lr_nan.safetensors"
 expect_error 'bad lr "nan"' --model tiny --steps 2 --batch 2 --resume "$T/lr_nan.safetensors"
