@@ -510,8 +510,14 @@ void fp8_state_set(Fp8 *f, const float *in) {
 }
 
 // Metadata pins what the state's layout depends on: the history length and the slots.
+// What a saved history is valid for. dp (the ranks splitting the batch's tokens, data and context
+// parallel) is part of it: each rank's loss is a mean over its own tokens, so its output gradients,
+// and their amaxes, are dp times the single process's. Training straight through any dp gives the
+// same numbers (the scales differ by that power of two), but a history written under one dp makes
+// scales off by the ratio under another, and the steps after a resume would differ.
 static void state_identity(const Fp8 *f, char *out, size_t n) {
-    snprintf(out, n, "amax_history=%d blocks=%d margin=%d", f->o.amax_history, f->n_layers, f->o.margin);
+    snprintf(out, n, "amax_history=%d blocks=%d margin=%d dp=%d", f->o.amax_history, f->n_layers, f->o.margin,
+             f->groups.dp ? comm_size(f->groups.dp) : 1);
 }
 
 void fp8_state_save(const Fp8 *f, const char *path) {
@@ -537,7 +543,8 @@ void fp8_state_load(Fp8 *f, const char *path) {
     state_identity(f, identity, sizeof identity);
     const char *theirs = st_metadata(file, "fp8");
     if (!theirs || strcmp(theirs, identity) != 0)
-        fatal_input("%s: FP8 state written with %s, this run has %s", path, theirs ? theirs : "(none)", identity);
+        fatal_input("%s: FP8 state written with %s, this run has %s (delayed scaling resumes with the same history "
+                    "length, blocks, and data x context parallel degree)", path, theirs ? theirs : "(none)", identity);
     size_t n = fp8_state_numel(f);
     float *state = mem_alloc(MEM_OTHER, sizeof(float) * n);
     int64_t shape[1] = {(int64_t)n};
