@@ -101,11 +101,14 @@ static bool names_fit(const char *path, size_t suffix) {
     return true;
 }
 
+static void strip_trailing_slashes(char *path) {
+    for (size_t n = strlen(path); n > 1 && path[n - 1] == '/';) path[--n] = 0;
+}
+
 // The directory part of path ("." for a bare name, "/" for "/x").
 static void parent_of(const char *path, char *out, size_t out_len) {
     snprintf(out, out_len, "%s", path);
-    size_t n = strlen(out);
-    while (n > 1 && out[n - 1] == '/') out[--n] = 0;  // "dir/" names dir
+    strip_trailing_slashes(out);  // "dir/" names dir
     char *slash = strrchr(out, '/');
     if (!slash) snprintf(out, out_len, ".");
     else if (slash == out) out[1] = 0;
@@ -141,7 +144,7 @@ static void check_dir(const char *flag, const char *path) {
         check_parent(flag, path);
         char name[PATH_MAX];  // "dir/" names dir: the probe goes next to it, not inside it
         snprintf(name, sizeof name, "%s", path);
-        for (size_t n = strlen(name); n > 1 && name[n - 1] == '/';) name[--n] = 0;
+        strip_trailing_slashes(name);
         int error = probe_create(name);  // "<path>.tmp.<pid>" in the parent: ranks probe apart
         if (error) fatal_input("--%s %s: cannot create the directory (%s)", flag, path, strerror(error));
         return;

@@ -111,7 +111,8 @@ mkdir -p "$T/held"
 # -o: flock itself holds the lock while its command (a sleep that records its pid) runs
 flock -o "$T/held/.lock" sh -c 'echo $$ > "$0"; exec sleep 60' "$T/held.sleep_pid" > /dev/null 2>&1 &
 holder=$!
-sleep 0.5
+# the sleep writes its pid only once flock holds the lock: wait for that, not for a fixed time
+for _ in $(seq 600); do [ -s "$T/held.sleep_pid" ] && break; sleep 0.1; done
 expect_error "--checkpoint-dir $T/held: in use by another run" --model tiny --steps 2 --batch 2 --checkpoint-dir "$T/held"
 kill "$(cat "$T/held.sleep_pid")" "$holder" 2>/dev/null; wait "$holder" 2>/dev/null || true
 "$TRAIN" --model tiny --steps 2 --batch 2 --checkpoint-dir "$T/held" > /dev/null ||
