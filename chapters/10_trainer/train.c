@@ -188,6 +188,12 @@ static const ArgSpec FLAGS[] = {
 };
 #define N_FLAGS ((int)(sizeof FLAGS / sizeof FLAGS[0]))
 
+// "/" to print after a directory the user named without one ("hta" -> "hta/", "hta/" stays).
+static const char *dir_slash(const char *dir) {
+    size_t n = strlen(dir);
+    return n > 0 && dir[n - 1] == '/' ? "" : "/";
+}
+
 // --init-from hf:DIR: the checkpoint's config.json is the model; the flags that would change its
 // shapes or numerics are refused rather than silently overridden.
 static HfCheckpoint *open_init_checkpoint(const ArgSpec *flags, ModelConfig *cfg) {
@@ -640,7 +646,7 @@ static void export_hf(Trainer *t) {
     trainer_full_state(t, STATE_WEIGHTS, full);
     if (t->mesh->rank == 0) {
         hf_export(opt.export_hf, &t->model.cfg, full, ST_F32, (size_t)(opt.export_hf_shard_mb * 1048576.0));
-        log_info("Hugging Face checkpoint written to %s/", opt.export_hf);
+        log_info("Hugging Face checkpoint written to %s%s", opt.export_hf, dir_slash(opt.export_hf));
     }
     mem_free(full);
     param_table_free(&full_table);
@@ -929,7 +935,7 @@ int main(int argc, char **argv) {
         if (!trace_gather_and_write_outputs(comm_world(), &outputs)) fatal("could not write the trace");
         if (opt.trace) log_info("trace written to %s (open it at https://ui.perfetto.dev)", opt.trace);
         if (opt.trace_json) log_info("trace written to %s", opt.trace_json);
-        if (opt.trace_hta) log_info("per-rank traces for Holistic Trace Analysis written to %s/", opt.trace_hta);
+        if (opt.trace_hta) log_info("per-rank traces for Holistic Trace Analysis written to %s%s", opt.trace_hta, dir_slash(opt.trace_hta));
     }
 
     trainer_free_strategy(&t);
