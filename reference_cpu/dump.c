@@ -1,6 +1,7 @@
 #include "reference_cpu/dump.h"
 
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,13 +134,18 @@ static double *read_as_double(const StFile *f, const char *name, size_t n) {
 static bool compare_tensor(const char *name, const real *ours, const double *theirs, size_t n, double rtol) {
     double max_abs = 0, max_ref = 0;
     size_t worst = 0;
+    bool non_finite = false;  // a NaN or inf on either side: the first one is the worst, and fails
     for (size_t i = 0; i < n; i++) {
         double diff = fabs((double)ours[i] - theirs[i]);
-        if (!(diff <= max_abs)) max_abs = diff, worst = i;  // NaN counts as worst
+        if (!isfinite(diff)) {
+            if (!non_finite) non_finite = true, worst = i, max_abs = NAN;
+        } else if (!non_finite && diff > max_abs) {
+            max_abs = diff, worst = i;
+        }
         if (fabs(theirs[i]) > max_ref) max_ref = fabs(theirs[i]);
     }
     double rel = max_ref > 0 ? max_abs / max_ref : max_abs;
-    bool ok = rel <= rtol;
+    bool ok = !non_finite && rel <= rtol;
     printf("  %-44s max_abs %.3e  max_rel %.3e  worst [%zu] ours %.8g theirs %.8g  %s\n", name, max_abs, rel, worst,
            n ? (double)ours[worst] : 0.0, n ? theirs[worst] : 0.0, ok ? "ok" : "MISMATCH");
     return ok;
@@ -154,8 +160,13 @@ int dump_compare(const char *path, AttentionImpl attention, double rtol) {
     if (!config_json) fatal_input("%s: not a dump (metadata \"config\" missing)", path);
     if (!model_config_from_json(config_json, &cfg, err, sizeof err)) fatal_input("%s: %s", path, err);
     const StTensor *inputs = st_find(f, "inputs"), *targets = st_find(f, "targets");
-    if (!inputs || !targets || inputs->dtype != ST_I32 || inputs->ndim != 3 || targets->n_bytes != inputs->n_bytes)
-        fatal_input("%s: needs I32 tensors 'inputs' and 'targets' of shape (steps, B, T)", path);
+    if (!inputs || !targets || inputs->dtype != ST_I32 || targets->dtype != ST_I32 || inputs->ndim != 3 ||
+        targets->ndim != 3 || memcmp(inputs->shape, targets->shape, 3 * sizeof inputs->shape[0]) != 0)
+        fatal_input("%s: needs I32 tensors 'inputs' and 'targets' of the same shape (steps, B, T)", path);
+    if (inputs->shape[0] < 1 || inputs->shape[1] < 1 || inputs->shape[2] < 1 || inputs->shape[1] > INT_MAX ||
+        inputs->shape[2] > INT_MAX)
+        fatal_input("%s: 'inputs' has shape (%lld, %lld, %lld): needs at least one step of B x T tokens", path,
+                    (long long)inputs->shape[0], (long long)inputs->shape[1], (long long)inputs->shape[2]);
     int B = (int)inputs->shape[1], T = (int)inputs->shape[2];
     model_config_validate(&cfg, T);
     if (T > cfg.max_seq_len) cfg.max_seq_len = T;

@@ -26,3 +26,32 @@ if "$BUILD/train" --compare "$T/bad.safetensors" > "$T/bad.log"; then echo "FAIL
 grep "MISMATCH" "$T/bad.log" | grep -q "grad.layers.1.attention.wk.weight"
 grep "layers.1.attention.wk" "$T/bad.log" | grep -q "worst \[197\]"  # (3, 5) in a (32, 64) tensor
 echo "ok: a 1% perturbation of one gradient element is reported with its index"
+# A NaN anywhere fails, with its index: not only in a tensor's last element (a NaN worst was
+# replaced by the next element's finite difference, and the dump compared clean). Also an inf.
+"$PYTHON" - "$T/d32.safetensors" "$T/nan.safetensors" "$T/zero.safetensors" <<'PY'
+import sys
+import numpy as np
+sys.path.insert(0, "tests/py")
+import safetensors_io as st
+tensors, meta = st.load(sys.argv[1])
+tensors["logits"].flat[0] = np.nan
+tensors["grad.layers.0.attention.wq.weight"].flat[5] = np.inf
+st.save(sys.argv[2], tensors, meta)
+# no steps at all: (0, B, T) inputs and targets, an empty loss
+tensors["inputs"] = tensors["inputs"][:0].copy()
+tensors["targets"] = tensors["targets"][:0].copy()
+tensors["loss"] = tensors["loss"][:0].copy()
+st.save(sys.argv[3], tensors, meta)
+PY
+if "$BUILD/train" --compare "$T/nan.safetensors" > "$T/nan.log"; then cat "$T/nan.log"; echo "FAIL: a dump with a NaN passed"; exit 1; fi
+grep -E "^  logits .*worst \[0\].*MISMATCH" "$T/nan.log" > /dev/null &&
+    grep -E "grad.layers.0.attention.wq.weight .*worst \[5\].*MISMATCH" "$T/nan.log" > /dev/null ||
+    { cat "$T/nan.log"; echo "FAIL: the NaN and the inf not reported at their index"; exit 1; }
+echo "ok: a NaN (logits[0]) and an inf (a gradient's element 5) fail, at their index"
+set +e
+"$BUILD/train" --compare "$T/zero.safetensors" > "$T/zero.log" 2>&1
+rc=$?
+set -e
+[ "$rc" = 2 ] && [ "$(wc -l < "$T/zero.log")" = 1 ] && grep -q "at least one step" "$T/zero.log" ||
+    { cat "$T/zero.log"; echo "FAIL: a dump of no steps: exit $rc, want 2 and one line"; exit 1; }
+echo "ok: a dump of no steps is refused: $(cat "$T/zero.log")"
