@@ -18,6 +18,8 @@
 #endif
 
 #define METADATA_KEY "__metadata__"
+#define DATA_HASH_KEY "data_hash"
+#define METADATA_HASH_KEY "metadata_hash"
 // Same cap as the reference Rust implementation: a larger header is a corrupt or hostile file,
 // and refusing it early keeps us from allocating for a bogus length.
 #define HEADER_LIMIT 100000000ULL
@@ -296,10 +298,31 @@ uint64_t st_writer_data_hash(const StWriter *w) {
     return hash_final(&s);
 }
 
+// The metadata's hash: every pair but "metadata_hash" itself, in key order (a reader's JSON object
+// may hold them in another order), each as key, NUL, value, NUL.
+static int compare_pairs_by_key(const void *a, const void *b) {
+    return strcmp(((const MetadataPair *)a)->key, ((const MetadataPair *)b)->key);
+}
+static uint64_t metadata_hash(MetadataPair *pairs, int n) {
+    qsort(pairs, (size_t)n, sizeof *pairs, compare_pairs_by_key);
+    DataHash s = hash_start();
+    for (int i = 0; i < n; i++) {
+        if (strcmp(pairs[i].key, METADATA_HASH_KEY) == 0) continue;
+        hash_update(&s, (const unsigned char *)pairs[i].key, strlen(pairs[i].key) + 1);
+        hash_update(&s, (const unsigned char *)pairs[i].value, strlen(pairs[i].value) + 1);
+    }
+    return hash_final(&s);
+}
+
 bool st_writer_add_data_hash(StWriter *w, char *err, size_t err_len) {
     char text[24];
     snprintf(text, sizeof text, "%016" PRIx64, st_writer_data_hash(w));
-    return st_writer_add_metadata(w, "data_hash", text, err, err_len);
+    if (!st_writer_add_metadata(w, DATA_HASH_KEY, text, err, err_len)) return false;
+    MetadataPair *pairs = xrealloc(NULL, sizeof *pairs * (size_t)w->n_metadata);
+    memcpy(pairs, w->metadata, sizeof *pairs * (size_t)w->n_metadata);  // the same strings, sorted apart
+    snprintf(text, sizeof text, "%016" PRIx64, metadata_hash(pairs, w->n_metadata));
+    free(pairs);
+    return st_writer_add_metadata(w, METADATA_HASH_KEY, text, err, err_len);
 }
 
 bool st_write(const StWriter *w, const char *path, char *err, size_t err_len) {
@@ -735,8 +758,29 @@ bool st_data_hash(const StFile *f, uint64_t *hash, char *err, size_t err_len) {
     return true;
 }
 
+// False (and err) when the file records a "metadata_hash" that its metadata no longer matches.
+static bool check_metadata_hash(const StFile *f, char *err, size_t err_len) {
+    const char *recorded = st_metadata(f, METADATA_HASH_KEY);
+    if (!recorded) return true;  // written before metadata hashes
+    int n = st_metadata_count(f);
+    MetadataPair *pairs = xrealloc(NULL, sizeof *pairs * (size_t)(n ? n : 1));
+    for (int i = 0; i < n; i++) {
+        const char *key = "", *value = "";
+        st_metadata_entry(f, i, &key, &value);
+        pairs[i] = (MetadataPair){(char *)key, (char *)value};  // read only
+    }
+    char text[24];
+    snprintf(text, sizeof text, "%016" PRIx64, metadata_hash(pairs, n));
+    free(pairs);
+    if (strcmp(text, recorded) == 0) return true;
+    set_err(err, err_len, "%s: the metadata does not match the hash its writer recorded (%s, now %s): the file "
+            "was damaged or edited after it was written", f->path, recorded, text);
+    return false;
+}
+
 bool st_check_data_hash(const StFile *f, char *err, size_t err_len) {
-    const char *recorded = st_metadata(f, "data_hash");
+    if (!check_metadata_hash(f, err, err_len)) return false;
+    const char *recorded = st_metadata(f, DATA_HASH_KEY);
     uint64_t hash;
     char text[24];
     if (!recorded) return true;

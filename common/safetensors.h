@@ -62,7 +62,9 @@ bool st_write(const StWriter *w, const char *path, char *err, size_t err_len);
 // a writer records it in the metadata, and a reader compares it with st_data_hash to find a file
 // damaged after it was written. Not cryptographic: any change to one 8-byte word changes it.
 uint64_t st_writer_data_hash(const StWriter *w);
-// Records that hash as the metadata "data_hash"; call it after the last st_writer_add.
+// Records that hash as the metadata "data_hash", then a hash of all the metadata (keys and values,
+// data_hash included) as "metadata_hash": call it after the last st_writer_add and the last other
+// st_writer_add_metadata.
 bool st_writer_add_data_hash(StWriter *w, char *err, size_t err_len);
 
 // ---- reading ---------------------------------------------------------------------------------
@@ -109,8 +111,9 @@ const char *st_metadata(const StFile *f, const char *key);  // NULL if absent
 // writer; for a file opened with st_open_header the data is read from disk in chunks (memory stays
 // small). False (and err) on a failed read.
 bool st_data_hash(const StFile *f, uint64_t *hash, char *err, size_t err_len);
-// False (and err) when the file records a "data_hash" that its data no longer matches, or its data
-// cannot be read; true when it matches or when the file records none.
+// False (and err) when the file records a "metadata_hash" that its metadata no longer matches, or a
+// "data_hash" that its data no longer matches, or its data cannot be read; true when they match or
+// when the file records none (files written before them).
 bool st_check_data_hash(const StFile *f, char *err, size_t err_len);
 
 // Copies the tensor's bytes to dst, which holds dst_bytes; false (and err) unless they are equal.

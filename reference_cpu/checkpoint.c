@@ -180,6 +180,23 @@ void checkpoint_check(const char *path, const ModelConfig *cfg, const RunIdentit
     st_close(f);
 }
 
+// What checkpoint_save never writes (non-finite values, a negative second moment) is a file damaged,
+// or made by something else: refused here, naming the element, rather than trained on until the
+// loss turns NaN and the message blames the learning rate. Files written before the hashes existed
+// have nothing else that would catch it.
+static void refuse_impossible_state(const Model *m, real *const buffers[3], const char *path) {
+    for (int b = 0; b < 3; b++)
+        for (int i = 0; i < m->table.count; i++) {
+            const ParamInfo *p = &m->table.items[i];
+            const real *x = buffers[b] + p->offset;
+            for (size_t j = 0; j < p->numel; j++)
+                if (!isfinite(x[j]) || (buffers[b] == buffers[2] && x[j] < 0))
+                    fatal_input("--resume: %s: %s%s[%zu] is %g, which no checkpoint of this trainer holds (a %s)",
+                                path, STATE_PREFIXES[b], p->name, j, (double)x[j],
+                                isfinite(x[j]) ? "second moment below 0" : "non-finite value");
+        }
+}
+
 long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v, const RunIdentity *run) {
     char err[1024];
     StFile *f = st_open(path, err, sizeof err);
@@ -197,6 +214,7 @@ long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v
             if (!st_read(f, name, ST_REAL, p->ndim, shape, buffers[b] + p->offset, err, sizeof err))
                 fatal_input("--resume: %s", err);
         }
+    refuse_impossible_state(m, buffers, path);
     st_close(f);
     return step;
 }

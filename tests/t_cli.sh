@@ -259,19 +259,56 @@ expect_error "truncated.safetensors" --compare "$T/truncated.safetensors"
 expect_error "first difference, this run vs the checkpoint: n_layers 2 vs 4" --model tiny --n-layers 2 --steps 2 \
     --batch 2 --resume "$good"
 # a step that overflows long long, or lies beyond the run's total steps, is refused before any work
-with_meta() {  # key, value, output: a copy of the good checkpoint whose metadata says key = value
-    "${PYTHON:-python3}" - "$good" "$1" "$2" "$3" <<'PY'
+# with_meta: a copy of the good checkpoint whose metadata says key = value, without its metadata hash
+# (as a checkpoint written before metadata hashes: the value checks are what refuses it);
+# with_meta_hashed keeps the hash, which the edit no longer matches.
+with_meta() {  # key, value, output
+    edit_meta "$@" drop
+}
+with_meta_hashed() {  # key, value, output
+    edit_meta "$@" keep
+}
+edit_meta() {  # key, value, output, drop|keep
+    "${PYTHON:-python3}" - "$good" "$1" "$2" "$3" "$4" <<'PY'
 import json, struct, sys
-src, key, value, out = sys.argv[1:]
+src, key, value, out, hash_kept = sys.argv[1:]
 data = open(src, "rb").read()
 n = struct.unpack("<Q", data[:8])[0]
 header = json.loads(data[8:8 + n])
 header["__metadata__"][key] = value
+if hash_kept == "drop":
+    del header["__metadata__"]["metadata_hash"]
 text = json.dumps(header).encode()
 text += b" " * (-len(text) % 8)
 open(out, "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
 PY
 }
+# with_state: a copy without either hash in which one element of a state tensor is value
+with_state() {  # tensor, value, output
+    "${PYTHON:-python3}" - "$good" "$1" "$2" "$3" <<'PY'
+import sys
+sys.path.insert(0, "tests/py")
+import numpy as np
+import safetensors_io as st
+src, name, value, out = sys.argv[1:]
+tensors, meta = st.load(src)
+tensors[name].flat[3] = np.float32(value)
+del meta["data_hash"], meta["metadata_hash"]
+st.save(out, tensors, meta)
+PY
+}
+# the recorded step changed to one the run could be at (2 -> 1, as one flipped bit of "3" would):
+# the metadata hash
+with_meta_hashed step 1 "$T/step_flipped.safetensors"
+expect_error "the metadata does not match the hash its writer recorded" --model tiny --steps 2 --batch 2 \
+    --resume "$T/step_flipped.safetensors"
+# a NaN weight or a negative second moment, in a file without hashes: refused naming the element
+with_state param.layers.0.attention.wq.weight nan "$T/nan_weight.safetensors"
+expect_error "param.layers.0.attention.wq.weight[3] is nan, which no checkpoint of this trainer holds" \
+    --model tiny --steps 2 --batch 2 --resume "$T/nan_weight.safetensors"
+with_state adam_v.layers.1.feed_forward.w2.weight -1 "$T/negative_v.safetensors"
+expect_error "adam_v.layers.1.feed_forward.w2.weight[3] is -1, which no checkpoint of this trainer holds (a second moment below 0)" \
+    --model tiny --steps 2 --batch 2 --resume "$T/negative_v.safetensors"
 with_meta step 99999999999999999999 "$T/huge_step.safetensors"
 expect_error 'bad step "99999999999999999999"' --model tiny --steps 2 --batch 2 --resume "$T/huge_step.safetensors"
 with_meta step 3 "$T/step3.safetensors"
