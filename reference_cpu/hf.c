@@ -99,6 +99,12 @@ static void config_expect_false(const cJSON *o, const char *key, const char *pat
     if (item && !cJSON_IsFalse(item)) fatal_input("%s: \"%s\" must be false (this reference has no biases)", path, key);
 }
 
+static void config_expect_zero(const cJSON *o, const char *key, const char *path) {
+    const cJSON *item = config_item(o, key, path, false);
+    if (item && !(cJSON_IsNumber(item) && item->valuedouble == 0))
+        fatal_input("%s: \"%s\" must be 0 (this reference has no dropout)", path, key);
+}
+
 // rope_scaling: null/absent, or Llama 3.1's "llama3" frequency scaling.
 static void config_rope_scaling(const cJSON *o, const char *path, ModelConfig *cfg) {
     const cJSON *rs = config_item(o, "rope_scaling", path, false);
@@ -152,6 +158,7 @@ static void read_config(const char *dir, ModelConfig *cfg) {
     config_expect_string(o, "hidden_act", "silu", path);
     config_expect_false(o, "attention_bias", path);
     config_expect_false(o, "mlp_bias", path);
+    config_expect_zero(o, "attention_dropout", path);
     if (cfg->dim % cfg->n_heads == 0) {
         int head_dim = config_int(o, "head_dim", path, false, cfg->dim / cfg->n_heads);
         if (head_dim != cfg->dim / cfg->n_heads)
@@ -178,6 +185,7 @@ struct HfCheckpoint {
     int n_files;
     HfEntry *entries;  // one per table entry, in table order
     int n_entries;
+    cJSON *weight_map;  // the index's {tensor: shard file}, NULL for a single file
 };
 
 static bool file_exists(const char *path) {
@@ -216,10 +224,34 @@ static void open_index(HfCheckpoint *h, const char *dir, const char *index_path)
         h->files = realloc(h->files, sizeof *h->files * (size_t)(h->n_files + 1));
         h->files[h->n_files++] = open_shard(dir, item->valuestring, index_path);
     }
+    h->weight_map = cJSON_DetachItemFromObjectCaseSensitive(o, "weight_map");
     cJSON_Delete(o);
 }
 
 static bool dtype_supported(StDtype d) { return d == ST_F32 || d == ST_BF16 || d == ST_F16 || d == ST_F64; }
+
+// The one file holding tensor `name` into e (e->tensor NULL: none). A tensor in two shards is refused
+// (which copy counts would be the reader's guess), and so is one in another shard than the index
+// names: transformers reads each tensor from the shard the index names, so this loader must too.
+static void find_tensor(const HfCheckpoint *h, const char *dir, const char *name, HfEntry *e) {
+    e->tensor = NULL, e->file = NULL;
+    for (int f = 0; f < h->n_files; f++) {
+        const StTensor *t = st_find(h->files[f], name);
+        if (!t) continue;
+        if (e->tensor) fatal_input("%s: tensor '%s' is in both %s and %s", dir, name, st_path(e->file), st_path(h->files[f]));
+        e->tensor = t, e->file = h->files[f];
+    }
+    if (!h->weight_map) return;
+    const cJSON *named = cJSON_GetObjectItemCaseSensitive(h->weight_map, name);
+    if (!named) fatal_input("%s/%s: the weight_map names no shard for tensor '%s'", dir, HF_INDEX, name);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, named->valuestring);
+    if (e->tensor && strcmp(st_path(e->file), path) != 0)
+        fatal_input("%s/%s: the weight_map puts tensor '%s' in %s, but it is in %s", dir, HF_INDEX, name,
+                    named->valuestring, st_path(e->file));
+    if (!e->tensor) fatal_input("%s/%s: the weight_map puts tensor '%s' in %s, which does not hold it", dir, HF_INDEX,
+                                name, named->valuestring);
+}
 
 // Finds each table entry's tensor in the files and checks its dtype and shape.
 static void match_table(HfCheckpoint *h, const char *dir) {
@@ -233,10 +265,7 @@ static void match_table(HfCheckpoint *h, const char *dir) {
         snprintf(e->name, sizeof e->name, "%s", p->name);
         e->rope_rows = has_rope_rows(p->name);
         if (!hf_name(p->name, name, sizeof name)) fatal("hf: no HF name for '%s'", p->name);
-        for (int f = 0; f < h->n_files && !e->tensor; f++) {
-            e->tensor = st_find(h->files[f], name);
-            e->file = h->files[f];
-        }
+        find_tensor(h, dir, name, e);
         if (!e->tensor) fatal_input("%s: tensor '%s' is missing%s", dir, name, h->cfg.tied ? "" : " (tie_word_embeddings is false)");
         const StTensor *st = e->tensor;
         if (!dtype_supported(st->dtype))
@@ -287,6 +316,7 @@ void hf_close(HfCheckpoint *h) {
     for (int i = 0; i < h->n_files; i++) st_close(h->files[i]);
     free(h->files);
     free(h->entries);
+    cJSON_Delete(h->weight_map);
     free(h);
 }
 

@@ -27,4 +27,38 @@ export_to --export-hf-shard-mb 15
 export_to
 [ "$(listing)" = "config.json model.safetensors notes.txt " ] || { echo "t_hf: FAIL: 3 shards, then one file: $(listing)"; exit 1; }
 echo "ok: a re-export with another shard count leaves only its own files (and notes.txt)"
+
+# A sharded checkpoint is read as its index says, as transformers reads it: a tensor also present in
+# another shard (with other values) or found only in another shard than the index names is refused.
+# (The loader took the first shard holding the name: other weights than transformers loads.)
+"$BUILD/train" --model tiny --batch 2 --seq-len 16 --steps 1 --export-hf "$TEST_TMP/shards" --export-hf-shard-mb 0.2 \
+    > "$TEST_TMP/shards.log" 2>&1 || { cat "$TEST_TMP/shards.log"; echo "t_hf: FAIL: sharded export"; exit 1; }
+"$PYTHON" - "$TEST_TMP/shards" "$TEST_TMP/dup" "$TEST_TMP/moved" <<'PY'
+import json, shutil, sys
+sys.path.insert(0, "tests/py")
+import numpy as np
+import safetensors_io as st
+src, dup, moved = sys.argv[1:]
+index = json.load(open(f"{src}/model.safetensors.index.json"))["weight_map"]
+home = index["model.norm.weight"]
+other = next(f for f in sorted(set(index.values())) if f != home)
+for out in (dup, moved):
+    shutil.copytree(src, out)
+tensors, meta = st.load(f"{src}/{other}")
+tensors["model.norm.weight"] = np.full(tensors[next(iter(tensors))].shape[-1:], 5.0, np.float32)
+st.save(f"{dup}/{other}", tensors, meta)  # a second copy, other values; the index still names `home`
+st.save(f"{moved}/{other}", tensors, meta)
+tensors, meta = st.load(f"{src}/{home}")
+del tensors["model.norm.weight"]
+st.save(f"{moved}/{home}", tensors, meta)  # the only copy in `other`, the index names `home`
+PY
+refused() {  # dir, expected substring
+    local err rc=0
+    err=$("$BUILD/train" --steps 1 --batch 2 --seq-len 16 --init-from "hf:$1" 2>&1 >/dev/null) || rc=$?
+    [ "$rc" = 2 ] && [ "$(printf '%s\n' "$err" | grep -c .)" = 1 ] && [[ "$err" == *"$2"* ]] ||
+        { echo "t_hf: FAIL: --init-from hf:$1 -> exit $rc: $err (wanted exit 2, one line with '$2')"; exit 1; }
+    echo "ok: $err"
+}
+refused "$TEST_TMP/dup" "tensor 'model.norm.weight' is in both"
+refused "$TEST_TMP/moved" "the weight_map puts tensor 'model.norm.weight' in"
 echo "t_hf: PASS"

@@ -315,6 +315,8 @@ def bad_files(chk, build, tmp, single_dir, sharded_dir):
     expect_bad(chk, build, tmp, "unsupported rope scaling", single_dir,
                edit_config(lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0})),
                'unsupported rope_scaling type "yarn"')
+    expect_bad(chk, build, tmp, "attention dropout", single_dir,
+               edit_config(lambda c: c.update(attention_dropout=0.1)), '"attention_dropout" must be 0')
     expect_bad(chk, build, tmp, "missing shard", sharded_dir,
                lambda d: os.remove(os.path.join(d, sorted(f for f in os.listdir(d) if f.startswith("model-"))[-1])),
                "is missing")
