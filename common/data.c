@@ -340,6 +340,14 @@ void data_batch(const DataSource *src, long long step, int global_batch, int fir
 
 double data_entropy_floor(const DataSource *src) { return src->kind == SOURCE_MARKOV ? src->entropy : NAN; }
 
+// The first min(K-1, T) targets are tokens of the uniform starting context (floor ln V), the rest
+// have their full context (floor H(p)): DATA.md's ((K-1) ln V + (T-K+1) H(p)) / T.
+double data_mean_loss_floor(const DataSource *src, int T) {
+    if (src->kind != SOURCE_MARKOV || T < 1) return NAN;
+    int uniform = src->order - 1 < T ? src->order - 1 : T;
+    return (uniform * log((double)src->vocab_size) + (T - uniform) * src->entropy) / T;
+}
+
 const char *data_describe(const DataSource *src) { return src->description; }
 
 void data_close(DataSource *src) {

@@ -33,6 +33,9 @@ void data_batch(const DataSource *src, long long step, int global_batch, int fir
 // The loss (nats per token) a perfect model reaches at positions with a full context: H(p) for
 // "markov" (see DATA.md for the first order-1 positions of a sequence), NAN for files.
 double data_entropy_floor(const DataSource *src);
+// The mean loss over a sequence of T targets that a perfect model reaches: for "markov" of order
+// K > 1 above the entropy floor, its first K-1 targets being uniform (DATA.md); NAN for files.
+double data_mean_loss_floor(const DataSource *src, int T);
 
 // One line for the log: the source, its parameters and size.
 const char *data_describe(const DataSource *src);

@@ -265,7 +265,23 @@ START_TEST(test_markov_describe) {
     DataSource *src = data_open("markov", 256, 16, 0);
     ck_assert_ptr_nonnull(strstr(data_describe(src), "order 1, 4 branches"));
     ck_assert_double_eq_tol(data_entropy_floor(src), 1.242458, 1e-6);  // p = (12, 6, 4, 3) / 25
+    ck_assert_double_eq_tol(data_mean_loss_floor(src, 16), 1.242458, 1e-6);  // order 1: the same
     data_close(src);
+}
+END_TEST
+
+// DATA.md's mean over a sequence for order K: (K-1) uniform targets at ln V, the rest at H(p); its
+// worked numbers (V = 256, T = 256, 4 branches: +0.017 for K = 2, +0.118 for K = 8), and a
+// sequence shorter than the starting context (all uniform).
+START_TEST(test_markov_mean_loss_floor) {
+    const double H = 1.2424583, lnV = log(256.0);
+    DataSource *k2 = data_open("markov:order=2", 256, 256, 0), *k8 = data_open("markov:order=8", 256, 256, 0);
+    ck_assert_double_eq_tol(data_mean_loss_floor(k2, 256) - H, 0.017, 5e-4);
+    ck_assert_double_eq_tol(data_mean_loss_floor(k8, 256) - H, 0.118, 5e-4);
+    ck_assert_double_eq_tol(data_mean_loss_floor(k8, 16), (7 * lnV + 9 * H) / 16, 1e-6);
+    ck_assert_double_eq_tol(data_mean_loss_floor(k8, 5), lnV, 1e-12);
+    data_close(k2);
+    data_close(k8);
 }
 END_TEST
 
@@ -279,6 +295,7 @@ START_TEST(test_text_round_trip) {
     write_bytes(path, text, strlen(text));
     DataSource *src = data_open(spec_for("text", path), 300, T, 9);
     ck_assert(isnan(data_entropy_floor(src)));
+    ck_assert(isnan(data_mean_loss_floor(src, T)));
     ck_assert_ptr_nonnull(strstr(data_describe(src), "13 bytes"));
     data_batch(src, 4, 3, 0, 3, T, inputs, targets);
     for (int j = 0; j < 3; j++)
@@ -513,6 +530,7 @@ int main(void) {
     tcase_add_test(markov, test_markov_entropy_order2);
     tcase_add_test(markov, test_markov_full_permutation);
     tcase_add_test(markov, test_markov_describe);
+    tcase_add_test(markov, test_markov_mean_loss_floor);
     suite_add_tcase(suite, markov);
     TCase *files = tcase_create("files");
     tcase_add_test(files, test_text_round_trip);

@@ -882,7 +882,12 @@ int main(int argc, char **argv) {
     if (opt.grad_dump) extensions[n_ext++] = grad_dump();
     double floor = data_entropy_floor(data);
     log_info("data: %s", data_describe(data));
-    if (!isnan(floor)) log_info("loss floor (entropy rate of the source): %.4f nats/token", floor);
+    double mean_floor = data_mean_loss_floor(data, t.cp_layout.T);
+    if (!isnan(floor) && mean_floor > floor)  // order K > 1: the logged mean includes K-1 uniform targets
+        log_info("loss floor (entropy rate of the source): %.4f nats/token at a full context; %.4f for the mean "
+                 "over %d positions that the log shows (common/DATA.md)", floor, mean_floor, t.cp_layout.T);
+    else if (!isnan(floor))
+        log_info("loss floor (entropy rate of the source): %.4f nats/token", floor);
     log_info("batch %d x seq %d = %d tokens/step, %d steps, lr %g (warmup %d, %s decay), seed %lld", t.B,
              t.cp_layout.T, t.B * t.cp_layout.T, opt.steps, opt.lr, opt.warmup_steps, opt.lr_decay, opt.seed);
     if (t.mesh->world_size > 1) log_info("mesh: %d ranks; rank 0 is %s", t.mesh->world_size, t.mesh->label);
