@@ -56,10 +56,14 @@ ParamTable param_table_build(const ModelConfig *c) {
     return t;
 }
 
-ParamTable param_table_build_tp(const ModelConfig *c, int tp_size) {
+void param_check_tp(const ModelConfig *c, int tp_size) {
     if (c->n_heads % tp_size || c->n_kv_heads % tp_size || c->ffn_dim % tp_size || c->vocab_size % tp_size)
         fatal_input("--tp %d: must divide n_heads %d, n_kv_heads %d, ffn_dim %d and vocab_size %d of model %s",
                     tp_size, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, c->name);
+}
+
+ParamTable param_table_build_tp(const ModelConfig *c, int tp_size) {
+    param_check_tp(c, tp_size);
     ParamTable t = param_table_build(c);
     t.total_numel = 0;
     for (int i = 0; i < t.count; i++) {  // same order and names; split dimensions divided, offsets redone

@@ -61,6 +61,7 @@ void param_table_free(ParamTable *t);
 // The table of one tensor-parallel rank: the same entries, with the TP_ROWS / TP_COLS dimension
 // divided by tp_size (exits 2 if tp_size does not divide the heads, kv heads, ffn_dim, vocab).
 ParamTable param_table_build_tp(const ModelConfig *c, int tp_size);
+void param_check_tp(const ModelConfig *c, int tp_size);  // that refusal alone, before any table is built
 const ParamInfo *param_table_find(const ParamTable *t, const char *name);  // NULL if absent
 void param_table_layer_range(const ParamTable *t, int layer, int *first, int *end);
 

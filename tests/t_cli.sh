@@ -246,6 +246,19 @@ expect_error "step_000002.safetensors.fp8: the tensor data does not match the ha
     --resume "$T/ck8/step_000002.safetensors" --mesh-dot "$T/keep.dot"
 # the damaged data is found before any output is written, as the truncated file above
 [ "$(cat "$T/keep.dot")" = keep ] || { echo "FAIL: --mesh-dot was written before a damaged --resume was refused"; failures=$((failures + 1)); }
+# Refusals that need the whole layout come before any output too: a history of another length (the
+# FP8 state is read after the model is built), a --tp that does not divide the model, sequence
+# parallelism over tokens that do not divide by --tp (both refused once the layout was built, after
+# the diagram was written and the checkpoint directory made and locked).
+expect_error "FP8 state written with amax_history=1024 blocks=4 margin=0 dp=1, this run has amax_history=8" \
+    "${fp8[@]}" --fp8-amax-history 8 --resume "$T/ck8/step_000004.safetensors" --mesh-dot "$T/keep.dot" \
+    --checkpoint-dir "$T/new-ck"
+expect_error "--tp 3: must divide n_heads 8" --model tiny --steps 2 --tp 3 --mesh-dot "$T/keep.dot" \
+    --checkpoint-dir "$T/new-ck"
+expect_error "--sequence-parallel: the 33 tokens of a micro-batch must divide by --tp 2" --model tiny --steps 2 \
+    --batch 1 --seq-len 33 --tp 2 --sequence-parallel --mesh-dot "$T/keep.dot" --checkpoint-dir "$T/new-ck"
+[ "$(cat "$T/keep.dot")" = keep ] && [ ! -e "$T/new-ck" ] ||
+    { echo "FAIL: a run refused for its layout wrote --mesh-dot or made --checkpoint-dir"; failures=$((failures + 1)); }
 printf 'garbage that is not a safetensors file at all' > "$T/garbage.safetensors"
 expect_error "garbage.safetensors" --model tiny --steps 2 --batch 2 --resume "$T/garbage.safetensors"
 expect_error "--seed" --model tiny --steps 2 --batch 2 --seed 7 --resume "$good"

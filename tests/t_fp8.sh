@@ -108,7 +108,7 @@ $P --log "$T/pp_resumed.log" --log-ref "$T/part2.log" --loss-rtol 0
 out=$($MPIRUN -np 2 "$BUILD/train" "${resume[@]}" --dp-replicate 2 --resume "$T/parts/step_000005.safetensors" 2>&1 >/dev/null) &&
     { echo "FAIL: delayed FP8 resumed under --dp-replicate 2"; exit 1; }
 ours=$(grep '^train' <<<"$out" | sort -u || true)
-[ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"this run has data x context parallel degree 2"* ]] ||
+[ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"this run has amax_history=4 blocks=4 margin=0 dp=2 "* ]] ||
     { echo "FAIL: delayed FP8 under another dp degree: $out"; exit 1; }
 echo "ok: delayed FP8 resumes under --pp 2 as straight through; under --dp-replicate 2 refused: $ours"
 

@@ -797,6 +797,14 @@ done
 
 # Refused before any work, exit 2 and one line.
 # What the GPU's context parallelism does not run yet: refused with one line, exit 2.
+# The CPU reference's kernel choices mean nothing on the device: refused rather than ignored.
+for bad in "--attention naive" "--matmul loop"; do
+    out=$("$EMU_TRAIN" --model tiny --steps 1 --batch 2 --seq-len 16 --device cuda $bad 2>&1 >/dev/null) && rc=0 || rc=$?
+    ours=$(grep '^train' <<<"$out" || true)
+    [ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"choose the CPU reference's"* ]] ||
+        { echo "FAIL: --device cuda $bad -> rc $rc: $out"; exit 1; }
+    echo "ok: --device cuda $bad -> $ours"
+done
 for bad in "--cp 2 --cp-mode alltoall|--device cuda --cp 2 --cp-mode alltoall: "; do
     out=$($MPIRUN -np 2 "$EMU_TRAIN" --model tiny --steps 1 --batch 2 --seq-len 16 --device cuda ${bad%%|*} 2>&1 >/dev/null) &&
         rc=0 || rc=$?

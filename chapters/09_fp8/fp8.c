@@ -519,9 +519,12 @@ void fp8_state_set(Fp8 *f, const float *in) {
 // and their amaxes, are dp times the single process's. Training straight through any dp gives the
 // same numbers (the scales differ by that power of two), but a history written under one dp makes
 // scales off by the ratio under another, and the steps after a resume would differ.
+void fp8_state_identity(const Fp8Options *o, int n_layers, int dp, char *out, size_t n) {
+    snprintf(out, n, "amax_history=%d blocks=%d margin=%d dp=%d", o->amax_history, n_layers, o->margin, dp);
+}
+
 static void state_identity(const Fp8 *f, char *out, size_t n) {
-    snprintf(out, n, "amax_history=%d blocks=%d margin=%d dp=%d", f->o.amax_history, f->n_layers, f->o.margin,
-             f->groups.dp ? comm_size(f->groups.dp) : 1);
+    fp8_state_identity(&f->o, f->n_layers, f->groups.dp ? comm_size(f->groups.dp) : 1, out, n);
 }
 
 void fp8_state_save(const Fp8 *f, const char *path) {

@@ -100,6 +100,9 @@ void fp8_state_set(Fp8 *f, const float *in);
 // another --fp8-amax-history or number of blocks.
 void fp8_state_save(const Fp8 *f, const char *path);
 void fp8_state_load(Fp8 *f, const char *path);
+// The settings a saved state is recorded with (its metadata "fp8"), and a resume must match: for
+// checking a state file before the Fp8 exists. dp: the data x context parallel degree.
+void fp8_state_identity(const Fp8Options *o, int n_layers, int dp, char *out, size_t n);
 // The scale delayed scaling will use next for block `layer`'s projection `proj`, operand `role`
 // (0 input, 1 weight, 2 output gradient): for tests and logs. 0 until the first fp8_step_end.
 float fp8_delayed_scale(const Fp8 *f, int layer, Projection proj, int role);

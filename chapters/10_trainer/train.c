@@ -172,7 +172,8 @@ static const ArgSpec FLAGS[] = {
      "fp32); auto: bf16 with --device cuda (without --fp8), whose bf16 compute gives the same numbers, fp32 on the CPU",
      .choices = "auto|fp32|bf16"},
     {"grad-accum-steps", ARG_INT, &opt.grad_accum_steps, "1",
-     "micro-batches per optimizer step on each rank; gradients sync after the last", .min = 1, .max = UNBOUNDED},
+     "micro-batches per optimizer step on each rank; DDP and ZeRO-1 sync gradients after the last, ZeRO-2/3 "
+     "reduce-scatter after each", .min = 1, .max = UNBOUNDED},
     {"bucket-mb", ARG_DOUBLE, &opt.bucket_mb, "25", "DDP gradient bucket size in MiB", .min = 1e-6, .max = 1e6},
     {"no-overlap", ARG_BOOL, &opt.no_overlap, NULL,
      "DDP: all-reduce every bucket after backward instead of during it; FSDP: no all-gather prefetch",
@@ -389,12 +390,17 @@ static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
     if ((uint64_t)opt.batch * (uint64_t)opt.seq_len > INT32_MAX)
         fatal_input("--batch %d x --seq-len %d: %" PRIu64 " tokens per step, more than 2^31 - 1", opt.batch,
                     opt.seq_len, (uint64_t)opt.batch * (uint64_t)opt.seq_len);
-    // The plan is of host memory: with --device cuda the state lives on the GPU, whose allocator
-    // reports what does not fit.
-    if (args_choice_index(DEVICE_NAMES, opt.device) != DEVICE_CPU) return;
     uint64_t dp = (uint64_t)opt.dp_replicate * (uint64_t)opt.dp_shard;
     uint64_t n_micro = (uint64_t)(opt.pp > 1 ? opt.pp_microbatches : opt.grad_accum_steps);
     uint64_t micro = (uint64_t)opt.batch / dp / n_micro;  // sequences per micro-batch on one rank
+    if (opt.tp > 1) param_check_tp(cfg, opt.tp);  // what trainer_setup_layout would refuse, after MPI started
+    uint64_t sp_tokens = micro * (uint64_t)(opt.seq_len / opt.cp);  // a micro-batch's tokens on one cp rank
+    if (opt.sequence_parallel && sp_tokens % (uint64_t)opt.tp)
+        fatal_input("--sequence-parallel: the %" PRIu64 " tokens of a micro-batch must divide by --tp %d", sp_tokens,
+                    opt.tp);
+    // The plan is of host memory: with --device cuda the state lives on the GPU, whose allocator
+    // reports what does not fit.
+    if (args_choice_index(DEVICE_NAMES, opt.device) != DEVICE_CPU) return;
     uint64_t ranks = mem_mul(mem_mul(mem_mul(dp, (uint64_t)opt.pp), (uint64_t)opt.tp), (uint64_t)opt.cp);
     char what[160];
     snprintf(what, sizeof what, "--model %s --n-layers %d --batch %d --seq-len %d on %" PRIu64 " rank(s)", cfg->name,
@@ -535,8 +541,13 @@ static Fp8Hook fp8_model_hook;
 // FP8 all-gather's codec.
 static FsdpWeightCodec fp8_gather_codec;
 
+// The options fp8_create_for and fp8_check_companion give the FP8 module.
+static Fp8Options fp8_options(void) {
+    return (Fp8Options){(Fp8Recipe)args_choice_index(FP8_RECIPE_NAMES, opt.fp8_recipe), opt.fp8_amax_history, 0};
+}
+
 static void fp8_create_for(Trainer *t, int n_layers, LayoutOptions *layout) {
-    Fp8Options o = {(Fp8Recipe)args_choice_index(FP8_RECIPE_NAMES, opt.fp8_recipe), opt.fp8_amax_history, 0};
+    Fp8Options o = fp8_options();
     Comm *tokens = t->mesh->dp_cp;
     Fp8Groups groups = {t->mesh->degree[MESH_TP] > 1 ? t->mesh->dim[MESH_TP] : NULL, comm_size(tokens) > 1 ? tokens : NULL};
     fp8 = fp8_create(&o, n_layers, groups);
@@ -583,20 +594,20 @@ static void fp8_save(Trainer *t, const char *path) {
 }
 
 // Before anything is written: the companion of --resume's checkpoint exists, its data matches its
-// recorded hash, and it was written under this run's data x context parallel degree (what
-// fp8_state_load reads later, once the FP8 state exists, it checks again, whole: fp8.c says why dp).
-static void fp8_check_companion(const char *checkpoint, int dp_cp) {
-    char companion[4200], err[1024], want[32];
+// recorded hash, and it was written with this run's history length and blocks, under its data x
+// context parallel degree (fp8_state_load checks it again when it reads the state: fp8.c says why dp).
+static void fp8_check_companion(const char *checkpoint, int n_layers, int dp_cp) {
+    char companion[4200], err[1024], want[128];
     fp8_companion(checkpoint, companion, sizeof companion);
     StFile *f = st_open_header(companion, err, sizeof err);
     if (!f || !st_check_data_hash(f, err, sizeof err)) fatal_input("--resume with delayed FP8 scaling: %s", err);
     const char *identity = st_metadata(f, "fp8");
-    snprintf(want, sizeof want, " dp=%d", dp_cp);
-    const char *dp = identity ? strstr(identity, " dp=") : NULL;
-    if (!dp || strcmp(dp, want) != 0)
-        fatal_input("%s: FP8 state written with %s, this run has data x context parallel degree %d (delayed scaling "
-                    "resumes under the same degree: the output gradients' amaxes scale with it)", companion,
-                    identity ? identity : "(none)", dp_cp);
+    Fp8Options o = fp8_options();
+    fp8_state_identity(&o, n_layers, dp_cp, want, sizeof want);
+    if (!identity || strcmp(identity, want) != 0)
+        fatal_input("%s: FP8 state written with %s, this run has %s (delayed scaling resumes with the same history "
+                    "length and blocks, under the same data x context parallel degree: the output gradients' amaxes "
+                    "scale with it)", companion, identity ? identity : "(none)", want);
     st_close(f);
 }
 
@@ -809,6 +820,9 @@ int main(int argc, char **argv) {
     if (opt.cuda_sync_debug && !cuda) fatal_input("--cuda-sync-debug: needs --device cuda");
     if (opt.dump && cuda)
         fatal_input("--dump: records the CPU reference; run it with --device cpu and compare with --grad-dump");
+    if (cuda && (strcmp(opt.attention, "flash") != 0 || strcmp(opt.matmul, "blas") != 0))
+        fatal_input("--device cuda: runs its own FlashAttention and cuBLASLt kernels; --attention %s and --matmul %s "
+                    "choose the CPU reference's (leave them out)", opt.attention, opt.matmul);
 
     bool tracing = opt.trace || opt.trace_json || opt.trace_hta;
     comm_init(&argc, &argv, &(CommOptions){.timeout_seconds = opt.comm_timeout, .trace = tracing});
@@ -841,15 +855,8 @@ int main(int argc, char **argv) {
         checkpoint_resolve(opt.resume, resume_path, sizeof resume_path);
         checkpoint_check(resume_path, &cfg, &run);
         if (opt.fp8 && !cuda && strcmp(opt.fp8_recipe, "delayed") == 0)
-            fp8_check_companion(resume_path, comm_size(t.mesh->dp_cp));
+            fp8_check_companion(resume_path, cfg.n_layers, comm_size(t.mesh->dp_cp));
     }
-    if (opt.checkpoint_dir && t.mesh->rank == 0) {  // made now that the inputs have passed
-        if (mkdir(opt.checkpoint_dir, 0777) != 0 && errno != EEXIST)  // its parent was checked above
-            fatal("--checkpoint-dir %s: %s", opt.checkpoint_dir, strerror(errno));
-        checkpoint_dir_claim(opt.checkpoint_dir, opt.resume ? resume_path : NULL);  // this run's alone
-        checkpoint_clean_stale(opt.checkpoint_dir);
-    }
-    if (opt.mesh_dot && t.mesh->rank == 0) mesh_write_dot(t.mesh, opt.mesh_dot);
     // --desync-init: replicas differ (what DDP's broadcast must fix), the ranks of one replica agree
     uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.dp_index : 0);
     ParamSource init = init_checkpoint ? hf_param_source(init_checkpoint) : param_source_seed(init_seed);
@@ -872,6 +879,14 @@ int main(int argc, char **argv) {
         start_step = load_state(&t, resume_path, &run);
         log_info("resumed from %s after step %lld", resume_path, start_step);
     }
+    if (opt.checkpoint_dir && t.mesh->rank == 0) {  // made now that every input has passed, the
+        // layout (and the device) took the mesh and --resume loaded
+        if (mkdir(opt.checkpoint_dir, 0777) != 0 && errno != EEXIST)  // its parent was checked above
+            fatal("--checkpoint-dir %s: %s", opt.checkpoint_dir, strerror(errno));
+        checkpoint_dir_claim(opt.checkpoint_dir, opt.resume ? resume_path : NULL);  // this run's alone
+        checkpoint_clean_stale(opt.checkpoint_dir);
+    }
+    if (opt.mesh_dot && t.mesh->rank == 0) mesh_write_dot(t.mesh, opt.mesh_dot);
     LrSchedule schedule = {opt.lr, opt.min_lr_ratio, opt.warmup_steps, opt.steps,
                            (LrDecay)args_choice_index(LR_DECAY_NAMES, opt.lr_decay)};
     AdamWConfig adam = {opt.beta1, opt.beta2, opt.eps, opt.weight_decay};
