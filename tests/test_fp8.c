@@ -197,6 +197,32 @@ START_TEST(test_delayed_history) {
 }
 END_TEST
 
+// A tensor that is all zeros at the first step (a projection initialised to zero) has no scale after
+// it: at the next step, with values, it is scaled from its current amax, giving the outputs of
+// current (tensorwise) scaling, not 0 / 0 = NaN everywhere. Mutation seen failing: the scale of 0
+// used as it is (every output NaN).
+START_TEST(test_delayed_zero_first_step) {
+    enum { M = 4, K = 8, N = 4 };
+    Fp8Options delayed = {FP8_DELAYED, 4, 0}, current = {FP8_TENSORWISE, 1, 0};
+    Fp8 *f = fp8_create(&delayed, 1, (Fp8Groups){NULL, NULL}), *g = fp8_create(&current, 1, (Fp8Groups){NULL, NULL});
+    real x[M * K], w[N * K], y[M * N], want[M * N];
+    for (int i = 0; i < N * K; i++) w[i] = (real)(0.25 - 0.03 * i);
+    for (int i = 0; i < M * K; i++) x[i] = 0;
+    fp8_linear_forward(f, 0, PROJ_WO, y, x, w, M, K, N);
+    fp8_step_end(f);
+    ck_assert(fp8_delayed_scale(f, 0, PROJ_WO, 0) == 0);  // no amax yet: no scale
+    for (int i = 0; i < M * K; i++) x[i] = (real)(0.1 * i - 1.3);
+    fp8_linear_forward(f, 0, PROJ_WO, y, x, w, M, K, N);  // x from its current amax, w from the history
+    fp8_linear_forward(g, 0, PROJ_WO, want, x, w, M, K, N);
+    expect_equal_bits("delayed after an all-zero first step vs tensorwise", y, want, M * N);
+    fp8_step_end(f);
+    float amax = 0;
+    for (int i = 0; i < M * K; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    ck_assert(fp8_delayed_scale(f, 0, PROJ_WO, 0) == (float)fp8_scale_from_amax(amax, FP8_E4M3, false));
+    fp8_free(f), fp8_free(g);
+}
+END_TEST
+
 // An input with an infinity (an overflow upstream) must not set the scale to 448 / inf = 0, which
 // would quantize every value of that tensor to 0 for as long as the infinity stays in the history:
 // the scale stays where it was until the history holds finite amaxes only.
@@ -276,6 +302,7 @@ int main(void) {
     tcase_add_test(tc, test_gemm_sqnr);
     tcase_add_test(tc, test_outliers_tensorwise_vs_rowwise);
     tcase_add_test(tc, test_delayed_history);
+    tcase_add_test(tc, test_delayed_zero_first_step);
     tcase_add_test(tc, test_delayed_nonfinite_amax);
     tcase_add_test(tc, test_model_hook);
     suite_add_tcase(s, tc);
