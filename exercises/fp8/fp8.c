@@ -248,8 +248,11 @@ static void dynamic_scales(Fp8 *f, const Operand *a, const Operand *b, Comm *con
     for (int i = 0; i < nb; i++) scale_b[i] = (float)fp8_scale_from_amax(f->amax[na + i], b->format, pow2);
 }
 
-// Delayed: the scales from the history (recording this step's amaxes for fp8_step_end); before the
-// first step_end there is no history, and the scales are dynamic.
+// Delayed: the scales from the history (recording this step's amaxes for fp8_step_end). An operand
+// whose history has no non-zero amax yet has no scale (0): before the first step_end, or when the
+// tensor was all zeros so far (a projection initialised to zero, and the gradients flowing through
+// it). It is scaled from its current amax, as dynamic scaling would (a scale of 0 would turn every
+// value into 0 / 0). Every rank of the groups holds the same scales, so all take the same branch.
 static void delayed_scales(Fp8 *f, const Operand *a, const Operand *b, float *scale_a, float *scale_b) {
     const Operand *ops[2] = {a, b};
     for (int i = 0; i < 2; i++) {
@@ -257,12 +260,13 @@ static void delayed_scales(Fp8 *f, const Operand *a, const Operand *b, float *sc
         fp8_amax(&amax, ops[i]->x, ops[i]->rows, ops[i]->cols, FP8_PER_TENSOR);
         f->amax_now[ops[i]->slot] = max_abs(f->amax_now[ops[i]->slot], amax);
     }
-    if (f->steps_recorded == 0) {
-        dynamic_scales(f, a, b, NULL, scale_a, scale_b);
-        return;
-    }
     *scale_a = f->scale[a->slot];
     *scale_b = f->scale[b->slot];
+    if (*scale_a > 0 && *scale_b > 0) return;
+    float dynamic_a, dynamic_b;
+    dynamic_scales(f, a, b, NULL, &dynamic_a, &dynamic_b);
+    if (!(*scale_a > 0)) *scale_a = dynamic_a;
+    if (!(*scale_b > 0)) *scale_b = dynamic_b;
 }
 
 // out += or = op(a) op(b)^T-style product of the two fake-quantized operands, as `gemm` says.
@@ -515,9 +519,12 @@ void fp8_state_set(Fp8 *f, const float *in) {
 // and their amaxes, are dp times the single process's. Training straight through any dp gives the
 // same numbers (the scales differ by that power of two), but a history written under one dp makes
 // scales off by the ratio under another, and the steps after a resume would differ.
+void fp8_state_identity(const Fp8Options *o, int n_layers, int dp, char *out, size_t n) {
+    snprintf(out, n, "amax_history=%d blocks=%d margin=%d dp=%d", o->amax_history, n_layers, o->margin, dp);
+}
+
 static void state_identity(const Fp8 *f, char *out, size_t n) {
-    snprintf(out, n, "amax_history=%d blocks=%d margin=%d dp=%d", f->o.amax_history, f->n_layers, f->o.margin,
-             f->groups.dp ? comm_size(f->groups.dp) : 1);
+    fp8_state_identity(&f->o, f->n_layers, f->groups.dp ? comm_size(f->groups.dp) : 1, out, n);
 }
 
 void fp8_state_save(const Fp8 *f, const char *path) {
