@@ -230,8 +230,10 @@ bench-gpu: gpu
 print-nvccflags:
 	@echo $(NVCCFLAGS)
 else
-gpu test-gpu bench-gpu:
+gpu bench-gpu:
 	@echo "SKIP: nvcc not found, so no GPU target is built (make probe)"
+test-gpu:  # it checks a GPU, so without one it fails (make test runs what needs no GPU)
+	@echo "test-gpu: nvcc not found, so no GPU target is built (make probe): nothing was tested" >&2; exit 1
 endif
 
 # ---- the GPU kernels on the CPU (tests/gpu/emu): needs a C++ compiler, not CUDA ---------------
@@ -279,7 +281,7 @@ $(BUILD)/tests/emu/%: tests/gpu/%.c $(EMU_OBJ) $(LIBREF32) $(LIBCOMMON)
 # ---- the two commands of the README, and the rest ---------------------------------------------
 RUN_FLAGS ?= --model small --steps 150 --batch 4 --seq-len 128 --lr 1e-3 --log-every 10 --trace $(BUILD)/small.pftrace
 run: all
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-2} ./$(BUILD)/train $(RUN_FLAGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-2} $(BUILD)/train $(RUN_FLAGS)
 
 test: all
 	BUILD=$(BUILD) PYTHON=$(PYTHON) MPIRUN="$(MPIRUN)" tests/run_tests.sh
@@ -289,7 +291,8 @@ bench: all
 
 # Labs: skeletons generated from the chapters' LAB markers; `make grade LAB=ring` scores yours
 # (FIRST=1: stop at the first failing check; GRADE_CHECK_TIMEOUT=S: each check's time limit).
-# make exercises never overwrites a skeleton you edited; FORCE=1 keeps yours as FILE.edited instead.
+# make exercises never overwrites a skeleton you edited; FORCE=1 keeps yours as FILE.edited instead
+# (FILE.edited.2, ... when an earlier one is there).
 exercises:
 	$(PYTHON) scripts/make_exercises.py $(if $(FORCE),--force)
 grade: $(LIBREF32) $(LIBCOMMON)

@@ -35,6 +35,9 @@ COMPILE=${BENCH_COMPILE:-1}
 VENV2=${BENCH_VENV:-$BUILD/bench-venv}
 export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
 
+# The trainer prints its timing line after 3 steps (the first two are left out of its mean), and
+# torch.compile's run warms up 3 more.
+[[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 4 ] || { echo "bench: BENCH_STEPS=$STEPS: at least 4" >&2; exit 2; }
 for f in "$BUILD/train" "$BUILD/sgemm_rate"; do
     [ -x "$f" ] || { echo "bench: $f not found (run make)" >&2; exit 1; }
 done
@@ -95,11 +98,11 @@ for ((r = 1; r <= ROUNDS; r++)); do
         name=${programs[$i]%%|*} cmd=${programs[$i]#*|}
         out=$LOG/p$i.r$r.txt
         "$BUILD/sgemm_rate" --n 2048 --reps 5 | tee "$LOG/sgemm.txt"
-        sed -n 's/.*gflops=//p' "$LOG/sgemm.txt" >>"$LOG/p$i.sgemm"
+        sgemm=$(sed -n 's/.*gflops=//p' "$LOG/sgemm.txt")
         echo "bench: round $r: $name: $cmd"
         if eval "$cmd" >"$out" 2>&1 && grep -q '^timing:' "$out"; then
             grep '^timing:' "$out" | tail -1
-            timing_field "$out" mean_step_ms >>"$LOG/p$i.ms"
+            echo "$(timing_field "$out" mean_step_ms) $sgemm" >>"$LOG/p$i.runs"  # ms, and sgemm just before
         else
             tail -5 "$out"
             [ "$i" = 0 ] && { echo "bench: $BUILD/train failed" >&2; exit 1; }
@@ -108,18 +111,19 @@ for ((r = 1; r <= ROUNDS; r++)); do
     done
 done
 
-fastest() { sort -g "$1" | head -1; }  # ms: the smallest; sgemm GFLOP/s: see below
-largest() { sort -g "$1" | tail -1; }
-c_ms=$(fastest "$LOG/p0.ms")
+# A program's fastest round ("ms sgemm"): its time, and the sgemm rate measured right before it.
+fastest_run() { sort -g -k1,1 "$1" | head -1; }
+c_ms=$(fastest_run "$LOG/p0.runs" | cut -d' ' -f1)
 
 echo
 echo "model $MODEL, batch $BATCH, seq $SEQ, $STEPS steps (mean over the measured ones; the fastest of $ROUNDS round(s)), threads $THREADS"
 echo "model FLOPs/token $flops_per_token; sgemm: OpenBLAS 2048^3 on $THREADS threads, measured before each program"
 printf "%-26s %10s %10s %13s %8s %9s %9s\n" "" "ms/step" "tokens/s" "model GFLOP/s" "sgemm" "% sgemm" "time / C"
 for i in "${!programs[@]}"; do
-    [ -s "$LOG/p$i.ms" ] || continue
-    awk -v name="${programs[$i]%%|*}" -v ms="$(fastest "$LOG/p$i.ms")" -v c="$c_ms" -v tokens=$((BATCH * SEQ)) \
-        -v fpt="$flops_per_token" -v sgemm="$(largest "$LOG/p$i.sgemm")" 'BEGIN {
+    [ -s "$LOG/p$i.runs" ] || continue
+    read -r ms sgemm <<<"$(fastest_run "$LOG/p$i.runs")"
+    awk -v name="${programs[$i]%%|*}" -v ms="$ms" -v c="$c_ms" -v tokens=$((BATCH * SEQ)) \
+        -v fpt="$flops_per_token" -v sgemm="$sgemm" 'BEGIN {
         tps = tokens / (ms / 1e3); gf = tps * fpt / 1e9
         printf "%-26s %10.1f %10.1f %13.1f %8.1f %8.1f%% %9.2f\n", name, ms, tps, gf, sgemm, 100 * gf / sgemm, ms / c
     }'

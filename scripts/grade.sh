@@ -64,13 +64,25 @@ prepare_cache() {
     source "$CACHE/flags.sh"
     local program main
     for program in train $programs; do
-        [ -f "$CACHE/obj/$program.o" ] && continue
+        object_current "$program" && continue
         main=$(main_of "$program")
         [ -f "$main" ] || { echo "grade: $LAB_DIR/checks: no program '$program'"; return 1; }
-        (cd "$ROOT" && $LAB_CC $LAB_CFLAGS -c "$main" -o "$CACHE/obj/$program.o") || return 1
+        (cd "$ROOT" && $LAB_CC $LAB_CFLAGS -MMD -MF "$CACHE/obj/$program.d" -c "$main" -o "$CACHE/obj/$program.o") ||
+            return 1
     done
-    [ -f "$CACHE/bin/train" ] ||
+    [ -f "$CACHE/bin/train" ] && [ "$CACHE/bin/train" -nt "$CACHE/obj/train.o" ] ||
         $LAB_CC "$CACHE/obj/train.o" "$LIBDIR/libref32.a" "$LIBDIR/libcommon.a" $LAB_LDLIBS -o "$CACHE/bin/train"
+}
+# Whether obj/NAME.o is there and newer than its main source and every header that source includes
+# (the compiler's dependency list, obj/NAME.d): an edited or updated trainer, main_*.c or test suite
+# is compiled again, not graded from its old object.
+object_current() {  # program
+    local object=$CACHE/obj/$1.o deps=$CACHE/obj/$1.d file
+    [ -f "$object" ] && [ -f "$deps" ] || return 1
+    for file in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$deps"); do
+        [ -f "$ROOT/$file" ] && file=$ROOT/$file
+        [ -f "$file" ] && [ "$object" -nt "$file" ] || return 1
+    done
 }
 mkdir -p "$(dirname "$WORK")"
 (flock 9 && prepare_cache) 9> "$CACHE/lock" > "$WORK.prepare.log" 2>&1 \

@@ -19,7 +19,8 @@ skeleton as generated (scripts/grade.sh compiles the file in its place). The lab
 rewrites the skeleton sources.
 
 A skeleton whose hash no longer matches FILES has been edited: it is the student's work, and is
-never overwritten. `--force` regenerates it anyway, keeping the edited one as FILE.edited.
+never overwritten. `--force` regenerates it anyway, keeping the edited one as FILE.edited (or
+FILE.edited.2, .3, ... when earlier ones are there).
 
     make_exercises.py                 regenerate exercises/*/ skeletons (not the edited ones)
     make_exercises.py --force         regenerate every skeleton (an edited one is kept as FILE.edited)
@@ -129,6 +130,12 @@ def main():
                 if not (args.force and not args.check):
                     continue
                 backup = target.with_name(name + ".edited")
+                for n in range(2, 10000):  # an earlier FILE.edited is earlier work: never replaced
+                    if not backup.exists():
+                        break
+                    backup = target.with_name(f"{name}.edited.{n}")
+                else:
+                    sys.exit(f"make_exercises: {shown}: {name}.edited to .edited.9999 all exist; move some away")
                 target.replace(backup)
                 kept.append(str(backup.relative_to(ROOT)))
             else:

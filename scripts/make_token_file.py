@@ -31,9 +31,10 @@ def fail(message):
     sys.exit(2)
 
 
-def check_output(path):
+def check_output(path, source):
     """Before reading anything: the output's directory exists and takes a new file, and the output is
-    a regular file or does not exist (a rename would replace a FIFO, a device or a symbolic link)."""
+    a regular file or does not exist (a rename would replace a FIFO, a device or a symbolic link),
+    not read-only (whoever runs this: root's writes pass any permission check), and not the input."""
     parent = os.path.dirname(path) or "."
     if not os.path.isdir(parent):
         fail(f"{path}: directory {parent} does not exist")
@@ -42,6 +43,10 @@ def check_output(path):
         if not stat.S_ISREG(mode):
             kind = "a directory" if stat.S_ISDIR(mode) else "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
             fail(f"{path}: is {kind}; give a file name")
+        if not mode & 0o222:
+            fail(f"{path}: is read-only, which writing the output would replace")
+        if source not in (None, "-") and os.path.exists(source) and os.path.samefile(path, source):
+            fail(f"{path}: is the input {source}; give another output name")
     probe = f"{path}.tmp.{os.getpid()}"
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -101,7 +106,7 @@ def main():
     parser.add_argument("output")
     args = parser.parse_args()
 
-    check_output(args.output)
+    check_output(args.output, args.text if args.text is not None else args.ids)
     if args.text is not None:
         try:
             with open(args.text, "rb") as f:

@@ -164,13 +164,17 @@ expect_error "--checkpoint-dir $T/ckd: $T/ckd/step_000001.safetensors is a direc
 expect_error "--export-hf $T/exd/config.json: is a directory" --export-hf "$T/exd"
 [ ! -e "$T/exd/model.safetensors" ] || { echo "FAIL: --export-hf wrote before refusing"; failures=$((failures + 1)); }
 # scripts/make_token_file.py checks its output the same way, before reading its input.
-for out in "$T/fifo" "$T/link" "$T/outdir" "$T/none/x.tok"; do
+cp "$T/corpus.txt" "$T/corpus.kept"
+echo precious > "$T/readonly.tok" && chmod 444 "$T/readonly.tok"
+for out in "$T/fifo" "$T/link" "$T/outdir" "$T/none/x.tok" "$T/corpus.txt" "$T/readonly.tok"; do
     err=$("$PYTHON" scripts/make_token_file.py --text "$T/corpus.txt" "$out" 2>&1 >/dev/null); rc=$?
     [ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$err")" -eq 1 ] ||
         { echo "FAIL: make_token_file.py to $out -> exit $rc: $err"; failures=$((failures + 1)); }
 done
 [ -p "$T/fifo" ] && [ -L "$T/link" ] || { echo "FAIL: make_token_file.py replaced a FIFO or a link"; failures=$((failures + 1)); }
-echo "ok: make_token_file.py refuses a FIFO, a link, a directory and a missing directory as its output"
+cmp -s "$T/corpus.txt" "$T/corpus.kept" && [ "$(cat "$T/readonly.tok")" = precious ] ||
+    { echo "FAIL: make_token_file.py replaced its input or a read-only file"; failures=$((failures + 1)); }
+echo "ok: make_token_file.py refuses a FIFO, a link, a directory, a missing directory, its input and a read-only file as its output"
 # A switch takes no value; --compare runs alone.
 expect_error "--model-info=yes: a switch takes no value" --model-info=yes
 expect_error "--compare: checks a dump and exits; --trace would be ignored" --compare "$T/x.st" --trace "$T/t.pftrace"

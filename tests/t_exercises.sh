@@ -84,7 +84,12 @@ grep -q "edited since they were generated" "$tree/out.log" && [ "$(tail -1 "$tre
 "$PYTHON" "$tree/scripts/make_exercises.py" --force > /dev/null
 [ "$(tail -1 "$tree/exercises/$lab/$file.edited")" = "// my work" ] && cmp -s "$tree/exercises/$lab/$file" "exercises/$lab/$file" ||
     { echo "FAIL: make exercises FORCE=1 should keep the edited file as $file.edited and regenerate $file"; exit 1; }
-echo "ok: edited exercises/$lab/$file kept; FORCE=1 keeps it as $file.edited"
+echo "// my second try" >> "$tree/exercises/$lab/$file"
+"$PYTHON" "$tree/scripts/make_exercises.py" --force > /dev/null
+[ "$(tail -1 "$tree/exercises/$lab/$file.edited")" = "// my work" ] &&
+    [ "$(tail -1 "$tree/exercises/$lab/$file.edited.2")" = "// my second try" ] ||
+    { echo "FAIL: a second FORCE=1 should keep the first $file.edited and the new one as $file.edited.2"; exit 1; }
+echo "ok: edited exercises/$lab/$file kept; FORCE=1 keeps it as $file.edited, a second time as $file.edited.2"
 
 echo "== a bad lab name exits 2"
 rc=0
