@@ -129,6 +129,54 @@ START_TEST(test_total_matches_trainer_zero3) {
 }
 END_TEST
 
+// The CPU trainer's pipeline allocates a whole set of activation buffers per micro-batch in flight
+// (chapter 7: one ModelActs each), so its peak is in_flight x one set; measured on rank 0 of
+// `mpirun -np P build/train --model small --steps 1 --batch 8 --seq-len 64 --pp P --pp-microbatches
+// 2P`: 23.90 MiB at P = 2 (2 in flight), 18.02 MiB at P = 4 (4 in flight). Sharing the scratch
+// buffers once, as the GPU model does, planned 20.96 and 13.61.
+START_TEST(test_pipeline_acts_match_trainer) {
+    const int P[2] = {2, 4};
+    const double measured[2] = {23.90, 18.02};
+    for (int i = 0; i < 2; i++) {
+        PlanConfig p = {.dp_replicate = 1, .dp_shard = 1, .cp = 1, .tp = 1, .pp = P[i], .batch = 8, .seq_len = 64,
+                        .ac = AC_NONE, .zero_stage = 1, .schedule = PP_1F1B, .microbatches = 2 * P[i],
+                        .virtual_stages = 1, .act_bytes = 4, .master_bytes = 4, .working_bytes = 0, .grad_bytes = 4,
+                        .optim_bytes = 8, .acts_per_microbatch = true};
+        ck_assert(model_config_lookup("small", &p.model));
+        PlanMemory m = plan_memory(&p);
+        ck_assert_int_eq(m.pp_rank, 0);
+        ck_assert_msg(fabs(m.activations / MiB - measured[i]) <= 0.005, "pp %d: planned %.3f MiB, measured %.2f", P[i],
+                      m.activations / MiB, measured[i]);
+    }
+}
+END_TEST
+
+// Mixed precision (bf16 working copy, fp32 master, gradients and AdamW): the fp32 master is the
+// optimizer's, sharded from ZeRO-1 (each rank updates its shard and all-gathers the bf16 copy), so
+// ZeRO-1 on N = 4 holds 4P/4 + 2P of weights where DDP holds 4P + 2P. Under a pipeline, ZeRO-3
+// reduces once per step (the simulation's rule), so its micro-batches' gradients accumulate whole
+// until then: 4P/N of shards plus 4P, where ZeRO-1 holds 4P.
+START_TEST(test_mixed_precision_weights_and_grads) {
+    PlanConfig p = {.dp_replicate = 1, .dp_shard = 4, .cp = 1, .tp = 1, .pp = 1, .batch = 8, .seq_len = 2048,
+                    .ac = AC_FULL, .zero_stage = 1, .schedule = PP_1F1B, .microbatches = 1, .virtual_stages = 1,
+                    .act_bytes = 2, .master_bytes = 4, .working_bytes = 2, .grad_bytes = 4, .optim_bytes = 8};
+    ck_assert(model_config_lookup("llama3_8b", &p.model));
+    PlanMemory zero1 = plan_memory(&p);
+    PlanConfig ddp = p;
+    ddp.dp_replicate = 4, ddp.dp_shard = 1;
+    PlanMemory replicated = plan_memory(&ddp);
+    ck_assert_msg(fabs(zero1.weights / replicated.weights - 0.5) < 1e-12, "ZeRO-1 weights %.4g, DDP %.4g",
+                  zero1.weights, replicated.weights);
+    ck_assert(fabs(zero1.grads - replicated.grads) < 1);
+    p.pp = 2, p.microbatches = 4;
+    PlanMemory pp_zero1 = plan_memory(&p);
+    p.zero_stage = 3;
+    PlanMemory pp_zero3 = plan_memory(&p);
+    ck_assert_msg(fabs(pp_zero3.grads / pp_zero1.grads - 1.25) < 1e-12, "pipelined ZeRO-3 grads %.4g, ZeRO-1 %.4g",
+                  pp_zero3.grads, pp_zero1.grads);
+}
+END_TEST
+
 // Alpha-beta costs: all-gather a flat ring (NVLink inside a node, the network once it spans
 // nodes); all-reduce hierarchical.
 START_TEST(test_collective_costs) {
@@ -277,6 +325,8 @@ int main(void) {
     tcase_add_test(tc, test_activations_match_allocator);
     tcase_add_test(tc, test_matches_trainer_tables);
     tcase_add_test(tc, test_total_matches_trainer_zero3);
+    tcase_add_test(tc, test_pipeline_acts_match_trainer);
+    tcase_add_test(tc, test_mixed_precision_weights_and_grads);
     tcase_add_test(tc, test_collective_costs);
     tcase_add_test(tc, test_ideal_bubble);
     tcase_add_test(tc, test_step_time_responds);

@@ -139,6 +139,7 @@ static PlanConfig config_from_flags(void) {
     p.act_bytes = fp32 ? 4 : 2;
     p.master_bytes = 4, p.grad_bytes = 4, p.optim_bytes = 8;
     p.working_bytes = fp32 ? 0 : 2;
+    p.acts_per_microbatch = fp32;  // the CPU trainer's pipeline: one ModelActs per micro-batch in flight
     return p;
 }
 
@@ -165,10 +166,13 @@ static void print_plan(const PlanConfig *p, const Cluster *c) {
                         "units (FLOP/s, bytes/s, s)", opt.trace, step_s, PLAN_MAX_TRACED_STEP_S);
     }
     PlanTime t = plan_step_time(p, c, opt.trace);
+    char data_parallel[16] = "no dp";  // the stage only where there is a shard group
+    if (p->dp_shard * p->cp > 1) snprintf(data_parallel, sizeof data_parallel, "ZeRO-%d", p->zero_stage);
+    else if (p->dp_replicate > 1) snprintf(data_parallel, sizeof data_parallel, "DDP");
     printf("%s on %d GPUs of %s: pp %d x dp_replicate %d x dp_shard %d x cp %d x tp %d; batch %d x %d tokens; "
-           "--ac %s, ZeRO-%d, %s m=%d v=%d%s%s%s%s\n",
+           "--ac %s, %s, %s m=%d v=%d%s%s%s%s\n",
            p->model.name, plan_gpus(p), c->name, p->pp, p->dp_replicate, p->dp_shard, p->cp, p->tp, p->batch,
-           p->seq_len, opt.ac, p->zero_stage, pp_schedule_name(p->schedule), p->microbatches, p->virtual_stages,
+           p->seq_len, opt.ac, data_parallel, pp_schedule_name(p->schedule), p->microbatches, p->virtual_stages,
            p->fp8 ? ", fp8" : "", p->compile ? ", compile" : "", p->async_tp ? ", async tp" : "",
            p->cp > 1 && p->cp_impl == CP_TORCH_ALLGATHER ? ", cp torch-allgather" : "");
     printf("memory per GPU (GiB, pp rank %d, %d micro-batches in flight): weights %.2f  grads %.2f  optimizer %.2f  "
@@ -186,8 +190,9 @@ static void print_plan(const PlanConfig *p, const Cluster *c) {
 // to 64), and dp_shard the rest (only meshes where that is the value given, when given). Each
 // mesh is listed with the fastest of its settings that fits, among: ZeRO stage 1, 2 or 3 where
 // there is a shard group (unless --zero-stage is given); for pp > 1, 1F1B and interleaved 1F1B
-// with 2 chunks a rank (unless --pp-schedule is given), at each micro-batch count pp x 2^k
-// dividing the rank's batch, up to PLAN_MAX_MICROBATCHES (unless --pp-microbatches is given); and the lightest checkpointing that fits, none, then selective,
+// with 2 chunks a rank (unless --pp-schedule is given), at each micro-batch count from pp up that
+// divides the rank's batch, up to PLAN_MAX_MICROBATCHES (unless --pp-microbatches is given; the
+// counts a schedule cannot run, plan_check skips); and the lightest checkpointing that fits, none, then selective,
 // then full (unless --ac is given: recomputing only adds compute, so a lighter policy that fits
 // is never slower). Between settings as fast, the one needing less memory. The batch and the rest
 // stay as given.
@@ -270,7 +275,8 @@ static bool best_settings(const PlanConfig *mesh, const Cluster *c, Candidate *b
         if (mesh->pp == 1) m_first = m_last = 1;
         else if (microbatches_fixed()) m_first = m_last = opt.microbatches;
         if (m_last > PLAN_MAX_MICROBATCHES) m_last = PLAN_MAX_MICROBATCHES;
-        for (int m = m_first; m <= m_last; m *= 2)
+        for (int m = m_first; m <= m_last; m++) {
+            if (rank_batch % m) continue;  // a micro-batch count divides the rank's sequences
             for (int z = 0; z < n_stages; z++) {  // innermost, with the checkpointing: the same schedule
                 p.microbatches = m, p.zero_stage = stages[z];
                 if (plan_check(&p)) continue;
@@ -281,6 +287,7 @@ static bool best_settings(const PlanConfig *mesh, const Cluster *c, Candidate *b
                 bool as_fast_smaller = found && k.t.tps_per_gpu == best->t.tps_per_gpu && k.m.total < best->m.total;
                 if (!found || faster || as_fast_smaller) *best = k, found = true;
             }
+        }
     }
     return found;
 }
@@ -318,7 +325,7 @@ static void check_search_flags(const PlanConfig *base, int gpus) {
     PlanConfig least = *base;
     if (least.pp == 1 || !flag_given("pp-schedule")) least.schedule = PP_1F1B;  // as schedules_to_try's first
     bool interleaved = least.schedule == PP_INTERLEAVED_1F1B;
-    least.virtual_stages = interleaved ? (opt.virtual_stages ? opt.virtual_stages : 2) : 1;
+    least.virtual_stages = opt.virtual_stages ? opt.virtual_stages : interleaved ? 2 : 1;  // given: checked as given
     least.microbatches = least.pp == 1 ? 1 : microbatches_fixed() ? opt.microbatches : least.pp;
     const char *err = plan_check(&least);
     if (err) fatal_input("%s", err);
@@ -371,16 +378,20 @@ static void search(const PlanConfig *base, const Cluster *c) {
 // A flag the configuration would ignore is refused (as the trainer does), not echoed into a plan
 // that does not use it. Under --search the mesh, the stage, the schedule and --ac may still be
 // chosen, so only what is fixed counts there.
+// Whether a mesh dimension is the value given: always outside --search, where the flag fixes it.
+static bool fixed(const char *flag) { return !opt.search || flag_given(flag); }
+
 static void refuse_ignored(const PlanConfig *p) {
-    if (flag_given("sac-mm-share") && (flag_given("ac") || !opt.search) && p->ac != AC_SELECTIVE)
+    if (flag_given("sac-mm-share") && fixed("ac") && p->ac != AC_SELECTIVE)
         fatal_input("--sac-mm-share: only with --ac selective (the share of matmuls it recomputes)");
-    if (opt.search) return;
-    if (p->async_tp && p->tp == 1) fatal_input("--async-tp: only with --tp above 1 (or --search)");
-    if (flag_given("zero-stage") && p->dp_shard == 1 && p->cp == 1)
+    if (p->async_tp && p->tp == 1 && fixed("tp")) fatal_input("--async-tp: only with --tp above 1 (or --search)");
+    if (flag_given("zero-stage") && p->dp_shard == 1 && p->cp == 1 && fixed("dp-shard") && fixed("cp"))
         fatal_input("--zero-stage: only with a shard group, --dp-shard or --cp above 1 (or --search)");
     const char *pp_flags[] = {"pp-schedule", "pp-microbatches", "pp-virtual-stages"};
     for (int i = 0; i < 3; i++)
-        if (flag_given(pp_flags[i]) && p->pp == 1) fatal_input("--%s: only with --pp above 1 (or --search)", pp_flags[i]);
+        if (flag_given(pp_flags[i]) && p->pp == 1 && fixed("pp"))
+            fatal_input("--%s: only with --pp above 1 (or --search)", pp_flags[i]);
+    if (flag_given("cp-impl") && p->cp == 1 && fixed("cp")) fatal_input("--cp-impl: only with --cp above 1 (or --search)");
 }
 
 int main(int argc, char **argv) {
@@ -394,7 +405,6 @@ int main(int argc, char **argv) {
     PlanConfig p = config_from_flags();
     check_fp8(&p, &c);
     if (flag_given("top") && !opt.search) fatal_input("--top: only with --search");
-    if (flag_given("cp-impl") && p.cp == 1 && !opt.search) fatal_input("--cp-impl: only with --cp above 1 (or --search)");
     refuse_ignored(&p);
     if (opt.search) {
         if (opt.trace) fatal_input("--trace: not with --search");

@@ -184,22 +184,35 @@ static PlanMemory rank_memory(const PlanConfig *p, const Model *m, int r, int in
     int stage = fsdp(p) ? p->zero_stage : 0;
     ZeroMemory z = zero_memory_model(stage, P, N, p->master_bytes, p->grad_bytes, p->optim_bytes);
     double biggest = fmax(block_params(&p->model), embedding_params(&p->model)) / p->tp;
+    // The master copy: in mixed precision the fp32 master weights are the optimizer's, sharded with
+    // its state from stage 1 (each rank updates its shard, then the compute-precision copy is
+    // all-gathered: unit_costs' after_step); in fp32 they are the weights the model runs, sharded
+    // only by ZeRO-3.
+    double master = p->working_bytes && stage >= 1 ? p->master_bytes * P / N : z.params;
     // The compute-precision copy: all of it unless ZeRO-3 shards it; FSDP under a pipeline gathers
     // once per step and keeps it (every micro-batch needs it), otherwise two gathered units (the
     // current one and the prefetched one; in fp32 these are the only extra copy).
     double gathered_bytes = p->working_bytes ? p->working_bytes : p->master_bytes;
-    if (stage == 3 && p->pp == 1) mem.weights = z.params + 2 * biggest * gathered_bytes;
-    else mem.weights = z.params + p->working_bytes * P;
-    mem.grads = z.grads;
+    if (stage == 3 && p->pp == 1) mem.weights = master + 2 * biggest * gathered_bytes;
+    else mem.weights = master + p->working_bytes * P;
+    // Under a pipeline, ZeRO-2/3 reduce once per step, after the last micro-batch (the simulation's
+    // reduce_every; PyTorch's pipelining turns FSDP's gradient sync off for the others): until then
+    // every micro-batch's gradients accumulate unsharded, in the gradient precision, beside the shards.
+    mem.grads = z.grads + (stage >= 2 && p->pp > 1 ? p->grad_bytes * P : 0);
     mem.optimizer = z.optimizer;
     int B = micro_batch(p), T = p->seq_len / p->cp;
     // Per-chunk activations: in-flight sets spread over the rank's chunks (each chunk's blocks).
+    // The shared buffers once per rank, or, as the CPU trainer's pipeline allocates them (a whole
+    // ModelActs per micro-batch in flight, chapter 7), once per micro-batch.
     double acts = 0;
     for (int chunk = 0; chunk < p->virtual_stages; chunk++) {
         StageLayout s = stage_layout(p, pp_stage_of(r, chunk, p->pp));
         int share = (in_flight + p->virtual_stages - 1 - chunk) / p->virtual_stages;
-        acts += plan_acts_bytes(m, B, T, p->ac, s.first, s.end, share, p->act_bytes) -
-                (chunk ? plan_acts_bytes(m, B, T, p->ac, s.first, s.end, 0, p->act_bytes) : 0);
+        if (p->acts_per_microbatch)
+            acts += share * plan_acts_bytes(m, B, T, p->ac, s.first, s.end, 1, p->act_bytes);
+        else
+            acts += plan_acts_bytes(m, B, T, p->ac, s.first, s.end, share, p->act_bytes) -
+                    (chunk ? plan_acts_bytes(m, B, T, p->ac, s.first, s.end, 0, p->act_bytes) : 0);
     }
     mem.activations = acts;
     // Collective buffers: reduce-scatter inputs of two units (FSDP) or two buckets of one unit
@@ -470,8 +483,8 @@ static double run_compute(Sim *sim, RankState *st, int rank, double ready, doubl
         record(sim->slices, (SimSlice){rank, TRACK_COMPUTE, st->clock, start, comm_wait ? "fsdp all-gather wait" : "pp wait",
                                        comm_wait ? "comm-wait" : "pipeline-wait", mb, stage, 0});
     if (st->busy == 0) st->first_compute = start;
-    else if (comm_wait) st->waited += start - st->clock;
-    else st->idle += start - st->clock;
+    if (comm_wait) st->waited += start - st->clock;  // the first unit's all-gather too
+    else if (st->busy > 0) st->idle += start - st->clock;  // before the first compute: the bubble counts it
     st->clock = start + dur;
     st->busy += dur;
     st->last_compute = st->clock;

@@ -93,6 +93,8 @@ typedef struct {
     CpImpl cp_impl;                         // with cp > 1
     int act_bytes;                          // bytes per activation element: 2 (bf16 on GPUs), 4 (fp32 CPU)
     int master_bytes, working_bytes, grad_bytes, optim_bytes;  // per parameter (see plan_memory)
+    bool acts_per_microbatch;               // each micro-batch in flight has its own activation buffers,
+                                            // the shared ones included (the CPU trainer's pipeline)
 } PlanConfig;
 
 int plan_gpus(const PlanConfig *p);
@@ -101,13 +103,16 @@ const char *plan_check(const PlanConfig *p);
 
 // ---- memory ---------------------------------------------------------------------------------------
 // Bytes per GPU by category, on the pipeline rank holding the most.
-//   weights    master copy (master_bytes per parameter, sharded by ZeRO-3) + the working copy in
-//              the compute precision (working_bytes: the gathered units of FSDP, or all of them
-//              when the copy is kept: stages 1-2, or FSDP under a pipeline, which gathers once per step)
-//   grads      grad_bytes per parameter, ZeRO-2/3 sharded
+//   weights    master copy (master_bytes per parameter, sharded by ZeRO-3, and from ZeRO-1 when
+//              there is a working copy: then it is the optimizer's) + the working copy in the
+//              compute precision (working_bytes: the gathered units of FSDP, or all of them when the
+//              copy is kept: stages 1-2, or FSDP under a pipeline, which gathers once per step)
+//   grads      grad_bytes per parameter, ZeRO-2/3 sharded; under a pipeline, ZeRO-2/3 also hold the
+//              unsharded gradients the micro-batches accumulate until the step's one reduce-scatter
 //   optimizer  optim_bytes per parameter (AdamW m and v: 8), ZeRO-1/2/3 sharded
 //   activations  in-flight micro-batches x the stage's blocks x bytes kept per block under --ac,
-//              plus the buffers one micro-batch shares (plan_acts_bytes)
+//              plus the buffers the micro-batches share (plan_acts_bytes), or, with
+//              acts_per_microbatch, a whole set of them per micro-batch in flight
 //   comm       buffers of the collectives in flight: two units' reduce-scatter inputs (FSDP), two
 //              buckets (DDP), a sequence-parallel gather
 typedef struct {
@@ -132,8 +137,9 @@ double plan_ffn_hidden_bytes(const ModelConfig *c, int B, int T, int elem_bytes)
 // ---- step time ------------------------------------------------------------------------------------
 typedef struct {
     double step_s, tps_per_gpu, mfu;
-    double compute_s;        // busy time of the busiest compute stream (incl. blocking TP/CP waits)
-    double exposed_comm_s;   // time the compute stream of the busiest rank waited on communication
+    double compute_s;        // busy time of the busiest compute stream (compute only)
+    double exposed_comm_s;   // the longest time a compute stream waited on communication (blocking
+                             // TP/CP collectives, FSDP's gathers, the step's last reductions)
     double bubble;           // pipeline: 1 - busy / (p x step), the idle share of the compute streams
     double model_tflops;     // achieved model FLOP/s per GPU (no recompute), in TFLOP/s
 } PlanTime;
