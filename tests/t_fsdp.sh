@@ -6,7 +6,8 @@
 # another order (per-rank matmuls, then the reduce-scatter's rank-order sum), so
 #   losses: rtol 1e-5; params after 20 AdamW steps: rtol 5e-4 of each tensor's max (AdamW's
 #   1/sqrt(v) turns last-bit gradient differences on tiny gradients into ~lr moves).
-#   Seen: 3.3e-5 (2 ranks, every stage), 1.1e-4 (8 ranks).
+#   Seen: 8.6e-6 (2 ranks, every stage), 4.3e-5 (4), 1.6e-5 (8) with OpenBLAS's Cooperlake kernels
+#   (an AVX-512 Xeon's kernels: 3.3e-5 at 2 ranks, 1.1e-4 at 8).
 # Exact (bit-identical) where the arithmetic is the same: reshard-after-forward policies, prefetch
 # on/off and activation checkpointing change when and where values live, never the sums.
 set -eu

@@ -426,7 +426,7 @@ static void adapt_comm_timeout(double step_seconds, bool measured, const ArgSpec
     // Logged when it changes, compared with what was derived before (the timeout itself is stored
     // in nanoseconds, so reading it back need not give the same double).
     if (now != derived)
-        log_info("comm timeout: %.0f s = max(%.0f s, %.0f x the slowest step, %.3f s)", now, COMM_TIMEOUT_FLOOR_S,
+        log_info("comm timeout: %.0f s = max(%.0f s, %.0f x the slowest step (%.3f s))", now, COMM_TIMEOUT_FLOOR_S,
                  COMM_TIMEOUT_STEP_FACTOR, slowest);
     derived = now;
 }
