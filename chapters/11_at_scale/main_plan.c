@@ -179,8 +179,10 @@ static void print_plan(const PlanConfig *p, const Cluster *c) {
            "activations %.2f  comm %.2f  total %.2f of %.1f%s\n",
            m.pp_rank, m.in_flight, m.weights / GiB, m.grads / GiB, m.optimizer / GiB, m.activations / GiB,
            m.comm / GiB, m.total / GiB, c->hbm_bytes / GiB, m.total > c->hbm_bytes ? "  DOES NOT FIT" : "");
-    printf("step %.3f s: compute %.3f s, exposed comm %.3f s, bubble %.1f%%; %.0f model TFLOP/s per GPU, MFU %.1f%%\n",
-           t.step_s, t.compute_s, t.exposed_comm_s, 100 * t.bubble, t.model_tflops, 100 * t.mfu);
+    // milliseconds shown in full below a second (a CPU rank's step; scripts/bench_plan.sh reads it)
+    int digits = t.step_s < 1 ? 6 : 3;
+    printf("step %.*f s: compute %.*f s, exposed comm %.*f s, bubble %.1f%%; %.0f model TFLOP/s per GPU, MFU %.1f%%\n",
+           digits, t.step_s, digits, t.compute_s, digits, t.exposed_comm_s, 100 * t.bubble, t.model_tflops, 100 * t.mfu);
     if (opt.trace) printf("trace: %s\n", opt.trace);
     printf("TPS/GPU %.0f\n", t.tps_per_gpu);
 }
