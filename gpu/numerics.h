@@ -53,6 +53,7 @@ GPU_HD void rope_rotate_pair(float *x0, float *x1, float c, float s) {
 // The scalars of one step, rounded to float exactly as reference_cpu/adamw.c rounds them.
 typedef struct {
     float beta1, beta2, eps;
+    float one_minus_beta1, one_minus_beta2;  // in double, then rounded (1 - (float)0.99999999 is 0)
     float decay;       // 1 - lr * weight_decay
     float step_size;   // lr / (1 - beta1^t)
     float bias2_sqrt;  // sqrt(1 - beta2^t)
@@ -63,6 +64,8 @@ static inline AdamWScalars adamw_scalars(long long step, double lr, double beta1
     AdamWScalars s;
     s.beta1 = (float)beta1;
     s.beta2 = (float)beta2;
+    s.one_minus_beta1 = (float)(1.0 - beta1);
+    s.one_minus_beta2 = (float)(1.0 - beta2);
     s.eps = (float)eps;
     s.decay = (float)(1.0 - lr * weight_decay);
     s.step_size = (float)(lr / (1.0 - pow(beta1, (double)step)));
@@ -73,8 +76,8 @@ static inline AdamWScalars adamw_scalars(long long step, double lr, double beta1
 // One element: p *= decay; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // p -= step_size * m / (sqrt(v) / bias2_sqrt + eps). The order of every operation is adamw.c's.
 GPU_HD void adamw_update(float *param, float *m, float *v, float g, AdamWScalars s) {
-    float m_new = fmaf(s.beta1, *m, (1 - s.beta1) * g);  // explicit fmas, as adamw.c: the same bits
-    float v_new = fmaf(s.beta2, *v, (1 - s.beta2) * g * g);
+    float m_new = fmaf(s.beta1, *m, s.one_minus_beta1 * g);  // explicit fmas, as adamw.c: the same bits
+    float v_new = fmaf(s.beta2, *v, s.one_minus_beta2 * g * g);
     float denom = sqrtf(v_new) / s.bias2_sqrt + s.eps;
     *param = fmaf(-s.step_size, m_new / denom, *param * s.decay);
     *m = m_new;

@@ -7,6 +7,9 @@
 void adamw_step(real *params, const real *grads, real *m, real *v, size_t n, long long step, double lr,
                 const AdamWConfig *cfg) {
     real b1 = (real)cfg->beta1, b2 = (real)cfg->beta2, eps = (real)cfg->eps;
+    // 1 - beta in double, then rounded, as torch.optim.AdamW passes it: 1 - (float)0.99999999 is 0,
+    // which would freeze v at 0 and turn the step into lr * m / eps.
+    real one_minus_b1 = (real)(1.0 - cfg->beta1), one_minus_b2 = (real)(1.0 - cfg->beta2);
     real decay = (real)(1.0 - lr * cfg->weight_decay);
     real step_size = (real)(lr / (1.0 - pow(cfg->beta1, (double)step)));
     real bias2_sqrt = (real)sqrt(1.0 - pow(cfg->beta2, (double)step));
@@ -16,8 +19,8 @@ void adamw_step(real *params, const real *grads, real *m, real *v, size_t n, lon
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         real g = grads[i];
-        m[i] = fma_r(b1, m[i], (1 - b1) * g);
-        v[i] = fma_r(b2, v[i], (1 - b2) * g * g);
+        m[i] = fma_r(b1, m[i], one_minus_b1 * g);
+        v[i] = fma_r(b2, v[i], one_minus_b2 * g * g);
         real denom = sqrt_r(v[i]) / bias2_sqrt + eps;
         params[i] = fma_r(-step_size, m[i] / denom, params[i] * decay);
     }
