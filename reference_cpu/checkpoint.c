@@ -280,9 +280,14 @@ void checkpoint_dir_claim(const char *dir_path, const char *resume_path) {
     // directory could continue from them: only the run resumed from this directory may write here.
     DIR *dir = opendir(dir_path);
     if (!dir) fatal_input("--checkpoint-dir %s: cannot read it (%s)", dir_path, strerror(errno));
-    char found[300] = "";
-    for (struct dirent *e; (e = readdir(dir)) && !*found;)
-        if (checkpoint_step_of_name(e->d_name) >= 0) snprintf(found, sizeof found, "%s", e->d_name);
+    char found[300] = "", latest[300] = "";
+    long long latest_step = -1;
+    for (struct dirent *e; (e = readdir(dir));) {
+        long long step = checkpoint_step_of_name(e->d_name);
+        if (step < 0) continue;
+        if (!*found) snprintf(found, sizeof found, "%s", e->d_name);
+        if (step > latest_step) latest_step = step, snprintf(latest, sizeof latest, "%s", e->d_name);
+    }
     closedir(dir);
     bool resumed_here = false;
     if (resume_path) {
@@ -296,6 +301,15 @@ void checkpoint_dir_claim(const char *dir_path, const char *resume_path) {
     if (*found && !resumed_here)
         fatal_input("--checkpoint-dir %s: holds another run's checkpoints (%s); --resume %s to continue that run, "
                     "or give an empty directory", dir_path, found, dir_path);
+    // Resumed from an earlier checkpoint of this directory: the run would replace the later ones with
+    // another continuation (and a later --resume DIR would take a mix of the two).
+    const char *resumed_name = resume_path ? strrchr(resume_path, '/') : NULL;
+    resumed_name = resumed_name ? resumed_name + 1 : resume_path;
+    long long resumed_step = resumed_here ? checkpoint_step_of_name(resumed_name) : -1;
+    if (resumed_here && resumed_step >= 0 && latest_step > resumed_step)  // (a name of its own: its step unknown here)
+        fatal_input("--checkpoint-dir %s: holds %s, later than the %s resumed from, which this run would replace; "
+                    "--resume %s continues from the latest, or give another directory (or remove the later ones)",
+                    dir_path, latest, resumed_name, dir_path);
 }
 
 const char *checkpoint_resolve(const char *path_or_dir, char *out, size_t out_len) {

@@ -107,6 +107,14 @@ expect_error "--checkpoint-dir $T/other_run: holds another run's checkpoints (st
     { echo "FAIL: the other run's checkpoint changed"; failures=$((failures + 1)); }
 "$TRAIN" --model tiny --steps 2 --batch 2 --checkpoint-dir "$T/other_run" --resume "$T/other_run" > /dev/null ||
     { echo "FAIL: resuming into the directory resumed from"; failures=$((failures + 1)); }
+# ... but not from an earlier checkpoint of it: the run would replace the later ones with another
+# continuation (step_000004 was replaced by an --lr 1e-2 branch, exit 0).
+"$TRAIN" --model tiny --steps 4 --batch 2 --checkpoint-every 2 --checkpoint-dir "$T/branch" > /dev/null
+sum_later=$(sha256sum "$T/branch/step_000004.safetensors")
+expect_error "--checkpoint-dir $T/branch: holds step_000004.safetensors, later than the step_000002.safetensors resumed from" \
+    --model tiny --steps 4 --batch 2 --lr 1e-2 --resume "$T/branch/step_000002.safetensors" --checkpoint-dir "$T/branch"
+[ "$(sha256sum "$T/branch/step_000004.safetensors")" = "$sum_later" ] ||
+    { echo "FAIL: the later checkpoint changed"; failures=$((failures + 1)); }
 mkdir -p "$T/held"
 # -o: flock itself holds the lock while its command (a sleep that records its pid) runs
 flock -o "$T/held/.lock" sh -c 'echo $$ > "$0"; exec sleep 60' "$T/held.sleep_pid" > /dev/null 2>&1 &
@@ -318,14 +326,34 @@ PY
 # the metadata hash
 with_meta_hashed step 1 "$T/step_flipped.safetensors"
 expect_error "the metadata does not match the hash its writer recorded" --model tiny --steps 2 --batch 2 \
-    --resume "$T/step_flipped.safetensors"
+    --resume "$T/step_flipped.safetensors" --mesh-dot "$T/keep.dot"
 # a NaN weight or a negative second moment, in a file without hashes: refused naming the element
 with_state param.layers.0.attention.wq.weight nan "$T/nan_weight.safetensors"
 expect_error "param.layers.0.attention.wq.weight[3] is nan, which no checkpoint of this trainer holds" \
-    --model tiny --steps 2 --batch 2 --resume "$T/nan_weight.safetensors"
+    --model tiny --steps 2 --batch 2 --resume "$T/nan_weight.safetensors" --mesh-dot "$T/keep.dot"
 with_state adam_v.layers.1.feed_forward.w2.weight -1 "$T/negative_v.safetensors"
 expect_error "adam_v.layers.1.feed_forward.w2.weight[3] is -1, which no checkpoint of this trainer holds (a second moment below 0)" \
-    --model tiny --steps 2 --batch 2 --resume "$T/negative_v.safetensors"
+    --model tiny --steps 2 --batch 2 --resume "$T/negative_v.safetensors" --mesh-dot "$T/keep.dot"
+[ "$(cat "$T/keep.dot")" = keep ] ||
+    { echo "FAIL: --mesh-dot was written before an edited or impossible --resume was refused"; failures=$((failures + 1)); }
+# No output overwrites an input: not a shard of a sharded --init-from checkpoint, not delayed FP8's
+# companion of the checkpoint resumed from, and no directory output over an input file (each was
+# accepted and the input destroyed). --grad-dump (step 1's gradients) with --resume is refused as
+# --dump is (it wrote nothing).
+"$TRAIN" --model tiny --steps 1 --batch 2 --export-hf "$T/shards" --export-hf-shard-mb 0.2 > /dev/null
+expect_error "--trace $T/shards/model-00001-of-00004.safetensors: is a file of the checkpoint --init-from reads" \
+    --init-from "hf:$T/shards" --steps 1 --batch 2 --trace "$T/shards/model-00001-of-00004.safetensors"
+expect_error "is the file --resume reads ($T/ck8/step_000004.safetensors.fp8)" "${fp8[@]}" \
+    --resume "$T/ck8/step_000004.safetensors" --trace "$T/ck8/step_000004.safetensors.fp8"
+mkdir -p "$T/hta_in" && cp "$T/corpus.txt" "$T/hta_in/rank0.json"
+expect_error "--trace-hta $T/hta_in: is the file --data reads ($T/hta_in/rank0.json)" --model tiny --steps 1 --batch 2 \
+    --data "text:$T/hta_in/rank0.json" --trace-hta "$T/hta_in"
+expect_error "--grad-dump: writes step 1's gradients; it cannot be combined with --resume" "${fp8[@]}" \
+    --resume "$T/ck8/step_000004.safetensors" --grad-dump "$T/gd.safetensors"
+# --trace-hta into a directory with another run's rank files that this run would not replace.
+mkdir -p "$T/hta_old" && echo '{}' > "$T/hta_old/rank1.json"
+expect_error "--trace-hta $T/hta_old: holds rank1.json, which this run of 1 rank(s) does not write" --model tiny \
+    --steps 1 --batch 2 --trace-hta "$T/hta_old"
 with_meta step 99999999999999999999 "$T/huge_step.safetensors"
 expect_error 'bad step "99999999999999999999"' --model tiny --steps 2 --batch 2 --resume "$T/huge_step.safetensors"
 with_meta step 3 "$T/step3.safetensors"

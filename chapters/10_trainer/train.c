@@ -11,6 +11,7 @@
 //   mpirun -np 4 ./build/train --dp-replicate 2 --dp-shard 2          (chapter 4: HSDP)
 //   mpirun -np 4 ./build/train --tp 2 --dp-shard 2                    (chapter 6: tensor parallel, with FSDP)
 //   mpirun -np 4 ./build/train --pp 4 --pp-schedule 1F1B --pp-microbatches 8   (chapter 7: pipeline parallel)
+#include <dirent.h>
 #include <errno.h>
 //   ./build/train --init-from hf:llama-3.2-1b --seq-len 512 --data tokens:t.bin --export-hf tuned   (HF.md)
 //   ./build/train --model small --fp8 --fp8-recipe rowwise            (chapter 9: FP8 linears, emulated)
@@ -278,6 +279,9 @@ static void print_model_info(const ModelConfig *c, int seq_len) {
     free(json);
 }
 
+// The file beside a checkpoint that holds delayed FP8 scaling's amax history.
+static void fp8_companion(const char *checkpoint, char *out, size_t n) { snprintf(out, n, "%s.fp8", checkpoint); }
+
 // ---- promises kept before any work (README: "What is promised, and how it is tested") -----------
 
 // Every output can be created (fileio_check_output), the sizes fit int where the code indexes with
@@ -327,32 +331,53 @@ static void check_not_written_by_dir_outputs(const char *flag, const char *path)
                         dirs[d].flag, dirs[d].dir);
 }
 
+// An input that a directory output writes over (the training text inside --trace-hta, the
+// checkpoint resumed from named like an export's file): the run would destroy what it reads.
+static void check_input_not_written_by_dir_outputs(const FlagPath *input) {
+    DirOutput dirs[N_DIR_OUTPUTS];
+    for (int d = 0, n = dir_outputs(dirs); d < n; d++) {
+        // a resumed run writes later steps only (checkpoint_dir_claim refuses a directory holding them)
+        if (strcmp(dirs[d].flag, "checkpoint-dir") == 0 && strcmp(input->flag, "resume") == 0) continue;
+        if (dirs[d].dir && written_by(&dirs[d], input->path))
+            fatal_input("--%s %s: is the file --%s reads (%s); the run would overwrite it", dirs[d].flag, dirs[d].dir,
+                        input->flag, input->path);
+    }
+}
+
 // No output file may be one of the run's inputs (it would overwrite what the run reads: the
-// training text, the checkpoint it resumes from, the checkpoint it starts from) or another output
-// (one of the two would be lost); --export-hf may not write over --init-from's checkpoint.
+// training text, the checkpoint it resumes from and its FP8 companion, any file of the checkpoint
+// it starts from, shards included) or another output (one of the two would be lost); no directory
+// output may write over an input; --export-hf may not write over --init-from's checkpoint.
 static void check_outputs_distinct(void) {
     const FlagPath outputs[] = {{"trace", opt.trace},         {"trace-json", opt.trace_json}, {"dump", opt.dump},
                    {"grad-dump", opt.grad_dump}, {"mesh-dot", opt.mesh_dot},     {"pp-schedule-dot", opt.pp_schedule_dot}};
     enum { N_OUTPUTS = sizeof outputs / sizeof outputs[0], N_INIT = 3 };
-    // The inputs: the data file, the checkpoint resumed from, the Hugging Face checkpoint's files.
+    // The inputs: the data file, the checkpoint resumed from (and delayed FP8's companion beside it),
+    // the Hugging Face checkpoint's files; its shards, whatever their number, by their pattern.
     static const char *const init_names[N_INIT] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
-    char resume[PATH_MAX] = "", init_files[N_INIT][PATH_MAX + 48];
+    char resume[PATH_MAX] = "", companion[PATH_MAX + 8] = "", init_files[N_INIT][PATH_MAX + 48];
     if (opt.resume) checkpoint_resolve(opt.resume, resume, sizeof resume);
+    if (opt.resume) fp8_companion(resume, companion, sizeof companion);
     const char *data_file = strncmp(opt.data, "text:", 5) == 0     ? opt.data + 5
                             : strncmp(opt.data, "tokens:", 7) == 0 ? opt.data + 7
                                                                    : NULL;
     const char *init_dir = opt.init_from && strncmp(opt.init_from, "hf:", 3) == 0 ? opt.init_from + 3 : NULL;
-    FlagPath inputs[2 + N_INIT] = {{"data", data_file}, {"resume", opt.resume ? resume : NULL}};
+    FlagPath inputs[3 + N_INIT] = {
+        {"data", data_file}, {"resume", opt.resume ? resume : NULL}, {"resume", opt.resume ? companion : NULL}};
     for (int i = 0; init_dir && i < N_INIT; i++) {
         snprintf(init_files[i], sizeof init_files[i], "%s/%s", init_dir, init_names[i]);
-        inputs[2 + i].flag = "init-from", inputs[2 + i].path = init_files[i];
+        inputs[3 + i].flag = "init-from", inputs[3 + i].path = init_files[i];
     }
+    const DirOutput init_shards = {"init-from", init_dir, "model", ".safetensors"};
     for (int o = 0; o < N_OUTPUTS; o++) {
         if (!outputs[o].path) continue;
         for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
             if (inputs[i].path && fileio_same_file(outputs[o].path, inputs[i].path))
                 fatal_input("--%s %s: is the file --%s reads (%s); the run would overwrite it", outputs[o].flag,
                             outputs[o].path, inputs[i].flag, inputs[i].path);
+        if (init_dir && written_by(&init_shards, outputs[o].path))
+            fatal_input("--%s %s: is a file of the checkpoint --init-from reads (%s); the run would overwrite it",
+                        outputs[o].flag, outputs[o].path, init_dir);
         for (int p = o + 1; p < N_OUTPUTS; p++)
             if (outputs[p].path && fileio_same_file(outputs[o].path, outputs[p].path))
                 fatal_input("--%s %s and --%s %s: the same file; one of the two outputs would be lost", outputs[o].flag,
@@ -362,6 +387,23 @@ static void check_outputs_distinct(void) {
         fatal_input("--export-hf %s: is the checkpoint --init-from reads; export to another directory", opt.export_hf);
     for (int o = 0; o < N_OUTPUTS; o++)
         if (outputs[o].path) check_not_written_by_dir_outputs(outputs[o].flag, outputs[o].path);
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
+        if (inputs[i].path) check_input_not_written_by_dir_outputs(&inputs[i]);
+}
+
+// --trace-hta DIR holding a rankN.json this run will not write (an earlier run on more ranks): HTA
+// reads every rank file of the directory, so it would count that rank as one of this run's.
+static void check_hta_dir_is_this_runs(long long world) {
+    DIR *d = opendir(opt.trace_hta);
+    if (!d) return;  // a new directory
+    for (struct dirent *e; (e = readdir(d));) {
+        long long rank;
+        int consumed = 0;
+        if (sscanf(e->d_name, "rank%lld.json%n", &rank, &consumed) == 1 && e->d_name[consumed] == 0 && rank >= world)
+            fatal_input("--trace-hta %s: holds %s, which this run of %lld rank(s) does not write and HTA would read as "
+                        "one of its ranks; remove it or give another directory", opt.trace_hta, e->d_name, world);
+    }
+    closedir(d);
 }
 
 static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
@@ -383,6 +425,8 @@ static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
         if (strcmp(dirs[d].flag, "export-hf") != 0)  // hf_export_check's, below
             fileio_check_dir_entries(dirs[d].flag, dirs[d].dir, dirs[d].prefix, dirs[d].suffix);
     if (opt.export_hf) hf_export_check(opt.export_hf, cfg, ST_F32, (size_t)(opt.export_hf_shard_mb * 1048576.0));
+    if (opt.trace_hta)
+        check_hta_dir_is_this_runs((long long)opt.pp * opt.dp_replicate * opt.dp_shard * opt.cp * opt.tp);
     if (args_given(flags, N_FLAGS, "zero-stage") && opt.dp_shard == 1)
         fatal_input("--zero-stage %d: shards over --dp-shard, which is 1 here (give --dp-shard 2 or more, or leave "
                     "--zero-stage out)", opt.zero_stage);
@@ -575,10 +619,9 @@ static void fp8_finish(void *ctx, Trainer *t) {
     fp8 = NULL;
 }
 
-// Delayed scaling's history sits next to the checkpoint, in <checkpoint>.fp8. Pipeline stages each
-// hold their own blocks' entries (zeros elsewhere), the other ranks the same values: the MAX over
-// the world is the whole state.
-static void fp8_companion(const char *checkpoint, char *out, size_t n) { snprintf(out, n, "%s.fp8", checkpoint); }
+// Delayed scaling's history sits next to the checkpoint, in <checkpoint>.fp8 (fp8_companion). Pipeline
+// stages each hold their own blocks' entries (zeros elsewhere), the other ranks the same values: the
+// MAX over the world is the whole state.
 
 static void fp8_save(Trainer *t, const char *path) {
     if (!fp8 || fp8_state_numel(fp8) == 0) return;
@@ -817,6 +860,8 @@ int main(int argc, char **argv) {
     check_all_gather_dtype_flags();
     check_before_work(&cfg, flags);
     if (opt.dump && opt.resume) fatal_input("--dump: records a run from step 1; it cannot be combined with --resume");
+    if (opt.grad_dump && opt.resume)
+        fatal_input("--grad-dump: writes step 1's gradients; it cannot be combined with --resume");
     if (opt.cuda_sync_debug && !cuda) fatal_input("--cuda-sync-debug: needs --device cuda");
     if (opt.dump && cuda)
         fatal_input("--dump: records the CPU reference; run it with --device cpu and compare with --grad-dump");
