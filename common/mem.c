@@ -106,12 +106,22 @@ uint64_t mem_machine_bytes(void) {
     return mem_mul((uint64_t)pages, (uint64_t)page_size);
 }
 
-void mem_check_plan(const char *what, uint64_t planned_bytes) {
-    uint64_t machine = mem_machine_bytes();
-    if (planned_bytes <= machine) return;
+int mem_local_processes(void) {
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");  // set by Open MPI's mpirun before main
+    long n = local ? strtol(local, NULL, 10) : 1;
+    return n >= 1 && n <= 1 << 20 ? (int)n : 1;
+}
+
+void mem_check_plan(const char *what, uint64_t planned_bytes, int local_processes) {
+    uint64_t machine = mem_machine_bytes(), all = mem_mul(planned_bytes, (uint64_t)local_processes);
+    if (all <= machine) return;
     const double gib = 1024.0 * 1024.0 * 1024.0;
-    if (planned_bytes == UINT64_MAX)
+    if (all == UINT64_MAX)
         fatal_input("%s: the planned memory overflows 64 bits; this machine has %.1f GiB", what, machine / gib);
+    if (local_processes > 1)
+        fatal_input("%s: needs at least %.1f GiB per process, %.1f GiB for the %d processes on this machine, more than "
+                    "its %.1f GiB of physical memory", what, planned_bytes / gib, all / gib, local_processes,
+                    machine / gib);
     fatal_input("%s: needs at least %.1f GiB per process, more than this machine's %.1f GiB of physical memory",
                 what, planned_bytes / gib, machine / gib);
 }

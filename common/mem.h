@@ -47,7 +47,10 @@ static inline uint64_t mem_add(uint64_t a, uint64_t b) {
 // The machine's physical memory: sysconf(_SC_PHYS_PAGES) x the page size. Physical, not
 // MemAvailable: the check below refuses only what can never fit, whatever else is running.
 uint64_t mem_machine_bytes(void);
-// Exits with status 2 and one line naming both figures when planned_bytes (what one process will
-// allocate at least) exceeds the machine's memory. `what` names the config ("--model tiny
-// --batch 8 --seq-len 32").
-void mem_check_plan(const char *what, uint64_t planned_bytes);
+// The processes of this job on this machine, as mpirun tells them before MPI starts
+// (OMPI_COMM_WORLD_LOCAL_SIZE), 1 outside mpirun.
+int mem_local_processes(void);
+// Exits with status 2 and one line naming the figures when local_processes x planned_bytes (what
+// one process will allocate at least) exceeds the machine's memory. `what` names the config
+// ("--model tiny --batch 8 --seq-len 32").
+void mem_check_plan(const char *what, uint64_t planned_bytes, int local_processes);

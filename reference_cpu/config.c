@@ -88,18 +88,27 @@ size_t model_param_count(const ModelConfig *c) {
     return model_param_count_non_embedding(c) + embedding * (c->tied ? 1 : 2);
 }
 
-uint64_t model_plan_bytes(const ModelConfig *c, uint64_t micro, uint64_t seq_len, uint64_t ranks) {
+uint64_t model_plan_bytes(const ModelConfig *c, uint64_t micro, uint64_t seq_len, const ModelSplit *split) {
     uint64_t h = (uint64_t)c->dim, hd = (uint64_t)model_head_dim(c), f = (uint64_t)c->ffn_dim;
     uint64_t hq = mem_mul((uint64_t)c->n_heads, hd), hkv = mem_mul((uint64_t)c->n_kv_heads, hd);
     // the same sum as model_param_count_non_embedding, checked
     uint64_t per_layer = mem_add(mem_add(2 * h, mem_mul(2 * h, hq)), mem_add(mem_mul(2 * h, hkv), mem_mul(3 * h, f)));
     uint64_t params = mem_add(mem_mul(per_layer, (uint64_t)c->n_layers), h);
     params = mem_add(params, mem_mul(mem_mul((uint64_t)c->vocab_size, h), c->tied ? 1 : 2));
-    uint64_t tokens = mem_mul(micro, seq_len);
-    uint64_t residual = mem_mul(mem_mul(tokens, h), (uint64_t)c->n_layers);  // (micro, T, dim) per block
-    uint64_t logits = mem_mul(mem_mul(tokens, (uint64_t)c->vocab_size), 2);   // logits and dlogits
-    uint64_t elements = mem_add(mem_add(mem_mul(params, 4), residual), logits);
-    return mem_mul(elements / (ranks ? ranks : 1), sizeof(real));
+    // This rank's parameters: its stage's share of the layers, its tensor-parallel slice. Of their
+    // four copies, ZeRO shards AdamW's m and v from stage 1, the gradients from 2, the weights at 3;
+    // replicas (DDP, HSDP's replicate dimension) hold whole copies.
+    uint64_t local = params / (uint64_t)(split->pp * split->tp), N = (uint64_t)split->shard;
+    uint64_t state = mem_add(mem_add(split->zero_stage >= 3 ? local / N : local, split->zero_stage >= 2 ? local / N : local),
+                             mem_mul(split->zero_stage >= 1 ? local / N : local, 2));
+    // Activations of the last stage's rank (the largest): its tokens (the cp share of the sequence),
+    // the residual stream of its layers (split over tp only under sequence parallelism), the logits
+    // of its vocabulary slice and their gradient.
+    uint64_t tokens = mem_mul(micro, seq_len / (uint64_t)split->cp);
+    uint64_t layers = ((uint64_t)c->n_layers + (uint64_t)split->pp - 1) / (uint64_t)split->pp;
+    uint64_t residual = mem_mul(mem_mul(tokens, h), layers) / (uint64_t)(split->sequence_parallel ? split->tp : 1);
+    uint64_t logits = mem_mul(mem_mul(tokens, (uint64_t)c->vocab_size / (uint64_t)split->tp), 2);
+    return mem_mul(mem_add(mem_add(state, residual), logits), sizeof(real));
 }
 
 double model_flops_per_token(const ModelConfig *c, int seq_len) {

@@ -35,12 +35,19 @@ int model_head_dim(const ModelConfig *c);
 // Every parameter, embedding and output projection included (output counted once when tied).
 size_t model_param_count(const ModelConfig *c);
 size_t model_param_count_non_embedding(const ModelConfig *c);
-// A lower bound of the bytes one process allocates to train c on micro-batches of (micro, seq_len)
-// when `ranks` processes share the state and the activations (1 alone): four copies of the
-// parameters (weights, gradients, AdamW m and v), the residual stream every block keeps for backward
+// How a layout splits the model over ranks, for model_plan_bytes: pipeline stages, tensor-parallel
+// ranks (with sequence parallelism or not), context-parallel ranks, and ZeRO's shard group
+// (dp_shard x cp) with its stage (0 without one). Replicas split nothing.
+typedef struct {
+    int pp, tp, cp, shard, zero_stage;
+    bool sequence_parallel;
+} ModelSplit;
+// A lower bound of the bytes the largest process allocates to train c on micro-batches of (micro,
+// seq_len) in that layout (all 1, stage 0: alone): four copies of its parameters (weights,
+// gradients, AdamW m and v; ZeRO's shards), the residual stream every block keeps for backward
 // (under every --ac), and the logits with their gradient. In checked 64-bit arithmetic (mem_mul):
 // UINT64_MAX when it does not fit. The trainer hands it to mem_check_plan() before allocating.
-uint64_t model_plan_bytes(const ModelConfig *c, uint64_t micro, uint64_t seq_len, uint64_t ranks);
+uint64_t model_plan_bytes(const ModelConfig *c, uint64_t micro, uint64_t seq_len, const ModelSplit *split);
 // Training (forward + backward) FLOPs per token at sequence length seq_len:
 //   6 * N + 6 * L * h_q * seq_len
 // where N counts every weight that takes part in a matmul (the embedding lookup does not; the

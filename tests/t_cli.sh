@@ -199,6 +199,14 @@ expect_error "--batch 2000000000 x --seq-len 32: 64000000000 tokens per step, mo
 expect_error "--seq-len 2147483647: 17179869176 tokens per step" --seq-len 2147483647
 expect_error "GiB of physical memory" --n-layers 100000
 expect_error "GiB of physical memory" --batch 60000000
+# Replicas hold whole copies: 100,000 DDP ranks of 20,000 layers need 513 GiB each (the check divided
+# everything by the rank count and let it through); and the processes mpirun starts on this machine
+# share its memory.
+expect_error "needs at least 513.4 GiB per process" --model small --n-layers 20000 --dp-replicate 100000 \
+    --batch 100000 --seq-len 16
+err=$(OMPI_COMM_WORLD_LOCAL_SIZE=100000 "$TRAIN" --model small --steps 1 2>&1 >/dev/null); rc=$?
+[ "$rc" = 2 ] && [[ "$err" == *"GiB for the 100000 processes on this machine"* ]] ||
+    { echo "FAIL: 100000 local processes of small -> exit $rc: $err"; failures=$((failures + 1)); }
 expect_error "--zero-stage 2: shards over --dp-shard, which is 1 here" --zero-stage 2
 expect_error "--resume $T/missing.safetensors" --resume "$T/missing.safetensors"
 expect_error "--bucket-mb 0: must be between" --bucket-mb 0

@@ -449,7 +449,11 @@ static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
     char what[160];
     snprintf(what, sizeof what, "--model %s --n-layers %d --batch %d --seq-len %d on %" PRIu64 " rank(s)", cfg->name,
              cfg->n_layers, opt.batch, opt.seq_len, ranks);
-    mem_check_plan(what, model_plan_bytes(cfg, micro ? micro : 1, (uint64_t)opt.seq_len, ranks));
+    bool sharded = opt.dp_shard > 1;  // FSDP (chapter 3) over dp_shard x cp; cp alone runs DDP
+    ModelSplit split = {opt.pp, opt.tp, opt.cp, sharded ? opt.dp_shard * opt.cp : 1, sharded ? opt.zero_stage : 0,
+                        opt.sequence_parallel};
+    mem_check_plan(what, model_plan_bytes(cfg, micro ? micro : 1, (uint64_t)opt.seq_len, &split),
+                   mem_local_processes());
 }
 
 // The comm timeout follows the measured steps unless --comm-timeout fixes it (common/COMM.md):
