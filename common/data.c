@@ -350,6 +350,22 @@ double data_mean_loss_floor(const DataSource *src, int T) {
 
 const char *data_describe(const DataSource *src) { return src->description; }
 
+// FNV-1a over the bytes: a changed token changes it.
+static uint64_t bytes_hash(const unsigned char *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+const char *data_identity(const DataSource *src, char *out, size_t len) {
+    if (src->kind == SOURCE_MARKOV)
+        snprintf(out, len, "markov:order=%d,branches=%d,table=%" PRIu64, src->order, src->branches, src->table_seed);
+    else
+        snprintf(out, len, "%zu tokens x %d bytes, hash %016" PRIx64, src->n_tokens, src->width,
+                 bytes_hash(src->tokens, src->n_tokens * (size_t)src->width));
+    return out;
+}
+
 void data_close(DataSource *src) {
     if (!src) return;
     mem_free(src->cdf);

@@ -11,6 +11,7 @@
 //   "text:PATH"                       a file's bytes are the tokens (vocab 256)
 //   "tokens:PATH"                     a pre-tokenized file (scripts/make_token_file.py writes one)
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct DataSource DataSource;
@@ -39,5 +40,11 @@ double data_mean_loss_floor(const DataSource *src, int T);
 
 // One line for the log: the source, its parameters and size.
 const char *data_describe(const DataSource *src);
+
+// What the data is, independent of how the spec spells it: the chain's parameters in one canonical
+// form ("markov:order=1,branches=4,table=0"), or a file's token count, width and a 64-bit hash of
+// its tokens (a changed file is other data; the same file under another path is not). Into out
+// (len bytes), which it returns. Checkpoints record it, and a resume compares it.
+const char *data_identity(const DataSource *src, char *out, size_t len);
 
 void data_close(DataSource *src);  // NULL is fine

@@ -82,6 +82,7 @@ void checkpoint_save(const char *path, const Model *m, const real *adam_m, const
     ADD_NUMBER("lr", "%.17g", run->lr);
 #undef ADD_NUMBER
     add_metadata(w, "data", run->data_spec);
+    if (run->data_identity) add_metadata(w, "data_identity", run->data_identity);
     if (run->schedule) add_metadata(w, "schedule", run->schedule);
     if (run->settings) add_metadata(w, "settings", run->settings);
     // checked on load: a file damaged since is refused
@@ -165,7 +166,11 @@ static long long check_header(const StFile *f, const ModelConfig *ours, const Ru
     EXPECT_NUMBER("seq_len", "%d", run->seq_len, "--seq-len");
     EXPECT_NUMBER("total_steps", "%lld", run->total_steps, "--steps");
 #undef EXPECT_NUMBER
-    expect_same(f, "data", run->data_spec, "--data");
+    const char *their_data = st_metadata(f, "data_identity");
+    if (their_data && run->data_identity && strcmp(their_data, run->data_identity) != 0)
+        fatal_input("%s: written with --data %s (%s), this run's --data %s is other data (%s)", st_path(f),
+                    require_metadata(f, "data"), their_data, run->data_spec, run->data_identity);
+    if (!their_data) expect_same(f, "data", run->data_spec, "--data");  // a checkpoint from before identities
     return parse_step(f, run->total_steps);
 }
 

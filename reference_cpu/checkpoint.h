@@ -13,6 +13,10 @@
 typedef struct {
     uint64_t seed;
     const char *data_spec;
+    // What the data is, whatever the spec's spelling (data_identity: the markov chain's parameters,
+    // or a file's size and content hash). A resume compares it when the checkpoint records it, and
+    // the spec only for checkpoints written before (NULL: not recorded).
+    const char *data_identity;
     int batch, seq_len;
     long long total_steps;
     // May change on resume (fine-tuning a schedule is legitimate), but never unnoted: a load logs

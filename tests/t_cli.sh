@@ -330,6 +330,22 @@ del meta["data_hash"], meta["metadata_hash"]
 st.save(out, tensors, meta)
 PY
 }
+# The data a checkpoint was trained on is what a resume compares, not the spec's spelling: the same
+# file as ./corpus.txt or the default chain spelled out resume; a changed file is other data (it
+# resumed without a word, and the spelling refused).
+cp "$T/corpus.txt" "$T/data_corpus.txt"
+"$TRAIN" --model tiny --steps 4 --batch 2 --seq-len 16 --checkpoint-every 2 --data "text:$T/data_corpus.txt" \
+    --checkpoint-dir "$T/ck_text" > /dev/null
+"$TRAIN" --model tiny --steps 4 --batch 2 --seq-len 16 --data "text:$T/./data_corpus.txt" \
+    --resume "$T/ck_text/step_000002.safetensors" > "$T/respelled.log" 2>&1 &&
+    "$TRAIN" --model tiny --steps 2 --batch 2 --data markov:order=1,branches=4 \
+    --resume "$T/ck/step_000002.safetensors" >> "$T/respelled.log" 2>&1 ||
+    { cat "$T/respelled.log"; echo "FAIL: the same data spelled otherwise"; failures=$((failures + 1)); }
+echo "changed" >> "$T/data_corpus.txt"
+expect_error "this run's --data text:$T/data_corpus.txt is other data" --model tiny --steps 4 --batch 2 --seq-len 16 \
+    --data "text:$T/data_corpus.txt" --resume "$T/ck_text/step_000002.safetensors"
+expect_error "is other data (markov:order=2,branches=4,table=0)" --model tiny --steps 2 --batch 2 --data markov:order=2 \
+    --resume "$T/ck/step_000002.safetensors"
 # the recorded step changed to one the run could be at (2 -> 1, as one flipped bit of "3" would):
 # the metadata hash
 with_meta_hashed step 1 "$T/step_flipped.safetensors"

@@ -898,7 +898,9 @@ int main(int argc, char **argv) {
     snprintf(settings_text, sizeof settings_text,
              "weight_decay %g, beta1 %g, beta2 %g, eps %g, grad_clip %g, grad_accum %d, fp8 %s", opt.weight_decay,
              opt.beta1, opt.beta2, opt.eps, opt.grad_clip, opt.grad_accum_steps, opt.fp8 ? opt.fp8_recipe : "none");
-    RunIdentity run = {(uint64_t)opt.seed, opt.data, t.B, t.cp_layout.T, opt.steps, opt.lr, schedule_text, settings_text};
+    char data_text[128];
+    RunIdentity run = {(uint64_t)opt.seed, opt.data, data_identity(data, data_text, sizeof data_text), t.B, t.cp_layout.T,
+                       opt.steps, opt.lr, schedule_text, settings_text};
     char resume_path[4096];
     if (opt.resume) {  // checked whole now (header and data hash), before the diagrams below are written
         checkpoint_resolve(opt.resume, resume_path, sizeof resume_path);
