@@ -224,12 +224,13 @@ long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v
     return step;
 }
 
-// Whether name is a checkpoint temporary, "step_N.safetensors.tmp.<pid>", whose writer has gone:
+// Whether name is a checkpoint temporary, "step_N.safetensors.tmp.<pid>" (or its FP8 companion's,
+// "step_N.safetensors.fp8.tmp.<pid>"), whose writer has gone:
 // kill(pid, 0) fails with ESRCH. Other files in the directory are never touched.
 static bool writer_gone(const char *name) {
-    const char *tmp = strstr(name, ".safetensors.tmp.");
-    if (strncmp(name, "step_", 5) != 0 || !tmp) return false;
-    const char *digits = tmp + strlen(".safetensors.tmp.");
+    const char *tmp = strstr(name, ".safetensors.tmp."), *fp8_tmp = strstr(name, ".safetensors.fp8.tmp.");
+    if (strncmp(name, "step_", 5) != 0 || (!tmp && !fp8_tmp)) return false;
+    const char *digits = tmp ? tmp + strlen(".safetensors.tmp.") : fp8_tmp + strlen(".safetensors.fp8.tmp.");
     char *end = NULL;
     long pid = strtol(digits, &end, 10);
     if (end == digits || *end || pid <= 0) return false;

@@ -70,9 +70,11 @@ mkdir -p "$T/stale"
 stale="$T/stale/step_000001.safetensors.tmp.$dead"
 live="$T/stale/step_000001.safetensors.tmp.$$"  # this shell's pid: a writer that is alive
 other="$T/stale/notes.tmp.$dead"                # not a checkpoint temporary
-touch "$stale" "$live" "$other"
+fp8_stale="$T/stale/step_000001.safetensors.fp8.tmp.$dead"  # delayed FP8's companion, half-written
+touch "$stale" "$live" "$other" "$fp8_stale"
 "$BUILD/train" --model tiny --batch 2 --steps 1 --checkpoint-dir "$T/stale" > "$T/stale.log" 2>&1
 [ ! -e "$stale" ] || fail "$stale was not removed"
+[ ! -e "$fp8_stale" ] || fail "$fp8_stale was not removed"
 [ -e "$live" ] && [ -e "$other" ] || fail "a file that is not stale was removed"
 grep -q "^removed $stale, left by a writer that is gone" "$T/stale.log" || fail "no log line for the removal"
 touch "$stale"  # --resume DIR opens the directory too
