@@ -28,6 +28,7 @@
 #include <mpi.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,8 +60,12 @@ struct Comm {
 
 typedef enum {
     OP_ALL_REDUCE, OP_REDUCE_SCATTER, OP_ALL_GATHER, OP_BROADCAST, OP_ALL_TO_ALL, OP_BARRIER, OP_P2P,
-    OP_SPLIT, OP_FREE, OP_STOP
+    OP_SPLIT, OP_FINALIZE, OP_FREE, OP_STOP
 } OpKind;
+
+// The operations every member of a group must run together, in the same order: they are counted
+// (Comm.collectives_started) and their descriptors compared (see "Agreement" below).
+static bool is_collective(OpKind kind) { return kind < OP_P2P || kind == OP_SPLIT || kind == OP_FINALIZE; }
 
 struct CommHandle {
     OpKind kind;
@@ -344,24 +349,172 @@ __attribute__((noreturn)) static void die_timed_out(const CommHandle *h, MPI_Req
     exit(1);  // MPI_Abort does not return
 }
 
-// peers: the group rank each request talks to, or NULL for a collective.
-static void wait_requests(const CommHandle *h, MPI_Request *reqs, const int *peers, int n) {
-    for (;;) {
-        int complete;
-        MPI_Testall(n, reqs, &complete, MPI_STATUSES_IGNORE);
-        if (complete) return;
-        long long waited = now_ns() - h->start_ns;
-        if (waited > __atomic_load_n(&stream.timeout_ns, __ATOMIC_RELAXED)) die_timed_out(h, reqs, peers, n);
-        if (waited < SPIN_NS) {
-            sched_yield();
-        } else {
-            answer_questions();
-            nanosleep(&(struct timespec){.tv_nsec = POLL_SLEEP_NS}, NULL);
-        }
+// Ends the run on an error of the calling rank's own making or its peers' (a mismatched call): one
+// line, then MPI_Abort, as the timeout does.
+__attribute__((noreturn, format(printf, 2, 3))) static void die(const CommHandle *h, const char *fmt, ...) {
+    char why[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "comm: %s on group %s (%d ranks) failed on world rank %d: %s\n", h->name, h->comm->name,
+            h->comm->size, stream.world->rank, why);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);
+}
+
+// ---- agreement: every member runs the same collective ----------------------------------------------
+//
+// MPI matches a group's collectives by their order alone, so members that disagree on what the
+// k-th one is (broadcast roots, counts, dtypes, reduce ops, or the kind itself) would either go on
+// silently with wrong data or fail deep inside MPI. Each collective therefore starts with an
+// all-gather of a 16-byte descriptor, posted just before its first data call and completed
+// alongside it (no extra round trip before the data moves), and compared before the operation is
+// reported finished. The barrier, comm_split's exchange and comm_finalize's closing barrier are
+// this all-gather and nothing else. Worker only: one collective runs at a time.
+static struct {
+    const CommHandle *h;
+    MPI_Request req;
+    uint64_t mine[2];
+    uint64_t *all;  // 2 words per member
+    bool open;      // posted, not completed and checked yet
+} agree;
+
+// word 0: kind + 1 (8 bits), dtype (8), reduce op (8), root (32); word 1: the count. Fields a kind
+// does not use are 0, so that only what must match is compared.
+static void describe(const CommHandle *h, uint64_t d[2]) {
+    bool data = h->kind < OP_BARRIER, reduces = h->kind == OP_ALL_REDUCE || h->kind == OP_REDUCE_SCATTER;
+    d[0] = (uint64_t)(h->kind + 1) << 56;
+    if (data) d[0] |= (uint64_t)h->dtype << 48;
+    if (reduces) d[0] |= (uint64_t)h->reduce << 40;
+    if (h->kind == OP_BROADCAST) d[0] |= (uint32_t)h->root;
+    d[1] = data ? (uint64_t)h->count : 0;
+}
+
+static const char *dtype_name(unsigned d) {
+    static const char *names[] = {"float32", "float64", "int32", "byte"};
+    return d < 4 ? names[d] : "?";
+}
+
+// "all_reduce(4 float32, SUM)", "broadcast(1 float32, root 1)", "finalize (comm_finalize)".
+static void descriptor_text(const uint64_t d[2], char *out, size_t len) {
+    static const char *kinds[] = {[OP_ALL_REDUCE] = "all_reduce", [OP_REDUCE_SCATTER] = "reduce_scatter",
+                                  [OP_ALL_GATHER] = "all_gather", [OP_BROADCAST] = "broadcast",
+                                  [OP_ALL_TO_ALL] = "all_to_all", [OP_BARRIER] = "barrier", [OP_P2P] = "?",
+                                  [OP_SPLIT] = "split", [OP_FINALIZE] = "finalize (comm_finalize)"};
+    static const char *ops[] = {"SUM", "AVG", "MAX"};
+    unsigned kind = (unsigned)(d[0] >> 56) - 1, dtype = (d[0] >> 48) & 0xff, op = (d[0] >> 40) & 0xff;
+    const char *name = kind <= OP_FINALIZE ? kinds[kind] : "?";
+    if (kind >= OP_BARRIER)
+        snprintf(out, len, "%s", name);
+    else if (kind == OP_ALL_REDUCE || kind == OP_REDUCE_SCATTER)
+        snprintf(out, len, "%s(%llu %s, %s)", name, (unsigned long long)d[1], dtype_name(dtype), op < 3 ? ops[op] : "?");
+    else if (kind == OP_BROADCAST)
+        snprintf(out, len, "%s(%llu %s, root %d)", name, (unsigned long long)d[1], dtype_name(dtype), (int)(uint32_t)d[0]);
+    else
+        snprintf(out, len, "%s(%llu %s)", name, (unsigned long long)d[1], dtype_name(dtype));
+}
+
+static void post_agreement(const CommHandle *h) {
+    const Comm *c = h->comm;
+    describe(h, agree.mine);
+    free(agree.all);
+    agree.all = checked_calloc(2 * (size_t)c->size, sizeof *agree.all);
+    agree.h = h;
+    int rc = MPI_Iallgather(agree.mine, 2, MPI_UINT64_T, agree.all, 2, MPI_UINT64_T, c->mpi, &agree.req);
+    if (rc != MPI_SUCCESS) die(h, "MPI_Iallgather of the call's descriptor returned error %d", rc);
+    agree.open = true;
+}
+
+static void check_agreement(const CommHandle *h) {
+    const Comm *c = h->comm;
+    char mine[96], theirs[96], list[1024] = "";
+    int used = 0, differ = 0;
+    for (int r = 0; r < c->size; r++) {
+        if (agree.all[2 * r] == agree.mine[0] && agree.all[2 * r + 1] == agree.mine[1]) continue;
+        descriptor_text(&agree.all[2 * r], theirs, sizeof theirs);
+        if (used < (int)sizeof list)
+            used += snprintf(list + used, sizeof list - (size_t)used, "%sworld rank %d runs %s", differ ? ", " : "",
+                             c->world_ranks[r], theirs);
+        differ++;
+    }
+    if (!differ) return;
+    descriptor_text(agree.mine, mine, sizeof mine);
+    die(h, "collective %llu of this group: this rank runs %s, but %s; every member must make the same call "
+           "(kind, count, dtype, reduce op, root) in the same order",
+        (unsigned long long)h->collective_number, mine, list);
+}
+
+// Tests the open agreement; compares the descriptors once they are all here.
+static void poll_agreement(const CommHandle *h) {
+    if (!agree.open || agree.h != h) return;
+    int complete;
+    int rc = MPI_Test(&agree.req, &complete, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) die(h, "the exchange of the call's descriptor failed (MPI error %d)", rc);
+    if (!complete) return;
+    agree.open = false;
+    check_agreement(h);
+}
+
+// An MPI error in h's data calls: most likely the members disagree on the call (a count that does
+// not fit the buffers posted), which the agreement says more clearly, if it comes in time.
+__attribute__((noreturn)) static void die_mpi_error(const CommHandle *h, int rc) {
+    long long start = now_ns();
+    while (agree.open && agree.h == h && now_ns() - start < (long long)(QUERY_GRACE_S * 1e9)) {
+        poll_agreement(h);
+        answer_questions();
+        nanosleep(&(struct timespec){.tv_nsec = 1000000L}, NULL);
+    }
+    char text[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(rc, text, &len);
+    die(h, "MPI error: %s", text);
+}
+
+// One pause of a polling loop, and the timeout: yields for the first millisecond, then answers
+// arrival questions and sleeps. reqs/peers/n name what is still open, for the timeout's message.
+static void pause_or_time_out(const CommHandle *h, MPI_Request *reqs, const int *peers, int n) {
+    long long waited = now_ns() - h->start_ns;
+    if (waited > __atomic_load_n(&stream.timeout_ns, __ATOMIC_RELAXED)) die_timed_out(h, reqs, peers, n);
+    if (waited < SPIN_NS) {
+        sched_yield();
+    } else {
+        answer_questions();
+        nanosleep(&(struct timespec){.tv_nsec = POLL_SLEEP_NS}, NULL);
     }
 }
 
-static void wait_request(const CommHandle *h, MPI_Request *req) { wait_requests(h, req, NULL, 1); }
+// Waits for reqs (a collective's data calls), testing the collective's agreement as it goes, so
+// that members which disagree are named even when the data calls would never complete.
+static void wait_requests(const CommHandle *h, MPI_Request *reqs, int n) {
+    for (;;) {
+        poll_agreement(h);
+        int complete;
+        int rc = MPI_Testall(n, reqs, &complete, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) die_mpi_error(h, rc);
+        if (complete) return;
+        pause_or_time_out(h, reqs, NULL, n);
+    }
+}
+
+// Waits for the agreement of h to complete (it has been checked when this returns).
+static void finish_agreement(const CommHandle *h) {
+    for (;;) {
+        poll_agreement(h);
+        if (!agree.open) return;
+        pause_or_time_out(h, NULL, NULL, 0);
+    }
+}
+
+static void wait_request(const CommHandle *h, MPI_Request *req) { wait_requests(h, req, 1); }
+
+// Posts a data call (the communicators return MPI errors instead of aborting: see new_comm).
+#define POST(h, call)                                    \
+    do {                                                 \
+        int post_rc_ = (call);                           \
+        if (post_rc_ != MPI_SUCCESS) die_mpi_error(h, post_rc_); \
+    } while (0)
 
 // ================================================================================================
 // Pieces: every operation moves at most chunk_bytes per MPI call, so counts above INT_MAX work
@@ -465,11 +618,11 @@ static void run_all_reduce(const CommHandle *h) {
         char *piece = element(h->recv, h->dtype, k);
         MPI_Datatype type = mpi_dtype(h->dtype);
         MPI_Request req;
-        MPI_Ialltoallv(piece, counts, displs, type, copies, my_counts, my_displs, type, c->mpi, &req);
+        POST(h, MPI_Ialltoallv(piece, counts, displs, type, copies, my_counts, my_displs, type, c->mpi, &req));
         wait_request(h, &req);
         fold_in_rank_order(copies, n, (size_t)counts[me], element(piece, h->dtype, (size_t)displs[me]), h->dtype,
                            h->reduce);
-        MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, piece, counts, displs, type, c->mpi, &req);
+        POST(h, MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, piece, counts, displs, type, c->mpi, &req));
         wait_request(h, &req);
     }
     free(copies);
@@ -495,11 +648,11 @@ static void run_blocked(const CommHandle *h) {
         char *send = element(h->send, h->dtype, k), *recv = element(h->recv, h->dtype, k);
         MPI_Request req;
         if (h->kind == OP_ALL_GATHER)
-            MPI_Iallgather(send, (int)len, type, recv, 1, blocks, c->mpi, &req);
+            POST(h, MPI_Iallgather(send, (int)len, type, recv, 1, blocks, c->mpi, &req));
         else if (h->kind == OP_ALL_TO_ALL)
-            MPI_Ialltoall(send, 1, blocks, recv, 1, blocks, c->mpi, &req);
+            POST(h, MPI_Ialltoall(send, 1, blocks, recv, 1, blocks, c->mpi, &req));
         else
-            MPI_Ialltoall(send, 1, blocks, copies, (int)len, type, c->mpi, &req);
+            POST(h, MPI_Ialltoall(send, 1, blocks, copies, (int)len, type, c->mpi, &req));
         wait_request(h, &req);
         MPI_Type_free(&blocks);
         if (reduce) fold_in_rank_order(copies, c->size, len, recv, h->dtype, h->reduce);
@@ -511,17 +664,14 @@ static void run_broadcast(const CommHandle *h) {
     size_t step = piece_len(h->dtype, 1);
     for (size_t k = 0; k < h->count; k += step) {
         MPI_Request req;
-        MPI_Ibcast(element(h->recv, h->dtype, k), (int)min_size(step, h->count - k), mpi_dtype(h->dtype), h->root,
-                   h->comm->mpi, &req);
+        POST(h, MPI_Ibcast(element(h->recv, h->dtype, k), (int)min_size(step, h->count - k), mpi_dtype(h->dtype),
+                           h->root, h->comm->mpi, &req));
         wait_request(h, &req);
     }
 }
 
-static void run_barrier(const CommHandle *h) {
-    MPI_Request req;
-    MPI_Ibarrier(h->comm->mpi, &req);
-    wait_request(h, &req);
-}
+// The barrier (and comm_finalize's closing one) is the agreement's all-gather alone: no member
+// gets every descriptor before every member has posted its own.
 
 // A transfer of 0 elements is still one (empty) message, so sends and receives keep matching.
 static size_t pieces_of(const CommP2P *t) {
@@ -547,31 +697,89 @@ static void number_messages(const CommHandle *h) {
     free(order);
 }
 
+// A receive's piece has completed: it must hold exactly what was posted (a shorter message would
+// otherwise pass silently, and leave the rest of the receive to swallow the next operation's).
+static void check_received(const CommHandle *h, const CommP2P *t, size_t len, size_t piece, const MPI_Status *st,
+                           bool error_in_status) {
+    const Comm *c = h->comm;
+    size_t pieces = pieces_of(t);
+    char where[160] = "";
+    if (pieces > 1)
+        snprintf(where, sizeof where, " (piece %zu of %zu of a receive of %zu; large transfers travel as pieces of %zu)",
+                 piece + 1, pieces, t->count, piece_len(t->dtype, 1));
+    const char *dtype = dtype_name((unsigned)t->dtype);
+    if (error_in_status && st->MPI_ERROR != MPI_SUCCESS) {
+        int class_ = st->MPI_ERROR;
+        MPI_Error_class(st->MPI_ERROR, &class_);
+        if (class_ == MPI_ERR_TRUNCATE)
+            die(h, "the message from peer rank %d (world rank %d), tag %d, holds more than the %zu %s posted%s; "
+                   "a receive's count must equal its send's",
+                t->peer, c->world_ranks[t->peer], t->tag, len, dtype, where);
+        die_mpi_error(h, st->MPI_ERROR);
+    }
+    int got = 0;
+    MPI_Get_count(st, mpi_dtype(t->dtype), &got);
+    if (got == MPI_UNDEFINED)
+        die(h, "the message from peer rank %d (world rank %d), tag %d, is not a whole number of %s where %zu were "
+               "posted%s; a receive's count and dtype must equal its send's",
+            t->peer, c->world_ranks[t->peer], t->tag, dtype, len, where);
+    if ((size_t)got != len)
+        die(h, "the message from peer rank %d (world rank %d), tag %d, holds %d %s where %zu were posted%s; "
+               "a receive's count must equal its send's",
+            t->peer, c->world_ranks[t->peer], t->tag, got, dtype, len, where);
+}
+
 // Posts every transfer (in pieces), then waits for all of them together: a send never waits for
-// a receive queued behind it, which is what makes a ring exchange safe.
+// a receive queued behind it, which is what makes a ring exchange safe. Each receive's piece is
+// checked as it completes.
 static void run_p2p(const CommHandle *h) {
     size_t n_requests = 0;
     for (int i = 0; i < h->n_p2p; i++) n_requests += pieces_of(&h->p2p[i]);
     if (n_requests > INT_MAX) fatal("comm: %s on group %s: %zu messages in one batch", h->name, h->comm->name, n_requests);
     MPI_Request *reqs = checked_calloc(n_requests, sizeof *reqs);
     int *peers = checked_calloc(n_requests, sizeof *peers);
+    int *transfer = checked_calloc(n_requests, sizeof *transfer), *done = checked_calloc(n_requests, sizeof *done);
+    size_t *lens = checked_calloc(n_requests, sizeof *lens), *piece = checked_calloc(n_requests, sizeof *piece);
+    MPI_Status *statuses = checked_calloc(n_requests, sizeof *statuses);
     size_t r = 0;
     for (int i = 0; i < h->n_p2p; i++) {
         const CommP2P *t = &h->p2p[i];
-        size_t step = piece_len(t->dtype, 1), k = 0;
+        size_t step = piece_len(t->dtype, 1), k = 0, p = 0;
         do {
             size_t len = min_size(step, t->count - k);
             char *at = element(t->buf, t->dtype, k);
             if (t->kind == COMM_SEND)
-                MPI_Isend(at, (int)len, mpi_dtype(t->dtype), t->peer, t->tag, h->comm->mpi, &reqs[r]);
+                POST(h, MPI_Isend(at, (int)len, mpi_dtype(t->dtype), t->peer, t->tag, h->comm->mpi, &reqs[r]));
             else
-                MPI_Irecv(at, (int)len, mpi_dtype(t->dtype), t->peer, t->tag, h->comm->mpi, &reqs[r]);
-            peers[r++] = t->peer;
+                POST(h, MPI_Irecv(at, (int)len, mpi_dtype(t->dtype), t->peer, t->tag, h->comm->mpi, &reqs[r]));
+            peers[r] = t->peer;
+            transfer[r] = i;
+            lens[r] = len;
+            piece[r++] = p++;
             k += len;
         } while (k < t->count);
     }
-    wait_requests(h, reqs, peers, (int)n_requests);
+    for (size_t left = n_requests; left > 0;) {
+        int n_done = 0;
+        int rc = MPI_Testsome((int)n_requests, reqs, &n_done, done, statuses);
+        if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) die_mpi_error(h, rc);
+        if (n_done == MPI_UNDEFINED) break;  // every request is complete (and freed)
+        for (int j = 0; j < n_done; j++) {
+            const CommP2P *t = &h->p2p[transfer[done[j]]];
+            if (t->kind == COMM_RECV)
+                check_received(h, t, lens[done[j]], piece[done[j]], &statuses[j], rc == MPI_ERR_IN_STATUS);
+            else if (rc == MPI_ERR_IN_STATUS && statuses[j].MPI_ERROR != MPI_SUCCESS)
+                die_mpi_error(h, statuses[j].MPI_ERROR);
+        }
+        left -= (size_t)n_done;
+        if (left > 0 && n_done == 0) pause_or_time_out(h, reqs, peers, (int)n_requests);
+    }
     number_messages(h);
+    free(statuses);
+    free(piece);
+    free(lens);
+    free(done);
+    free(transfer);
     free(peers);
     free(reqs);
 }
@@ -579,6 +787,9 @@ static void run_p2p(const CommHandle *h) {
 static Comm *new_comm(MPI_Comm mpi, const char *name, int *world_ranks) {
     Comm *c = checked_calloc(1, sizeof *c);
     c->mpi = mpi;
+    // MPI errors on the data come back to the worker, which names the operation (and, for a call
+    // the members disagree on, what each one called) instead of MPI aborting with its own words.
+    MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
     snprintf(c->name, sizeof c->name, "%s", name);
     MPI_Comm_rank(mpi, &c->rank);
     MPI_Comm_size(mpi, &c->size);
@@ -600,7 +811,7 @@ static void run_split(CommHandle *h) {
     int n = parent->size, mine[2] = {h->color, h->key};
     int *all = checked_calloc(2 * (size_t)n, sizeof *all);
     MPI_Request req;
-    MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, parent->mpi, &req);
+    POST(h, MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, parent->mpi, &req));
     wait_request(h, &req);
     // The parent ranks of my color, by key and then by parent rank (MPI_Comm_split's order).
     int *members = checked_calloc((size_t)n, sizeof *members), m = 0;
@@ -642,7 +853,8 @@ static void execute(CommHandle *h) {
     case OP_ALL_GATHER:
     case OP_ALL_TO_ALL: run_blocked(h); break;
     case OP_BROADCAST: run_broadcast(h); break;
-    case OP_BARRIER: run_barrier(h); break;
+    case OP_BARRIER:
+    case OP_FINALIZE: break;  // the agreement is the barrier
     case OP_P2P: run_p2p(h); break;
     case OP_SPLIT: run_split(h); break;
     case OP_FREE: destroy_comm(h->comm); break;
@@ -717,8 +929,12 @@ static void *worker_main(void *unused) {
         CommHandle *h = dequeue();
         bool stop = h->kind == OP_STOP;
         h->start_ns = now_ns();
-        if (h->kind < OP_P2P || h->kind == OP_SPLIT) h->collective_number = ++h->comm->collectives_started;
+        if (is_collective(h->kind)) {
+            h->collective_number = ++h->comm->collectives_started;
+            post_agreement(h);
+        }
         execute(h);
+        if (is_collective(h->kind)) finish_agreement(h);
         record_slice(h);
         mark_done(h);
         if (stop) return NULL;
@@ -787,9 +1003,17 @@ double comm_timeout_for_step(double slowest_step_seconds) {
 void comm_finalize(void) {
     if (!stream.started) return;
     comm_set_device_backend(NULL);  // gpu/ normally has done so already, before its device went
-    comm_wait(enqueue(new_op(OP_STOP, "finalize", stream.world)));
+    // A last barrier over the world, polled with the timeout like every collective, while the worker
+    // still answers arrival questions: MPI_Finalize below cannot be polled, so a peer stopped after
+    // its last collective would hang it for ever, and a peer still behind (it skipped a collective)
+    // must still be reported as alive by this rank's worker. After it every rank has reached
+    // comm_finalize, so MPI_Finalize returns.
+    comm_wait(enqueue(new_op(OP_FINALIZE, "finalize", stream.world)));
+    comm_wait(enqueue(new_op(OP_STOP, "stop", stream.world)));
     pthread_join(stream.worker, NULL);
     stream.started = false;
+    free(agree.all);
+    agree.all = NULL;
     // The worker has ended, so the main thread may call MPI again: SERIALIZED allows that.
     destroy_comm(stream.world);
     stream.world = NULL;

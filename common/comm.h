@@ -26,7 +26,11 @@
 // the operation, the group and who is missing: for point to point the peer rank, for a collective
 // the members that did not arrive, each "alive, still at collective j" (not there yet) or "no
 // answer: stopped or dead" (a SIGSTOPped or killed rank; mpirun may end the job first for a killed
-// one; see common/COMM.md).
+// one; see common/COMM.md). Members that disagree on a collective (its kind, count, dtype, reduce
+// op or root: every collective compares a small descriptor of each member's call) and a receive
+// whose message is not the count it posted end the run with one line saying what differs.
+// comm_init is not covered (a rank stopped before it returns hangs the others in MPI_Init);
+// comm_finalize is, by a barrier under the timeout before MPI_Finalize.
 //
 // The timeout. comm_init sets it (default COMM_STARTUP_TIMEOUT_S, room for start-up work such as
 // building the model), comm_set_timeout changes it at any time. A trainer that measures its steps
@@ -57,13 +61,15 @@ typedef struct {
 // stream's worker thread. Call once, before anything else; options may be NULL (defaults). Works
 // without mpirun too, as a world of one rank.
 void comm_init(int *argc, char ***argv, const CommOptions *options);
+// A barrier over the world under the timeout (so a peer stopped after its last collective ends the
+// run instead of hanging MPI_Finalize), then waits for queued work, stops the worker, MPI_Finalize.
 void comm_finalize(void);
 // The timeout of every operation from now on, also one already waiting (seconds, > 0).
 void comm_set_timeout(double seconds);
 double comm_timeout(void);
 // The rule for a timeout derived from measured steps: max(COMM_TIMEOUT_FLOOR_S,
 // COMM_TIMEOUT_STEP_FACTOR x slowest_step_seconds).
-double comm_timeout_for_step(double slowest_step_seconds);  // waits for queued work, stops the worker, then MPI_Finalize
+double comm_timeout_for_step(double slowest_step_seconds);
 
 Comm *comm_world(void);  // named "world"
 // This process among the world's ranks on the same host (node), whatever the launcher's mapping:
@@ -85,6 +91,9 @@ size_t comm_dtype_size(CommDtype dtype);
 size_t comm_bytes(CommDtype dtype, size_t count);
 
 // ---- collectives (count is in elements) ---------------------------------------------------------
+// Every member of the group calls each collective in the same order with the same count, dtype,
+// reduce op and root; the comm stream compares them (a 16-byte all-gather posted with the data,
+// common/COMM.md) and ends the run naming what differs. Not checked on NCCL's device buffers.
 // Reductions are bit-reproducible: every element is folded in rank order, x0 + x1 + ... + x(n-1),
 // on every rank and in every run (see common/COMM.md). AVG needs a float dtype; COMM_BYTE cannot be
 // reduced. MAX propagates NaN.
@@ -111,7 +120,8 @@ typedef struct {
     int tag;   // >= 0
 } CommP2P;
 // Posts every transfer, then waits for all of them: one operation on the stream. A receive's count
-// must equal its send's (large transfers travel as several messages).
+// must equal its send's (large transfers travel as several messages); a message of another length
+// than the receive posted for it ends the run.
 CommHandle *comm_batch_start(Comm *c, const CommP2P *ops, int n_ops);
 CommHandle *comm_send_start(Comm *c, const void *buf, size_t count, CommDtype dtype, int peer, int tag);
 CommHandle *comm_recv_start(Comm *c, void *buf, size_t count, CommDtype dtype, int peer, int tag);

@@ -36,6 +36,17 @@ void fatal_input(const char *fmt, ...) {
     exit(EXIT_BAD_INPUT);
 }
 
+// A check only this rank makes (it holds the data: a slice of a checkpoint it reads, its own file):
+// no other rank will say it, so this one does, with "[rank r]" as vprint_line adds above rank 0.
+void fatal_input_local(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vprint_line(fmt, ap);
+    va_end(ap);
+    fflush(stderr);
+    exit(EXIT_BAD_INPUT);
+}
+
 void fatal(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

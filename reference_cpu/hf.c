@@ -368,7 +368,8 @@ static void read_elements(const HfEntry *e, size_t first, size_t n, unsigned cha
         if (!isfinite(out[i])) {
             char name[PARAM_NAME_MAX + 32];  // the file's name for it
             if (!hf_name(e->name, name, sizeof name)) snprintf(name, sizeof name, "%s", e->name);
-            fatal_input("%s: tensor '%s' holds %s at element %zu (not a finite weight)", st_path(e->file), name,
+            // Only the rank that reads this slice sees it (--pp, --tp, --dp-shard split the reads).
+            fatal_input_local("%s: tensor '%s' holds %s at element %zu (not a finite weight)", st_path(e->file), name,
                         isnan(out[i]) ? "NaN" : "an infinity", first + i);
         }
 }

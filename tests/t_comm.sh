@@ -2,7 +2,9 @@
 # The comm stream under mpirun: tests/test_comm_mpi on 2, 3, 4 and 8 ranks (oversubscribed), with a
 # traced section checked against the Perfetto schema; once more with every MPI call cut into
 # 4000-byte pieces; then the ways a run must end when a rank fails: killed (mpirun notices), hung
-# or stopped (the comm timeout fires and names the ranks that did not arrive). Each mpirun is bounded by `timeout`, so a hang fails the test
+# or stopped (the comm timeout fires and names the ranks that did not arrive, also around
+# comm_finalize); and calls the ranks do not agree on (a collective's kind, count, dtype, op or
+# root; a receive's count), each of which must end the run with a line saying what differs. Each mpirun is bounded by `timeout`, so a hang fails the test
 # instead of stalling it. Needs $BUILD/tests/test_comm_mpi (make) and $PYTHON with `perfetto`.
 set -euo pipefail
 BUILD=${BUILD:-build}
@@ -71,3 +73,43 @@ run 60 4 --hang stop --hang-rank 3 --timeout 3
 [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "stopped rank: exit status $status"
 expect_output "^comm: barrier on group world \(4 ranks\) did not finish after 3 s on world rank [012]; did not arrive: world rank 3 \(no answer: stopped or dead\)$" "stopped rank"
 echo "ok: stopped rank, timeout after ${took}s: $(grep '^comm:' "$OUT" | head -1)"
+
+# Rank 1 stops (SIGSTOP) after its last collective, while the others are in comm_finalize: its
+# closing barrier is polled like every collective, so the timeout names the stopped rank (an
+# unpolled MPI_Finalize waited for ever).
+run 30 4 --hang late --hang-rank 1 --timeout 3
+[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "rank stopped before comm_finalize: exit status $status (124: hung)"
+expect_output "^comm: finalize on group world \(4 ranks\) did not finish after 3 s on world rank [023]; did not arrive: world rank 1 \(no answer: stopped or dead\)$" "rank stopped before comm_finalize"
+echo "ok: rank stopped before comm_finalize, timeout after ${took}s: $(grep '^comm:' "$OUT" | head -1)"
+
+# Rank 1 skips a barrier of a subgroup and goes on to comm_finalize: the others' barrier times
+# out, and rank 1, still in comm_finalize's barrier, answers that it is behind (it was reported as
+# "no answer" when comm_finalize stopped its comm thread at once).
+run 30 3 --hang skip --hang-rank 1 --timeout 3
+[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "rank that skipped a barrier: exit status $status"
+expect_output "^comm: barrier on group sub \(3 ranks\) did not finish after 3 s on world rank [02]; did not arrive: world rank 1 \(alive, still at collective 1 of this group; this is 2\)$" "rank that skipped a barrier"
+echo "ok: rank that skipped a barrier and finished, timeout after ${took}s: $(grep '^comm:' "$OUT" | head -1)"
+
+# Calls that do not match: rank 1 calls what the others do not. Each must end the run with one line
+# that says what differs (they went through silently, or failed inside MPI, or timed out).
+mismatch() {  # CASE N REGEX [ARGS...]
+    local case=$1 n=$2 regex=$3
+    shift 3
+    run 30 "$n" --mismatch "$case" --timeout 5 "$@"
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "mismatch $case: exit status $status"
+    ! grep -q "went unnoticed" "$OUT" || fail "mismatch $case: went unnoticed"
+    expect_output "$regex" "mismatch $case"
+    echo "ok: mismatch $case in ${took}s: $(grep -E "$regex" "$OUT" | head -1)"
+}
+disagree="failed on world rank [023]: collective 1 of this group: this rank runs"
+mismatch root 3 "^comm: broadcast on group world \(3 ranks\) $disagree broadcast\(4 float32, root 0\), but world rank 1 runs broadcast\(4 float32, root 1\); "
+mismatch op 4 "^comm: all_reduce on group world \(4 ranks\) $disagree all_reduce\(4 float32, SUM\), but world rank 1 runs all_reduce\(4 float32, MAX\); "
+mismatch count 3 "^comm: all_reduce on group world \(3 ranks\) $disagree all_reduce\(4 float32, SUM\), but world rank 1 runs all_reduce\(5 float32, SUM\); "
+mismatch count 3 "^comm: all_reduce on group world \(3 ranks\) $disagree all_reduce\(4 float32, SUM\), but world rank 1 runs all_reduce\(5 float32, SUM\); " --chunk-bytes 8
+mismatch dtype 2 "^comm: all_reduce on group world \(2 ranks\) $disagree all_reduce\(4 float32, SUM\), but world rank 1 runs all_reduce\(4 int32, SUM\); "
+mismatch kind 3 "^comm: all_reduce on group world \(3 ranks\) $disagree all_reduce\(4 float32, SUM\), but world rank 1 runs all_gather\(4 float32\); "
+mismatch finalize 3 "^comm: barrier on group world \(3 ranks\) failed on world rank [02]: collective 2 of this group: this rank runs barrier, but world rank 1 runs finalize \(comm_finalize\); "
+recv="^comm: recv on group world \(2 ranks\) failed on world rank 1: the message from peer rank 0 \(world rank 0\), tag 7,"
+mismatch recv-short 2 "$recv holds 3 float32 where 5 were posted; a receive's count must equal its send's$"
+mismatch recv-long 2 "$recv holds more than the 3 float32 posted; a receive's count must equal its send's$"
+mismatch recv-pieces 2 "$recv holds 500 float32 where 1000 were posted \(piece 1 of 2 of a receive of 1500; " --chunk-bytes 4000

@@ -3,7 +3,8 @@
 #   - a rank stopped with SIGSTOP ends the job after the comm timeout, and the line names it;
 #   - the default comm timeout follows the measured steps (max(60 s, 10 x the slowest step));
 #   - temporaries of dead checkpoint writers are removed when the directory is opened, nothing else;
-#   - a state that is not finite is never checkpointed: the run stops, the last good one stays.
+#   - a state that is not finite is never checkpointed: the run stops, the last good one stays;
+#   - bad input that only one rank sees (a NaN weight in the slice it reads) is still printed.
 # Bad input (exit 2, one line, before any work) is tests/t_cli.sh's.
 set -eu
 source tests/lib.sh
@@ -103,4 +104,26 @@ sys.exit(f"{sys.argv[1]}: not finite: {bad}" if bad else 0)
 PY
 echo "ok: $line"
 echo "ok: $latest, the latest, is finite everywhere"
+echo "== a NaN weight that only rank 1 reads is reported by rank 1"
+# --tp 2: rank 1 reads the second half of gate_proj's rows, so only it finds the NaN in the last
+# element. fatal_input's "rank 0 says it" would end the job with status 2 and no message.
+"$BUILD/train" --model tiny --batch 2 --steps 1 --export-hf "$T/hf_ok" > "$T/hf_export.log" 2>&1 \
+    || { cat "$T/hf_export.log"; fail "--export-hf failed"; }
+"$PYTHON" - "$T/hf_ok" "$T/hf_nan" <<'PY'
+import shutil, sys
+from safetensors.numpy import load_file, save_file
+src, dst = sys.argv[1], sys.argv[2]
+shutil.copytree(src, dst)
+tensors = load_file(f"{src}/model.safetensors")
+w = tensors["model.layers.0.mlp.gate_proj.weight"].copy()
+w[-1, -1] = float("nan")
+tensors["model.layers.0.mlp.gate_proj.weight"] = w
+save_file(tensors, f"{dst}/model.safetensors", metadata={"format": "pt"})
+PY
+status=0
+timeout 120 $MPIRUN -np 2 "$BUILD/train" --init-from "hf:$T/hf_nan" --tp 2 --batch 2 --steps 1 > "$T/hf_nan.log" 2>&1 || status=$?
+[ "$status" -eq 2 ] || { cat "$T/hf_nan.log"; fail "NaN weight on rank 1: exit status $status, wanted 2"; }
+grep -Eq "^train \[rank 1\]: $T/hf_nan/model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' holds NaN at element [0-9]+ \(not a finite weight\)$" \
+    "$T/hf_nan.log" || { cat "$T/hf_nan.log"; fail "no line names the NaN weight rank 1 found"; }
+echo "ok: $(grep 'not a finite weight' "$T/hf_nan.log")"
 echo "t_reliability: OK"

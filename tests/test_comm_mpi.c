@@ -7,7 +7,10 @@
 //                                                    trace of a traced section to PATH (+ PATH.json)
 //   test_comm_mpi --mesh PP DR DS CP TP [--mesh-dot PATH]   only build that mesh (and draw it)
 //   test_comm_mpi --kill-rank R [--timeout S]        rank R dies by SIGKILL in the middle of a loop
-//   test_comm_mpi --hang p2p|collective --hang-rank R --timeout S   rank R stops taking part
+//   test_comm_mpi --hang p2p|collective|stop|late|skip --hang-rank R --timeout S   rank R stops taking part
+//   test_comm_mpi --mismatch root|op|count|dtype|kind|finalize|recv-short|recv-long|recv-pieces
+//                 [--chunk-bytes N]   rank 1 makes a call that does not match the others' (the
+//                                     comm layer must end the run with a line saying so)
 //
 // Every rank's input is a pure function of (rank, index), so each rank computes what every
 // collective must return, for all ranks, by itself. Reductions must match a sequential fold in
@@ -454,8 +457,24 @@ static void run_until_killed(Comm *c, int victim) {
 
 // The victim stops taking part without dying: only the timeout can end the run. "p2p" and
 // "collective": it sleeps (alive: its comm thread still answers); "stop": after two barriers it
-// stops itself with SIGSTOP, as `kill -STOP` would (nothing of it runs, not even its comm thread).
+// stops itself with SIGSTOP, as `kill -STOP` would (nothing of it runs, not even its comm thread);
+// "late": it stops itself after its last collective, while the others are in comm_finalize;
+// "skip": it skips the second barrier of a subgroup and goes on to comm_finalize, alive (its comm
+// thread must still answer that it is behind).
 static void run_until_timeout(Comm *c, int victim, const char *what) {
+    if (strcmp(what, "late") == 0) {
+        comm_barrier(c);
+        if (comm_rank(c) == victim) raise(SIGSTOP);
+        comm_finalize();
+        fatal("comm_finalize returned although rank %d is stopped", victim);
+    }
+    if (strcmp(what, "skip") == 0) {
+        Comm *sub = comm_split(c, 0, comm_rank(c), "sub");
+        comm_barrier(sub);
+        if (comm_rank(c) != victim) comm_barrier(sub);
+        comm_finalize();
+        fatal("comm_finalize returned although rank %d skipped a barrier", victim);
+    }
     if (strcmp(what, "stop") == 0) {
         comm_barrier(c);
         comm_barrier(c);
@@ -475,11 +494,54 @@ static void run_until_timeout(Comm *c, int victim, const char *what) {
     fatal("the timeout never fired");
 }
 
+// Rank 1 makes a call that does not match the others' (world rank 0's, for point to point). The
+// comm layer must end the run with a line naming the difference; the barrier after it lets every
+// rank see whether it did, and a run that gets past it has let the mismatch through.
+static void run_mismatch(Comm *c, const char *what) {
+    int me = comm_rank(c), odd = me == 1;
+    float buf[1600] = {0}, out[1600 * 8];
+    for (int i = 0; i < 1600; i++) buf[i] = (float)(me + 1);
+    if (comm_size(c) < 2) fatal("--mismatch needs two ranks");
+    if (strcmp(what, "root") == 0)
+        comm_broadcast(c, buf, 4, COMM_FLOAT32, odd ? 1 : 0);
+    else if (strcmp(what, "op") == 0)
+        comm_all_reduce(c, buf, 4, COMM_FLOAT32, odd ? COMM_MAX : COMM_SUM);
+    else if (strcmp(what, "count") == 0)
+        comm_all_reduce(c, buf, odd ? 5 : 4, COMM_FLOAT32, COMM_SUM);
+    else if (strcmp(what, "dtype") == 0)
+        comm_all_reduce(c, buf, 4, odd ? COMM_INT32 : COMM_FLOAT32, COMM_SUM);
+    else if (strcmp(what, "kind") == 0) {
+        if (odd) comm_all_gather(c, buf, out, 4, COMM_FLOAT32);
+        else comm_all_reduce(c, buf, 4, COMM_FLOAT32, COMM_SUM);
+    } else if (strcmp(what, "finalize") == 0) {  // rank 1 skips a barrier and finishes
+        comm_barrier(c);
+        if (!odd) comm_barrier(c);
+        comm_finalize();
+        fatal("comm_finalize returned although rank 1 skipped a barrier");
+    } else if (strncmp(what, "recv-", 5) == 0) {
+        // short: 3 sent, 5 posted; long: 5 sent, 3 posted; pieces (with --chunk-bytes 4000, 1000
+        // floats a piece): 500 sent, 1500 posted, so the second piece would take the next message
+        bool pieces = strcmp(what, "recv-pieces") == 0;
+        size_t sent = pieces ? 500 : strcmp(what, "recv-short") == 0 ? 3 : 5;
+        size_t posted = pieces ? 1500 : strcmp(what, "recv-short") == 0 ? 5 : 3;
+        if (me == 0) {
+            comm_send(c, buf, sent, COMM_FLOAT32, 1, 7);
+            comm_send(c, buf, 10, COMM_FLOAT32, 1, 7);
+        } else if (me == 1) {
+            comm_recv(c, buf, posted, COMM_FLOAT32, 0, 7);
+            comm_recv(c, buf, 10, COMM_FLOAT32, 0, 7);
+        }
+    } else
+        fatal_input("--mismatch %s: unknown case", what);
+    comm_barrier(c);
+    fatal("--mismatch %s: the mismatch went unnoticed", what);
+}
+
 // ---- main ------------------------------------------------------------------------------------------
 
 typedef struct {
     CommOptions comm;
-    const char *trace_path, *mesh_dot, *hang;
+    const char *trace_path, *mesh_dot, *hang, *mismatch;
     int mesh[MESH_N_DIMS];
     bool only_mesh;
     int kill_rank, hang_rank;
@@ -502,6 +564,8 @@ static Args parse_args(int argc, char **argv) {
             a.kill_rank = atoi(argv[++i]);
         else if (strcmp(flag, "--hang") == 0 && has_value)
             a.hang = argv[++i];
+        else if (strcmp(flag, "--mismatch") == 0 && has_value)
+            a.mismatch = argv[++i];
         else if (strcmp(flag, "--hang-rank") == 0 && has_value)
             a.hang_rank = atoi(argv[++i]);
         else if (strcmp(flag, "--mesh") == 0 && i + MESH_N_DIMS < argc) {
@@ -570,6 +634,8 @@ int main(int argc, char **argv) {
         run_until_killed(world, a.kill_rank);
     else if (a.hang)
         run_until_timeout(world, a.hang_rank, a.hang);
+    else if (a.mismatch)
+        run_mismatch(world, a.mismatch);
     else
         meshes = run_checks(world, &a);
     int32_t total = failures;
