@@ -329,7 +329,7 @@ static void model_buffers(GpuModel *m, size_t *plan, bool sharded) {
     }
     m->x_final = ACTS(R * D), m->xn_final = ACTS(BT * D);
     m->logits = ACTS(BT * V), m->dlogits = ACTS(BT * V);
-    m->rstd_final = STATS(R), m->lse_final = STATS(BT);
+    m->rstd_final = STATS(R), m->ce_stats = STATS(2 * BT);
     m->qkv = ACTS(BT * (hq + 2 * hkv));
     m->dx = ACTS(R * D), m->dxn = ACTS(BT * D);
     m->dq = ACTS(BT * (hq + 2 * hkv)), m->dattn = ACTS(BT * hq);  // dq, then dk, then dv: one zero-fill
@@ -532,7 +532,7 @@ static void block_acts_free_owned(const GpuModel *m, GpuBlockActs *a, bool share
 void gpu_model_free(GpuModel *m) {
     for (int l = m->cfg.n_layers - 1; l >= 0; l--) block_acts_free_owned(m, &m->blocks[l], l == 0);
     void *owned[] = {m->params, m->grads, m->adam_m, m->adam_v, m->params_bf16, m->x_final, m->xn_final,
-                     m->logits, m->rstd_final, m->lse_final, m->qkv, m->dx, m->dxn,
+                     m->logits, m->rstd_final, m->ce_stats, m->qkv, m->dx, m->dxn,
                      m->dq /* and dk, dv */, m->dattn, m->dgate /* and dup */, m->dact, m->dlogits, m->inputs,
                      m->targets, m->loss, m->grad_sum_sq, m->tp_partial, m->tp_row_max, m->tp_sums, m->tp_sq,
                      m->tp_rows, m->sp_rows, m->sp_full, m->sp_norm_grad};
@@ -746,7 +746,7 @@ static void check_targets(const GpuModel *m, const int *targets) {
 typedef struct {
     void *x_final;           // (R, D) the last block's output, the head's input (model.h: R = m->rows)
     void *xn_final, *logits; // (BT, D) the final norm's output, (BT, V) the head's
-    float *rstd_final, *lse_final;
+    float *rstd_final, *ce_stats;  // (R), (BT, 2) the loss's row max and log-sum (ops.h)
     const int *targets;      // device (BT)
 } GpuHead;
 
@@ -770,7 +770,7 @@ static void embed_forward(GpuModel *m, const int *inputs, void *x0) {
 
 // The mean loss into m->loss. Vocab-parallel (tp.c's loss_forward on the device): per token the max
 // over the whole vocabulary (all-reduce MAX), then this rank's sum of exp(logit - max) and the target's
-// logit where this rank holds it (one all-reduce SUM of both), then lse and the mean.
+// logit where this rank holds it (one all-reduce SUM of both), then the row stats and the mean.
 static void loss_forward(GpuModel *m, const GpuHead *h) {
     int BT = m->B * m->T, V = m->local.vocab_size;
     if (m->tp) {
@@ -778,9 +778,9 @@ static void loss_forward(GpuModel *m, const GpuHead *h) {
         comm_all_reduce(m->tp, m->tp_row_max, (size_t)BT, COMM_FLOAT32, COMM_MAX);
         gpu_vocab_parallel_sums_bf16(m->tp_sums, h->logits, m->tp_row_max, h->targets, BT, m->local.vocab_start, V);
         comm_all_reduce(m->tp, m->tp_sums, 2 * (size_t)BT, COMM_FLOAT64, COMM_SUM);
-        gpu_vocab_parallel_loss(m->loss, h->lse_final, m->tp_row_max, m->tp_sums, h->targets, BT);
-    } else if (BF16(m)) gpu_cross_entropy_forward_into_bf16(m->loss, h->lse_final, h->logits, h->targets, BT, V);
-    else gpu_cross_entropy_forward_into(m->loss, h->lse_final, h->logits, h->targets, BT, V);
+        gpu_vocab_parallel_loss(m->loss, h->ce_stats, m->tp_row_max, m->tp_sums, h->targets, BT);
+    } else if (BF16(m)) gpu_cross_entropy_forward_into_bf16(m->loss, h->ce_stats, h->logits, h->targets, BT, V);
+    else gpu_cross_entropy_forward_into(m->loss, h->ce_stats, h->logits, h->targets, BT, V);
 }
 
 // The final norm, the output projection and the loss (into m->loss, queued).
@@ -799,7 +799,7 @@ static void head_forward(GpuModel *m, const GpuHead *h) {
 }
 
 static GpuHead model_head(const GpuModel *m) {
-    return (GpuHead){m->x_final, m->xn_final, m->logits, m->rstd_final, m->lse_final, m->targets};
+    return (GpuHead){m->x_final, m->xn_final, m->logits, m->rstd_final, m->ce_stats, m->targets};
 }
 
 // Blocks [first, end) on m->blocks (each reads its x, the next block's x is its output), the last
@@ -926,18 +926,18 @@ static void gpu_block_backward(const GpuModel *m, int l, void *dx) {
 }
 
 // dlogits = the loss's gradient, dxn = dlogits W_out (the head's input gradient). Vocab-parallel: on
-// this rank's columns (the lse is the whole row's), and dxn summed over the group in fp32.
+// this rank's columns (the stats are the whole row's), and dxn summed over the group in fp32.
 static void loss_and_logits_backward(GpuModel *m, const GpuHead *h, double dloss) {
     int BT = m->B * m->T, D = m->cfg.dim, V = m->local.vocab_size;
     if (m->tp) {
-        gpu_cross_entropy_backward_columns_bf16(m->dlogits, h->logits, h->lse_final, h->targets, BT,
+        gpu_cross_entropy_backward_columns_bf16(m->dlogits, h->logits, h->ce_stats, h->targets, BT,
                                                 m->local.vocab_start, V, dloss);
         gpu_matmul_backward_input_bf16_into_f32(m->tp_partial, m->dlogits, weight(m, m->output), BT, D, V, false);
         tp_sum_into_bf16(m, m->dxn);
         return;
     }
-    if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, h->logits, h->lse_final, h->targets, BT, V, dloss);
-    else gpu_cross_entropy_backward(m->dlogits, h->logits, h->lse_final, h->targets, BT, V, dloss);
+    if (BF16(m)) gpu_cross_entropy_backward_bf16(m->dlogits, h->logits, h->ce_stats, h->targets, BT, V, dloss);
+    else gpu_cross_entropy_backward(m->dlogits, h->logits, h->ce_stats, h->targets, BT, V, dloss);
     matmul_bwd_first(m, m->dxn, NULL, m->dlogits, h->xn_final, weight(m, m->output), BT, D, V);
 }
 
@@ -1092,7 +1092,7 @@ void gpu_model_init_stages(GpuModel *m, const ModelConfig *cfg, GpuPrecision pre
         else *shared = (GpuBlockActs){.xn1 = all.xn1, .xn2 = all.xn2, .act = all.act, .rstd1 = all.rstd1,
                                       .rstd2 = all.rstd2};  // the recomputed group
     }
-    void **held[] = {&m->xn_final, &m->logits, (void **)&m->rstd_final, (void **)&m->lse_final, &m->dx,
+    void **held[] = {&m->xn_final, &m->logits, (void **)&m->rstd_final, (void **)&m->ce_stats, &m->dx,
                      (void **)&m->inputs, (void **)&m->targets, ac == AC_FULL ? NULL : &m->x_final};
     for (size_t i = 0; i < sizeof held / sizeof held[0]; i++)
         if (held[i]) gpu_free(*held[i]), *held[i] = NULL;
@@ -1115,7 +1115,7 @@ GpuStageActs *gpu_model_stage_acts_alloc(const GpuModel *m, int first, int end) 
     if (first == 0) s->inputs = gpu_alloc(MEM_OTHER, sizeof(int) * BT);
     if (end == cfg->n_layers) {
         s->xn_final = ACTS(BT * D), s->logits = ACTS(BT * V);
-        s->rstd_final = STATS(R), s->lse_final = STATS(BT);
+        s->rstd_final = STATS(R), s->ce_stats = STATS(2 * BT);
         s->targets = gpu_alloc(MEM_OTHER, sizeof(int) * BT);
     }
 #undef ACTS
@@ -1126,7 +1126,7 @@ GpuStageActs *gpu_model_stage_acts_alloc(const GpuModel *m, int first, int end) 
 void gpu_model_stage_acts_free(const GpuModel *m, GpuStageActs *s) {
     if (!s) return;
     for (int l = s->first; l < s->end; l++) block_acts_free_owned(m, &s->blocks[l], false);
-    void *owned[] = {s->out, s->dx, s->inputs, s->xn_final, s->logits, s->rstd_final, s->lse_final, s->targets};
+    void *owned[] = {s->out, s->dx, s->inputs, s->xn_final, s->logits, s->rstd_final, s->ce_stats, s->targets};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) gpu_free(owned[i]);
     mem_free(s->blocks);
     mem_free(s);
@@ -1145,7 +1145,7 @@ void gpu_model_stage_blocks_forward(GpuModel *m, GpuStageActs *s) {
 }
 
 static GpuHead stage_head(const GpuStageActs *s) {
-    return (GpuHead){s->out, s->xn_final, s->logits, s->rstd_final, s->lse_final, s->targets};
+    return (GpuHead){s->out, s->xn_final, s->logits, s->rstd_final, s->ce_stats, s->targets};
 }
 
 double gpu_model_stage_head_forward(GpuModel *m, GpuStageActs *s, const int *targets) {

@@ -136,7 +136,7 @@ typedef struct {
     size_t tok_embeddings, norm, output;  // offsets; output == tok_embeddings when tied
     GpuBlockActs *blocks;             // (n_layers)
     void *x_final, *xn_final, *logits;
-    float *rstd_final, *lse_final;
+    float *rstd_final, *ce_stats;     // (R), (BT, 2) the loss's row max and log-sum (gpu/ops.h)
     void *qkv;                        // (BT, hq + 2 hkv): the fused QKV GEMM's output, then its gradient
     // backward scratch, shared by the blocks. dx: the residual stream's gradient, updated in place
     // block by block. dq, dk, dv are one buffer (one zero-fill), and so are dgate, dup (dup = dgate + BT F).
@@ -253,7 +253,7 @@ typedef struct {
     int *inputs;              // (BT) device: stage 0's tokens, for the embedding's backward; else NULL
     // the last stage: the head's activations and the targets (else NULL)
     void *xn_final, *logits;
-    float *rstd_final, *lse_final;
+    float *rstd_final, *ce_stats;  // (R), (BT, 2) the loss's row max and log-sum (gpu/ops.h)
     int *targets;
 } GpuStageActs;
 

@@ -506,10 +506,10 @@ extern "C" void gpu_swiglu_backward_bf16(gpu_bf16 *dgate, gpu_bf16 *dup, const g
 }
 
 // ================================ cross-entropy ==================================================
-// lse (N): block per row of logits (N,V): the row's max, then log of the sum of exp(x - max) (the
-// sum in double, as the reference), plus the max.
+// stats (N,2): block per row of logits (N,V): the row's max, then log of the sum of exp(x - max) (the
+// sum in double, as the reference), kept apart (ops.h: their fp32 sum rounds at the max's scale).
 template <typename T, int W>
-__global__ void cross_entropy_lse_kernel(float *lse, const T *logits, int V) {
+__global__ void cross_entropy_stats_kernel(float *stats, const T *logits, int V) {
     __shared__ float max_scratch[32];
     __shared__ double sum_scratch[32];
     const T *x = logits + (size_t)blockIdx.x * V;
@@ -519,12 +519,12 @@ __global__ void cross_entropy_lse_kernel(float *lse, const T *logits, int V) {
     double sum = 0;
     for_my_elements<W>(x, V, [&](float v) { sum += expf(v - row_max); });
     sum = block_sum(sum, sum_scratch);
-    if (threadIdx.x == 0) lse[blockIdx.x] = (float)(row_max + log(sum));
+    if (threadIdx.x == 0) stats[2 * blockIdx.x] = row_max, stats[2 * blockIdx.x + 1] = (float)log(sum);
 }
 
 // What the loss kernel hands back to the host.
 typedef struct {
-    double total;  // sum over valid rows of lse - logit[target]
+    double total;  // sum over valid rows of (max - logit[target]) + log-sum
     int n_valid;
     int bad_row;   // first row whose target is neither IGNORE_INDEX nor in [0, V); INT_MAX if none
 } LossSum;
@@ -533,7 +533,7 @@ typedef struct {
 // Writes the sums to *result (for the host), or the mean to *loss (left on the device): NaN if a
 // target was out of range, 0 if every target is ignored.
 template <typename T>
-__global__ void cross_entropy_loss_kernel(LossSum *result, double *loss, const float *lse, const T *logits,
+__global__ void cross_entropy_loss_kernel(LossSum *result, double *loss, const float *stats, const T *logits,
                                           const int *targets, int N, int V) {
     __shared__ double total_scratch[32];
     __shared__ int count_scratch[32];
@@ -549,7 +549,7 @@ __global__ void cross_entropy_loss_kernel(LossSum *result, double *loss, const f
             atomicMin(&bad_row, n);  // an error report, not data: its order does not matter
             continue;
         }
-        total += (double)lse[n] - to_f32(logits[(size_t)n * V + t]);
+        total += ((double)stats[2 * n] - to_f32(logits[(size_t)n * V + t])) + stats[2 * n + 1];
         count++;
     }
     total = block_sum(total, total_scratch);
@@ -562,18 +562,19 @@ __global__ void cross_entropy_loss_kernel(LossSum *result, double *loss, const f
     if (threadIdx.x == 0 && loss) *loss = bad_row != INT_MAX ? (double)NAN : count ? total / count : 0.0;
 }
 
-template <typename T> static void launch_lse(float *lse, const T *logits, int N, int V) {
-    if (rows_packed<T>({logits}, V)) GPU_LAUNCH((cross_entropy_lse_kernel<T, 16 / sizeof(T)>), N, ROW_THREADS, 0, lse, logits, V);
-    else GPU_LAUNCH((cross_entropy_lse_kernel<T, 1>), N, ROW_THREADS, 0, lse, logits, V);
+template <typename T> static void launch_stats(float *stats, const T *logits, int N, int V) {
+    if (rows_packed<T>({logits}, V))
+        GPU_LAUNCH((cross_entropy_stats_kernel<T, 16 / sizeof(T)>), N, ROW_THREADS, 0, stats, logits, V);
+    else GPU_LAUNCH((cross_entropy_stats_kernel<T, 1>), N, ROW_THREADS, 0, stats, logits, V);
 }
 
 template <typename T>
-static double launch_cross_entropy_forward(float *lse, const T *logits, const int *targets, int N, int V) {
+static double launch_cross_entropy_forward(float *stats, const T *logits, const int *targets, int N, int V) {
     if (N == 0) return 0.0;
-    launch_lse(lse, logits, N, V);
+    launch_stats(stats, logits, N, V);
     LossSum *d_sum = (LossSum *)gpu_scratch_alloc(sizeof(LossSum));
     LossSum sum;
-    GPU_LAUNCH(cross_entropy_loss_kernel<T>, 1, 1024, 0, d_sum, (double *)NULL, lse, logits, targets, N, V);
+    GPU_LAUNCH(cross_entropy_loss_kernel<T>, 1, 1024, 0, d_sum, (double *)NULL, stats, logits, targets, N, V);
     gpu_download(&sum, d_sum, sizeof sum);
     gpu_scratch_free(d_sum);
     if (sum.bad_row != INT_MAX) fatal("cross-entropy: the target of row %d is outside [0, %d)", sum.bad_row, V);
@@ -582,14 +583,14 @@ static double launch_cross_entropy_forward(float *lse, const T *logits, const in
 
 // The same two kernels, the mean left in *loss (device): nothing comes back to the host.
 template <typename T>
-static void launch_cross_entropy_forward_into(double *loss, float *lse, const T *logits, const int *targets, int N,
+static void launch_cross_entropy_forward_into(double *loss, float *stats, const T *logits, const int *targets, int N,
                                               int V) {
     if (N == 0) {
         gpu_fill_bytes(loss, 0, sizeof(double));  // all-zero bytes: 0.0
         return;
     }
-    launch_lse(lse, logits, N, V);
-    GPU_LAUNCH(cross_entropy_loss_kernel<T>, 1, 1024, 0, (LossSum *)NULL, loss, lse, logits, targets, N, V);
+    launch_stats(stats, logits, N, V);
+    GPU_LAUNCH(cross_entropy_loss_kernel<T>, 1, 1024, 0, (LossSum *)NULL, loss, stats, logits, targets, N, V);
 }
 
 __global__ void count_valid_targets_kernel(int *n_valid, const int *targets, int N) {
@@ -604,9 +605,10 @@ __global__ void count_valid_targets_kernel(int *n_valid, const int *targets, int
 // added to: no fill before it, and dlogits is not read); an ignored row is written 0. The target's
 // element gets both terms in the reference's order before its one store.
 // Vocab-parallel: the row's columns are vocabulary entries [v_start, v_start + V) (0 otherwise).
-// In packs of W elements as the lse kernel; each element's arithmetic is the same for every W.
+// softmax = exp((x - max) - log-sum), from the stats. In packs of W elements as the stats kernel; each
+// element's arithmetic is the same for every W.
 template <typename T, int W>
-__global__ void cross_entropy_backward_kernel(T *dlogits, const T *logits, const float *lse, const int *targets,
+__global__ void cross_entropy_backward_kernel(T *dlogits, const T *logits, const float *stats, const int *targets,
                                               const int *n_valid, int v_start, int V, double dloss) {
     int t = targets[blockIdx.x];
     T *dx = dlogits + (size_t)blockIdx.x * V;
@@ -617,13 +619,13 @@ __global__ void cross_entropy_backward_kernel(T *dlogits, const T *logits, const
         for (int p = threadIdx.x; p < V / W; p += blockDim.x) store_pack<W>(dx, p, zeros);
         return;
     }
-    float coef = (float)(dloss / *n_valid), row_lse = lse[blockIdx.x];
+    float coef = (float)(dloss / *n_valid), row_max = stats[2 * blockIdx.x], log_sum = stats[2 * blockIdx.x + 1];
     const T *x = logits + (size_t)blockIdx.x * V;
     for (int p = threadIdx.x; p < V / W; p += blockDim.x) {
         Pack<T, W> xv = load_pack<W>(x, p), dv;
 #pragma unroll
         for (int k = 0; k < W; k++) {
-            float g = coef * expf(to_f32(xv.v[k]) - row_lse);
+            float g = coef * expf((to_f32(xv.v[k]) - row_max) - log_sum);
             if (p * W + k + v_start == t) g -= coef;
             dv.v[k] = from_f32<T>(g);
         }
@@ -632,15 +634,15 @@ __global__ void cross_entropy_backward_kernel(T *dlogits, const T *logits, const
 }
 
 template <typename T>
-static void launch_cross_entropy_backward(T *dlogits, const T *logits, const float *lse, const int *targets, int N,
+static void launch_cross_entropy_backward(T *dlogits, const T *logits, const float *stats, const int *targets, int N,
                                           int V, double dloss, int v_start = 0) {
     if (N == 0) return;
     int *n_valid = (int *)gpu_scratch_alloc(sizeof(int));
     GPU_LAUNCH(count_valid_targets_kernel, 1, 1024, 0, n_valid, targets, N);
     if (rows_packed<T>({dlogits, logits}, V))
-        GPU_LAUNCH((cross_entropy_backward_kernel<T, 16 / sizeof(T)>), N, ROW_THREADS, 0, dlogits, logits, lse, targets,
-                   n_valid, v_start, V, dloss);
-    else GPU_LAUNCH((cross_entropy_backward_kernel<T, 1>), N, ROW_THREADS, 0, dlogits, logits, lse, targets, n_valid,
+        GPU_LAUNCH((cross_entropy_backward_kernel<T, 16 / sizeof(T)>), N, ROW_THREADS, 0, dlogits, logits, stats,
+                   targets, n_valid, v_start, V, dloss);
+    else GPU_LAUNCH((cross_entropy_backward_kernel<T, 1>), N, ROW_THREADS, 0, dlogits, logits, stats, targets, n_valid,
                     v_start, V, dloss);
     gpu_scratch_free(n_valid);
 }
@@ -656,7 +658,7 @@ template <int W> __global__ void vocab_parallel_row_max_kernel(float *row_max, c
     if (threadIdx.x == 0) row_max[blockIdx.x] = best;
 }
 
-// sums (2, N): block per row, this rank's sum of exp(x - row_max) in double (cross_entropy_lse_kernel's
+// sums (2, N): block per row, this rank's sum of exp(x - row_max) in double (cross_entropy_stats_kernel's
 // arithmetic), and the target's logit where this rank holds it (0 elsewhere: the sum over ranks is it).
 template <int W>
 __global__ void vocab_parallel_sums_kernel(double *sums, const gpu_bf16 *logits, const float *row_max,
@@ -674,17 +676,18 @@ __global__ void vocab_parallel_sums_kernel(double *sums, const gpu_bf16 *logits,
     sums[N + n] = here ? (double)to_f32(x[t - v_start]) : 0.0;
 }
 
-// One block: lse per row, and the mean of lse - target logit (cross_entropy_loss_kernel's order).
-__global__ void vocab_parallel_loss_kernel(double *loss, float *lse, const float *row_max, const double *sums,
+// One block: stats (N,2) = (max, log(sum)) per row, and the mean of (max - target logit) + log-sum
+// (cross_entropy_loss_kernel's arithmetic and order).
+__global__ void vocab_parallel_loss_kernel(double *loss, float *stats, const float *row_max, const double *sums,
                                            const int *targets, int N) {
     __shared__ double total_scratch[32];
     __shared__ int count_scratch[32];
     double total = 0;
     int count = 0;
     for (int n = threadIdx.x; n < N; n += blockDim.x) {
-        lse[n] = (float)(row_max[n] + log(sums[n]));
+        stats[2 * n] = row_max[n], stats[2 * n + 1] = (float)log(sums[n]);
         if (targets[n] == IGNORE_INDEX) continue;
-        total += (double)lse[n] - (float)sums[N + n];
+        total += ((double)row_max[n] - (float)sums[N + n]) + stats[2 * n + 1];
         count++;
     }
     total = block_sum(total, total_scratch);
@@ -706,42 +709,42 @@ extern "C" void gpu_vocab_parallel_sums_bf16(double *sums, const gpu_bf16 *logit
     else GPU_LAUNCH(vocab_parallel_sums_kernel<1>, N, ROW_THREADS, 0, sums, logits, row_max, targets, N, v_start,
                     v_count);
 }
-extern "C" void gpu_vocab_parallel_loss(double *loss, float *lse, const float *row_max, const double *sums,
+extern "C" void gpu_vocab_parallel_loss(double *loss, float *stats, const float *row_max, const double *sums,
                                         const int *targets, int N) {
     if (N == 0) {
         gpu_fill_bytes(loss, 0, sizeof(double));  // all-zero bytes: 0.0
         return;
     }
-    GPU_LAUNCH(vocab_parallel_loss_kernel, 1, 1024, 0, loss, lse, row_max, sums, targets, N);
+    GPU_LAUNCH(vocab_parallel_loss_kernel, 1, 1024, 0, loss, stats, row_max, sums, targets, N);
 }
-extern "C" void gpu_cross_entropy_backward_columns_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
+extern "C" void gpu_cross_entropy_backward_columns_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *stats,
                                                         const int *targets, int N, int v_start, int v_count,
                                                         double dloss) {
-    launch_cross_entropy_backward(dlogits, logits, lse, targets, N, v_count, dloss, v_start);
+    launch_cross_entropy_backward(dlogits, logits, stats, targets, N, v_count, dloss, v_start);
 }
 
-extern "C" double gpu_cross_entropy_forward(float *lse, const float *logits, const int *targets, int N, int V) {
-    return launch_cross_entropy_forward(lse, logits, targets, N, V);
+extern "C" double gpu_cross_entropy_forward(float *stats, const float *logits, const int *targets, int N, int V) {
+    return launch_cross_entropy_forward(stats, logits, targets, N, V);
 }
-extern "C" void gpu_cross_entropy_forward_into(double *loss, float *lse, const float *logits, const int *targets,
+extern "C" void gpu_cross_entropy_forward_into(double *loss, float *stats, const float *logits, const int *targets,
                                                int N, int V) {
-    launch_cross_entropy_forward_into(loss, lse, logits, targets, N, V);
+    launch_cross_entropy_forward_into(loss, stats, logits, targets, N, V);
 }
-extern "C" void gpu_cross_entropy_forward_into_bf16(double *loss, float *lse, const gpu_bf16 *logits,
+extern "C" void gpu_cross_entropy_forward_into_bf16(double *loss, float *stats, const gpu_bf16 *logits,
                                                     const int *targets, int N, int V) {
-    launch_cross_entropy_forward_into(loss, lse, logits, targets, N, V);
+    launch_cross_entropy_forward_into(loss, stats, logits, targets, N, V);
 }
-extern "C" void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+extern "C" void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *stats, const int *targets,
                                            int N, int V, double dloss) {
-    launch_cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
+    launch_cross_entropy_backward(dlogits, logits, stats, targets, N, V, dloss);
 }
-extern "C" double gpu_cross_entropy_forward_bf16(float *lse, const gpu_bf16 *logits, const int *targets, int N,
+extern "C" double gpu_cross_entropy_forward_bf16(float *stats, const gpu_bf16 *logits, const int *targets, int N,
                                                  int V) {
-    return launch_cross_entropy_forward(lse, logits, targets, N, V);
+    return launch_cross_entropy_forward(stats, logits, targets, N, V);
 }
-extern "C" void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
+extern "C" void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *stats,
                                                 const int *targets, int N, int V, double dloss) {
-    launch_cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
+    launch_cross_entropy_backward(dlogits, logits, stats, targets, N, V, dloss);
 }
 
 // ================================ element-wise ===================================================

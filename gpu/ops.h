@@ -10,8 +10,8 @@
 //          reference op by op (tests/gpu/test_gpu_ops.c); matmuls through cuBLASLt in true fp32.
 //   bf16   (_bf16):  activations and weights stored in bf16, arithmetic and accumulation in fp32,
 //          one rounding to bf16 per stored output. Parameter gradients (dweight, dtable) and the
-//          per-row statistics (rstd, lse) stay fp32; AdamW keeps fp32 master weights and moments
-//          and can write the bf16 copy the next forward reads.
+//          per-row statistics (rstd, lse, the loss's max and log-sum) stay fp32; AdamW keeps fp32
+//          master weights and moments and can write the bf16 copy the next forward reads.
 // The kernels' per-element arithmetic is gpu/numerics.h, tested on the host.
 #pragma once
 #include <math.h>  // before extern "C": reference_cpu's headers include it, and C++'s must not be C-linked
@@ -196,17 +196,18 @@ void gpu_swiglu_backward_bf16(gpu_bf16 *dgate, gpu_bf16 *dup, const gpu_bf16 *do
 // Returns the loss (waits for the stream). A target outside [0, V) other than IGNORE_INDEX ends the
 // run with a message (the reference would read out of bounds).
 // The backward writes dlogits (ignored rows 0), as the reference's: no fill needed before it.
-double gpu_cross_entropy_forward(float *lse, const float *logits, const int *targets, int N, int V);
-void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets, int N,
+// stats (N, 2): each row's max and log of its sum of exp(x - max), as the reference's.
+double gpu_cross_entropy_forward(float *stats, const float *logits, const int *targets, int N, int V);
+void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *stats, const int *targets, int N,
                                 int V, double dloss);
-double gpu_cross_entropy_forward_bf16(float *lse, const gpu_bf16 *logits, const int *targets, int N, int V);
-void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
+double gpu_cross_entropy_forward_bf16(float *stats, const gpu_bf16 *logits, const int *targets, int N, int V);
+void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *stats,
                                      const int *targets, int N, int V, double dloss);
 // The same loss left on the device: *loss (one device double) = the mean, queued, no wait. A target
 // outside [0, V) other than IGNORE_INDEX makes it NaN (naming the row would need a wait: check the
 // targets where they come from, on the host).
-void gpu_cross_entropy_forward_into(double *loss, float *lse, const float *logits, const int *targets, int N, int V);
-void gpu_cross_entropy_forward_into_bf16(double *loss, float *lse, const gpu_bf16 *logits, const int *targets, int N,
+void gpu_cross_entropy_forward_into(double *loss, float *stats, const float *logits, const int *targets, int N, int V);
+void gpu_cross_entropy_forward_into_bf16(double *loss, float *stats, const gpu_bf16 *logits, const int *targets, int N,
                                          int V);
 
 // Vocab-parallel cross-entropy (tensor parallelism, gpu/model.c): logits (N, v_count) hold vocabulary
@@ -216,17 +217,18 @@ void gpu_cross_entropy_forward_into_bf16(double *loss, float *lse, const gpu_bf1
 //   gpu_vocab_parallel_sums_bf16      sums (2, N) = [sum_j exp(x_nj - row_max_n) (double, as the single
 //                                     GPU's kernel sums); x_n,target if this rank holds the target, else 0]
 //                                                                                                 -> all-reduce SUM
-//   gpu_vocab_parallel_loss           lse (N) = row_max + log(sum); *loss (device) = the mean of
-//                                     lse - target logit over rows whose target is not IGNORE_INDEX
-// The same lse and loss as gpu_cross_entropy_forward_into_bf16 on the whole row, up to the sum's order.
+//   gpu_vocab_parallel_loss           stats (N, 2) = (row_max, log(sum)); *loss (device) = the mean of
+//                                     (row_max - target logit) + log(sum) over rows whose target is not
+//                                     IGNORE_INDEX
+// The same stats and loss as gpu_cross_entropy_forward_into_bf16 on the whole row, up to the sum's order.
 void gpu_vocab_parallel_row_max_bf16(float *row_max, const gpu_bf16 *logits, int N, int v_count);
 void gpu_vocab_parallel_sums_bf16(double *sums, const gpu_bf16 *logits, const float *row_max, const int *targets,
                                   int N, int v_start, int v_count);
-void gpu_vocab_parallel_loss(double *loss, float *lse, const float *row_max, const double *sums, const int *targets,
+void gpu_vocab_parallel_loss(double *loss, float *stats, const float *row_max, const double *sums, const int *targets,
                              int N);
-// dlogits (N, v_count) = dloss / n_valid * (softmax - onehot(target)) on this rank's columns, lse
+// dlogits (N, v_count) = dloss / n_valid * (softmax - onehot(target)) on this rank's columns, stats
 // being the whole row's: gpu_cross_entropy_backward_bf16's arithmetic, the target's column shifted.
-void gpu_cross_entropy_backward_columns_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
+void gpu_cross_entropy_backward_columns_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *stats,
                                              const int *targets, int N, int v_start, int v_count, double dloss);
 
 // ---- element-wise -------------------------------------------------------------------------------------------

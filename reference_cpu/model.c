@@ -257,7 +257,7 @@ ModelActs model_acts_alloc_stage(const Model *m, int B, int T, ActCheckpoint ac,
         a.xn_final = alloc_acts(BT * D);
         a.rstd_final = alloc_acts(R);
         a.logits = alloc_acts(BT * V);
-        a.lse = alloc_acts(BT);
+        a.ce_stats = alloc_acts(2 * BT);
         a.dlogits = alloc_acts(BT * V);
     }
     a.dx = alloc_acts(R * D);
@@ -289,7 +289,7 @@ void model_acts_free(ModelActs *a) {
     for (int l = 0; l < a->n_layers; l++) free_block_acts(&a->blocks[l]);
     free_block_acts(&a->recompute);
     mem_free(a->blocks);
-    real *owned[] = {a->recompute_out, a->x_final, a->xn_final, a->rstd_final, a->logits, a->lse, a->dx,
+    real *owned[] = {a->recompute_out, a->x_final, a->xn_final, a->rstd_final, a->logits, a->ce_stats, a->dx,
                      a->dx_next, a->dxn, a->dh, a->dq, a->dk, a->dv, a->dattn, a->dgate, a->dup, a->dact,
                      a->dlogits, a->sp_full, a->sp_rows, a->sp_norm_grad};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) mem_free(owned[i]);
@@ -489,8 +489,8 @@ double model_head_forward(const Model *m, ModelActs *acts, const int *targets) {
                      model_rows_here(m, acts->B, acts->T), D);
     matmul_forward(acts->logits, acts->xn_final, unit_tensor(m, out_unit, output_unit(m), output_name(m)), BT, D, V);
     acts->targets = targets;
-    double loss = m->tp.size == 1 ? cross_entropy_forward(acts->lse, acts->logits, targets, BT, V)
-                                   : m->tp.loss_forward(m->tp.ctx, acts->lse, acts->logits, targets, BT,
+    double loss = m->tp.size == 1 ? cross_entropy_forward(acts->ce_stats, acts->logits, targets, BT, V)
+                                   : m->tp.loss_forward(m->tp.ctx, acts->ce_stats, acts->logits, targets, BT,
                                                         m->local.vocab_start, V);
     trace_end(track);
     if (c->tied) unit_params_done(m, LAYER_EMBEDDING, PASS_FORWARD);
@@ -519,9 +519,11 @@ void model_head_backward(Model *m, ModelActs *acts, double dloss) {
     const real *out_unit = c->tied ? unit_params(m, LAYER_EMBEDDING, PASS_BACKWARD) : head;
     real *head_grads = unit_grads(m, L);
     real *out_grads = c->tied ? unit_grads(m, LAYER_EMBEDDING) : head_grads;
-    if (m->tp.size == 1) cross_entropy_backward(acts->dlogits, acts->logits, acts->lse, acts->targets, BT, V, dloss);
-    else m->tp.loss_backward(m->tp.ctx, acts->dlogits, acts->logits, acts->lse, acts->targets, BT,
-                             m->local.vocab_start, V, dloss);
+    if (m->tp.size == 1)
+        cross_entropy_backward(acts->dlogits, acts->logits, acts->ce_stats, acts->targets, BT, V, dloss);
+    else
+        m->tp.loss_backward(m->tp.ctx, acts->dlogits, acts->logits, acts->ce_stats, acts->targets, BT,
+                            m->local.vocab_start, V, dloss);
     zero_fill(acts->dxn, (size_t)BT * D);
     real *w_out = unit_tensor(m, out_unit, output_unit(m), output_name(m));
     matmul_backward(acts->dxn, NULL, acts->dlogits, acts->xn_final, w_out, BT, D, V);

@@ -71,10 +71,11 @@ typedef struct {
     void *(*sum_scatter_start)(void *ctx, const real *full, real *shard, size_t n);
     void (*wait)(void *ctx, void *pending);
     // Cross-entropy over logits split by vocabulary: logits (BT, v_count) hold vocab entries
-    // [v_start, v_start + v_count). Same results as cross_entropy_forward/backward on the full logits.
-    double (*loss_forward)(void *ctx, real *lse, const real *logits, const int *targets, int BT, int v_start,
+    // [v_start, v_start + v_count). Same results as cross_entropy_forward/backward on the full logits
+    // (stats (BT, 2): the whole rows' max and log-sum, ops.h).
+    double (*loss_forward)(void *ctx, real *stats, const real *logits, const int *targets, int BT, int v_start,
                            int v_count);
-    void (*loss_backward)(void *ctx, real *dlogits, const real *logits, const real *lse, const int *targets, int BT,
+    void (*loss_backward)(void *ctx, real *dlogits, const real *logits, const real *stats, const int *targets, int BT,
                           int v_start, int v_count, double dloss);
     void *ctx;
 } TensorParallel;
@@ -162,7 +163,7 @@ typedef struct {
     real *x_final;       // (BT, dim) output of the last block (NULL, like the head's buffers, unless end == n_layers)
     real *xn_final, *rstd_final;
     real *logits;        // (BT, vocab)
-    real *lse;           // (BT) cross-entropy log-sum-exp
+    real *ce_stats;      // (BT, 2) cross-entropy: each row's max logit and log of sum of exp(logit - max)
     const int *targets;  // of the last forward
     // backward scratch, reused by every block (dx, dx_next, dh: R rows under sequence parallelism)
     real *dx, *dx_next, *dxn, *dh, *dq, *dk, *dv, *dattn, *dgate, *dup, *dact, *dlogits;

@@ -726,7 +726,7 @@ static int count_valid_targets(const int *targets, int N) {
     return n_valid;
 }
 
-double cross_entropy_forward(real *lse, const real *logits, const int *targets, int N, int V) {
+double cross_entropy_forward(real *stats, const real *logits, const int *targets, int N, int V) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const real *x = logits + (size_t)n * V;
@@ -734,21 +734,22 @@ double cross_entropy_forward(real *lse, const real *logits, const int *targets, 
         for (int j = 0; j < V; j++) max_logit = x[j] > max_logit ? x[j] : max_logit;
         double sum = 0;
         for (int j = 0; j < V; j++) sum += exp((double)(x[j] - max_logit));
-        lse[n] = (real)(max_logit + log(sum));
+        stats[2 * (size_t)n] = max_logit, stats[2 * (size_t)n + 1] = (real)log(sum);
     }
     double total = 0;  // summed in row order: deterministic whatever the threads
     for (int n = 0; n < N; n++)
-        if (targets[n] != IGNORE_INDEX) total += (double)lse[n] - logits[(size_t)n * V + targets[n]];
+        if (targets[n] != IGNORE_INDEX)
+            total += ((double)stats[2 * (size_t)n] - logits[(size_t)n * V + targets[n]]) + stats[2 * (size_t)n + 1];
     int n_valid = count_valid_targets(targets, N);
     return n_valid ? total / n_valid : 0.0;
 }
 
-void cross_entropy_backward(real *dlogits, const real *logits, const real *lse, const int *targets, int N, int V,
+void cross_entropy_backward(real *dlogits, const real *logits, const real *stats, const int *targets, int N, int V,
                             double dloss) {
-    cross_entropy_backward_columns(dlogits, logits, lse, targets, N, 0, V, dloss);
+    cross_entropy_backward_columns(dlogits, logits, stats, targets, N, 0, V, dloss);
 }
 
-void cross_entropy_backward_columns(real *dlogits, const real *logits, const real *lse, const int *targets, int N,
+void cross_entropy_backward_columns(real *dlogits, const real *logits, const real *stats, const int *targets, int N,
                                     int v_start, int v_count, double dloss) {
     int n_valid = count_valid_targets(targets, N);
     real coef = n_valid ? (real)(dloss / n_valid) : 0;  // n_valid 0: every row is ignored
@@ -760,7 +761,8 @@ void cross_entropy_backward_columns(real *dlogits, const real *logits, const rea
             memset(dx, 0, sizeof(real) * (size_t)v_count);
             continue;
         }
-        for (int j = 0; j < v_count; j++) dx[j] = coef * exp_r(x[j] - lse[n]);
+        real max_logit = stats[2 * (size_t)n], log_sum = stats[2 * (size_t)n + 1];
+        for (int j = 0; j < v_count; j++) dx[j] = coef * exp_r((x[j] - max_logit) - log_sum);
         int target = targets[n] - v_start;  // this shard's column of the target, if it holds it
         if (target >= 0 && target < v_count) dx[target] -= coef;
     }

@@ -91,17 +91,19 @@ void swiglu_forward(real *out, const real *gate, const real *up, size_t n);
 void swiglu_backward(real *dgate, real *dup, const real *dout, const real *gate, const real *up, size_t n);
 
 // ---- cross-entropy, mean over targets != IGNORE_INDEX ----------------------------------------
-// logits (N,V), targets (N). lse (N) keeps each row's log-sum-exp for backward. Returns the mean
-// loss (0 if every target is ignored).
-double cross_entropy_forward(real *lse, const real *logits, const int *targets, int N, int V);
+// logits (N,V), targets (N). stats (N,2) keeps, for backward, each row's max and the log of its sum
+// of exp(logit - max), apart: their sum (the log-sum-exp) rounded to fp32 would round at the max's
+// scale (an ulp of 6e-5 at logits of 1e3). Returns the mean of (max - target logit) + log-sum, in
+// double (0 if every target is ignored).
+double cross_entropy_forward(real *stats, const real *logits, const int *targets, int N, int V);
 // dlogits (N,V) = dloss * (softmax(logits) - onehot(target)) / n_valid, written (not added to: the
 // logits are used once, so nothing accumulates into their gradient); rows whose target is ignored
-// are written 0.
-void cross_entropy_backward(real *dlogits, const real *logits, const real *lse, const int *targets,
+// are written 0. softmax = exp((logit - max) - log-sum), from the forward's stats.
+void cross_entropy_backward(real *dlogits, const real *logits, const real *stats, const int *targets,
                             int N, int V, double dloss);
 // The same for the vocabulary columns [v_start, v_start + v_count) alone (a tensor-parallel shard:
-// logits and dlogits are (N, v_count)), with the full rows' lse; targets are full-vocabulary ids.
-void cross_entropy_backward_columns(real *dlogits, const real *logits, const real *lse, const int *targets, int N,
+// logits and dlogits are (N, v_count)), with the full rows' stats; targets are full-vocabulary ids.
+void cross_entropy_backward_columns(real *dlogits, const real *logits, const real *stats, const int *targets, int N,
                                     int v_start, int v_count, double dloss);
 
 // ---- element-wise helpers --------------------------------------------------------------------

@@ -31,9 +31,11 @@ ref() {  # name, extra flags...
     local name=$1; shift
     "$BUILD/train" "${common[@]}" "$@" --checkpoint-dir "$T/$name" --grad-dump "$(grads "$name")" > "$T/$name.log"
 }
-run() {  # name, ranks, extra flags...
+run() {  # name, ranks, extra flags... (step-1 gradients dumped unless the run resumes: it has no step 1)
     local name=$1 np=$2; shift 2
-    $MPIRUN -np "$np" "$BUILD/train" "${common[@]}" "$@" --checkpoint-dir "$T/$name" --grad-dump "$(grads "$name")" \
+    local dump=(--grad-dump "$(grads "$name")")
+    [[ " $* " == *" --resume "* ]] && dump=()
+    $MPIRUN -np "$np" "$BUILD/train" "${common[@]}" "$@" --checkpoint-dir "$T/$name" "${dump[@]}" \
         > "$T/$name.log" 2>&1 || { cat "$T/$name.log"; echo "FAIL: run $name"; exit 1; }
 }
 ckpt() { echo "$T/$1/step_000020.safetensors"; }

@@ -204,17 +204,17 @@ END_TEST
 // ---- cross-entropy ---------------------------------------------------------------------------
 enum { CE_N = 6, CE_V = 9 };
 static const int CE_TARGETS[CE_N] = {2, IGNORE_INDEX, 8, 0, 2, IGNORE_INDEX};
-typedef struct { real *logits, *lse; } CeCtx;
+typedef struct { real *logits, *stats; } CeCtx;
 static double ce_loss(void *p) {
     CeCtx *c = p;
-    return cross_entropy_forward(c->lse, c->logits, CE_TARGETS, CE_N, CE_V);
+    return cross_entropy_forward(c->stats, c->logits, CE_TARGETS, CE_N, CE_V);
 }
 START_TEST(test_cross_entropy) {
-    CeCtx c = {new_normal(CE_N * CE_V, 3, 18), new_zeros(CE_N)};
+    CeCtx c = {new_normal(CE_N * CE_V, 3, 18), new_zeros(2 * CE_N)};
     real *dlogits = new_zeros(CE_N * CE_V);
     for (int i = 0; i < CE_N * CE_V; i++) dlogits[i] = NAN;  // the gradient is written, not added to
     ce_loss(&c);
-    cross_entropy_backward(dlogits, c.logits, c.lse, CE_TARGETS, CE_N, CE_V, 1.0);
+    cross_entropy_backward(dlogits, c.logits, c.stats, CE_TARGETS, CE_N, CE_V, 1.0);
     gradcheck("cross_entropy dlogits", c.logits, dlogits, CE_N * CE_V, ce_loss, &c, 1000);
     for (int j = 0; j < CE_V; j++)  // ignored rows get exactly no gradient
         ck_assert_msg(dlogits[1 * CE_V + j] == 0 && dlogits[5 * CE_V + j] == 0, "ignored row has a gradient");

@@ -147,15 +147,15 @@ void gpu_swiglu_forward(float *out, const float *gate, const float *up, size_t n
 void gpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
     swiglu_backward(dgate, dup, dout, gate, up, n);
 }
-double gpu_cross_entropy_forward(float *lse, const float *logits, const int *targets, int N, int V) {
-    return cross_entropy_forward(lse, logits, targets, N, V);
+double gpu_cross_entropy_forward(float *stats, const float *logits, const int *targets, int N, int V) {
+    return cross_entropy_forward(stats, logits, targets, N, V);
 }
-void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets, int N,
+void gpu_cross_entropy_backward(float *dlogits, const float *logits, const float *stats, const int *targets, int N,
                                 int V, double dloss) {
-    cross_entropy_backward(dlogits, logits, lse, targets, N, V, dloss);
+    cross_entropy_backward(dlogits, logits, stats, targets, N, V, dloss);
 }
-void gpu_cross_entropy_forward_into(double *loss, float *lse, const float *logits, const int *targets, int N, int V) {
-    *loss = cross_entropy_forward(lse, logits, targets, N, V);
+void gpu_cross_entropy_forward_into(double *loss, float *stats, const float *logits, const int *targets, int N, int V) {
+    *loss = cross_entropy_forward(stats, logits, targets, N, V);
 }
 void gpu_add_inplace(float *x, const float *y, size_t n) { add_inplace(x, y, n); }
 double gpu_sum_of_squares(const float *x, size_t n) { return sum_of_squares(x, n); }
@@ -315,20 +315,20 @@ void gpu_swiglu_backward_bf16(gpu_bf16 *dgate, gpu_bf16 *dup, const gpu_bf16 *do
     narrow(dgate, dg, n), narrow(dup, du, n);
     free(dy), free(g), free(u);
 }
-double gpu_cross_entropy_forward_bf16(float *lse, const gpu_bf16 *logits, const int *targets, int N, int V) {
+double gpu_cross_entropy_forward_bf16(float *stats, const gpu_bf16 *logits, const int *targets, int N, int V) {
     float *x = widen(logits, (size_t)N * V);
-    double loss = cross_entropy_forward(lse, x, targets, N, V);
+    double loss = cross_entropy_forward(stats, x, targets, N, V);
     free(x);
     return loss;
 }
-void gpu_cross_entropy_forward_into_bf16(double *loss, float *lse, const gpu_bf16 *logits, const int *targets, int N,
+void gpu_cross_entropy_forward_into_bf16(double *loss, float *stats, const gpu_bf16 *logits, const int *targets, int N,
                                          int V) {
-    *loss = gpu_cross_entropy_forward_bf16(lse, logits, targets, N, V);
+    *loss = gpu_cross_entropy_forward_bf16(stats, logits, targets, N, V);
 }
-void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
+void gpu_cross_entropy_backward_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *stats,
                                      const int *targets, int N, int V, double dloss) {
     float *dx = widen(dlogits, (size_t)N * V), *x = widen(logits, (size_t)N * V);
-    cross_entropy_backward(dx, x, lse, targets, N, V, dloss);
+    cross_entropy_backward(dx, x, stats, targets, N, V, dloss);
     narrow(dlogits, dx, (size_t)N * V);
     free(x);
 }
@@ -376,22 +376,22 @@ void gpu_vocab_parallel_sums_bf16(double *sums, const gpu_bf16 *logits, const fl
         sums[n] = sum, sums[N + n] = here ? f32_from_bf16_bits(x[t - v_start].bits) : 0.0;
     }
 }
-void gpu_vocab_parallel_loss(double *loss, float *lse, const float *row_max, const double *sums, const int *targets,
+void gpu_vocab_parallel_loss(double *loss, float *stats, const float *row_max, const double *sums, const int *targets,
                              int N) {
     double total = 0;
     int count = 0;
     for (int n = 0; n < N; n++) {
-        lse[n] = (float)(row_max[n] + log(sums[n]));
+        stats[2 * n] = row_max[n], stats[2 * n + 1] = (float)log(sums[n]);
         if (targets[n] == IGNORE_INDEX) continue;
-        total += (double)lse[n] - (float)sums[N + n];
+        total += ((double)row_max[n] - (float)sums[N + n]) + stats[2 * n + 1];
         count++;
     }
     *loss = count ? total / count : 0.0;
 }
-void gpu_cross_entropy_backward_columns_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *lse,
+void gpu_cross_entropy_backward_columns_bf16(gpu_bf16 *dlogits, const gpu_bf16 *logits, const float *stats,
                                              const int *targets, int N, int v_start, int v_count, double dloss) {
     float *dx = widen(dlogits, (size_t)N * v_count), *x = widen(logits, (size_t)N * v_count);
-    cross_entropy_backward_columns(dx, x, lse, targets, N, v_start, v_count, dloss);
+    cross_entropy_backward_columns(dx, x, stats, targets, N, v_start, v_count, dloss);
     narrow(dlogits, dx, (size_t)N * v_count);
     free(x);
 }

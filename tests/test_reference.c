@@ -171,6 +171,63 @@ START_TEST(test_attention_flash_matches_naive) {
 }
 END_TEST
 
+// Cross-entropy at logits offset + N(0, 1) (hostile, as after a loss spike or with a large output
+// bias) against float64 on the same fp32 logits; V = 256, a quarter of the targets IGNORE_INDEX.
+// dloss = n_valid makes the gradient softmax - onehot, at unit scale. With each row's max and the log
+// of its sum of exp(x - max) kept apart, nothing is rounded at the offset's scale:
+//   loss: exact in double but for the fp32 log-sum (half an ulp of log V = 5.5: 2.4e-7 a row, less
+//         averaged); measured 6e-8 at 1e3, 6e-10 at 1e4. Bound 1e-6.
+//   dlogits: exp((x - max) - log-sum) with x - max exact: an fp32 rounding of the exponent, of the
+//         log-sum and of the exp, each <= 2.4e-7 relative on a probability <= 1; measured 7.5e-9.
+//         Bound 1e-6.
+//   each kept row sums to 0 within V fp32 roundings of probabilities that sum to 1: measured 3.2e-7.
+//         Bound 2e-6.
+// Mistake seen failing: lse = fp32(max + log(sum)), rounded at an ulp of the offset (6e-5 at 1e3,
+// 1e-3 at 1e4): loss off by 1.1e-5 and 2.4e-4, dlogits by 2.4e-6 and 2.1e-5, rows summing to 3e-5
+// and 4.5e-4.
+#define CE_OFFSET_V 256
+#define CE_OFFSET_N 16
+static void check_cross_entropy_offset(double offset) {
+    int N = CE_OFFSET_N, V = CE_OFFSET_V, targets[CE_OFFSET_N], n_valid = 0;
+    real *logits = new_normal((size_t)N * V, 1, 19), *stats = new_zeros(2 * (size_t)N);
+    real *dlogits = new_zeros((size_t)N * V), *dlogits_ref = new_zeros((size_t)N * V);
+    for (size_t i = 0; i < (size_t)N * V; i++) logits[i] = (real)(offset + logits[i]);
+    for (int n = 0; n < N; n++) {
+        targets[n] = n % 4 == 1 ? IGNORE_INDEX : (int)rng_below(19, 1, n, V);
+        n_valid += targets[n] != IGNORE_INDEX;
+    }
+    double loss_ref = 0;  // float64 on the same fp32 logits
+    for (int n = 0; n < N; n++) {
+        const real *x = logits + (size_t)n * V;
+        double max = -INFINITY, sum = 0;
+        for (int j = 0; j < V; j++) max = fmax(max, x[j]);
+        for (int j = 0; j < V; j++) sum += exp(x[j] - max);
+        if (targets[n] == IGNORE_INDEX) continue;
+        loss_ref += (max + log(sum) - x[targets[n]]) / n_valid;
+        for (int j = 0; j < V; j++) dlogits_ref[(size_t)n * V + j] = (real)(exp(x[j] - max) / sum - (j == targets[n]));
+    }
+    double loss = cross_entropy_forward(stats, logits, targets, N, V);
+    cross_entropy_backward(dlogits, logits, stats, targets, N, V, n_valid);
+    char name[64];
+    snprintf(name, sizeof name, "cross-entropy loss at offset %g", offset);
+    ck_assert_msg(fabs(loss - loss_ref) <= 1e-6, "%s: %.10g, float64 %.10g (error %.2e)", name, loss, loss_ref,
+                  fabs(loss - loss_ref));
+    snprintf(name, sizeof name, "cross-entropy dlogits at offset %g", offset);
+    expect_close(name, dlogits, dlogits_ref, (size_t)N * V, 0, 1e-6);
+    for (int n = 0; n < N; n++) {
+        double row = 0;
+        for (int j = 0; j < V; j++) row += dlogits[(size_t)n * V + j];
+        ck_assert_msg(fabs(row) <= 2e-6, "cross-entropy at offset %g: row %d of dlogits sums to %.2e", offset, n, row);
+    }
+    free(logits), free(stats), free(dlogits), free(dlogits_ref);
+}
+
+START_TEST(test_cross_entropy_large_offset) {
+    check_cross_entropy_offset(1e3);
+    check_cross_entropy_offset(1e4);
+}
+END_TEST
+
 START_TEST(test_rope_backward_inverts_forward) {
     RopeTable t = rope_table_build(64, 16, 500000, 0, 1, 4, 8192);
     size_t n = 2 * 64 * 3 * 16;
@@ -291,6 +348,7 @@ int main(void) {
     tcase_add_test(tc, test_init_statistics);
     tcase_add_test(tc, test_matmul_backends_agree);
     tcase_add_test(tc, test_attention_flash_matches_naive);
+    tcase_add_test(tc, test_cross_entropy_large_offset);
     tcase_add_test(tc, test_rope_backward_inverts_forward);
     tcase_add_test(tc, test_step_is_bit_reproducible);
     tcase_add_test(tc, test_param_counts);

@@ -18,10 +18,11 @@
 #define FP32_ORDER_ATOL 1e-6
 
 // The vocab-parallel loss (build/tp_loss) against cross_entropy_forward/backward on the full
-// logits: both take the max in fp32 and sum exp in double; only the order of the double sum over
-// the vocabulary shards differs, which can move lse (rounded to fp32) by an ulp or two. Relative
-// to max(|value|, 1), 1e-6 is ~8 fp32 ulps; the mistakes it guards against (a max summed over
-// ranks, no max subtraction, a mean over ignored tokens) are off by 1e-1 or give inf/NaN.
+// logits: both take the max in fp32 (the same value) and sum exp in double; only the order of the
+// double sum over the vocabulary shards differs, which can move the log-sum (rounded to fp32) by an
+// ulp or two. Relative to max(|value|, 1), 1e-6 is ~8 fp32 ulps; the mistakes it guards against (a
+// max summed over ranks, no max subtraction, a mean over ignored tokens) are off by 1e-1 or give
+// inf/NaN.
 #define TP_LOSS_RTOL 1e-6
 
 // Context-parallel attention (chapter 8) against single-process attention, relative to each

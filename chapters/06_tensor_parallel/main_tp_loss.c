@@ -69,7 +69,7 @@ static int compare(const char *what, const char *case_name, const real *ours, co
 static int run_case(Model *m, Case c) {
     int tp = comm_size(m->tp.ctx), rank = comm_rank(m->tp.ctx), v_count = VOCAB / tp, v_start = rank * v_count;
     real *logits = malloc(sizeof(real) * TOKENS * VOCAB), *local = malloc(sizeof(real) * TOKENS * v_count);
-    real *lse_ref = malloc(sizeof(real) * TOKENS), *lse = malloc(sizeof(real) * TOKENS);
+    real *stats_ref = malloc(sizeof(real) * 2 * TOKENS), *stats = malloc(sizeof(real) * 2 * TOKENS);
     real *dlogits_ref = malloc(sizeof(real) * TOKENS * VOCAB), *dlogits = malloc(sizeof(real) * TOKENS * v_count);
     // NaN where the gradient goes: the loss's backward writes every element (ignored rows 0), adding to none
     for (size_t i = 0; i < (size_t)TOKENS * VOCAB; i++) dlogits_ref[i] = NAN;
@@ -80,19 +80,19 @@ static int run_case(Model *m, Case c) {
     for (int n = 0; n < TOKENS; n++)
         memcpy(local + (size_t)n * v_count, logits + (size_t)n * VOCAB + v_start, sizeof(real) * v_count);
 
-    double loss_ref = cross_entropy_forward(lse_ref, logits, targets, TOKENS, VOCAB);
-    cross_entropy_backward(dlogits_ref, logits, lse_ref, targets, TOKENS, VOCAB, 1.0);
-    double loss = m->tp.loss_forward(m->tp.ctx, lse, local, targets, TOKENS, v_start, v_count);
-    m->tp.loss_backward(m->tp.ctx, dlogits, local, lse, targets, TOKENS, v_start, v_count, 1.0);
+    double loss_ref = cross_entropy_forward(stats_ref, logits, targets, TOKENS, VOCAB);
+    cross_entropy_backward(dlogits_ref, logits, stats_ref, targets, TOKENS, VOCAB, 1.0);
+    double loss = m->tp.loss_forward(m->tp.ctx, stats, local, targets, TOKENS, v_start, v_count);
+    m->tp.loss_backward(m->tp.ctx, dlogits, local, stats, targets, TOKENS, v_start, v_count, 1.0);
     for (int n = 0; n < TOKENS; n++)
         memcpy(dlogits_ref_local + (size_t)n * v_count, dlogits_ref + (size_t)n * VOCAB + v_start, sizeof(real) * v_count);
 
     real loss_r = (real)loss, loss_ref_r = (real)loss_ref;
     int bad = compare("loss", CASE_NAMES[c], &loss_r, &loss_ref_r, 1);
-    bad += compare("lse", CASE_NAMES[c], lse, lse_ref, TOKENS);
+    bad += compare("stats (max, log-sum)", CASE_NAMES[c], stats, stats_ref, 2 * TOKENS);
     bad += compare("dlogits", CASE_NAMES[c], dlogits, dlogits_ref_local, TOKENS * v_count);
     if (!bad) log_info("tp_loss: ok   case %-7s loss %.6f on %d ranks", CASE_NAMES[c], loss, tp);
-    free(logits), free(local), free(lse_ref), free(lse), free(dlogits_ref), free(dlogits), free(dlogits_ref_local);
+    free(logits), free(local), free(stats_ref), free(stats), free(dlogits_ref), free(dlogits), free(dlogits_ref_local);
     return bad;
 }
 

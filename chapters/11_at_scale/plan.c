@@ -129,7 +129,7 @@ double plan_acts_bytes(const Model *m, int B, int T, ActCheckpoint ac, int first
     double BT = (double)B * T, D = c->dim, R = model_rows_here(m, B, T), F = m->local.ffn_dim, V = m->local.vocab_size;
     double hq = (double)m->local.n_heads * model_head_dim(c), hkv = (double)m->local.n_kv_heads * model_head_dim(c);
     // Kept by every micro-batch in flight: its blocks' tensors and the stage's output or the head's.
-    double boundary = end < c->n_layers ? R * D : R * D + BT * D + R + 2 * BT * V + BT;  // x_final xn rstd logits dlogits lse
+    double boundary = end < c->n_layers ? R * D : R * D + BT * D + R + 2 * BT * V + 2 * BT;  // x_final xn rstd logits dlogits ce_stats
     double per_set = (end - first) * kept + boundary;
     // Shared by all: one block's dropped tensors for the recompute (+ its output under full), the
     // backward scratch (dx dx_next dh, dxn, dq dk dv dattn, dgate dup dact) and the SP buffers.

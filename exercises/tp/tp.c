@@ -34,21 +34,23 @@ static bool target_here(int target, int v_start, int v_count) {
 // Vocab-parallel cross-entropy: logits (BT, v_count) hold vocab entries [v_start, v_start + v_count).
 //   max_n   = max over the group of each rank's row max              (all-reduce MAX)
 //   sum_n   = sum over the group of sum_j exp(logit_nj - max_n)       (all-reduce SUM)
-//   lse_n   = max_n + log(sum_n);  target logit from the rank holding it (all-reduce SUM)
-// Every rank ends with the same lse and loss as the single process's cross_entropy_forward.
-static double loss_forward(void *ctx, real *lse, const real *logits, const int *targets, int BT, int v_start,
+//   stats_n = (max_n, log(sum_n));  target logit from the rank holding it (all-reduce SUM)
+//   loss_n  = (max_n - target logit) + log(sum_n), in double (max_n + log(sum_n) in fp32 would
+//             round at the max's scale: ops.h)
+// Every rank ends with the same stats (BT, 2) and loss as the single process's cross_entropy_forward.
+static double loss_forward(void *ctx, real *stats, const real *logits, const int *targets, int BT, int v_start,
                            int v_count) {
     Comm *tp = ctx;
-    // LAB tp: per token, the max over the whole vocabulary (all-reduce MAX), the sum of exp(logit - max) and the target's logit (all-reduce SUM: only the rank holding the target has it); write lse = max + log(sum) and return the mean of lse - target logit over tokens whose target is not IGNORE_INDEX
-    LAB_HOLE("tp", "per token, the max over the whole vocabulary (all-reduce MAX), the sum of exp(logit - max) and the target's logit (all-reduce SUM: only the rank holding the target has it); write lse = max + log(sum) and return the mean of lse - target logit over tokens whose target is not IGNORE_INDEX");
+    // LAB tp: per token, the max over the whole vocabulary (all-reduce MAX), the sum of exp(logit - max) and the target's logit (all-reduce SUM: only the rank holding the target has it); write stats = (max, log(sum)) and return the mean of (max - target logit) + log(sum) over tokens whose target is not IGNORE_INDEX
+    LAB_HOLE("tp", "per token, the max over the whole vocabulary (all-reduce MAX), the sum of exp(logit - max) and the target's logit (all-reduce SUM: only the rank holding the target has it); write stats = (max, log(sum)) and return the mean of (max - target logit) + log(sum) over tokens whose target is not IGNORE_INDEX");
     // END LAB
 }
 
 // d loss / d logit_nj = coef * (softmax_nj - [j == target_n]) on this rank's columns: local work.
-static void loss_backward(void *ctx, real *dlogits, const real *logits, const real *lse, const int *targets, int BT,
+static void loss_backward(void *ctx, real *dlogits, const real *logits, const real *stats, const int *targets, int BT,
                           int v_start, int v_count, double dloss) {
     (void)ctx;
-    cross_entropy_backward_columns(dlogits, logits, lse, targets, BT, v_start, v_count, dloss);
+    cross_entropy_backward_columns(dlogits, logits, stats, targets, BT, v_start, v_count, dloss);
 }
 
 void tp_install(Model *m, Comm *tp_group, bool sequence_parallel) {

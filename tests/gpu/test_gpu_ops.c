@@ -680,70 +680,88 @@ static void test_elementwise(bool bf16) {
 // ================================ cross-entropy ==================================================
 
 // V = 5003: rows of scalars; V = 5008: rows that start 16-byte aligned, read in 16-byte packs (ops.cu).
-static void test_cross_entropy(bool bf16, int V) {
+// offset: added to every logit. At 1e3 an fp32 lse = max + log(sum) would round at 6e-5 (an ulp of
+// 1e3), and each row's softmax would sum to 1 +- 3e-5: the kept rows of dlogits must sum to 0 within
+// 2e-6 of coef (V fp32 roundings of probabilities summing to 1, and of their exponents (x - max) -
+// log-sum, |.| < 20: measured 1e-7).
+static void test_cross_entropy(bool bf16, int V, double offset) {
     int N = 64;
     size_t n = (size_t)N * V;
     // Initial dlogits far larger than the gradient's entries (coef * p ~ 1e-5): the backward writes
     // dlogits, so nothing of them may survive (an added term would dwarf the result).
     float *logits = host_normal(n, 2.0, 50), *dl0 = host_normal(n, 1e3, 51);
+    for (size_t i = 0; i < n; i++) logits[i] = (float)(offset + logits[i]);
     if (bf16) round_to_bf16(logits, n), round_to_bf16(dl0, n);
     int *targets = malloc(sizeof(int) * N), *ignored = malloc(sizeof(int) * N);
     for (int i = 0; i < N; i++) {
         targets[i] = i % 7 == 3 ? IGNORE_INDEX : (int)rng_below(7, 3, i, V);
         ignored[i] = IGNORE_INDEX;
     }
-    float *lse_ref = malloc(sizeof(float) * N), *dl_ref = host_copy(dl0, n);
-    double loss_ref = cross_entropy_forward(lse_ref, logits, targets, N, V);
-    cross_entropy_backward(dl_ref, logits, lse_ref, targets, N, V, 1.7);
+    float *stats_ref = malloc(sizeof(float) * 2 * N), *dl_ref = host_copy(dl0, n);
+    double loss_ref = cross_entropy_forward(stats_ref, logits, targets, N, V);
+    cross_entropy_backward(dl_ref, logits, stats_ref, targets, N, V, 1.7);
 
     int *d_targets = dev_ints(targets, N), *d_ignored = dev_ints(ignored, N);
-    float *d_lse = dev_f32_poisoned(N), *lse = malloc(sizeof(float) * N), *dl, *dl_zeros;
+    float *d_stats = dev_f32_poisoned(2 * N), *stats = malloc(sizeof(float) * 2 * N), *dl, *dl_zeros;
     double loss, loss_ignored, loss_queued[3];  // left on the device: targets, all ignored, one out of range
     int *bad = malloc(sizeof(int) * N);
     memcpy(bad, targets, sizeof(int) * N);
     bad[N / 2] = V;
     int *d_bad = dev_ints(bad, N);
     double *d_loss = gpu_alloc(MEM_OTHER, 3 * sizeof(double));
-    float *d_lse2 = dev_f32_poisoned(N);
+    float *d_stats2 = dev_f32_poisoned(2 * N);
     long long waits_queued = 0;
     if (!bf16) {
         float *d_logits = dev_f32(logits, n), *d_dl = dev_f32(dl0, n), *d_dl2 = dev_f32(dl0, n);
         long long waits = gpu_host_waits();
-        gpu_cross_entropy_forward_into(d_loss, d_lse2, d_logits, d_targets, N, V);
-        gpu_cross_entropy_forward_into(d_loss + 1, d_lse2, d_logits, d_ignored, N, V);
-        gpu_cross_entropy_forward_into(d_loss + 2, d_lse2, d_logits, d_bad, N, V);
+        gpu_cross_entropy_forward_into(d_loss, d_stats2, d_logits, d_targets, N, V);
+        gpu_cross_entropy_forward_into(d_loss + 1, d_stats2, d_logits, d_ignored, N, V);
+        gpu_cross_entropy_forward_into(d_loss + 2, d_stats2, d_logits, d_bad, N, V);
         waits_queued = gpu_host_waits() - waits;
-        loss = gpu_cross_entropy_forward(d_lse, d_logits, d_targets, N, V);
-        gpu_download(lse, d_lse, sizeof(float) * N);
-        gpu_cross_entropy_backward(d_dl, d_logits, d_lse, d_targets, N, V, 1.7);
-        loss_ignored = gpu_cross_entropy_forward(d_lse, d_logits, d_ignored, N, V);
-        gpu_cross_entropy_backward(d_dl2, d_logits, d_lse, d_ignored, N, V, 1.7);
+        loss = gpu_cross_entropy_forward(d_stats, d_logits, d_targets, N, V);
+        gpu_download(stats, d_stats, sizeof(float) * 2 * N);
+        gpu_cross_entropy_backward(d_dl, d_logits, d_stats, d_targets, N, V, 1.7);
+        loss_ignored = gpu_cross_entropy_forward(d_stats, d_logits, d_ignored, N, V);
+        gpu_cross_entropy_backward(d_dl2, d_logits, d_stats, d_ignored, N, V, 1.7);
         dl = from_dev_f32(d_dl, n), dl_zeros = from_dev_f32(d_dl2, n);
         gpu_free(d_logits), gpu_free(d_dl), gpu_free(d_dl2);
     } else {
         gpu_bf16 *d_logits = dev_bf16(logits, n), *d_dl = dev_bf16(dl0, n), *d_dl2 = dev_bf16(dl0, n);
         long long waits = gpu_host_waits();
-        gpu_cross_entropy_forward_into_bf16(d_loss, d_lse2, d_logits, d_targets, N, V);
-        gpu_cross_entropy_forward_into_bf16(d_loss + 1, d_lse2, d_logits, d_ignored, N, V);
-        gpu_cross_entropy_forward_into_bf16(d_loss + 2, d_lse2, d_logits, d_bad, N, V);
+        gpu_cross_entropy_forward_into_bf16(d_loss, d_stats2, d_logits, d_targets, N, V);
+        gpu_cross_entropy_forward_into_bf16(d_loss + 1, d_stats2, d_logits, d_ignored, N, V);
+        gpu_cross_entropy_forward_into_bf16(d_loss + 2, d_stats2, d_logits, d_bad, N, V);
         waits_queued = gpu_host_waits() - waits;
-        loss = gpu_cross_entropy_forward_bf16(d_lse, d_logits, d_targets, N, V);
-        gpu_download(lse, d_lse, sizeof(float) * N);
-        gpu_cross_entropy_backward_bf16(d_dl, d_logits, d_lse, d_targets, N, V, 1.7);
-        loss_ignored = gpu_cross_entropy_forward_bf16(d_lse, d_logits, d_ignored, N, V);
-        gpu_cross_entropy_backward_bf16(d_dl2, d_logits, d_lse, d_ignored, N, V, 1.7);
+        loss = gpu_cross_entropy_forward_bf16(d_stats, d_logits, d_targets, N, V);
+        gpu_download(stats, d_stats, sizeof(float) * 2 * N);
+        gpu_cross_entropy_backward_bf16(d_dl, d_logits, d_stats, d_targets, N, V, 1.7);
+        loss_ignored = gpu_cross_entropy_forward_bf16(d_stats, d_logits, d_ignored, N, V);
+        gpu_cross_entropy_backward_bf16(d_dl2, d_logits, d_stats, d_ignored, N, V, 1.7);
         dl = from_dev_bf16(d_dl, n), dl_zeros = from_dev_bf16(d_dl2, n);
         gpu_free(d_logits), gpu_free(d_dl), gpu_free(d_dl2);
     }
     char tag[32], name[96];
-    snprintf(tag, sizeof tag, "%s V=%d", bf16 ? "bf16" : "f32", V);
-    snprintf(name, sizeof name, "cross-entropy %s lse", tag);
-    check_fp32(name, lse, lse_ref, N, 1e-6);
+    if (offset) snprintf(tag, sizeof tag, "%s V=%d offset %g", bf16 ? "bf16" : "f32", V, offset);
+    else snprintf(tag, sizeof tag, "%s V=%d", bf16 ? "bf16" : "f32", V);
+    snprintf(name, sizeof name, "cross-entropy %s stats (max, log-sum)", tag);
+    check_fp32(name, stats, stats_ref, 2 * N, 1e-6);
     snprintf(name, sizeof name, "cross-entropy %s loss", tag);
     report(name, fabs(loss - loss_ref) <= 1e-5 * fabs(loss_ref), "%.9f vs reference %.9f", loss, loss_ref);
     snprintf(name, sizeof name, "cross-entropy %s dlogits", tag);
     if (bf16) check_bf16_norm(name, dl, dl_ref, n);
     else check_fp32(name, dl, dl_ref, n, 1e-5);
+    if (offset) {
+        int n_valid = 0;
+        double worst = 0;
+        for (int i = 0; i < N; i++) n_valid += targets[i] != IGNORE_INDEX;
+        for (int i = 0; i < N; i++) {
+            double row = 0;
+            for (int j = 0; j < V && targets[i] != IGNORE_INDEX; j++) row += dl[(size_t)i * V + j];
+            worst = fmax(worst, fabs(row) / (1.7 / n_valid));
+        }
+        snprintf(name, sizeof name, "cross-entropy %s dlogits rows sum to 0", tag);
+        report(name, worst <= 2e-6, "worst row %.3g of coef (bound 2e-6)", worst);
+    }
     bool zeros = true;
     for (size_t i = 0; i < n; i++) zeros &= dl_zeros[i] == 0.0f && !signbit(dl_zeros[i]);
     snprintf(name, sizeof name, "cross-entropy %s all targets ignored", tag);
@@ -755,14 +773,14 @@ static void test_cross_entropy(bool bf16, int V) {
     report(name, loss_queued[0] == loss && loss_queued[1] == 0.0 && isnan(loss_queued[2]) && waits_queued == 0,
            "%.9f (blocking call %.9f), all ignored %g, a bad target %g, %lld host waits to queue (want 0)",
            loss_queued[0], loss, loss_queued[1], loss_queued[2], waits_queued);
-    free(logits), free(dl0), free(targets), free(ignored), free(lse_ref), free(dl_ref), free(lse), free(dl);
+    free(logits), free(dl0), free(targets), free(ignored), free(stats_ref), free(dl_ref), free(stats), free(dl);
     free(dl_zeros), free(bad);
-    gpu_free(d_targets), gpu_free(d_ignored), gpu_free(d_lse), gpu_free(d_bad), gpu_free(d_loss), gpu_free(d_lse2);
+    gpu_free(d_targets), gpu_free(d_ignored), gpu_free(d_stats), gpu_free(d_bad), gpu_free(d_loss), gpu_free(d_stats2);
 }
 
 // Vocab-parallel cross-entropy (tensor parallelism, gpu/model.c): the logits' columns cut into two
 // shards, the kernels run on each, and the host plays the two all-reduces (MAX of the row maxes, SUM
-// of the sums and target logits). The lse and loss against the reference on the whole rows (the
+// of the sums and target logits). The stats and loss against the reference on the whole rows (the
 // fp32 rule: the same formulas, the sum of exp in another order), the gradients of each shard's
 // columns against the reference's columns (bf16 norm). Targets fall in both shards, on the boundary
 // column too, and some are ignored.
@@ -775,9 +793,9 @@ static void test_cross_entropy_vocab_parallel(int V) {
     int *targets = malloc(sizeof(int) * N);
     for (int i = 0; i < N; i++) targets[i] = i % 7 == 3 ? IGNORE_INDEX : (int)rng_below(7, 4, i, V);
     targets[5] = Vr, targets[6] = Vr - 1;  // the first column of shard 1, the last of shard 0
-    float *lse_ref = malloc(sizeof(float) * N), *dl_ref = host_copy(dl0, n);
-    double loss_ref = cross_entropy_forward(lse_ref, logits, targets, N, V);
-    cross_entropy_backward(dl_ref, logits, lse_ref, targets, N, V, 1.7);
+    float *stats_ref = malloc(sizeof(float) * 2 * N), *dl_ref = host_copy(dl0, n);
+    double loss_ref = cross_entropy_forward(stats_ref, logits, targets, N, V);
+    cross_entropy_backward(dl_ref, logits, stats_ref, targets, N, V, 1.7);
 
     float *shard_logits[2], *shard_dl0[2], *shard_dl_ref[2], *row_max[2];
     double *sums[2];
@@ -813,19 +831,19 @@ static void test_cross_entropy_vocab_parallel(int V) {
     for (int i = 0; i < 2 * N; i++) group_sums[i] = sums[0][i] + sums[1][i];
     double *d_group_sums = gpu_alloc(MEM_OTHER, sizeof(double) * 2 * N), *d_loss = gpu_alloc(MEM_OTHER, sizeof(double));
     gpu_upload(d_group_sums, group_sums, sizeof(double) * 2 * N);
-    float *d_lse = dev_f32_poisoned(N);
-    gpu_vocab_parallel_loss(d_loss, d_lse, d_group_max, d_group_sums, d_targets, N);
+    float *d_stats = dev_f32_poisoned(2 * N);
+    gpu_vocab_parallel_loss(d_loss, d_stats, d_group_max, d_group_sums, d_targets, N);
     double loss;
     gpu_download(&loss, d_loss, sizeof loss);
-    float *lse = from_dev_f32(d_lse, N);
+    float *stats = from_dev_f32(d_stats, 2 * N);
     char name[96];
-    snprintf(name, sizeof name, "cross-entropy vocab-parallel V=%d lse", V);
-    check_fp32(name, lse, lse_ref, N, 1e-6);
+    snprintf(name, sizeof name, "cross-entropy vocab-parallel V=%d stats (max, log-sum)", V);
+    check_fp32(name, stats, stats_ref, 2 * N, 1e-6);
     snprintf(name, sizeof name, "cross-entropy vocab-parallel V=%d loss", V);
     report(name, fabs(loss - loss_ref) <= 1e-5 * fabs(loss_ref), "%.9f vs reference %.9f", loss, loss_ref);
     for (int r = 0; r < 2; r++) {
         gpu_bf16 *d_dl = dev_bf16(shard_dl0[r], (size_t)N * Vr);
-        gpu_cross_entropy_backward_columns_bf16(d_dl, d_logits[r], d_lse, d_targets, N, r * Vr, Vr, 1.7);
+        gpu_cross_entropy_backward_columns_bf16(d_dl, d_logits[r], d_stats, d_targets, N, r * Vr, Vr, 1.7);
         float *dl = from_dev_bf16(d_dl, (size_t)N * Vr);
         snprintf(name, sizeof name, "cross-entropy vocab-parallel V=%d dlogits shard %d", V, r);
         check_bf16_norm(name, dl, shard_dl_ref[r], (size_t)N * Vr);
@@ -835,8 +853,8 @@ static void test_cross_entropy_vocab_parallel(int V) {
         free(shard_logits[r]), free(shard_dl0[r]), free(shard_dl_ref[r]), free(row_max[r]), free(sums[r]);
         gpu_free(d_logits[r]);
     }
-    free(logits), free(dl0), free(targets), free(lse_ref), free(dl_ref), free(group_max), free(group_sums), free(lse);
-    gpu_free(d_targets), gpu_free(d_group_max), gpu_free(d_group_sums), gpu_free(d_loss), gpu_free(d_lse);
+    free(logits), free(dl0), free(targets), free(stats_ref), free(dl_ref), free(group_max), free(group_sums), free(stats);
+    gpu_free(d_targets), gpu_free(d_group_max), gpu_free(d_group_sums), gpu_free(d_loss), gpu_free(d_stats);
 }
 
 // Tensor parallelism's other pieces: the partial GEMMs with fp32 outputs (the sum bound of
@@ -1393,8 +1411,9 @@ int main(void) {
         test_rope(bf16);
         test_qkv_split_merge(bf16);
         test_elementwise(bf16);
-        for (int V = 5003; V <= 5008; V += 5) test_cross_entropy(bf16, V);
+        for (int V = 5003; V <= 5008; V += 5) test_cross_entropy(bf16, V, 0);
     }
+    test_cross_entropy(false, 5008, 1e3);
     test_cross_entropy_vocab_parallel(5004);
     test_cross_entropy_vocab_parallel(5024);
     test_embedding();
