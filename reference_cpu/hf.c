@@ -556,6 +556,29 @@ static void stale_path(char *out, size_t len, const char *dir, int n_shards) {
     snprintf(out, len, "%s/%s", dir, n_shards == 1 ? HF_INDEX : HF_SINGLE);
 }
 
+// Whether name is a shard of an earlier export with another shard count (model-00001-of-00004.safetensors
+// beside a new -of-00003 set, or any beside a single file; canonical names only): no index names it
+// once this export is complete.
+static bool other_shard(const char *name, int n_shards) {
+    int shard, of, consumed = 0;
+    if (sscanf(name, "model-%5d-of-%5d.safetensors%n", &shard, &of, &consumed) != 2 || name[consumed] != 0) return false;
+    char canonical[64];
+    snprintf(canonical, sizeof canonical, "model-%05d-of-%05d.safetensors", shard, of);
+    return strcmp(canonical, name) == 0 && (n_shards == 1 || of != n_shards);
+}
+
+// A file the export will remove once complete must be a regular file that is not read-only (a
+// read-only file is kept from being replaced, so from being removed too).
+static void check_removable(const char *dir, const char *name) {
+    char path[4200];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (lstat(path, &st) != 0) return;
+    if (!S_ISREG(st.st_mode))
+        fatal_input("--export-hf %s: %s is not a regular file, and this export would remove it", dir, path);
+    if (!(st.st_mode & 0222)) fatal_input("--export-hf %s: %s is read-only, and this export would remove it", dir, path);
+}
+
 void hf_export_check(const char *dir, const ModelConfig *cfg, StDtype dtype, size_t max_shard_bytes) {
     ParamTable t = param_table_build(cfg);
     int n_shards = assign_shards(&t, dtype, max_shard_bytes, NULL);
@@ -573,8 +596,11 @@ void hf_export_check(const char *dir, const ModelConfig *cfg, StDtype dtype, siz
         else fileio_check_output_name("export-hf", path, OUTPUT_FILE);
     }
     stale_path(path, sizeof path, dir, n_shards);
-    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
-        fatal_input("--export-hf %s: %s is not a regular file, and this export would remove it", dir, path);
+    check_removable(dir, strrchr(path, '/') + 1);
+    DIR *d = dir_exists ? opendir(dir) : NULL;
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (other_shard(e->d_name, n_shards)) check_removable(dir, e->d_name);
+    if (d) closedir(d);
 }
 
 // dir/name removed if it is a regular file (anything else is never touched).
@@ -586,19 +612,12 @@ static void remove_regular(const char *dir, const char *name) {
         fatal("--export-hf: cannot remove %s: %s", path, strerror(errno));
 }
 
-// The shard files of an earlier export with another shard count (model-00001-of-00004.safetensors
-// beside a new -of-00003 set, or any beside a single file): no index names them any more.
+// The shard files of an earlier export with another shard count: no index names them any more.
 static void remove_other_shards(const char *dir, int n_shards) {
     DIR *d = opendir(dir);
     if (!d) return;
-    for (struct dirent *e; (e = readdir(d));) {
-        int shard, of, consumed = 0;
-        if (sscanf(e->d_name, "model-%5d-of-%5d.safetensors%n", &shard, &of, &consumed) != 2 || e->d_name[consumed] != 0)
-            continue;
-        char canonical[64];
-        snprintf(canonical, sizeof canonical, "model-%05d-of-%05d.safetensors", shard, of);
-        if (strcmp(canonical, e->d_name) == 0 && (n_shards == 1 || of != n_shards)) remove_regular(dir, e->d_name);
-    }
+    for (struct dirent *e; (e = readdir(d));)
+        if (other_shard(e->d_name, n_shards)) remove_regular(dir, e->d_name);
     closedir(d);
 }
 

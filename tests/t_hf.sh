@@ -24,6 +24,13 @@ echo keep > "$ex/notes.txt"
 export_to --export-hf-shard-mb 15
 [ "$(listing)" = "config.json model-00001-of-00003.safetensors model-00002-of-00003.safetensors model-00003-of-00003.safetensors model.safetensors.index.json notes.txt " ] ||
     { echo "t_hf: FAIL: 5 shards, then 3: $(listing)"; exit 1; }
+# a read-only shard of the earlier export is kept from being removed as from being replaced: refused
+chmod 444 "$ex/model-00002-of-00003.safetensors"
+rc=0
+err=$("$BUILD/train" --model small --batch 2 --seq-len 64 --steps 1 --export-hf "$ex" 2>&1 >/dev/null) || rc=$?
+[ "$rc" = 2 ] && [[ "$err" == *"model-00002-of-00003.safetensors is read-only, and this export would remove it"* ]] &&
+    [ -e "$ex/model-00002-of-00003.safetensors" ] || { echo "t_hf: FAIL: a read-only earlier shard: exit $rc: $err"; exit 1; }
+chmod 644 "$ex/model-00002-of-00003.safetensors"
 export_to
 [ "$(listing)" = "config.json model.safetensors notes.txt " ] || { echo "t_hf: FAIL: 3 shards, then one file: $(listing)"; exit 1; }
 echo "ok: a re-export with another shard count leaves only its own files (and notes.txt)"
