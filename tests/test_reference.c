@@ -125,11 +125,13 @@ static void compare_attention_scaled(AttnShape s, double q_std) {
     attention_flash_forward(out[1], lse, q, k, v, &s);
     attention_flash_backward(dq[1], dk[1], dv[1], dout, q, k, v, out[1], lse, &s);
     // Scores computed in two orders differ by their last bit, which at q_std times the scale moves
-    // each probability by q_std times as much: the tolerances grow with it.
+    // each probability by q_std times as much: the tolerances grow with it, and dk's (the score
+    // gradients times the queries, q_std each) with its square. At q_std 40 dk was measured 5.9e-4
+    // apart (abs) in a clang build, whose sums round otherwise; a running max held at 0 gives inf.
     double rtol = FP32_ORDER_RTOL * q_std, atol = FP32_ORDER_ATOL * q_std;
     expect_close("attention out (flash vs naive)", out[1], out[0], nq, rtol, atol);
     expect_close("attention dq (flash vs naive)", dq[1], dq[0], nq, rtol, atol);
-    expect_close("attention dk (flash vs naive)", dk[1], dk[0], nkv, rtol, atol);
+    expect_close("attention dk (flash vs naive)", dk[1], dk[0], nkv, rtol * q_std, atol * q_std);
     expect_close("attention dv (flash vs naive)", dv[1], dv[0], nkv, rtol, atol);
     // lse is the log of the softmax denominator: recompute it from the scores in double
     real *lse_ref = new_zeros(nrows);
