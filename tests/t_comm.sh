@@ -56,39 +56,29 @@ run 60 4 --kill-rank 1 --timeout 10
 expect_output "process rank 1 .*signal 9|did not finish after" "killed rank"
 echo "ok: killed rank 1 ended the run in ${took}s, status $status: $(grep -E 'process rank 1|did not finish' "$OUT" | head -1)"
 
-# Rank 1 stops taking part without dying: only the comm timeout (3 s) can end the run.
-run 60 4 --hang p2p --hang-rank 1 --timeout 3
-[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "hung peer: exit status $status"
-expect_output "^comm: recv on group world \(4 ranks\) did not finish after 3 s on world rank 0; waiting on peer rank 1 \(world rank 1\)" "hung peer"
-echo "ok: hung peer, timeout after ${took}s: $(grep '^comm:' "$OUT" | head -1)"
-
-run 60 4 --hang collective --hang-rank 2 --timeout 3
-[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "hung collective: exit status $status"
-expect_output "^comm: barrier on group world \(4 ranks\) did not finish after 3 s on world rank [013]; did not arrive: world rank 2 \(alive, still at collective 0 of this group; this is 1\)$" "hung collective"
-echo "ok: hung collective, timeout after ${took}s: $(grep '^comm:' "$OUT" | head -1)"
-
+# A rank that stops taking part: only the comm timeout (3 s) can end the run, and its line must say
+# who did not arrive and why.
+timeout_case() {  # LIMIT N KIND RANK REGEX WHAT
+    local limit=$1 n=$2 kind=$3 rank=$4 regex=$5 what=$6
+    run "$limit" "$n" --hang "$kind" --hang-rank "$rank" --timeout 3
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "$what: exit status $status (124: still running after $limit s)"
+    expect_output "$regex" "$what"
+    echo "ok: $what, timeout after ${took}s: $(grep '^comm:' "$OUT" | head -1)"
+}
+# Rank 1 stops taking part without dying.
+timeout_case 60 4 p2p 1 "^comm: recv on group world \(4 ranks\) did not finish after 3 s on world rank 0; waiting on peer rank 1 \(world rank 1\)" "hung peer"
+timeout_case 60 4 collective 2 "^comm: barrier on group world \(4 ranks\) did not finish after 3 s on world rank [013]; did not arrive: world rank 2 \(alive, still at collective 0 of this group; this is 1\)$" "hung collective"
 # Rank 3 is stopped (SIGSTOP) after two barriers: the others' third barrier times out and names it
 # as not answering; the run must end (MPI_Abort), not hang for the default timeout.
-run 60 4 --hang stop --hang-rank 3 --timeout 3
-[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "stopped rank: exit status $status"
-expect_output "^comm: barrier on group world \(4 ranks\) did not finish after 3 s on world rank [012]; did not arrive: world rank 3 \(no answer: stopped or dead\)$" "stopped rank"
-echo "ok: stopped rank, timeout after ${took}s: $(grep '^comm:' "$OUT" | head -1)"
-
+timeout_case 60 4 stop 3 "^comm: barrier on group world \(4 ranks\) did not finish after 3 s on world rank [012]; did not arrive: world rank 3 \(no answer: stopped or dead\)$" "stopped rank"
 # Rank 1 stops (SIGSTOP) after its last collective, while the others are in comm_finalize: its
 # closing barrier is polled like every collective, so the timeout names the stopped rank (an
 # unpolled MPI_Finalize waited for ever).
-run 30 4 --hang late --hang-rank 1 --timeout 3
-[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "rank stopped before comm_finalize: exit status $status (124: hung)"
-expect_output "^comm: finalize on group world \(4 ranks\) did not finish after 3 s on world rank [023]; did not arrive: world rank 1 \(no answer: stopped or dead\)$" "rank stopped before comm_finalize"
-echo "ok: rank stopped before comm_finalize, timeout after ${took}s: $(grep '^comm:' "$OUT" | head -1)"
-
+timeout_case 30 4 late 1 "^comm: finalize on group world \(4 ranks\) did not finish after 3 s on world rank [023]; did not arrive: world rank 1 \(no answer: stopped or dead\)$" "rank stopped before comm_finalize"
 # Rank 1 skips a barrier of a subgroup and goes on to comm_finalize: the others' barrier times
 # out, and rank 1, still in comm_finalize's barrier, answers that it is behind (it was reported as
 # "no answer" when comm_finalize stopped its comm thread at once).
-run 30 3 --hang skip --hang-rank 1 --timeout 3
-[ "$status" -ne 0 ] && [ "$status" -ne 124 ] || fail "rank that skipped a barrier: exit status $status"
-expect_output "^comm: barrier on group sub \(3 ranks\) did not finish after 3 s on world rank [02]; did not arrive: world rank 1 \(alive, still at collective 1 of this group; this is 2\)$" "rank that skipped a barrier"
-echo "ok: rank that skipped a barrier and finished, timeout after ${took}s: $(grep '^comm:' "$OUT" | head -1)"
+timeout_case 30 3 skip 1 "^comm: barrier on group sub \(3 ranks\) did not finish after 3 s on world rank [02]; did not arrive: world rank 1 \(alive, still at collective 1 of this group; this is 2\)$" "rank that skipped a barrier and finished"
 
 # Calls that do not match: rank 1 calls what the others do not. Each must end the run with one line
 # that says what differs (they went through silently, or failed inside MPI, or timed out).
