@@ -116,15 +116,21 @@ echo "ok: resumed delayed scaling is bit-identical (weights, AdamW state and ama
 # Under another layout with the same data x context parallel degree (pipeline stages) the resume
 # equals the straight run; under another degree the history's gradient amaxes would be off by the
 # ratio (measured: --dp-replicate 2 drifted to grad_norm 1.1033 for 1.1027), so it is refused.
-$MPIRUN -np 2 "$BUILD/train" "${resume[@]}" --pp 2 --resume "$T/parts/step_000005.safetensors" > "$T/pp_resumed.log" 2>&1 ||
+# It writes checkpoints on the way: each stage gives its own blocks' history to the saved state (a
+# save that merged the stages' states back into them let a stage's stale copy of another stage's
+# scales win the next save's MAX, and the losses after the second save drifted).
+$MPIRUN -np 2 "$BUILD/train" "${resume[@]}" --pp 2 --resume "$T/parts/step_000005.safetensors" \
+    --checkpoint-dir "$T/pp_parts" --checkpoint-every 2 > "$T/pp_resumed.log" 2>&1 ||
     { cat "$T/pp_resumed.log"; echo "FAIL: delayed FP8 resumed under --pp 2"; exit 1; }
 $P --log "$T/pp_resumed.log" --log-ref "$T/part2.log" --loss-rtol 0
+cmp "$T/pp_parts/step_000010.safetensors.fp8" "$T/whole/step_000010.safetensors.fp8" ||
+    { echo "FAIL: the FP8 state saved under --pp 2 differs from the single process's"; exit 1; }
 out=$($MPIRUN -np 2 "$BUILD/train" "${resume[@]}" --dp-replicate 2 --resume "$T/parts/step_000005.safetensors" 2>&1 >/dev/null) &&
     { echo "FAIL: delayed FP8 resumed under --dp-replicate 2"; exit 1; }
 ours=$(grep '^train' <<<"$out" | sort -u || true)
 [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"this run has amax_history=4 blocks=4 margin=0 dp=2 "* ]] ||
     { echo "FAIL: delayed FP8 under another dp degree: $out"; exit 1; }
-echo "ok: delayed FP8 resumes under --pp 2 as straight through; under --dp-replicate 2 refused: $ours"
+echo "ok: delayed FP8 resumes under --pp 2 as straight through (checkpoints on the way included); under --dp-replicate 2 refused: $ours"
 
 # expect_exit2 WANTED FLAGS...: exit status 2 and one line on stderr that contains WANTED
 expect_exit2() {

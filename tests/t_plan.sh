@@ -71,6 +71,10 @@ expect_bad "= 8589934592 tokens per step: more than 2147483647" --batch 1024 --s
 # --pp-microbatches 0 is the default (the schedule's count), not a count of 0 to divide by.
 "$PLAN" --search --gpus 8 --pp-microbatches 0 --top 1 >/dev/null || { echo "FAIL: --search --pp-microbatches 0"; exit 1; }
 echo "ok: --search --pp-microbatches 0 searches the micro-batches"
+# A search where nothing fits still ends with the line scripts read.
+last=$("$PLAN" --model llama3_405b --search --gpus 8 | tail -1)
+[ "$last" = "TPS/GPU 0" ] || { echo "FAIL: a search where no mesh fits ends with '$last', not 'TPS/GPU 0'"; exit 1; }
+echo "ok: a search where no mesh fits ends with TPS/GPU 0"
 
 # --fp8 needs FP8 matmuls on the cluster (else every step would take forever: "step inf s") and
 # the GPU precision its model is of. A profile without FP8 stays valid without --fp8.

@@ -95,10 +95,14 @@ void fp8_step_end(Fp8 *f);
 size_t fp8_state_numel(const Fp8 *f);
 void fp8_state_get(const Fp8 *f, float *out);
 void fp8_state_set(Fp8 *f, const float *in);
-// The same as a file next to a checkpoint (safetensors: the state as one F32 tensor, the recipe's
+// The same with the slots of the blocks this rank has not run at 0 (a pipeline stage's share; every
+// value is >= 0, so a MAX over the stages gives the whole state, each slot from the stage that
+// updates it: a copy set by fp8_state_set is never updated where its block does not run).
+void fp8_state_get_own(const Fp8 *f, float *out);
+// A state as a file next to a checkpoint (safetensors: the state as one F32 tensor, the recipe's
 // settings as metadata). Load exits 2 with one line if the file is missing, corrupt or written with
 // another --fp8-amax-history or number of blocks.
-void fp8_state_save(const Fp8 *f, const char *path);
+void fp8_state_save(const Fp8 *f, const float *state, const char *path);
 void fp8_state_load(Fp8 *f, const char *path);
 // The settings a saved state is recorded with (its metadata "fp8"), and a resume must match: for
 // checking a state file before the Fp8 exists. dp: the data x context parallel degree.

@@ -229,6 +229,12 @@ static ModelConfig resolve_config(const ArgSpec *flags, HfCheckpoint **init_chec
         fatal_input("--checkpoint-every %d: needs --checkpoint-dir", opt.checkpoint_every);
     if (args_given(FLAGS, N_FLAGS, "min-lr-ratio") && strcmp(opt.lr_decay, "constant") == 0)
         fatal_input("--min-lr-ratio: needs a decaying --lr-decay (cosine or linear); constant keeps the peak");
+    const char *decay_flag = args_given(FLAGS, N_FLAGS, "min-lr-ratio") ? "min-lr-ratio"
+                             : args_given(FLAGS, N_FLAGS, "lr-decay") && strcmp(opt.lr_decay, "constant") != 0 ? "lr-decay"
+                             : NULL;
+    if (decay_flag && opt.warmup_steps == opt.steps)
+        fatal_input("--%s: --warmup-steps %d takes all %d steps, so no step decays (give fewer warmup steps)",
+                    decay_flag, opt.warmup_steps, opt.steps);
     return cfg;
 }
 
@@ -624,19 +630,18 @@ static void fp8_finish(void *ctx, Trainer *t) {
 }
 
 // Delayed scaling's history sits next to the checkpoint, in <checkpoint>.fp8 (fp8_companion). Pipeline
-// stages each hold their own blocks' entries (zeros elsewhere), the other ranks the same values: the
-// MAX over the world is the whole state.
-
+// stages each give their own blocks' entries (zeros elsewhere: fp8_state_get_own), the other ranks
+// the same values: the MAX over the world is the whole state. It is only written: a stage's live
+// state keeps zeros (or what a resume loaded) where other stages' blocks are, which it never updates.
 static void fp8_save(Trainer *t, const char *path) {
     if (!fp8 || fp8_state_numel(fp8) == 0) return;
     size_t n = fp8_state_numel(fp8);
     float *state = mem_alloc(MEM_OTHER, sizeof(float) * n);
-    fp8_state_get(fp8, state);
+    fp8_state_get_own(fp8, state);
     comm_all_reduce(t->mesh->world, state, n, COMM_FLOAT32, COMM_MAX);
-    fp8_state_set(fp8, state);
     char companion[4200];
     fp8_companion(path, companion, sizeof companion);
-    if (t->mesh->rank == 0) fp8_state_save(fp8, companion);
+    if (t->mesh->rank == 0) fp8_state_save(fp8, state, companion);
     mem_free(state);
 }
 

@@ -372,8 +372,9 @@ static void search(const PlanConfig *base, const Cluster *c) {
            flag_given("cp") ? "" : " cp", flag_given("tp") ? "" : " tp", flag_given("ac") ? "" : " ac",
            flag_given("zero-stage") ? "" : " zero", flag_given("pp-schedule") ? "" : " schedule",
            microbatches_fixed() ? "" : " m");
-    print_candidates(found, opt.top && opt.top < n ? opt.top : n);
-    if (n) printf("TPS/GPU %.0f\n", found[0].t.tps_per_gpu);
+    if (n) print_candidates(found, opt.top && opt.top < n ? opt.top : n);
+    else printf("no mesh fits: give more GPUs, a smaller batch or --seq-len, or let --ac and --zero-stage be searched\n");
+    printf("TPS/GPU %.0f\n", n ? found[0].t.tps_per_gpu : 0.0);  // scripts read the last line: 0, nothing runs
     free(found);
 }
 

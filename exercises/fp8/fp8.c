@@ -135,6 +135,7 @@ struct Fp8 {
     // last `amax_history` reduced amaxes (a ring; steps_recorded of them are filled)
     float *scale, *amax_now, *history;
     int steps_recorded, history_pos;
+    bool *ran;  // (n_slots) the slots this rank has quantized an operand for (a pipeline stage: its blocks')
     // the two dequantized operands of the GEMM being emulated, and the amaxes and scales of both
     real *qa, *qb;
     size_t qa_cap, qb_cap;
@@ -169,6 +170,8 @@ Fp8 *fp8_create(const Fp8Options *o, int n_layers, Fp8Groups groups) {
         f->history = mem_alloc(MEM_OTHER, sizeof(float) * f->n_slots * o->amax_history);
         memset(f->scale, 0, sizeof(float) * f->n_slots);
         memset(f->amax_now, 0, sizeof(float) * f->n_slots);
+        f->ran = mem_alloc(MEM_OTHER, sizeof(bool) * f->n_slots);
+        memset(f->ran, 0, sizeof(bool) * f->n_slots);
     }
     f->hook = (Fp8Hook){hook_forward, hook_backward, f};
     return f;
@@ -178,6 +181,7 @@ void fp8_free(Fp8 *f) {
     if (!f) return;
     float *owned[] = {f->scale, f->amax_now, f->history, f->amax, f->scales, f->gathered_scale};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) mem_free(owned[i]);
+    mem_free(f->ran);
     mem_free(f->qa);
     mem_free(f->qb);
     mem_free(f);
@@ -259,6 +263,7 @@ static void delayed_scales(Fp8 *f, const Operand *a, const Operand *b, float *sc
         float amax;
         fp8_amax(&amax, ops[i]->x, ops[i]->rows, ops[i]->cols, FP8_PER_TENSOR);
         f->amax_now[ops[i]->slot] = max_abs(f->amax_now[ops[i]->slot], amax);
+        f->ran[ops[i]->slot] = true;
     }
     *scale_a = f->scale[a->slot];
     *scale_b = f->scale[b->slot];
@@ -501,6 +506,16 @@ void fp8_state_get(const Fp8 *f, float *out) {
     memcpy(out + 2 + f->n_slots, f->history, sizeof(float) * f->n_slots * f->o.amax_history);
 }
 
+void fp8_state_get_own(const Fp8 *f, float *out) {
+    fp8_state_get(f, out);
+    if (f->o.recipe != FP8_DELAYED) return;
+    for (int s = 0; s < f->n_slots; s++) {
+        if (f->ran[s]) continue;
+        out[2 + s] = 0;
+        memset(out + 2 + f->n_slots + (size_t)s * f->o.amax_history, 0, sizeof(float) * f->o.amax_history);
+    }
+}
+
 void fp8_state_set(Fp8 *f, const float *in) {
     if (f->o.recipe != FP8_DELAYED) return;
     int L = f->o.amax_history;
@@ -527,10 +542,8 @@ static void state_identity(const Fp8 *f, char *out, size_t n) {
     fp8_state_identity(&f->o, f->n_layers, f->groups.dp ? comm_size(f->groups.dp) : 1, out, n);
 }
 
-void fp8_state_save(const Fp8 *f, const char *path) {
+void fp8_state_save(const Fp8 *f, const float *state, const char *path) {
     size_t n = fp8_state_numel(f);
-    float *state = mem_alloc(MEM_OTHER, sizeof(float) * (n ? n : 1));
-    fp8_state_get(f, state);
     char err[1024], identity[128];
     int64_t shape[1] = {(int64_t)n};
     state_identity(f, identity, sizeof identity);
@@ -540,7 +553,6 @@ void fp8_state_save(const Fp8 *f, const char *path) {
         !st_write(w, path, err, sizeof err))
         fatal("fp8 state: %s", err);
     st_writer_free(w);
-    mem_free(state);
 }
 
 void fp8_state_load(Fp8 *f, const char *path) {
