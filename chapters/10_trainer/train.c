@@ -652,7 +652,10 @@ static void fp8_check_companion(const char *checkpoint, int n_layers, int dp_cp)
     char companion[4200], err[1024], want[128];
     fp8_companion(checkpoint, companion, sizeof companion);
     StFile *f = st_open_header(companion, err, sizeof err);
-    if (!f || !st_check_data_hash(f, err, sizeof err)) fatal_input("--resume with delayed FP8 scaling: %s", err);
+    if (!f)  // a checkpoint of another recipe (or none) has no history to resume
+        fatal_input("--resume with delayed FP8 scaling: %s (it resumes the amax history written next to a delayed-scaling "
+                    "run's checkpoint; from another recipe's, resume with that recipe)", err);
+    if (!st_check_data_hash(f, err, sizeof err)) fatal_input("--resume with delayed FP8 scaling: %s", err);
     const char *identity = st_metadata(f, "fp8");
     Fp8Options o = fp8_options();
     fp8_state_identity(&o, n_layers, dp_cp, want, sizeof want);
@@ -899,10 +902,11 @@ int main(int argc, char **argv) {
     char schedule_text[128];  // the checkpoint records it; a resume with another one says so
     snprintf(schedule_text, sizeof schedule_text, "%s, warmup %d, min_lr_ratio %g", opt.lr_decay, opt.warmup_steps,
              opt.min_lr_ratio);
-    char settings_text[256];  // recorded too; a resume that changes them says so
+    char settings_text[256];  // recorded too; a resume that changes them says so (grad_accum: the micro-batches
+                              // a step sums, --pp-microbatches under a pipeline)
     snprintf(settings_text, sizeof settings_text,
              "weight_decay %g, beta1 %g, beta2 %g, eps %g, grad_clip %g, grad_accum %d, fp8 %s", opt.weight_decay,
-             opt.beta1, opt.beta2, opt.eps, opt.grad_clip, opt.grad_accum_steps, opt.fp8 ? opt.fp8_recipe : "none");
+             opt.beta1, opt.beta2, opt.eps, opt.grad_clip, t.n_micro, opt.fp8 ? opt.fp8_recipe : "none");
     char data_text[128];
     RunIdentity run = {(uint64_t)opt.seed, opt.data, data_identity(data, data_text, sizeof data_text), t.B, t.cp_layout.T,
                        opt.steps, opt.lr, schedule_text, settings_text};
