@@ -16,7 +16,7 @@
 // the shortest round trip is kept, as it has the tightest bound. The writers then subtract each
 // rank's offset from its timestamps. Only the first alignment is used for that; later calls
 // measure again and report how far the clocks drifted since (the error a constant correction
-// makes at that point). Ranks on the same kernel as rank 0 (same boot id) share its
+// makes at that point). Ranks on the same kernel as rank 0 (same boot id, same time namespace) share its
 // CLOCK_MONOTONIC: trace_align_clocks() gives them offset 0 with error 0 rather than a
 // measurement, which would only be right to within half a round trip and could draw a receive as
 // ending before its send began. trace_align_clocks_with() (another clock) always measures.

@@ -70,8 +70,10 @@ prepare_cache() {
         (cd "$ROOT" && $LAB_CC $LAB_CFLAGS -MMD -MF "$CACHE/obj/$program.d" -c "$main" -o "$CACHE/obj/$program.o") ||
             return 1
     done
-    [ -f "$CACHE/bin/train" ] && [ "$CACHE/bin/train" -nt "$CACHE/obj/train.o" ] ||
-        $LAB_CC "$CACHE/obj/train.o" "$LIBDIR/libref32.a" "$LIBDIR/libcommon.a" $LAB_LDLIBS -o "$CACHE/bin/train"
+    [ -f "$CACHE/bin/train" ] && [ "$CACHE/bin/train" -nt "$CACHE/obj/train.o" ] && return 0
+    $LAB_CC "$CACHE/obj/train.o" "$LIBDIR/libref32.a" "$LIBDIR/libcommon.a" $LAB_LDLIBS -o "$CACHE/bin/train" || return 1
+    # ref/: the reference runs of bin/train; a new trainer (an updated train.c) runs them again
+    rm -rf "$CACHE/ref" && mkdir -p "$CACHE/ref"
 }
 # Whether obj/NAME.o is there and newer than its main source and every header that source includes
 # (the compiler's dependency list, obj/NAME.d): an edited or updated trainer, main_*.c or test suite

@@ -380,6 +380,18 @@ expect_error "--grad-dump: writes step 1's gradients; it cannot be combined with
 mkdir -p "$T/hta_old" && echo '{}' > "$T/hta_old/rank1.json"
 expect_error "--trace-hta $T/hta_old: holds rank1.json, which this run of 1 rank(s) does not write" --model tiny \
     --steps 1 --batch 2 --trace-hta "$T/hta_old"
+# HTA reads every .json and .gz file there as a rank's trace: an old rank file compressed, a
+# zero-padded name, another output's JSON.
+for old in rank1.json.gz rank00.json other.json; do
+    mkdir -p "$T/hta_$old" && echo '{}' > "$T/hta_$old/$old"
+    expect_error "--trace-hta $T/hta_$old: holds $old, which this run of 1 rank(s) does not write and HTA would read" \
+        --model tiny --steps 1 --batch 2 --trace-hta "$T/hta_$old"
+done
+mkdir -p "$T/hta_out"
+expect_error "--trace-json $T/hta_out/all.json: is inside --trace-hta $T/hta_out, where HTA would read it" \
+    --model tiny --steps 1 --batch 2 --trace-hta "$T/hta_out" --trace-json "$T/hta_out/all.json"
+expect_error "--export-hf $T/hta_out: is --trace-hta's directory" --model tiny --steps 1 --batch 2 \
+    --trace-hta "$T/hta_out" --export-hf "$T/hta_out"
 with_meta step 99999999999999999999 "$T/huge_step.safetensors"
 expect_error 'bad step "99999999999999999999"' --model tiny --steps 2 --batch 2 --resume "$T/huge_step.safetensors"
 with_meta step 3 "$T/step3.safetensors"

@@ -103,8 +103,10 @@ class Rank:
         self.comm_by_group = defaultdict(list)  # "cp", "tp", ... -> (begin, end) of its comm track
         self.gpu_compute, self.gpu_comm = [], []  # the "cuda:*" tracks: kernels and regions; NCCL's kernels
         self.kernels = defaultdict(lambda: [0, 0])  # a "cuda:stream N" slice's name -> [total ns, count]
+        self.slices_seen = 0
 
     def add(self, track_name, begin, end, depth, category="", slice_name=""):
+        self.slices_seen += 1
         if track_name.startswith("cuda:stream") and depth == 0:  # CUPTI's records: kernels, copies, fills
             self.kernels[slice_name][0] += end - begin
             self.kernels[slice_name][1] += 1
@@ -182,7 +184,8 @@ def read_json(text):
             thread_names[(e["pid"], e["tid"])] = e["args"]["name"]
     open_ends = defaultdict(list)  # (pid, tid) -> end times of the enclosing slices
     slices = [e for e in events if e.get("ph") == "X"]
-    for e in sorted(slices, key=lambda e: e["ts"]):  # stable: a parent stays before its children
+    # by start, and at one start the longer first: a parent before its children, in any file order
+    for e in sorted(slices, key=lambda e: (e["ts"], -e["dur"])):
         begin = round(e["ts"] * 1000)
         end = begin + round(e["dur"] * 1000)
         stack = open_ends[(e["pid"], e["tid"])]
@@ -326,8 +329,11 @@ def main():
     args = parser.parse_args()
     try:
         ranks = read_trace(args.trace)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"trace-summary: {args.trace}: {e}", file=sys.stderr)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # also a JSON of other shapes
+        print(f"trace-summary: {args.trace}: not a trace this tool reads: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    if not any(rank.slices_seen for rank in ranks):  # an empty file, or one cut before its first slice
+        print(f"trace-summary: {args.trace}: no slices: not a trace, or one cut short", file=sys.stderr)
         return 2
     ordered = sorted(ranks, key=lambda r: r.rank)
     rows = [summarize(rank) for rank in ordered]

@@ -397,18 +397,44 @@ static void check_outputs_distinct(void) {
         if (inputs[i].path) check_input_not_written_by_dir_outputs(&inputs[i]);
 }
 
-// --trace-hta DIR holding a rankN.json this run will not write (an earlier run on more ranks): HTA
-// reads every rank file of the directory, so it would count that rank as one of this run's.
+// HolisticTraceAnalysis reads every .json and .gz file of its directory as a rank's trace (the
+// rank from inside the file), so --trace-hta DIR may hold only the rankN.json files this run writes:
+// an earlier run's rank2.json or rank2.json.gz, another output's JSON (--trace-json into DIR,
+// --export-hf's config.json) would be read as one of this run's ranks.
+static bool hta_reads(const char *name) {
+    size_t n = strlen(name);
+    return (n >= 5 && strcmp(name + n - 5, ".json") == 0) || (n >= 3 && strcmp(name + n - 3, ".gz") == 0);
+}
+static bool rank_file_of_this_run(const char *name, long long world) {
+    long long rank;
+    int consumed = 0;
+    char canonical[64];
+    if (sscanf(name, "rank%lld.json%n", &rank, &consumed) != 1 || name[consumed] != 0) return false;
+    snprintf(canonical, sizeof canonical, "rank%lld.json", rank);
+    return strcmp(canonical, name) == 0 && rank >= 0 && rank < world;
+}
 static void check_hta_dir_is_this_runs(long long world) {
+    const FlagPath files[] = {{"trace", opt.trace},         {"trace-json", opt.trace_json}, {"dump", opt.dump},
+                 {"grad-dump", opt.grad_dump}, {"mesh-dot", opt.mesh_dot},     {"pp-schedule-dot", opt.pp_schedule_dot}};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        if (!files[i].path) continue;
+        const char *slash = strrchr(files[i].path, '/'), *base = slash ? slash + 1 : files[i].path;
+        char parent[PATH_MAX];
+        snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - files[i].path) + 1 : 1, slash ? files[i].path : ".");
+        if (hta_reads(base) && fileio_same_file(parent, opt.trace_hta))
+            fatal_input("--%s %s: is inside --trace-hta %s, where HTA would read it as a rank's trace; write it "
+                        "elsewhere", files[i].flag, files[i].path, opt.trace_hta);
+    }
+    if (opt.export_hf && fileio_same_file(opt.export_hf, opt.trace_hta))
+        fatal_input("--export-hf %s: is --trace-hta's directory, where HTA would read its config.json as a rank's "
+                    "trace; export to another directory", opt.export_hf);
     DIR *d = opendir(opt.trace_hta);
     if (!d) return;  // a new directory
-    for (struct dirent *e; (e = readdir(d));) {
-        long long rank;
-        int consumed = 0;
-        if (sscanf(e->d_name, "rank%lld.json%n", &rank, &consumed) == 1 && e->d_name[consumed] == 0 && rank >= world)
+    for (struct dirent *e; (e = readdir(d));)
+        if (hta_reads(e->d_name) && !rank_file_of_this_run(e->d_name, world))
             fatal_input("--trace-hta %s: holds %s, which this run of %lld rank(s) does not write and HTA would read as "
-                        "one of its ranks; remove it or give another directory", opt.trace_hta, e->d_name, world);
-    }
+                        "one of its ranks (it reads every .json and .gz file there); remove it or give another "
+                        "directory", opt.trace_hta, e->d_name, world);
     closedir(d);
 }
 
@@ -671,6 +697,16 @@ static void fp8_load(const char *path) {
     char companion[4200];
     fp8_companion(path, companion, sizeof companion);
     fp8_state_load(fp8, companion);
+}
+
+// The table mem_print_report logs is rank 0's. What every rank still holds of activations after
+// the last step (0 when each micro-batch's were freed): a pipeline stage that never frees what it
+// sent shows only on its own rank, and chapter 7's lab checks this line.
+static void log_activations_held(Comm *world) {
+    if (comm_size(world) == 1) return;
+    float held = (float)(mem_current(MEM_ACTIVATIONS) / 1048576.0);
+    comm_all_reduce(world, &held, 1, COMM_FLOAT32, COMM_MAX);
+    log_info("activations held after the last step, the most on any rank: %.2f MiB", held);
 }
 
 static void save_state(Trainer *t, const char *path, long long step, const RunIdentity *run) {
@@ -1007,6 +1043,7 @@ int main(int argc, char **argv) {
     if (opt.export_hf) export_hf(&t);
     // On a GPU the strategy's report is the device's; the host's categories hold nothing there.
     if (!cuda) mem_print_report();
+    if (!cuda) log_activations_held(comm_world());
     t.strategy->report_memory(t.strategy);
     for (int i = 0; i < n_ext; i++)
         if (extensions[i].finish) extensions[i].finish(extensions[i].ctx, &t);
