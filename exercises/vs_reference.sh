@@ -6,7 +6,8 @@
 #     clipping and AdamW's scale invariance would hide it in the losses;
 #   the loss at both steps, rtol 1e-5 (a loss-only mismatch fails too);
 #   the weights after step 2, rtol 5e-4 (tests/t_fsdp.sh).
-# TRACE_CHECK="KIND ARGS" also records the run's trace and checks its structure with
+# MODEL: the model flags of both runs (default --model tiny; e.g. --init-from hf:DIR for a model with
+# tied embeddings, exercises/tied_tiny.sh). TRACE_CHECK="KIND ARGS" also records the run's trace and checks its structure with
 # tests/py/check_KIND_trace.py TRACE ARGS (the chapters' own checks); {ckpt} in ARGS is the run's
 # last checkpoint. REF_FLAGS: flags of the reference run too (e.g. --grad-accum-steps 2, --fp8); its
 # step-1 gradients then come from its --grad-dump. EXACT=1:
@@ -16,9 +17,10 @@
 # computes the same numbers while its memory grows every step, on whichever stage sends.
 set -eu -o pipefail
 np=$1; shift
-common=(--model tiny --steps 2 --batch 8 --seed 5 --lr 1e-3)
+model=(${MODEL:---model tiny})
+common=("${model[@]}" --steps 2 --batch 8 --seed 5 --lr 1e-3)
 ref_flags=(${REF_FLAGS:-})
-ref=$REF_CACHE/vs_reference$(echo "${REF_FLAGS:-}" | tr -c 'a-z0-9\n' _)
+ref=$REF_CACHE/vs_reference$(echo "${MODEL:-}${REF_FLAGS:-}" | tr -c 'a-z0-9\n' _)
 dump=(--dump "$ref/dump.safetensors")  # the step-1 gradients (--dump records a plain single-process step)
 [ -z "${REF_FLAGS:-}" ] || dump=(--grad-dump "$ref/dump.safetensors")  # with the flags: the same step's gradients
 (
