@@ -89,7 +89,8 @@ static void parse_markov_options(DataSource *src, const char *spec, const char *
         if (strcmp(item, "order") == 0)
             src->order = parse_bounded_option(spec, item, value, 1, MARKOV_MAX_ORDER);
         else if (strcmp(item, "branches") == 0)
-            src->branches = parse_bounded_option(spec, item, value, 1, INT_MAX);
+            // candidates are distinct tokens: at most the vocabulary
+            src->branches = parse_bounded_option(spec, item, value, 1, src->vocab_size >= 1 ? src->vocab_size : INT_MAX);
         else if (strcmp(item, "table") == 0)
             src->table_seed = parse_option_value(spec, item, value);
         else
@@ -123,9 +124,9 @@ static void open_markov(DataSource *src, const char *spec, const char *options) 
     src->branches = MARKOV_DEFAULT_BRANCHES;
     parse_markov_options(src, spec, options);
     if (src->vocab_size < 2) fatal_input("data source '%s': vocab_size %d: needs at least 2", spec, src->vocab_size);
-    if (src->branches > src->vocab_size)
-        fatal_input("data source '%s': branches=%d exceeds vocab_size %d (candidates are distinct tokens)", spec,
-                    src->branches, src->vocab_size);
+    if (src->branches > src->vocab_size)  // the default's 4 on a smaller vocabulary
+        fatal_input("data source '%s': branches=%d: must be in 1..%d, the vocab_size (candidates are distinct tokens)",
+                    spec, src->branches, src->vocab_size);
     // Smallest h with 4^h >= V: the permutation's domain is then under 4V, so cycle walking
     // (below) needs fewer than 4 passes on average.
     while ((1ull << (2 * src->half_bits)) < (unsigned long long)src->vocab_size) src->half_bits++;
@@ -350,10 +351,15 @@ double data_mean_loss_floor(const DataSource *src, int T) {
 
 const char *data_describe(const DataSource *src) { return src->description; }
 
-// FNV-1a over the bytes: a changed token changes it.
-static uint64_t bytes_hash(const unsigned char *p, size_t n) {
+// FNV-1a over the token ids, each as 4 little-endian bytes: a changed token changes it, and the
+// same tokens hash alike whatever the file's width (a text file, or its tokens: conversion at 2 or
+// 4 bytes a token, trains the same).
+static uint64_t tokens_hash(const DataSource *src) {
     uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+    for (size_t i = 0; i < src->n_tokens; i++) {
+        uint32_t id = (uint32_t)token_at(src, i);
+        for (int b = 0; b < 4; b++) h = (h ^ ((id >> (8 * b)) & 0xff)) * 0x100000001b3ULL;
+    }
     return h;
 }
 
@@ -361,8 +367,7 @@ const char *data_identity(const DataSource *src, char *out, size_t len) {
     if (src->kind == SOURCE_MARKOV)
         snprintf(out, len, "markov:order=%d,branches=%d,table=%" PRIu64, src->order, src->branches, src->table_seed);
     else
-        snprintf(out, len, "%zu tokens x %d bytes, hash %016" PRIx64, src->n_tokens, src->width,
-                 bytes_hash(src->tokens, src->n_tokens * (size_t)src->width));
+        snprintf(out, len, "%zu tokens, hash %016" PRIx64, src->n_tokens, tokens_hash(src));
     return out;
 }
 

@@ -88,12 +88,20 @@ def encode(ids, width):
 
 def write_atomically(path, blob):
     # A crash mid-write must not leave a truncated file under the final name.
+    # A failed write (a full disk, a file-size limit) leaves nothing behind and says why in one line.
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        fail(f"{path}: cannot write ({e.strerror})")
 
 
 def main():
@@ -106,6 +114,8 @@ def main():
     parser.add_argument("output")
     args = parser.parse_args()
 
+    if args.vocab_size is not None and args.vocab_size < 1:
+        fail(f"--vocab-size {args.vocab_size}: must be at least 1")
     check_output(args.output, args.text if args.text is not None else args.ids)
     if args.text is not None:
         try:
@@ -119,6 +129,8 @@ def main():
         for position, token in enumerate(ids):
             if token >= args.vocab_size:
                 fail(f"token {position} is {token}, not below --vocab-size {args.vocab_size}")
+    if len(ids) < 2:  # the trainer needs seq_len + 1 tokens for one sequence (an input and its target)
+        fail(f"{args.text if args.text is not None else args.ids}: {len(ids)} token(s): a token file needs at least 2")
     width = choose_width(ids, args.width)
     write_atomically(args.output, encode(ids, width))
     print(f"make_token_file: wrote {args.output}: {len(ids)} tokens x {width} bytes")

@@ -185,6 +185,21 @@ done
 cmp -s "$T/corpus.txt" "$T/corpus.kept" && [ "$(cat "$T/readonly.tok")" = precious ] ||
     { echo "FAIL: make_token_file.py replaced its input or a read-only file"; failures=$((failures + 1)); }
 echo "ok: make_token_file.py refuses a FIFO, a link, a directory, a missing directory, its input and a read-only file as its output"
+# ... a --vocab-size below 1, an input of fewer than 2 tokens, and a write that fails (a file-size
+# limit of 1 KiB standing in for a full disk: one line, exit 2, no partial file left behind).
+printf 'x' > "$T/one_token.txt"
+for args in "--ids $T/one_token.txt --vocab-size 0" "--text $T/one_token.txt"; do
+    # shellcheck disable=SC2086
+    err=$("$PYTHON" scripts/make_token_file.py $args "$T/small.tok" 2>&1 >/dev/null); rc=$?
+    [ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$err")" -eq 1 ] && [ ! -e "$T/small.tok" ] ||
+        { echo "FAIL: make_token_file.py $args -> exit $rc: $err"; failures=$((failures + 1)); }
+done
+head -c 5000 /dev/zero | tr '\0' a > "$T/five_kb.txt"
+err=$( (trap '' XFSZ; ulimit -f 1; "$PYTHON" scripts/make_token_file.py --text "$T/five_kb.txt" "$T/big.tok") 2>&1 >/dev/null); rc=$?
+leftover=$(ls "$T" | grep -c '^big\.tok' || true)
+[ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$err")" -eq 1 ] && [ "$leftover" -eq 0 ] ||
+    { echo "FAIL: make_token_file.py past a file-size limit -> exit $rc, $leftover file(s) left: $err"; failures=$((failures + 1)); }
+echo "ok: make_token_file.py refuses --vocab-size 0 and a 1-token input, and a failed write leaves nothing: $err"
 # A switch takes no value; --compare runs alone.
 expect_error "--model-info=yes: a switch takes no value" --model-info=yes
 expect_error "--compare: checks a dump and exits; --trace would be ignored" --compare "$T/x.st" --trace "$T/t.pftrace"
@@ -343,6 +358,13 @@ cp "$T/corpus.txt" "$T/data_corpus.txt"
     "$TRAIN" --model tiny --steps 2 --batch 2 --data markov:order=1,branches=4 \
     --resume "$T/ck/step_000002.safetensors" >> "$T/respelled.log" 2>&1 ||
     { cat "$T/respelled.log"; echo "FAIL: the same data spelled otherwise"; failures=$((failures + 1)); }
+# ... and the same tokens in a token file, at 2 or 4 bytes a token (its width was part of the identity)
+for width in 2 4; do
+    "$PYTHON" scripts/make_token_file.py --text "$T/data_corpus.txt" --width $width "$T/corpus$width.tok" > /dev/null
+    "$TRAIN" --model tiny --steps 4 --batch 2 --seq-len 16 --data "tokens:$T/corpus$width.tok" \
+        --resume "$T/ck_text/step_000002.safetensors" > "$T/as_tokens.log" 2>&1 ||
+        { cat "$T/as_tokens.log"; echo "FAIL: the same text as a $width-byte token file"; failures=$((failures + 1)); }
+done
 echo "changed" >> "$T/data_corpus.txt"
 expect_error "this run's --data text:$T/data_corpus.txt is other data" --model tiny --steps 4 --batch 2 --seq-len 16 \
     --data "text:$T/data_corpus.txt" --resume "$T/ck_text/step_000002.safetensors"

@@ -388,7 +388,7 @@ START_TEST(test_bad_specs) {
     expect_bad_input("markov:order=-1", 256, 16, "order=-1: not a non-negative integer");
     expect_bad_input("markov:order=2x", 256, 16, "order=2x: not a non-negative integer");
     expect_bad_input("markov:branches=0", 256, 16, "branches=0: must be in 1..");
-    expect_bad_input("markov:branches=300", 256, 16, "branches=300 exceeds vocab_size 256");
+    expect_bad_input("markov:branches=300", 256, 16, "branches=300: must be in 1..256");
     expect_bad_input("markov:depth=2", 256, 16, "unknown option 'depth'");
     expect_bad_input("markov:order", 256, 16, "option 'order' is not key=value");
     expect_bad_input("markov:table=99999999999999999999999", 256, 16, "not a non-negative integer");
