@@ -43,13 +43,15 @@ typedef enum {
     BYTES,         // hbm_bytes, 1e6 .. 1e15
     LATENCY,       // seconds, 0 (none) .. 1
     POWER,         // watts, 0 (unknown; informational) .. 1e5
-    SHARE,         // efficiencies: achieved shares of a peak, in (0, 1]
-    SHARE_OR_ZERO, // fp8_gemm_eff (0: no FP8), async_tp_hidden (0: AsyncTP hides nothing), in [0, 1]
+    SHARE,         // efficiencies: achieved shares of a peak, 1e-6 .. 1 (a peak times a smaller share is no
+                   // machine, and a denormal one made the step infinite)
+    SHARE_OR_ZERO, // fp8_gemm_eff: the same, or 0 (no FP8)
+    FRACTION,      // async_tp_hidden: 0 (AsyncTP hides nothing) .. 1
 } FieldRange;
 
 #define CLUSTER_DOUBLE_FIELDS(X)                                                                            \
     X(peak_bf16, PEAK) X(peak_fp8, PEAK_OR_ZERO) X(gemm_eff, SHARE) X(fp8_gemm_eff, SHARE_OR_ZERO)            \
-    X(attn_eff, SHARE) X(async_tp_hidden, SHARE_OR_ZERO) X(hbm_bw, BANDWIDTH) X(hbm_bytes, BYTES)              \
+    X(attn_eff, SHARE) X(async_tp_hidden, FRACTION) X(hbm_bw, BANDWIDTH) X(hbm_bytes, BYTES)              \
     X(nvlink_bw, BANDWIDTH) X(nvlink_lat, LATENCY) X(net_bw, BANDWIDTH) X(net_lat, LATENCY) X(power_w, POWER)
 
 static const struct {
@@ -78,8 +80,9 @@ static const char *range_broken(FieldRange range, double v) {
     case BYTES: return v >= 1e6 && v <= 1e15 ? NULL : "must be from 1e6 to 1e15 bytes";
     case LATENCY: return v >= 0 && v <= 1 ? NULL : "must be from 0 to 1 s";
     case POWER: return v >= 0 && v <= 1e5 ? NULL : "must be from 0 to 1e5 W";
-    case SHARE: return v > 0 && v <= 1 ? NULL : "must be in (0, 1] (a share of the peak)";
-    case SHARE_OR_ZERO: return v >= 0 && v <= 1 ? NULL : "must be in [0, 1]";
+    case SHARE: return v >= 1e-6 && v <= 1 ? NULL : "must be from 1e-6 to 1 (a share of the peak)";
+    case SHARE_OR_ZERO: return v == 0 || (v >= 1e-6 && v <= 1) ? NULL : "must be 0 (no FP8) or from 1e-6 to 1";
+    case FRACTION: return v >= 0 && v <= 1 ? NULL : "must be in [0, 1]";
     }
     return NULL;
 }

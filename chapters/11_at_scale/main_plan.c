@@ -315,6 +315,12 @@ static void print_candidates(const Candidate *found, int n) {
 // run's message. Each of its rules only gets stricter as the searched dimensions grow (more
 // data-parallel ranks or micro-batches to divide the batch by, smaller micro-batches to divide
 // over tp, more stages), so a flag that breaks one here breaks it in every mesh.
+// A setting only a pipeline has, given (virtual stages, the interleaved schedule): the search then
+// lists pipelines only, and checks the flags at the smallest one.
+static bool pipeline_setting_given(const PlanConfig *base) {
+    return opt.virtual_stages > 1 || (flag_given("pp-schedule") && base->schedule == PP_INTERLEAVED_1F1B);
+}
+
 static void check_search_flags(const PlanConfig *base, int gpus) {
     const char *mesh_flags[] = {"pp", "dp-replicate", "dp-shard", "cp", "tp"};
     int fixed = 0, all_fixed = 1;
@@ -325,6 +331,8 @@ static void check_search_flags(const PlanConfig *base, int gpus) {
                     gpus, given);
     if (all_fixed && given != gpus) fatal_input("--gpus %d: the mesh has %d", gpus, given);
     PlanConfig least = *base;
+    // without --pp: checked at the smallest pipeline, 2 ranks (at 1 it would always be refused)
+    if (!flag_given("pp") && pipeline_setting_given(base) && gpus % 2 == 0) least.pp = 2;
     if (least.pp == 1 || !flag_given("pp-schedule")) least.schedule = PP_1F1B;  // as schedules_to_try's first
     bool interleaved = least.schedule == PP_INTERLEAVED_1F1B;
     least.virtual_stages = opt.virtual_stages ? opt.virtual_stages : interleaved ? 2 : 1;  // given: checked as given
@@ -355,6 +363,7 @@ static void search(const PlanConfig *base, const Cluster *c) {
                     mesh.tp = tps[i], mesh.cp = cps[j], mesh.pp = pps[k], mesh.dp_replicate = reps[l];
                     mesh.dp_shard = (int)(gpus / rest);
                     if (flag_given("dp-shard") && mesh.dp_shard != base->dp_shard) continue;
+                    if (mesh.pp == 1 && pipeline_setting_given(base)) continue;
                     bool valid = false;
                     Candidate best;
                     bool fits = best_settings(&mesh, c, &best, &valid);

@@ -269,16 +269,22 @@ static const char *track_name(const PlanConfig *p, int track) {
 // q and k (cast, complex multiply, cast: 4 passes); SwiGLU's silu (2F) and product (3F).
 // torch.compile fuses each group into one kernel that reads its inputs and writes its outputs once:
 // norm + residual 3h twice, RoPE 2(hq + hkv), SwiGLU 3F.
-static double elementwise_per_token(const PlanConfig *p, double h, double hq, double hkv, double F) {
-    if (p->compile) return 6 * h + 2 * (hq + hkv) + 3 * F;
-    return 26 * h + 4 * 2 * (hq + hkv) + 5 * F;
+// The two parts run on different shares under tensor parallelism with sequence parallelism: the
+// norms and residual adds on the rank's tokens/tp rows of the whole h, RoPE and SwiGLU on every
+// token of the rank's hq/tp, hkv/tp and F/tp features.
+static double elementwise_h_per_token(const PlanConfig *p, double h) { return (p->compile ? 6 : 26) * h; }
+static double elementwise_heads_ffn_per_token(const PlanConfig *p, double hq, double hkv, double F) {
+    if (p->compile) return 2 * (hq + hkv) + 3 * F;
+    return 4 * 2 * (hq + hkv) + 5 * F;
 }
 
 // Float8 (torchao) casts each matmul input to FP8 with a scale: read bf16, write 1 byte, once per
 // linear input (q, k, v and w1, w3 each cast the same normed activations; wo, w2 their own).
-// Compiled, the casts fuse into the producing kernel: only the 1-byte write remains.
-static double fp8_cast_bytes_per_token(const PlanConfig *p, double h, double hq, double F) {
-    double elems = 5 * h + hq + F;
+// Compiled, the casts fuse into the producing kernel: only the 1-byte write remains. Under tensor
+// parallelism the normed activations are cast on the rank's tokens/tp rows before the all-gather
+// (5 h per token of those), the inputs of wo and w2 on every token of the rank's hq/tp and F/tp.
+static double fp8_cast_bytes(const PlanConfig *p, double tokens, double h, double hq, double F) {
+    double elems = tokens / p->tp * 5 * h + tokens * (hq + F) / p->tp;
     return elems * (p->compile ? 1.0 : 3.0);
 }
 
@@ -317,7 +323,9 @@ CpCost plan_cp_costs(const PlanConfig *p, const Cluster *c, double t_attn) {
 
 typedef struct {
     UnitCost block, embed, head;
-    double p2p;                  // one micro-batch's activations (or their gradient) to the next rank
+    double p2p_local, p2p_remote;  // one micro-batch's activations (or their gradient) to another pp rank,
+                                   // in the node or across the network (pp_hop_local says which)
+    int pp_stride, gpus_per_node;  // for pp_hop_local
     double optimizer;            // AdamW over the rank's shard
     double after_step;           // ZeRO-1/2: the all-gather of the updated weights
 } Costs;
@@ -334,8 +342,9 @@ static Costs unit_costs(const PlanConfig *p, const Cluster *c) {
     double gemm = (full - attn_full) / p->cp / tp, attn = attn_full / p->cp / tp;
     double gemm_rate = p->fp8 ? c->peak_fp8 * c->fp8_gemm_eff : c->peak_bf16 * c->gemm_eff;
     double t_gemm = gemm / gemm_rate, t_attn = attn / (c->peak_bf16 * c->attn_eff);
-    double ew_bytes = tokens / tp * (elementwise_per_token(p, h, hq / tp, hkv / tp, F / tp) * p->act_bytes +
-                                     (p->fp8 ? fp8_cast_bytes_per_token(p, h, hq / tp, F / tp) : 0));
+    double ew_bytes = (tokens / tp * elementwise_h_per_token(p, h) +
+                       tokens * elementwise_heads_ffn_per_token(p, hq / tp, hkv / tp, F / tp)) * p->act_bytes +
+                      (p->fp8 ? fp8_cast_bytes(p, tokens, h, hq, F) : 0);
     double t_ew = ew_bytes / c->hbm_bw;
     CpCost cpc = plan_cp_costs(p, c, t_attn);
     double fwd = t_gemm + t_attn + t_ew + cpc.fwd_merge;
@@ -388,8 +397,9 @@ static Costs unit_costs(const PlanConfig *p, const Cluster *c) {
     }
     // Pipeline: one micro-batch's (tokens/tp, h) boundary tensor; pp is the outermost dimension,
     // so neighbours are dp x cp x tp ranks apart.
-    int pp_stride = dp_size(p) * p->cp * p->tp;
-    k.p2p = p->pp > 1 ? p2p_s(c, pp_stride * 2 <= c->gpus_per_node, tokens / tp * h * p->act_bytes) : 0;
+    k.pp_stride = dp_size(p) * p->cp * p->tp, k.gpus_per_node = c->gpus_per_node;
+    k.p2p_local = p->pp > 1 ? p2p_s(c, true, tokens / tp * h * p->act_bytes) : 0;
+    k.p2p_remote = p->pp > 1 ? p2p_s(c, false, tokens / tp * h * p->act_bytes) : 0;
     // AdamW reads and writes the fp32 master weights, m and v, reads the gradient and writes the
     // working copy: ~ (2 x 4) x 3 + 4 + 2 bytes per parameter of the rank's shard.
     double shard = rank_params(p, 0) / (fsdp(p) ? N : 1);
@@ -551,6 +561,16 @@ static void run_stage(Sim *sim, RankState *st, int rank, int mb, int stage, bool
     }
 }
 
+// Whether pipeline ranks a and b exchange within nodes: every GPU of pp rank a (GPUs a x stride up
+// to the next pp rank's) sits in the node of its counterpart in b (pp is the outermost dimension;
+// the interleaved schedule's hop from the last rank back to the first is one of them).
+static bool pp_hop_local(const Costs *k, int a, int b) {
+    long long g = k->gpus_per_node, s = k->pp_stride;
+    for (long long j = 0; j < s; j += s - 1 > 0 ? s - 1 : 1)  // the first and last GPU of each
+        if ((a * s + j) / g != (b * s + j) / g) return false;
+    return (a * s) / g == (a * s + s - 1) / g && (b * s) / g == (b * s + s - 1) / g;
+}
+
 // Advances rank r through its list until it finishes or needs a message not yet sent. Returns true
 // if it moved.
 static bool advance(Sim *sim, RankState *st, int r, const PpActionList *list) {
@@ -571,7 +591,8 @@ static bool advance(Sim *sim, RankState *st, int r, const PpActionList *list) {
             break;
         case PP_SEND_ACT:
         case PP_SEND_GRAD: {
-            double end = issue(sim, &st->pp_free, r, TRACK_PP, st->clock, sim->k->p2p, "batch");  // as comm_batch_start
+            double hop = pp_hop_local(sim->k, r, a->peer) ? sim->k->p2p_local : sim->k->p2p_remote;
+            double end = issue(sim, &st->pp_free, r, TRACK_PP, st->clock, hop, "batch");  // as comm_batch_start
             queue_push(&sim->queues[(size_t)r * p->pp + a->peer], end);
             break;
         }
@@ -743,7 +764,7 @@ double plan_ideal_bubble(PpScheduleKind kind, int p, int m, int v) {
     // One unit per stage costing 1 forward, 2 backward; nothing else.
     PlanConfig cfg = {.pp = p, .virtual_stages = v, .microbatches = m, .schedule = kind, .dp_replicate = 1,
                       .dp_shard = 1, .cp = 1, .tp = 1};
-    Costs k = {.block = {.fwd = 1, .bwd = 2}};
+    Costs k = {.block = {.fwd = 1, .bwd = 2}, .pp_stride = 1, .gpus_per_node = 1};  // transfers free wherever they go
     Sim sim = {.p = &cfg, .k = &k, .max_units = 1};
     sim.chunks = calloc((size_t)p * v, sizeof(ChunkUnits));
     for (int i = 0; i < p * v; i++) sim.chunks[i] = (ChunkUnits){.cost = {&k.block}, .n = 1};
