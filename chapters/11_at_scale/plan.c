@@ -178,6 +178,32 @@ static const PlanSchedule *schedule_of(const PlanConfig *p) {
     return &kept;
 }
 
+// Rank r's activations at their peak: its action list replayed, each FORWARD of a chunk adding
+// that chunk's set (its blocks' kept tensors and its boundary or the head's logits), each BACKWARD
+// freeing one; the largest total, plus the buffers shared by all sets once per rank (or, as the CPU
+// trainer's pipeline allocates them, a whole ModelActs per micro-batch in flight: chapter 7). With
+// one chunk a rank this is the in-flight count times the set; interleaved, the chunks' sets differ
+// (the last stage's holds the logits) and the schedule does not hold as many of each.
+static double rank_peak_activations(const PlanConfig *p, const Model *m, int r) {
+    int B = micro_batch(p), T = p->seq_len / p->cp, v = p->virtual_stages;
+    const PpActionList *list = &schedule_of(p)->s.ranks[r];
+    double *set = calloc((size_t)v, sizeof *set), shared = 0, live = 0, peak = 0;
+    if (!set) fatal("plan: out of memory");
+    for (int chunk = 0; chunk < v; chunk++) {
+        StageLayout s = stage_layout(p, pp_stage_of(r, chunk, p->pp));
+        shared = plan_acts_bytes(m, B, T, p->ac, s.first, s.end, 0, p->act_bytes);  // the same for every chunk
+        set[chunk] = plan_acts_bytes(m, B, T, p->ac, s.first, s.end, 1, p->act_bytes) - (p->acts_per_microbatch ? 0 : shared);
+    }
+    for (int i = 0; i < list->count; i++) {
+        const PpAction *a = &list->items[i];
+        if (a->kind == PP_FORWARD) live += set[pp_chunk_of_stage(a->stage, p->pp)];
+        if (a->kind == PP_BACKWARD) live -= set[pp_chunk_of_stage(a->stage, p->pp)];
+        peak = fmax(peak, live);
+    }
+    free(set);
+    return peak + (p->acts_per_microbatch ? 0 : shared);
+}
+
 static PlanMemory rank_memory(const PlanConfig *p, const Model *m, int r, int in_flight) {
     PlanMemory mem = {.in_flight = in_flight, .pp_rank = r};
     double P = rank_params(p, r), N = shard_size(p);
@@ -200,21 +226,7 @@ static PlanMemory rank_memory(const PlanConfig *p, const Model *m, int r, int in
     // every micro-batch's gradients accumulate unsharded, in the gradient precision, beside the shards.
     mem.grads = z.grads + (stage >= 2 && p->pp > 1 ? p->grad_bytes * P : 0);
     mem.optimizer = z.optimizer;
-    int B = micro_batch(p), T = p->seq_len / p->cp;
-    // Per-chunk activations: in-flight sets spread over the rank's chunks (each chunk's blocks).
-    // The shared buffers once per rank, or, as the CPU trainer's pipeline allocates them (a whole
-    // ModelActs per micro-batch in flight, chapter 7), once per micro-batch.
-    double acts = 0;
-    for (int chunk = 0; chunk < p->virtual_stages; chunk++) {
-        StageLayout s = stage_layout(p, pp_stage_of(r, chunk, p->pp));
-        int share = (in_flight + p->virtual_stages - 1 - chunk) / p->virtual_stages;
-        if (p->acts_per_microbatch)
-            acts += share * plan_acts_bytes(m, B, T, p->ac, s.first, s.end, 1, p->act_bytes);
-        else
-            acts += plan_acts_bytes(m, B, T, p->ac, s.first, s.end, share, p->act_bytes) -
-                    (chunk ? plan_acts_bytes(m, B, T, p->ac, s.first, s.end, 0, p->act_bytes) : 0);
-    }
-    mem.activations = acts;
+    mem.activations = rank_peak_activations(p, m, r);
     // Collective buffers: reduce-scatter inputs of two units (FSDP) or two buckets of one unit
     // (DDP), in the gradient precision.
     if (p->dp_replicate * p->dp_shard * p->cp > 1) mem.comm = 2 * biggest * p->grad_bytes;
