@@ -26,7 +26,7 @@ run() {  # name, ranks, steps, extra flags...
         --grad-dump "$T/$name.grads.safetensors" > "$T/$name.log" 2>&1 || { cat "$T/$name.log"; echo "FAIL: run $name"; exit 1; }
     echo "== $name ($*) vs the single process"
     local ck; ck=$(printf 'step_%06d.safetensors' "$steps")
-    $P --log "$T/$name.log" --log-ref "$T/ref$steps.log" --loss-rtol 1e-5 --ckpt "$T/$name/$ck" \
+    $P --log "$T/$name.log" --log-ref "$T/ref$steps.log" --loss-rtol 1e-5 --grad-norm-rtol 1e-5 --ckpt "$T/$name/$ck" \
        --ckpt-ref "$T/ref$steps/$ck" --param-rtol 2e-3
     $P --ckpt "$T/$name.grads.safetensors" --ckpt-ref "$T/ref${steps}_dump.safetensors" --prefix grad. --param-rtol 1e-5
 }

@@ -11,17 +11,20 @@
 # from different weights (--desync-init) vs the same ones, once rank 0's weights are broadcast.
 set -eu
 source tests/lib.sh
+# Step-1 gradients too (rtol 1e-5 of each tensor's largest): with every step's norm above
+# --grad-clip 1, an all-reduce that summed where it averages left the losses and weights in bounds.
 common=(--model tiny --steps 20 --batch 8 --seed 5 --lr 1e-3 --bucket-mb 0.05)
-"$BUILD/train" "${common[@]}" --checkpoint-dir "$T/ref" > "$T/ref.log"
+"$BUILD/train" "${common[@]}" --checkpoint-dir "$T/ref" --dump "$T/ref.dump.safetensors" > "$T/ref.log"
 run() {  # name, ranks, extra flags...
     local name=$1 np=$2; shift 2
     $MPIRUN -np "$np" "$BUILD/train" "${common[@]}" --dp-replicate "$np" "$@" --checkpoint-dir "$T/$name" \
-        > "$T/$name.log" 2>&1 || { cat "$T/$name.log"; echo "FAIL: run $name"; exit 1; }
+        --grad-dump "$T/$name.grads.safetensors" > "$T/$name.log" 2>&1 || { cat "$T/$name.log"; echo "FAIL: run $name"; exit 1; }
 }
 check_vs_ref() {  # name
     echo "== $1 vs the single process"
-    $P --log "$T/$1.log" --log-ref "$T/ref.log" --loss-rtol 1e-5 \
+    $P --log "$T/$1.log" --log-ref "$T/ref.log" --loss-rtol 1e-5 --grad-norm-rtol 1e-5 \
        --ckpt "$T/$1/step_000020.safetensors" --ckpt-ref "$T/ref/step_000020.safetensors" --param-rtol 5e-4
+    $P --ckpt "$T/$1.grads.safetensors" --ckpt-ref "$T/ref.dump.safetensors" --prefix grad. --param-rtol 1e-5
 }
 run dp2 2
 check_vs_ref dp2

@@ -14,7 +14,8 @@ echo "ok: two runs end in byte-identical checkpoints"
 cmp "$T/a/step_000008.safetensors" "$T/c/step_000008.safetensors"
 grep -q "resumed from .*step_000004" "$T/c.log"
 # the losses logged for steps 5..8 are identical too (and are there: four lines in each log)
-[ "$(grep -cE '^step +[5-8] ' "$T/a.log")" -eq 4 ] && [ "$(grep -cE '^step +[5-8] ' "$T/c.log")" -eq 4 ]
+[ "$(grep -cE '^step +[5-8] ' "$T/a.log")" -eq 4 ] && [ "$(grep -cE '^step +[5-8] ' "$T/c.log")" -eq 4 ] ||
+    { echo "FAIL: steps 5-8 not all logged in both runs"; exit 1; }  # (set -e skips a failure before && )
 diff <(grep -E '^step +[5-8] ' "$T/a.log" | cut -d'|' -f1-4) <(grep -E '^step +[5-8] ' "$T/c.log" | cut -d'|' -f1-4)
 echo "ok: 4 steps + resume + 4 steps == 8 steps, bit for bit"
 # The reference's own loops give the same bits for any thread count: they split only independent

@@ -12,18 +12,25 @@
 # on/off and activation checkpointing change when and where values live, never the sums.
 set -eu
 source tests/lib.sh
+# Step-1 gradients too (rtol 1e-5 of each tensor's largest, as tests/t_tp.sh): with every step's
+# norm above --grad-clip 1, clipping and AdamW's scale invariance left the losses and weights of a
+# reduce-scatter that summed where it averages (N times the gradient) within their bounds.
 common=(--model tiny --steps 20 --batch 8 --seed 5 --lr 1e-3)
-"$BUILD/train" "${common[@]}" --checkpoint-dir "$T/ref" > "$T/ref.log"
-run() {  # name, ranks, extra flags...
+"$BUILD/train" "${common[@]}" --checkpoint-dir "$T/ref" --dump "$T/ref.dump.safetensors" > "$T/ref.log"
+run() {  # name, ranks, extra flags... (a run that resumes has no step 1 to dump)
     local name=$1 np=$2; shift 2
-    $MPIRUN -np "$np" "$BUILD/train" "${common[@]}" "$@" --checkpoint-dir "$T/$name" \
+    local dump=(--grad-dump "$T/$name.grads.safetensors")
+    [[ " $* " != *" --resume "* ]] || dump=()
+    $MPIRUN -np "$np" "$BUILD/train" "${common[@]}" "$@" --checkpoint-dir "$T/$name" "${dump[@]}" \
         > "$T/$name.log" 2>&1 || { cat "$T/$name.log"; echo "FAIL: run $name"; exit 1; }
 }
 ckpt() { echo "$T/$1/step_000020.safetensors"; }
-check_vs_ref() {  # name
+check_vs_ref() {  # name [reference name]
+    local ref=${2:-ref}
     echo "== $1 vs the single process"
-    $P --log "$T/$1.log" --log-ref "$T/ref.log" --loss-rtol 1e-5 --ckpt "$(ckpt "$1")" --ckpt-ref "$(ckpt ref)" \
+    $P --log "$T/$1.log" --log-ref "$T/$ref.log" --loss-rtol 1e-5 --grad-norm-rtol 1e-5 --ckpt "$(ckpt "$1")" --ckpt-ref "$(ckpt "$ref")" \
        --param-rtol 5e-4
+    $P --ckpt "$T/$1.grads.safetensors" --ckpt-ref "$T/$ref.dump.safetensors" --prefix grad. --param-rtol 1e-5
 }
 check_exact() {  # name, reference name, what
     echo "== $1 vs $2 ($3): bit-identical"
@@ -36,6 +43,15 @@ for np in 2 4 8; do
         check_vs_ref "z${stage}_np$np"
     done
 done
+# 3 ranks: no unit of tiny divides by 3, so every shard is padded (chapter 3: S = ceil(U / N)); a
+# batch of 6 against its own single process.
+common=(--model tiny --steps 20 --batch 6 --seed 5 --lr 1e-3)
+"$BUILD/train" "${common[@]}" --checkpoint-dir "$T/ref_b6" --dump "$T/ref_b6.dump.safetensors" > "$T/ref_b6.log"
+for stage in 1 2 3; do
+    run "z${stage}_np3" 3 --dp-shard 3 --zero-stage "$stage"
+    check_vs_ref "z${stage}_np3" ref_b6
+done
+common=(--model tiny --steps 20 --batch 8 --seed 5 --lr 1e-3)
 run z2_np2_accum 2 --dp-shard 2 --zero-stage 2 --grad-accum-steps 2
 check_vs_ref z2_np2_accum
 run z1_np2_accum 2 --dp-shard 2 --zero-stage 1 --grad-accum-steps 4

@@ -42,13 +42,13 @@ ckpt() { echo "$T/$1/step_000020.safetensors"; }
 grads() { echo "$T/$1.grads.safetensors"; }
 check_vs_ref() {  # name, reference
     echo "== $1 vs the single process ($2)"
-    $P --log "$T/$1.log" --log-ref "$T/$2.log" --loss-rtol 1e-5 --ckpt "$(ckpt "$1")" --ckpt-ref "$(ckpt "$2")" \
+    $P --log "$T/$1.log" --log-ref "$T/$2.log" --loss-rtol 1e-5 --grad-norm-rtol 1e-5 --ckpt "$(ckpt "$1")" --ckpt-ref "$(ckpt "$2")" \
        --param-rtol 5e-4
     $P --ckpt "$(grads "$1")" --ckpt-ref "$(grads "$2")" --prefix grad. --param-rtol 1e-5
 }
 check_exact() {  # name, reference, what
     echo "== $1 vs $2 ($3): bit-identical losses, step-1 gradients and parameters"
-    $P --log "$T/$1.log" --log-ref "$T/$2.log" --loss-rtol 0 --ckpt "$(ckpt "$1")" --ckpt-ref "$(ckpt "$2")" --exact
+    $P --log "$T/$1.log" --log-ref "$T/$2.log" --loss-rtol 0 --grad-norm-rtol 0 --ckpt "$(ckpt "$1")" --ckpt-ref "$(ckpt "$2")" --exact
     $P --ckpt "$(grads "$1")" --ckpt-ref "$(grads "$2")" --prefix grad. --exact
 }
 

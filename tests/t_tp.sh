@@ -27,7 +27,7 @@ run() {  # name, ranks, extra flags...
 ckpt() { echo "$T/$1/step_000020.safetensors"; }
 check_vs_ref() {  # name
     echo "== $1 vs the single process"
-    $P --log "$T/$1.log" --log-ref "$T/ref.log" --loss-rtol 1e-5 --ckpt "$(ckpt "$1")" --ckpt-ref "$(ckpt ref)" \
+    $P --log "$T/$1.log" --log-ref "$T/ref.log" --loss-rtol 1e-5 --grad-norm-rtol 1e-5 --ckpt "$(ckpt "$1")" --ckpt-ref "$(ckpt ref)" \
        --param-rtol 5e-4
     $P --ckpt "$T/$1.grads.safetensors" --ckpt-ref "$T/ref_dump.safetensors" --prefix grad. --param-rtol 1e-5
 }
@@ -64,7 +64,7 @@ check_vs_ref pp2_zero1_tp2
 run tp2_accum 2 --tp 2 --grad-accum-steps 2 --attention naive
 "$BUILD/train" "${common[@]}" --grad-accum-steps 2 --attention naive --checkpoint-dir "$T/ref_naive" > "$T/ref_naive.log"
 echo "== tp2, naive attention, 2 micro-batches vs the single process"
-$P --log "$T/tp2_accum.log" --log-ref "$T/ref_naive.log" --loss-rtol 1e-5 --ckpt "$(ckpt tp2_accum)" \
+$P --log "$T/tp2_accum.log" --log-ref "$T/ref_naive.log" --loss-rtol 1e-5 --grad-norm-rtol 1e-5 --ckpt "$(ckpt tp2_accum)" \
    --ckpt-ref "$(ckpt ref_naive)" --param-rtol 5e-4
 
 run tp2_ac 2 --tp 2 --ac full

@@ -7,6 +7,8 @@
 //   wide    logits ~ U(-1000, 1000): the max must be the group's true max (a max summed over the
 //           ranks underflows every exp), targets ignored as above
 //   shifted logits ~ 1000 + U(-5, 5): exp(logit) overflows without the max subtraction
+//   far     logits ~ 1e5 + U(-5, 5): max + log(sum) formed in fp32 rounds at the max's scale (an
+//           ulp of 1e5 is 0.008, a thousandth of the loss); the loss must keep them apart (tp.c)
 //   ignored every target IGNORE_INDEX: the loss is 0, not 0/0
 // The mean loss must be taken over the valid targets only (the reference's), which the ignored
 // targets of every case tell apart from a mean over all tokens.
@@ -28,8 +30,8 @@
 #define TOKENS 37  // not a multiple of anything in particular
 #define VOCAB 60   // divides over 1, 2, 3, 4, 5 and 6 ranks
 
-typedef enum { CASE_SMALL, CASE_WIDE, CASE_SHIFTED, CASE_IGNORED, N_CASES } Case;
-static const char *CASE_NAMES[N_CASES] = {"small", "wide", "shifted", "ignored"};
+typedef enum { CASE_SMALL, CASE_WIDE, CASE_SHIFTED, CASE_FAR, CASE_IGNORED, N_CASES } Case;
+static const char *CASE_NAMES[N_CASES] = {"small", "wide", "shifted", "far", "ignored"};
 
 static uint64_t rng_state;
 static double uniform(double lo, double hi) {  // same sequence on every rank
@@ -43,6 +45,7 @@ static void make_inputs(Case c, real *logits, int *targets) {
     for (int i = 0; i < TOKENS * VOCAB; i++) {
         if (c == CASE_WIDE) logits[i] = (real)uniform(-1000, 1000);
         else if (c == CASE_SHIFTED) logits[i] = (real)(1000 + uniform(-5, 5));
+        else if (c == CASE_FAR) logits[i] = (real)(1e5 + uniform(-5, 5));
         else logits[i] = (real)uniform(-3, 3);
     }
     for (int n = 0; n < TOKENS; n++) {

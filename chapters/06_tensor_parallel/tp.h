@@ -13,8 +13,9 @@
 //                    output gradient is replicated, so backward needs nothing.
 //   vocab-parallel   embedding rows and output rows split by vocabulary. The lookup gives zero rows
 //                    for tokens another rank holds: all-reduce. The loss is computed over the
-//                    vocabulary shards with three all-reduces of one number per token (row max, sum
-//                    of exponentials, target logit): the full logits never exist on one rank.
+//                    vocabulary shards with two all-reduces: a MAX of each token's row max, then one
+//                    SUM of each token's sum of exponentials and target logit together. The full
+//                    logits never exist on one rank.
 //
 // Per block and per micro-batch: 2 all-reduces of (tokens x dim) forward and 2 backward.
 // Norm weights are replicated; their gradients come out identical on every tp rank, because the

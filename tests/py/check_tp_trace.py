@@ -6,7 +6,9 @@ track must hold exactly 4 L + 2 all-reduces of tokens*dim*4 bytes (fp32), beside
 small ones (one number or two per token) and the gradient norm's single double.
 
 With --sequence-parallel each of those all-reduces becomes a pair: 4 L + 2 all-gathers and
-4 L + 2 reduce-scatters of the same (tokens x dim) buffer, and no activation-sized all-reduce.
+4 L + 2 reduce-scatters of the same (tokens x dim) buffer, and no activation-sized all-reduce; and
+the norms' weight gradients, computed on each rank's rows, are summed: 2 L + 1 all-reduces of dim
+floats. Any other collective of the activations' size fails the check.
 
 usage: check_tp_trace.py TRACE.json --layers L --tokens B*T --dim D [--sequence-parallel] [--last-step]
 (--last-step: only the trace's last training step, e.g. when step 1 also gathered a --grad-dump)
@@ -52,8 +54,16 @@ def main():
         print(f"rank {pid}: " + ", ".join(f"{n} {op} of {activation_bytes} bytes" for op, n in counts.items())
               + f" (expected {expected} each = 4 x {args.layers} layers + 2), "
               f"{activation_bytes * sum(counts.values()) / 1e6:.3f} MB; others (op, bytes): count {others}")
-        ok &= all(n == expected for n in counts.values())
+        unexpected = {k: c for k, c in sizes.items() if k[1] == activation_bytes and k[0] not in ops}
+        if unexpected:
+            print(f"rank {pid}: FAIL: collectives of the activations' size the layout does not make: {unexpected}")
+        ok &= not unexpected and all(n == expected for n in counts.values())
         ok &= all(b <= 16 * args.tokens for (_, b) in others)  # the loss's per-token numbers, the norm grads
+        if args.sequence_parallel:
+            norms = sizes[("all_reduce", args.dim * 4)]
+            print(f"rank {pid}: {norms} all_reduce of {args.dim * 4} bytes (the norms' weight gradients; "
+                  f"expected {2 * args.layers + 1} = 2 x {args.layers} layers + 1)")
+            ok &= norms == 2 * args.layers + 1
     print("ok" if ok else "FAIL")
     sys.exit(0 if ok else 1)
 

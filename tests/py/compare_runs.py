@@ -1,4 +1,4 @@
-"""Compares two training runs of build/train: the per-step losses in their logs and the parameters
+"""Compares two training runs of build/train: the per-step losses and gradient norms in their logs and the parameters
 in their final checkpoints. For each parameter prints max abs error, max relative error
 (max|a - b| / max|b|) and the worst index; exits 1 if a loss or a parameter is off by more than
 its tolerance, or is not finite. --exact compares the stored bytes (so -0.0 against +0.0 is a
@@ -20,11 +20,39 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import safetensors_io  # noqa: E402
 
 STEP = re.compile(r"^step +(\d+) \| loss ([0-9.eE+-]+)")
+GRAD_NORM = re.compile(r"^step +(\d+) \| .*\| grad_norm ([0-9.eE+-]+|nan|inf|-nan) ")
 
 
 def losses(path):
     with open(path) as f:
         return {int(m.group(1)): float(m.group(2)) for m in map(STEP.match, f) if m}
+
+
+def grad_norms(path):
+    """step -> (value, the unit of its last printed digit): the log rounds it to a few decimals."""
+    out = {}
+    with open(path) as f:
+        for m in map(GRAD_NORM.match, f):
+            if m:
+                text = m.group(2)
+                decimals = len(text.split(".")[1]) if "." in text and "e" not in text.lower() else 0
+                out[int(m.group(1))] = (float(text), 10.0 ** -decimals if decimals else 0.0)
+    return out
+
+
+def compare_grad_norms(log, log_ref, rtol):
+    """The logged gradient norm (before clipping) within rtol plus one unit of the digit the log rounds
+    it to: a gradient N times too large (a sum where a mean belongs) leaves the losses and, through
+    clipping and AdamW's scale invariance, the weights alone, but not this. Returns 1 on a mismatch."""
+    ours, ref = grad_norms(log), grad_norms(log_ref)
+    if not ref or set(ours) != set(ref):
+        print(f"FAIL: grad_norm logged at other steps: {sorted(ours)} vs {sorted(ref)}")
+        return 1
+    over = [(s, ours[s][0], ref[s][0]) for s in ref
+            if not abs(ours[s][0] - ref[s][0]) <= rtol * abs(ref[s][0]) + max(ours[s][1], ref[s][1])]
+    print(f"grad_norm: {len(ref)} steps, within rtol {rtol:.1e} + one printed digit"
+          + (f"  MISMATCH at step {over[0][0]}: {over[0][1]} vs {over[0][2]}" if over else ""))
+    return int(bool(over))
 
 
 def same_value_note(a, b):
@@ -39,6 +67,9 @@ def main():
     ap.add_argument("--log"), ap.add_argument("--log-ref")
     ap.add_argument("--ckpt"), ap.add_argument("--ckpt-ref")
     ap.add_argument("--loss-rtol", type=float, default=0.0)
+    ap.add_argument("--grad-norm-rtol", type=float, default=None,
+                    help="also compare the logged grad_norm: relative bound, plus one unit of its last printed "
+                         "digit (not compared without it)")
     ap.add_argument("--param-rtol", type=float, default=0.0)
     ap.add_argument("--param-norm-rtol", type=float, default=None,
                     help="bound ||a - b|| / ||b|| per tensor instead of max|a - b| / max|b|")
@@ -60,6 +91,8 @@ def main():
         print(f"loss: {len(ref)} steps, max rel err {worst:.3e} (rtol {args.loss_rtol:.1e})"
               f"{'  MISMATCH' if worst > args.loss_rtol else ''}")
         failures += worst > args.loss_rtol
+        if args.grad_norm_rtol is not None:
+            failures += compare_grad_norms(args.log, args.log_ref, args.grad_norm_rtol)
     if args.ckpt:
         ours, _ = safetensors_io.load(args.ckpt)
         ref, _ = safetensors_io.load(args.ckpt_ref)
