@@ -132,6 +132,8 @@ bad_cluster "attn_eff 0: must be from 1e-6 to 1" '{"attn_eff": 0}'
 bad_cluster "gemm_eff 1e-300: must be from 1e-6 to 1" '{"gemm_eff": 1e-300, "attn_eff": 1e-300}'  # the step was inf, a search's rows NaN
 bad_cluster "fp8_gemm_eff 1e-300: must be 0 (no FP8) or from 1e-6 to 1" '{"fp8_gemm_eff": 1e-300}'
 bad_cluster "async_tp_hidden 1.5: must be in [0, 1]" '{"async_tp_hidden": 1.5}'
+bad_cluster "field name is 60 bytes: at most 47" '{"name": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}'  # was cut to 47
+bad_cluster "field name holds a control character (byte 1)" '{"name": "a\nb"}'  # split the plan's first line
 bad_cluster "peak_bf16 inf: must be a finite number" '{"peak_bf16": 1e999}'
 bad_cluster "net_bw 0: must be from 1e6 to 1e15 bytes/s" '{"net_bw": 0}'
 bad_cluster "net_bw 40: must be from 1e6 to 1e15 bytes/s" '{"net_bw": 40}'  # GB/s for bytes/s

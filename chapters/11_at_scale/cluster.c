@@ -151,6 +151,13 @@ void cluster_load_json(const char *path, Cluster *c) {
         if (strcmp(f->string, "name") != 0) {
             set_field(path, f, c);
         } else if (cJSON_IsString(f) && f->valuestring[0]) {
+            // printed in every plan's first line: whole, and on one line
+            size_t n = strlen(f->valuestring);
+            if (n >= sizeof c->name)
+                fatal_input("--cluster %s: field name is %zu bytes: at most %zu", path, n, sizeof c->name - 1);
+            for (size_t i = 0; i < n; i++)
+                if ((unsigned char)f->valuestring[i] < 0x20 || f->valuestring[i] == 0x7f)
+                    fatal_input("--cluster %s: field name holds a control character (byte %zu)", path, i);
             snprintf(c->name, sizeof c->name, "%s", f->valuestring);
         } else {
             fatal_input("--cluster %s: field name must be a non-empty string", path);

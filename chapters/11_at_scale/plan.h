@@ -110,11 +110,13 @@ const char *plan_check(const PlanConfig *p);
 //   grads      grad_bytes per parameter, ZeRO-2/3 sharded; under a pipeline, ZeRO-2/3 also hold the
 //              unsharded gradients the micro-batches accumulate until the step's one reduce-scatter
 //   optimizer  optim_bytes per parameter (AdamW m and v: 8), ZeRO-1/2/3 sharded
-//   activations  in-flight micro-batches x the stage's blocks x bytes kept per block under --ac,
-//              plus the buffers the micro-batches share (plan_acts_bytes), or, with
+//   activations  at the peak of the rank's action list, the sets its micro-batches hold (each
+//              chunk's blocks x bytes kept per block under --ac, and its boundary or the head's
+//              logits), plus the buffers the micro-batches share (plan_acts_bytes), or, with
 //              acts_per_microbatch, a whole set of them per micro-batch in flight
 //   comm       buffers of the collectives in flight: two units' reduce-scatter inputs (FSDP), two
-//              buckets (DDP), a sequence-parallel gather
+//              buckets (DDP), PyTorch's context parallel's gathered K and V (tensor parallelism's
+//              gathers land in the activations' buffers: nothing here)
 typedef struct {
     double weights, grads, optimizer, activations, comm, total;
     int in_flight;     // micro-batches (x chunks) whose activations the rank holds at its peak
