@@ -678,9 +678,11 @@ static void fp8_check_companion(const char *checkpoint, int n_layers, int dp_cp)
     char companion[4200], err[1024], want[128];
     fp8_companion(checkpoint, companion, sizeof companion);
     StFile *f = st_open_header(companion, err, sizeof err);
-    if (!f)  // a checkpoint of another recipe (or none) has no history to resume
+    struct stat st;
+    if (!f && stat(companion, &st) != 0 && errno == ENOENT)  // a checkpoint of another recipe (or none): no history
         fatal_input("--resume with delayed FP8 scaling: %s (it resumes the amax history written next to a delayed-scaling "
                     "run's checkpoint; from another recipe's, resume with that recipe)", err);
+    if (!f) fatal_input("--resume with delayed FP8 scaling: %s", err);  // there, but damaged
     if (!st_check_data_hash(f, err, sizeof err)) fatal_input("--resume with delayed FP8 scaling: %s", err);
     const char *identity = st_metadata(f, "fp8");
     Fp8Options o = fp8_options();

@@ -189,10 +189,12 @@ void fp8_free(Fp8 *f) {
 
 Fp8Hook fp8_hook(Fp8 *f) { return f->hook; }
 
+// The GEMM's dequantized operands: scratch reused by every call, counted as "other" memory (not
+// as activations, which the trainer's end-of-run line says every micro-batch has freed).
 static void grow(real **buf, size_t *cap, size_t n) {
     if (n <= *cap) return;
     mem_free(*buf);
-    *buf = mem_alloc(MEM_ACTIVATIONS, sizeof(real) * n);
+    *buf = mem_alloc(MEM_OTHER, sizeof(real) * n);
     *cap = n;
 }
 
