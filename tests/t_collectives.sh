@@ -91,7 +91,7 @@ run 3 --trace "$TRACE" --trace-bytes 4096 --trace-iters 2
 # Per rank: a process track, "ring" and "comm:world" (the comm stream's own slices and flows).
 "$PYTHON" tests/py/trace_check.py "$TRACE" --expect-tracks 9 --expect-slice "ring all_reduce" \
     --expect-slice "reduce-scatter 0" --expect-slice "all-gather 1" --expect-slice sendrecv --expect-slice all_reduce
-"$PYTHON" tests/py/check_ring_trace.py "$TRACE" 3 2
+"$PYTHON" tests/py/check_ring_trace.py "$TRACE" 3 2 1024  # 4096 bytes of float32
 
 echo "== bad flags exit 2 with one line"
 expect_error() {  # wanted substring, flags...

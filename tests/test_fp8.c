@@ -40,6 +40,15 @@ START_TEST(test_scale_from_amax) {
     // rowwise rounds down to a power of two: 448 / 3 = 149.3 -> 128; 448 / 448 = 1 -> 1
     ck_assert(fp8_scale_from_amax(3.0, FP8_E4M3, true) == 128.0);
     ck_assert(fp8_scale_from_amax(448.0, FP8_E4M3, true) == 1.0);
+    // ... and below 1 too (448 / 1000 = 0.448 -> 0.25, 448 / 449 -> 0.5): a truncating log2 rounds
+    // those up, and amax x scale passes E4M3's 448. Down means amax x scale <= max for every amax.
+    ck_assert(fp8_scale_from_amax(1000.0, FP8_E4M3, true) == 0.25);
+    ck_assert(fp8_scale_from_amax(449.0, FP8_E4M3, true) == 0.5);
+    for (double amax = 1e-3; amax < 1e7; amax *= 1.37)
+        for (Fp8Format f = FP8_E4M3; f <= FP8_E5M2; f++) {
+            double scale = fp8_scale_from_amax(amax, f, true), max = f == FP8_E4M3 ? 448.0 : 57344.0;
+            ck_assert_msg(amax * scale <= max && amax * scale * 2 > max, "amax %g: power-of-two scale %g", amax, scale);
+        }
     ck_assert_int_eq(fp8_recipe_parse("rowwise"), FP8_ROWWISE);
     ck_assert_int_eq(fp8_recipe_parse("delayed"), FP8_DELAYED);
     ck_assert_int_eq(fp8_recipe_parse("blockwise"), -1);

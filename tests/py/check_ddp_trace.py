@@ -5,6 +5,10 @@ with --dp-replicate N) against the bucketing formula, per training step and rank
     once per step, however many micro-batches accumulate into it (none syncs before the last);
   - each is at most max(bucket bytes, the largest tensor): a bucket closes before it would pass the
     limit, and a tensor larger than the limit gets one of its own;
+  - their sizes are the buckets the formula makes: the tensors walked from the last (backward's
+    order; the checkpoint holds them in the model's order), a bucket closed when the next tensor
+    would take it past the limit (one all-reduce per tensor, or buckets half the size, move the same
+    bytes and pass the two rules above);
   - --expect-no-overlap: no all-reduce starts before the step's "ddp wait" (every bucket is launched
     after backward, by ddp_finish_backward); --expect-overlap: prints how many all-reduces of the
     run started before it (launched by the ready hook during backward). Only the first is certain:
@@ -41,6 +45,12 @@ def main():
     tensors, _ = safetensors_io.load(args.ckpt)
     sizes = [int(np.prod(t.shape)) * 4 for name, t in tensors.items() if name.startswith("param.")]
     total, limit = sum(sizes), max(args.bucket_bytes, max(sizes))
+    buckets, max_bytes = [], args.bucket_bytes // 4 * 4  # ddp.c counts the limit in whole floats
+    for size in reversed(sizes):
+        if not buckets or buckets[-1] + size > max_bytes:
+            buckets.append(0)
+        buckets[-1] += size
+    expected = sorted(buckets)
 
     events = load_chrome_events(args.trace)
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
@@ -69,6 +79,9 @@ def main():
                                 f"(every gradient once per step): {len(mine)} all-reduces")
             if any(b > limit for _, b in mine):
                 problems.append(f"{where}: an all-reduce of {max(b for _, b in mine)} bytes, over the bucket limit {limit}")
+            if sorted(b for _, b in mine) != expected:
+                problems.append(f"{where}: all-reduces of {sorted(b for _, b in mine)} bytes, want the formula's "
+                                f"{len(expected)} buckets {expected}")
             wait = min((t for t in backward[rank] if begin <= t <= end), default=None)
             if wait is None or not mine:
                 continue

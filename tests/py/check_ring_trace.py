@@ -2,7 +2,12 @@
 step is one slice on the "ring" track with one flow out (to the right neighbour) and one flow in,
 2(N-1) steps per all-reduce, and the comm stream's sendrecvs carry the same number of flows.
 
-usage: check_ring_trace.py TRACE.pftrace N ITERS      (exits 1 naming the first problems)
+Each rank's steps also carry what the ring does at them (chapter 1): step s of the reduce-scatter
+sends chunk (rank - s - 1) mod N and receives chunk (rank - s - 2) mod N, step s of the all-gather
+sends chunk (rank - s) mod N and receives (rank - s - 1) mod N, in the order 0 .. N-2 each; with
+COUNT (the floats of one all-reduce, --trace-bytes / 4) a step's bytes are its sent chunk's.
+
+usage: check_ring_trace.py TRACE.pftrace N ITERS [COUNT]      (exits 1 naming the first problems)
 """
 import re
 import sys
@@ -11,6 +16,12 @@ from collections import defaultdict
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 path, n, iters = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+count = int(sys.argv[4]) if len(sys.argv) > 4 else None
+
+
+def chunk_begin(k):  # ring.c's ring_chunk_begin: chunk sizes differ by at most one
+    q, rem = divmod(count, n)
+    return q * k + rem * k // n
 trace = pb.Trace()
 trace.ParseFromString(open(path, "rb").read())
 rank_of_pid, tracks = {}, {}
@@ -41,6 +52,18 @@ steps = [s for s in slices if s["track"] == "ring" and re.fullmatch(r"(reduce-sc
 want = iters * 2 * (n - 1) * n
 if len(steps) != want:
     problems.append(f"{len(steps)} ring step slices, want {want} = {iters} x 2({n}-1) steps x {n} ranks")
+for rank in range(n):  # what each step sends and receives, in order
+    mine = [s for s in steps if s["rank"] == rank]
+    for i, s in enumerate(mine):
+        per_call = i % (2 * (n - 1))
+        phase, step = ("reduce-scatter", per_call) if per_call < n - 1 else ("all-gather", per_call - (n - 1))
+        send = (rank - step - 1) % n if phase == "reduce-scatter" else (rank - step) % n
+        expect = {"phase": phase, "step": step, "chunk": send, "recv_chunk": (send - 1) % n}
+        if count is not None:
+            expect["bytes"] = 4 * (chunk_begin(send + 1) - chunk_begin(send))
+        got = {k: s["args"].get(k) for k in expect}
+        if s["name"] != f"{phase} {step}" or got != expect:
+            problems.append(f"rank {rank} slice {i} ({s['name']}): {got}, want {expect} (named '{phase} {step}')")
 sender, receiver = {}, {}
 for s in steps:
     if len(s["out"]) != 1 or len(s["in"]) != 1:
