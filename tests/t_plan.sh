@@ -125,12 +125,12 @@ bad_cluster() {  # WANTED JSON: the file is refused with WANTED
 bad_cluster "hbm_bytes -8e+10: must be from 1e6 to 1e15 bytes" '{"hbm_bytes": -80e9}'
 bad_cluster "net_lat -1e-05: must be from 0 to 1 s" '{"net_lat": -10e-6}'
 bad_cluster "nvlink_lat -3e-06: must be from 0 to 1 s" '{"nvlink_lat": -3e-6}'
-bad_cluster "fp8_gemm_eff -0.357: must be 0 (no FP8) or from 1e-6 to 1" '{"fp8_gemm_eff": -0.357}'
+bad_cluster "fp8_gemm_eff -0.357: must be 0 (no FP8) or from 1e-12 to 1" '{"fp8_gemm_eff": -0.357}'
 bad_cluster "peak_fp8 -1.979e+15: must be 0 (no FP8) or from 1e6" '{"peak_fp8": -1979e12}'
-bad_cluster "gemm_eff 5: must be from 1e-6 to 1" '{"gemm_eff": 5}'
-bad_cluster "attn_eff 0: must be from 1e-6 to 1" '{"attn_eff": 0}'
-bad_cluster "gemm_eff 1e-300: must be from 1e-6 to 1" '{"gemm_eff": 1e-300, "attn_eff": 1e-300}'  # the step was inf, a search's rows NaN
-bad_cluster "fp8_gemm_eff 1e-300: must be 0 (no FP8) or from 1e-6 to 1" '{"fp8_gemm_eff": 1e-300}'
+bad_cluster "gemm_eff 5: must be from 1e-12 to 1" '{"gemm_eff": 5}'
+bad_cluster "attn_eff 0: must be from 1e-12 to 1" '{"attn_eff": 0}'
+bad_cluster "gemm_eff 1e-300: must be from 1e-12 to 1" '{"gemm_eff": 1e-300, "attn_eff": 1e-300}'  # the step was inf, a search's rows NaN
+bad_cluster "fp8_gemm_eff 1e-300: must be 0 (no FP8) or from 1e-12 to 1" '{"fp8_gemm_eff": 1e-300}'
 bad_cluster "async_tp_hidden 1.5: must be in [0, 1]" '{"async_tp_hidden": 1.5}'
 bad_cluster "field name is 60 bytes: at most 47" '{"name": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}'  # was cut to 47
 bad_cluster "field name holds a control character (byte 1)" '{"name": "a\nb"}'  # split the plan's first line

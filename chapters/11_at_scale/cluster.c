@@ -43,8 +43,8 @@ typedef enum {
     BYTES,         // hbm_bytes, 1e6 .. 1e15
     LATENCY,       // seconds, 0 (none) .. 1
     POWER,         // watts, 0 (unknown; informational) .. 1e5
-    SHARE,         // efficiencies: achieved shares of a peak, 1e-6 .. 1 (a peak times a smaller share is no
-                   // machine, and a denormal one made the step infinite)
+    SHARE,         // efficiencies: achieved shares of a peak, 1e-12 .. 1 (1e-300 overflowed the step to inf;
+                   // a CPU emulator's calibration measures shares of 1e-8)
     SHARE_OR_ZERO, // fp8_gemm_eff: the same, or 0 (no FP8)
     FRACTION,      // async_tp_hidden: 0 (AsyncTP hides nothing) .. 1
 } FieldRange;
@@ -80,8 +80,8 @@ static const char *range_broken(FieldRange range, double v) {
     case BYTES: return v >= 1e6 && v <= 1e15 ? NULL : "must be from 1e6 to 1e15 bytes";
     case LATENCY: return v >= 0 && v <= 1 ? NULL : "must be from 0 to 1 s";
     case POWER: return v >= 0 && v <= 1e5 ? NULL : "must be from 0 to 1e5 W";
-    case SHARE: return v >= 1e-6 && v <= 1 ? NULL : "must be from 1e-6 to 1 (a share of the peak)";
-    case SHARE_OR_ZERO: return v == 0 || (v >= 1e-6 && v <= 1) ? NULL : "must be 0 (no FP8) or from 1e-6 to 1";
+    case SHARE: return v >= 1e-12 && v <= 1 ? NULL : "must be from 1e-12 to 1 (a share of the peak)";
+    case SHARE_OR_ZERO: return v == 0 || (v >= 1e-12 && v <= 1) ? NULL : "must be 0 (no FP8) or from 1e-12 to 1";
     case FRACTION: return v >= 0 && v <= 1 ? NULL : "must be in [0, 1]";
     }
     return NULL;

@@ -48,7 +48,7 @@ bool cluster_lookup(const char *name, Cluster *c);
 // on a bad file, a field that is not a number (name: not a string) or a number cluster_check refuses.
 void cluster_load_json(const char *path, Cluster *c);
 // NULL if every number of c is finite and physical: peaks, bandwidths and memory > 0, latencies and
-// power >= 0, efficiencies from 1e-6 to 1, gpus_per_node 1 to PLAN_MAX_GPUS. peak_fp8, fp8_gemm_eff
+// power >= 0, efficiencies from 1e-12 to 1, gpus_per_node 1 to PLAN_MAX_GPUS. peak_fp8, fp8_gemm_eff
 // and async_tp_hidden may be 0 (no FP8 matmuls, as on an A100; AsyncTP hiding nothing). Else the
 // first field that is not, with its value and the rule, in buf (len bytes), which it returns.
 const char *cluster_check(const Cluster *c, char *buf, size_t len);
