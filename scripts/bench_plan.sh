@@ -60,9 +60,10 @@ read -r alpha bw < <(awk -v s="$small_us" -v b="$big_us" 'BEGIN {
     beta = (b - s) * 1e-6 / ((4194304 - 65536) / 2); alpha = s * 1e-6 - 32768 * beta
     printf "%.3e %.4e\n", (alpha > 0 ? alpha : 0), 1 / beta }')  # a noisy pair can make alpha negative: none
 # The compute rate: plan's prediction for the calibration run at 1 GFLOP/s, scaled to the measurement
-# (element-wise ops and AdamW are given an unlimited bandwidth, so the time is FLOPs / rate).
+# (element-wise ops and AdamW are given an unlimited bandwidth, so the time is FLOPs / rate). No
+# straggler wait (rank_jitter 0): the calibration's own run measured this machine's variation.
 profile() {  # peak -> JSON
-    printf '{"name": "this-cpu", "gpus_per_node": 2, "peak_bf16": %s, "peak_fp8": 0, "gemm_eff": 1, "attn_eff": 1, "async_tp_hidden": 0, "hbm_bw": 1e15, "hbm_bytes": 1e12, "nvlink_bw": %s, "nvlink_lat": %s, "net_bw": %s, "net_lat": %s}\n' \
+    printf '{"name": "this-cpu", "gpus_per_node": 2, "peak_bf16": %s, "peak_fp8": 0, "gemm_eff": 1, "attn_eff": 1, "async_tp_hidden": 0, "hbm_bw": 1e15, "hbm_bytes": 1e12, "nvlink_bw": %s, "nvlink_lat": %s, "net_bw": %s, "net_lat": %s, "rank_jitter": 0}\n' \
         "$1" "$bw" "$alpha" "$bw" "$alpha"
 }
 profile 1e9 > "$LOG/unit.json"

@@ -77,15 +77,24 @@ echo "ok: --search --pp-microbatches 0 searches the micro-batches"
 # tokens/tp x 26 h (norms, residuals) + tokens x (8 (hq + hkv) + 5 F)/tp (RoPE, SwiGLU on the
 # rank's heads and features) = 106,496 + 90,112 elements: 0.393 s, and the step 8.004 s (RoPE and
 # SwiGLU divided by tp twice gave 6.923 s).
-printf '{"peak_bf16": 1e18, "peak_fp8": 1e18, "hbm_bw": 1e6, "nvlink_bw": 1e15, "net_bw": 1e15, "nvlink_lat": 0, "net_lat": 0}\n' >"$T/ew_only.json"
+printf '{"peak_bf16": 1e18, "peak_fp8": 1e18, "hbm_bw": 1e6, "nvlink_bw": 1e15, "net_bw": 1e15, "nvlink_lat": 0, "net_lat": 0, "rank_jitter": 0}\n' >"$T/ew_only.json"
 got=$("$PLAN" --model tiny --batch 4 --tp 2 --cluster "$T/ew_only.json" | sed -n 's/^step \([0-9.]*\) s:.*/\1/p')
 [ "$got" = "8.004" ] || { echo "FAIL: tp 2 element-wise step $got s, want 8.004"; exit 1; }
 echo "ok: tp 2 element-wise traffic as counted by hand: step $got s"
+# Stragglers: the same run with rank_jitter 0.1 waits 0.1 x E[max of 2 standard normals] (1/sqrt(pi)
+# = 0.5641896) x the busy time (8.004 s, all of it compute) = 0.452 s more: 8.456 s. On one GPU
+# (--tp 1) there is nobody to wait for.
+sed 's/"rank_jitter": 0}/"rank_jitter": 0.1}/' "$T/ew_only.json" >"$T/jitter.json"
+line=$("$PLAN" --model tiny --batch 4 --tp 2 --cluster "$T/jitter.json" | grep '^step ')
+one=$("$PLAN" --model tiny --batch 4 --cluster "$T/jitter.json" | grep '^step ')
+[[ "$line" == "step 8.456 s: "*", stragglers 0.452 s; "* ]] && [[ "$one" == *", stragglers 0.000"*" s; "* ]] ||
+    { echo "FAIL: stragglers: '$line' (want step 8.456 s, stragglers 0.452 s), on one GPU '$one' (want 0)"; exit 1; }
+echo "ok: stragglers as counted by hand: 2 GPUs wait 0.452 s, one GPU 0 s"
 # A pipeline hop between nodes: tp 4 x pp 4 on 8-GPU nodes puts pp ranks 0-1 on one node and 2-3
 # on the next; only the network has a latency (1 s). Every micro-batch crosses 1 -> 2 forward and
 # 2 -> 1 backward: 6 s of sends (it was 0: every hop was taken as NVLink). On 16-GPU nodes: 0.
-printf '{"gpus_per_node": %d, "peak_bf16": 1e18, "peak_fp8": 1e18, "hbm_bw": 1e15, "nvlink_bw": 1e15, "net_bw": 1e15, "nvlink_lat": 0, "net_lat": 1}\n' 8 >"$T/net_lat8.json"
-printf '{"gpus_per_node": %d, "peak_bf16": 1e18, "peak_fp8": 1e18, "hbm_bw": 1e15, "nvlink_bw": 1e15, "net_bw": 1e15, "nvlink_lat": 0, "net_lat": 1}\n' 16 >"$T/net_lat16.json"
+printf '{"gpus_per_node": %d, "peak_bf16": 1e18, "peak_fp8": 1e18, "hbm_bw": 1e15, "nvlink_bw": 1e15, "net_bw": 1e15, "nvlink_lat": 0, "net_lat": 1, "rank_jitter": 0}\n' 8 >"$T/net_lat8.json"
+printf '{"gpus_per_node": %d, "peak_bf16": 1e18, "peak_fp8": 1e18, "hbm_bw": 1e15, "nvlink_bw": 1e15, "net_bw": 1e15, "nvlink_lat": 0, "net_lat": 1, "rank_jitter": 0}\n' 16 >"$T/net_lat16.json"
 got8=$("$PLAN" --model tiny --batch 4 --tp 4 --pp 4 --cluster "$T/net_lat8.json" | sed -n 's/^step \([0-9.]*\) s:.*/\1/p')
 got16=$("$PLAN" --model tiny --batch 4 --tp 4 --pp 4 --cluster "$T/net_lat16.json" | sed -n 's/^step \([0-9.]*\) s:.*/\1/p')
 [ "$got8" = "6.000" ] && [ "$got16" = "0.000000" ] || { echo "FAIL: pp hops across nodes: $got8 s on 8-GPU nodes (want 6.000), $got16 on 16 (want 0.000000)"; exit 1; }
@@ -188,7 +197,8 @@ last=$(printf '%s\n' "$out" | tail -1)
 [[ "$last" =~ ^TPS/GPU\ [0-9]+$ ]] || { echo "FAIL: last line '$last'"; exit 1; }
 "$PYTHON" tests/py/trace_check.py "$T/sim.pftrace" --expect-slice "block fwd" --expect-slice "block bwd" \
     --expect-slice "all_gather" --expect-slice "reduce_scatter" --expect-slice "batch" --expect-slice "all_reduce" \
-    --expect-slice "tp wait" --expect-slice optimizer --expect-slice step --expect-slice "pp wait"
+    --expect-slice "tp wait" --expect-slice optimizer --expect-slice step --expect-slice "pp wait" \
+    --expect-slice "wait for the slowest GPU"
 summary=$(traces/trace-summary "$T/sim.pftrace")
 printf '%s\n' "$summary" | grep -q "pp1 dp0 cp0 tp0" || { echo "FAIL: trace-summary: $summary"; exit 1; }
 echo "ok: trace of 2 pipeline ranks read by trace-summary"

@@ -268,6 +268,36 @@ START_TEST(test_step_time_responds) {
 }
 END_TEST
 
+// The expected maximum of n standard normals against exact values (1/sqrt(pi) for 2, 3/(2 sqrt(pi))
+// for 3; 5, 10 and 100 from mpmath's 20-digit quadrature of the same integral, Tippett's tables to
+// their 4 digits), and the straggler wait it gives: jitter x E[max] x busy,
+// added to the simulated step, 0 on one GPU and with no jitter.
+START_TEST(test_stragglers) {
+    static const struct { int n; double want; } table[] = {
+        {1, 0}, {2, 0.5641896}, {3, 0.8462844}, {5, 1.1629645}, {10, 1.5387527}, {100, 2.5075936}};
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        double got = plan_expected_max_normal(table[i].n);
+        ck_assert_msg(fabs(got - table[i].want) < 1e-6, "E[max of %d] = %.9f, want %.7f", table[i].n, got,
+                      table[i].want);
+    }
+    ck_assert(plan_expected_max_normal(1000000) > 4.8 && plan_expected_max_normal(1000000) < 5.0);
+    ck_assert(plan_straggler_s(1, 0.1, 10) == 0 && plan_straggler_s(64, 0, 10) == 0);
+    Cluster c;
+    ck_assert(cluster_lookup("h100-sxm-ib", &c));
+    PlanConfig p = base_config("llama3_8b");
+    p.dp_shard = 64, p.batch = 64;
+    c.rank_jitter = 0;
+    PlanTime on_time = plan_step_time(&p, &c, NULL);
+    c.rank_jitter = 0.05;
+    PlanTime t = plan_step_time(&p, &c, NULL);
+    double want = 0.05 * plan_expected_max_normal(64) * on_time.compute_s;
+    ck_assert_msg(on_time.straggler_s == 0 && fabs(t.straggler_s - want) <= 1e-12 * want &&
+                      fabs(t.step_s - (on_time.step_s + want)) <= 1e-12 * t.step_s,
+                  "stragglers %.9f s (want %.9f), step %.9f s (want %.9f)", t.straggler_s, want, t.step_s,
+                  on_time.step_s + want);
+}
+END_TEST
+
 // Context parallel's two implementations (plan_cp_costs) against their formulas, for 8B (32 query
 // heads, 8 kv heads, head_dim 128) at cp 8, 256k tokens, one sequence: the ring hops the kv heads'
 // K and V in bf16, hidden behind attention when that is long; PyTorch's all-gather moves K and V
@@ -343,6 +373,7 @@ int main(void) {
     tcase_add_test(tc, test_collective_costs);
     tcase_add_test(tc, test_ideal_bubble);
     tcase_add_test(tc, test_step_time_responds);
+    tcase_add_test(tc, test_stragglers);
     tcase_add_test(tc, test_cp_costs);
     suite_add_tcase(s, tc);
     return run_suite(s);

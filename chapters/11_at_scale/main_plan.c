@@ -181,8 +181,10 @@ static void print_plan(const PlanConfig *p, const Cluster *c) {
            m.comm / GiB, m.total / GiB, c->hbm_bytes / GiB, m.total > c->hbm_bytes ? "  DOES NOT FIT" : "");
     // milliseconds shown in full below a second (a CPU rank's step; scripts/bench_plan.sh reads it)
     int digits = t.step_s < 1 ? 6 : 3;
-    printf("step %.*f s: compute %.*f s, exposed comm %.*f s, bubble %.1f%%; %.0f model TFLOP/s per GPU, MFU %.1f%%\n",
-           digits, t.step_s, digits, t.compute_s, digits, t.exposed_comm_s, 100 * t.bubble, t.model_tflops, 100 * t.mfu);
+    printf("step %.*f s: compute %.*f s, exposed comm %.*f s, bubble %.1f%%, stragglers %.*f s; %.0f model TFLOP/s per "
+           "GPU, MFU %.1f%%\n",
+           digits, t.step_s, digits, t.compute_s, digits, t.exposed_comm_s, 100 * t.bubble, digits, t.straggler_s,
+           t.model_tflops, 100 * t.mfu);
     if (opt.trace) printf("trace: %s\n", opt.trace);
     printf("TPS/GPU %.0f\n", t.tps_per_gpu);
 }

@@ -758,15 +758,47 @@ PlanTime plan_step_time(const PlanConfig *p, const Cluster *c, const char *trace
                .slices = trace_path ? &slices : NULL};
     build_chunks(&sim);
     SimResult r = simulate(&sim, s);
+    double gpus = plan_gpus(p), straggler = plan_straggler_s((int)gpus, c->rank_jitter, r.busy_max);
+    if (trace_path && straggler > 0)
+        for (int rank = 0; rank < s->p; rank++)  // every simulated pipeline rank
+            record(&slices, (SimSlice){rank, TRACK_COMPUTE, r.step, r.step + straggler, "wait for the slowest GPU",
+                                       "comm-wait", -1, -1, 0});
+    r.step += straggler;
     if (trace_path) write_trace(p, &slices, r.step, trace_path);
     free(slices.items);
     free(sim.chunks);
-    PlanTime t = {.step_s = r.step, .compute_s = r.busy_max, .exposed_comm_s = r.waited_max, .bubble = r.bubble};
-    double tokens = (double)p->batch * p->seq_len, gpus = plan_gpus(p);
+    PlanTime t = {.step_s = r.step, .compute_s = r.busy_max, .exposed_comm_s = r.waited_max, .bubble = r.bubble,
+                  .straggler_s = straggler};
+    double tokens = (double)p->batch * p->seq_len;
     t.tps_per_gpu = tokens / r.step / gpus;
     t.model_tflops = model_flops_per_token(&p->model, p->seq_len) * t.tps_per_gpu / 1e12;
     t.mfu = t.model_tflops * 1e12 / c->peak_bf16;
     return t;
+}
+
+// ---- stragglers ---------------------------------------------------------------------------------------
+// E[max] = integral of x n phi(x) Phi(x)^(n-1) dx, by Simpson's rule on [-9, 9] (h = 1e-3): beyond it
+// the integrand is below 1e-12 for every n up to PLAN_MAX_GPUS. Phi^(n-1) as exp((n-1) log Phi), which
+// neither underflows to a wrong 0 nor rounds to 1 too early.
+double plan_expected_max_normal(int n) {
+    static int cached_n;
+    static double cached;
+    if (n <= 1) return 0;
+    if (n == cached_n) return cached;
+    const double lo = -9, hi = 9, h = 1e-3;
+    int steps = (int)lround((hi - lo) / h);
+    double sum = 0;
+    for (int i = 0; i <= steps; i++) {
+        double x = lo + i * h, cdf = 0.5 * erfc(-x / sqrt(2.0));
+        double f = x * n * 0.3989422804014327 * exp(-0.5 * x * x) * exp((n - 1) * log(cdf));  // 1/sqrt(2 pi)
+        sum += f * (i == 0 || i == steps ? 1 : i % 2 ? 4 : 2);
+    }
+    cached_n = n, cached = sum * h / 3;
+    return cached;
+}
+
+double plan_straggler_s(int gpus, double jitter, double busy_s) {
+    return jitter > 0 ? jitter * plan_expected_max_normal(gpus) * busy_s : 0;
 }
 
 double plan_ideal_bubble(PpScheduleKind kind, int p, int m, int v) {

@@ -38,6 +38,9 @@ typedef struct {
     double nvlink_bw, nvlink_lat; // per GPU per direction, bytes/s achieved by a ring; seconds per hop
     double net_bw, net_lat;       // between nodes, per GPU (one NIC each), bytes/s; seconds per hop
     double power_w;               // informational: the profile's power limit
+    double rank_jitter;           // relative standard deviation of one GPU's busy time in a step,
+                                  // independent from GPU to GPU (0: every rank on time); see
+                                  // plan_straggler_s
 } Cluster;
 
 #define CLUSTER_NAMES "h100-sxm-ib|a100-sxm-ib|cpu"
@@ -143,12 +146,24 @@ typedef struct {
     double exposed_comm_s;   // the longest time a compute stream waited on communication (blocking
                              // TP/CP collectives, FSDP's gathers, the step's last reductions)
     double bubble;           // pipeline: 1 - busy / (p x step), the idle share of the compute streams
+    double straggler_s;      // the wait for the slowest GPU (plan_straggler_s), included in step_s
     double model_tflops;     // achieved model FLOP/s per GPU (no recompute), in TFLOP/s
 } PlanTime;
 
 // Simulates one optimizer step; with trace_path, writes the simulated timeline there (Perfetto,
 // one process per pipeline rank, tracks compute, comm:<group>, steps).
 PlanTime plan_step_time(const PlanConfig *p, const Cluster *c, const char *trace_path);
+
+// Stragglers. The simulation's ranks are identical and on time; a real GPU's busy time varies from
+// step to step (clocks under a power cap, memory refresh, the host's interruptions, a slow link).
+// Every step ends with collectives over all `gpus` (the gradient norm's all-reduce for clipping,
+// FSDP's and DDP's reductions), so it lasts as long as its slowest GPU. With busy times
+// busy x (1 + jitter x Z), Z standard normal and independent per GPU, the step waits on average
+//   jitter x E[max of gpus standard normals] x busy
+// more than the simulated one: 0 on one GPU, 0.56 jitter x busy on 2, 2.51 on 100, 3.9 on 10,000.
+double plan_straggler_s(int gpus, double jitter, double busy_s);
+// E[max(Z_1..Z_n)] for n independent standard normals (0 for n = 1), by quadrature to ~1e-9.
+double plan_expected_max_normal(int n);
 
 // The pipeline schedule replayed alone with forward = 1, backward = 2 and instant transfers: the
 // bubble fraction the simulator finds (tests compare it with (p-1)/(m+p-1) and (p-1)/(v m+p-1)).
