@@ -21,7 +21,13 @@
 //   bf16 norm  bf16 element-wise kernels against the reference on the same bf16-rounded inputs:
 //              the only difference is the one rounding of each stored output, at most 2^-8
 //              relative (bf16's unit roundoff: 8 significant bits), so ||gpu - ref|| / ||ref|| <=
-//              2^-8 (typically 0.4 of that).
+//              2^-8 (typically 0.4 of that). That norm cannot see a second rounding (an
+//              intermediate rounded to bf16, e.g. silu before its product with up: 0.59 of the
+//              bound), so each element is also compared with the fp32 reference rounded once to
+//              bf16: a kernel that rounds only at the store differs from it only where its fp32
+//              value (another summation order, CUDA's expf) and the reference's fall on two sides
+//              of a rounding boundary, a few in 10^5 elements; a second rounding moves about a
+//              quarter of them. Bound: 1/64 of the elements.
 //   FA rule    bf16 attention (FlashAttention's criterion): its error against the fp32 reference on
 //              the same bf16 inputs must be at most 2x the error of the same attention computed the
 //              plain bf16 way (PyTorch eager order: S, P, O and every gradient rounded to bf16 as
@@ -148,9 +154,18 @@ static void check_exact(const char *name, const float *got, const float *want, s
     else report(name, false, "first difference [%zu]: got %.9g want %.9g", bad, got[bad], want[bad]);
 }
 #define BF16_NORM_TOL 0x1p-8
+#define BF16_ONCE_SHARE (1.0 / 64)
 static void check_bf16_norm(const char *name, const float *got, const float *want, size_t n) {
     double e = rel_l2(got, want, n);
-    report(name, e <= BF16_NORM_TOL, "||d||/||ref|| = %.3g (bound %.3g)", e, BF16_NORM_TOL);
+    size_t moved = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (f32_as_bits(got[i]) != f32_as_bits(bf16_round(want[i])) && moved++ == 0) first = i;
+    double share = n ? (double)moved / (double)n : 0;
+    char where[96] = "";
+    if (moved) snprintf(where, sizeof where, "; first [%zu] got %.9g, once-rounded %.9g", first, got[first], bf16_round(want[first]));
+    report(name, e <= BF16_NORM_TOL && share <= BF16_ONCE_SHARE,
+           "||d||/||ref|| = %.3g (bound %.3g); %zu of %zu not the reference rounded once (bound %.3g%%)%s", e,
+           BF16_NORM_TOL, moved, n, 100 * BF16_ONCE_SHARE, where);
 }
 static void check_fa_rule(const char *name, const float *gpu, const float *baseline, const float *ref, size_t n) {
     double e_gpu = rel_l2(gpu, ref, n), e_base = rel_l2(baseline, ref, n);
