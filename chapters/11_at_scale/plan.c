@@ -575,12 +575,13 @@ static void run_stage(Sim *sim, RankState *st, int rank, int mb, int stage, bool
 
 // Whether pipeline ranks a and b exchange within nodes: every GPU of pp rank a (GPUs a x stride up
 // to the next pp rank's) sits in the node of its counterpart in b (pp is the outermost dimension;
-// the interleaved schedule's hop from the last rank back to the first is one of them).
+// the interleaved schedule's hop from the last rank back to the first is one of them). That holds
+// exactly when both ranks' GPUs lie in one node, the same: a rank spanning nodes has a GPU whose
+// counterpart, (b - a) x stride >= one node further on, is in another node.
 static bool pp_hop_local(const Costs *k, int a, int b) {
     long long g = k->gpus_per_node, s = k->pp_stride;
-    for (long long j = 0; j < s; j += s - 1 > 0 ? s - 1 : 1)  // the first and last GPU of each
-        if ((a * s + j) / g != (b * s + j) / g) return false;
-    return (a * s) / g == (a * s + s - 1) / g && (b * s) / g == (b * s + s - 1) / g;
+    long long node_a = a * s / g, node_b = b * s / g;
+    return node_a == node_b && node_a == (a * s + s - 1) / g && node_b == (b * s + s - 1) / g;
 }
 
 // Advances rank r through its list until it finishes or needs a message not yet sent. Returns true
