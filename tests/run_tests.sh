@@ -2,7 +2,8 @@
 # Runs every test: each compiled suite in $BUILD/tests (Check), then each tests/t_*.sh script
 # (end-to-end runs of the trainer, the PyTorch oracle, the trace schema check). Prints one line
 # per test and a closing "N passed, N skipped, N failed". A test that prints a line starting with
-# "SKIP:" (what it needs is missing here: nvcc, a C++ compiler) counts as skipped, not passed.
+# "SKIP:" (what it needs is missing here: nvcc, a C++ compiler) counts as skipped, not passed; one
+# that passes with a part skipped prints "SKIP (part): why", shown on its PASS line.
 # Runs from the repository root wherever it is started from (BUILD is relative to it).
 set -u
 cd "$(dirname "$0")/.." || exit 1

@@ -208,7 +208,7 @@ if [ "$(id -u)" -eq 0 ] && mknod "$T/scratch_null" c 1 3 2>/dev/null; then  # a 
     expect_error "--trace $T/scratch_null: is a device" --trace "$T/scratch_null"
     [ -c "$T/scratch_null" ] || { echo "FAIL: the scratch device was replaced"; failures=$((failures + 1)); }
 else
-    echo "skip: a scratch character device (mknod needs root)"
+    echo "SKIP (part): a scratch character device (mknod needs root)"
 fi
 
 # Sizes: checked 64-bit arithmetic, then the planned memory against the machine's (both named).
