@@ -303,14 +303,30 @@ typedef struct {
     const char *flag, *dir, *prefix, *suffix;
 } DirOutput;
 
+// The file outputs, in one list for every check of them. Returns how many.
+enum { N_FILE_OUTPUTS = 6 };
+static int file_outputs(FlagPath out[N_FILE_OUTPUTS]) {
+    const FlagPath all[N_FILE_OUTPUTS] = {{"trace", opt.trace},         {"trace-json", opt.trace_json},
+                                          {"dump", opt.dump},           {"grad-dump", opt.grad_dump},
+                                          {"mesh-dot", opt.mesh_dot},   {"pp-schedule-dot", opt.pp_schedule_dot}};
+    memcpy(out, all, sizeof all);
+    return N_FILE_OUTPUTS;
+}
+
+// path's directory ("." for a bare name) into parent; returns path's last component.
+static const char *split_path(const char *path, char parent[PATH_MAX]) {
+    const char *slash = strrchr(path, '/');
+    snprintf(parent, PATH_MAX, "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
+    return slash ? slash + 1 : path;
+}
+
 // Whether path names what d's directory will hold: the directory itself, or a file of its pattern in it.
 static bool written_by(const DirOutput *d, const char *path) {
     if (fileio_same_file(path, d->dir)) return true;
-    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    char parent[PATH_MAX];
+    const char *base = split_path(path, parent);
     size_t n = strlen(base), np = strlen(d->prefix), ns = strlen(d->suffix);
     if (strncmp(base, d->prefix, np) != 0 || n < np + ns || strcmp(base + n - ns, d->suffix) != 0) return false;
-    char parent[PATH_MAX];
-    snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
     return fileio_same_file(parent, d->dir);
 }
 
@@ -355,9 +371,9 @@ static void check_input_not_written_by_dir_outputs(const FlagPath *input) {
 // it starts from, shards included) or another output (one of the two would be lost); no directory
 // output may write over an input; --export-hf may not write over --init-from's checkpoint.
 static void check_outputs_distinct(void) {
-    const FlagPath outputs[] = {{"trace", opt.trace},         {"trace-json", opt.trace_json}, {"dump", opt.dump},
-                   {"grad-dump", opt.grad_dump}, {"mesh-dot", opt.mesh_dot},     {"pp-schedule-dot", opt.pp_schedule_dot}};
-    enum { N_OUTPUTS = sizeof outputs / sizeof outputs[0], N_INIT = 3 };
+    FlagPath outputs[N_FILE_OUTPUTS];
+    enum { N_INIT = 3 };
+    file_outputs(outputs);
     // The inputs: the data file, the checkpoint resumed from (and delayed FP8's companion beside it),
     // the Hugging Face checkpoint's files; its shards, whatever their number, by their pattern.
     static const char *const init_names[N_INIT] = {"config.json", "model.safetensors", "model.safetensors.index.json"};
@@ -375,7 +391,7 @@ static void check_outputs_distinct(void) {
         inputs[3 + i].flag = "init-from", inputs[3 + i].path = init_files[i];
     }
     const DirOutput init_shards = {"init-from", init_dir, "model", ".safetensors"};
-    for (int o = 0; o < N_OUTPUTS; o++) {
+    for (int o = 0; o < N_FILE_OUTPUTS; o++) {
         if (!outputs[o].path) continue;
         for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
             if (inputs[i].path && fileio_same_file(outputs[o].path, inputs[i].path))
@@ -384,14 +400,14 @@ static void check_outputs_distinct(void) {
         if (init_dir && written_by(&init_shards, outputs[o].path))
             fatal_input("--%s %s: is a file of the checkpoint --init-from reads (%s); the run would overwrite it",
                         outputs[o].flag, outputs[o].path, init_dir);
-        for (int p = o + 1; p < N_OUTPUTS; p++)
+        for (int p = o + 1; p < N_FILE_OUTPUTS; p++)
             if (outputs[p].path && fileio_same_file(outputs[o].path, outputs[p].path))
                 fatal_input("--%s %s and --%s %s: the same file; one of the two outputs would be lost", outputs[o].flag,
                             outputs[o].path, outputs[p].flag, outputs[p].path);
     }
     if (opt.export_hf && init_dir && fileio_same_file(opt.export_hf, init_dir))
         fatal_input("--export-hf %s: is the checkpoint --init-from reads; export to another directory", opt.export_hf);
-    for (int o = 0; o < N_OUTPUTS; o++)
+    for (int o = 0; o < N_FILE_OUTPUTS; o++)
         if (outputs[o].path) check_not_written_by_dir_outputs(outputs[o].flag, outputs[o].path);
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
         if (inputs[i].path) check_input_not_written_by_dir_outputs(&inputs[i]);
@@ -414,13 +430,11 @@ static bool rank_file_of_this_run(const char *name, long long world) {
     return strcmp(canonical, name) == 0 && rank >= 0 && rank < world;
 }
 static void check_hta_dir_is_this_runs(long long world) {
-    const FlagPath files[] = {{"trace", opt.trace},         {"trace-json", opt.trace_json}, {"dump", opt.dump},
-                 {"grad-dump", opt.grad_dump}, {"mesh-dot", opt.mesh_dot},     {"pp-schedule-dot", opt.pp_schedule_dot}};
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    FlagPath files[N_FILE_OUTPUTS];
+    for (int i = 0, n = file_outputs(files); i < n; i++) {
         if (!files[i].path) continue;
-        const char *slash = strrchr(files[i].path, '/'), *base = slash ? slash + 1 : files[i].path;
         char parent[PATH_MAX];
-        snprintf(parent, sizeof parent, "%.*s", slash ? (int)(slash - files[i].path) + 1 : 1, slash ? files[i].path : ".");
+        const char *base = split_path(files[i].path, parent);
         if (hta_reads(base) && fileio_same_file(parent, opt.trace_hta))
             fatal_input("--%s %s: is inside --trace-hta %s, where HTA would read it as a rank's trace; write it "
                         "elsewhere", files[i].flag, files[i].path, opt.trace_hta);
