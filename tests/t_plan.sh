@@ -152,6 +152,8 @@ bad_cluster "hbm_bytes 80: must be from 1e6 to 1e15 bytes" '{"hbm_bytes": 80}'
 bad_cluster "net_lat 10: must be from 0 to 1 s" '{"net_lat": 10}'  # microseconds for seconds
 bad_cluster "power_w -500: must be from 0 to 1e5 W" '{"power_w": -500}'
 bad_cluster "gpus_per_node 2.5: must be a whole number from 1 to 1000000" '{"gpus_per_node": 2.5}'
+bad_cluster "rank_jitter 2.6: must be from 0 to 0.5 (a relative standard deviation)" '{"rank_jitter": 2.6}'  # percent for a share
+bad_cluster "rank_jitter -0.01: must be from 0 to 0.5" '{"rank_jitter": -0.01}'
 bad_cluster "gpus_per_node 0: must be a whole number" '{"gpus_per_node": 0}'
 bad_cluster "more after the JSON object (at byte 19)" '{"gemm_eff": 0.45} xyz'
 bad_cluster "more after the JSON object (at byte 18)" '{"gemm_eff": 0.45}{"gemm_eff": 0.5}'
