@@ -1,6 +1,8 @@
 // ops.c: the reference ops, forward and backward side by side. Loops are parallel only over
-// independent outputs (rows, heads), never over a reduction, so results do not depend on the
-// number of threads: a run is bit-reproducible.
+// independent outputs (rows, heads), never over a reduction, so this file's results do not depend
+// on the number of threads, and a run is bit-reproducible. OpenBLAS's GEMMs (the default --matmul
+// blas) are the exception: their blocking follows the thread count, so a weight gradient's sum over
+// tokens can change in its last bits between thread counts (chapter 0; --matmul loop does not).
 #define _GNU_SOURCE  // sched_setaffinity, for the restart below
 #include "reference_cpu/ops.h"
 
