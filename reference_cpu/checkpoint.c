@@ -264,11 +264,35 @@ long long checkpoint_step_of_name(const char *name) {
 // process ends, however it ends, so a killed run never leaves the directory locked.
 static int claimed_lock_fd = -1;
 
-void checkpoint_dir_claim(const char *dir_path, const char *resume_path) {
+// DIR/.lock, opened for the lock: never through a symbolic link (the pid written into it would
+// replace whatever the link points at, the training text included), never anything but a regular
+// file (a FIFO would block the open: O_NONBLOCK).
+static int open_lock_file(const char *dir_path, const char *lock_path) {
+    int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    if (fd < 0 && errno == ELOOP)
+        fatal_input("--checkpoint-dir %s: %s is a symbolic link; the run writes its process id there and never "
+                    "through a link (remove it)", dir_path, lock_path);
+    if (fd < 0) fatal_input("--checkpoint-dir %s: cannot open %s (%s)", dir_path, lock_path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        fatal_input("--checkpoint-dir %s: %s is not a regular file; the run would write its process id into it "
+                    "(remove it)", dir_path, lock_path);
+    return fd;
+}
+
+// The step of a companion's name (step_000012.safetensors.fp8: delayed FP8's history), or -1.
+static long long companion_step_of_name(const char *name) {
+    size_t n = strlen(name);
+    if (n < 5 || strcmp(name + n - 4, ".fp8") != 0 || n - 4 >= 300) return -1;
+    char checkpoint[300];
+    snprintf(checkpoint, sizeof checkpoint, "%.*s", (int)(n - 4), name);
+    return checkpoint_step_of_name(checkpoint);
+}
+
+void checkpoint_dir_claim(const char *dir_path, const char *resume_path, long long resumed_step) {
     char lock_path[4096];
     snprintf(lock_path, sizeof lock_path, "%s/.lock", dir_path);
-    int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) fatal_input("--checkpoint-dir %s: cannot open %s (%s)", dir_path, lock_path, strerror(errno));
+    int fd = open_lock_file(dir_path, lock_path);
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         char holder[32] = "";
         ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
@@ -290,6 +314,7 @@ void checkpoint_dir_claim(const char *dir_path, const char *resume_path) {
     long long latest_step = -1;
     for (struct dirent *e; (e = readdir(dir));) {
         long long step = checkpoint_step_of_name(e->d_name);
+        if (step < 0) step = companion_step_of_name(e->d_name);  // a companion alone is a run's file too
         if (step < 0) continue;
         if (!*found) snprintf(found, sizeof found, "%s", e->d_name);
         if (step > latest_step) latest_step = step, snprintf(latest, sizeof latest, "%s", e->d_name);
@@ -307,12 +332,12 @@ void checkpoint_dir_claim(const char *dir_path, const char *resume_path) {
     if (*found && !resumed_here)
         fatal_input("--checkpoint-dir %s: holds another run's checkpoints (%s); --resume %s to continue that run, "
                     "or give an empty directory", dir_path, found, dir_path);
-    // Resumed from an earlier checkpoint of this directory: the run would replace the later ones with
-    // another continuation (and a later --resume DIR would take a mix of the two).
+    // Resumed from an earlier checkpoint of this directory (by its recorded step: a renamed copy
+    // counts as what it is): the run would replace the later ones with another continuation (and a
+    // later --resume DIR would take a mix of the two).
     const char *resumed_name = resume_path ? strrchr(resume_path, '/') : NULL;
     resumed_name = resumed_name ? resumed_name + 1 : resume_path;
-    long long resumed_step = resumed_here ? checkpoint_step_of_name(resumed_name) : -1;
-    if (resumed_here && resumed_step >= 0 && latest_step > resumed_step)  // (a name of its own: its step unknown here)
+    if (resumed_here && latest_step > resumed_step)
         fatal_input("--checkpoint-dir %s: holds %s, later than the %s resumed from, which this run would replace; "
                     "--resume %s continues from the latest, or give another directory (or remove the later ones)",
                     dir_path, latest, resumed_name, dir_path);

@@ -52,8 +52,9 @@ void checkpoint_clean_stale(const char *dir);
 long long checkpoint_step_of_name(const char *name);
 // Takes --checkpoint-dir for this run (one rank, before step 1): an exclusive lock on DIR/.lock that
 // lasts as long as the process (another run writing there is refused, naming the process that holds
-// it), and refuses a directory holding checkpoints unless this run resumes from it (resume_path in
-// DIR). Exit 2 on either, before any work.
-void checkpoint_dir_claim(const char *dir, const char *resume_path);
+// it), and refuses a directory holding checkpoints (or delayed FP8's companions of them) unless this
+// run resumes from it (resume_path in DIR, whose recorded step is resumed_step), and then one holding
+// any later than resumed_step. DIR/.lock must be a regular file, not a link. Exit 2, before step 1.
+void checkpoint_dir_claim(const char *dir, const char *resume_path, long long resumed_step);
 // "<dir>/step_000123.safetensors"
 void checkpoint_path_for_step(const char *dir, long long step, char *out, size_t out_len);

@@ -117,6 +117,25 @@ expect_error "--checkpoint-dir $T/branch: holds step_000004.safetensors, later t
     --model tiny --steps 4 --batch 2 --lr 1e-2 --resume "$T/branch/step_000002.safetensors" --checkpoint-dir "$T/branch"
 [ "$(sha256sum "$T/branch/step_000004.safetensors")" = "$sum_later" ] ||
     { echo "FAIL: the later checkpoint changed"; failures=$((failures + 1)); }
+# ... nor from a renamed copy of one: its recorded step counts, not its name (it was taken as a
+# step unknown and the later checkpoints replaced).
+cp "$T/branch/step_000002.safetensors" "$T/branch/keep2.safetensors"
+expect_error "--checkpoint-dir $T/branch: holds step_000004.safetensors, later than the keep2.safetensors resumed from" \
+    --model tiny --steps 4 --batch 2 --lr 1e-2 --resume "$T/branch/keep2.safetensors" --checkpoint-dir "$T/branch"
+[ "$(sha256sum "$T/branch/step_000004.safetensors")" = "$sum_later" ] ||
+    { echo "FAIL: the later checkpoint changed (renamed copy resumed)"; failures=$((failures + 1)); }
+# The lock file is written (the holder's pid): never through a link, never into a FIFO. A link to the
+# training text truncated it to the pid.
+mkdir -p "$T/lock_link" "$T/lock_fifo"
+for i in $(seq 300); do echo "precious line $i of the training text"; done >"$T/lock_target"
+sum_target=$(sha256sum <"$T/lock_target")
+ln -s "$T/lock_target" "$T/lock_link/.lock"
+expect_error "--checkpoint-dir $T/lock_link: $T/lock_link/.lock is a symbolic link" --model tiny --steps 2 --batch 2 \
+    --data "text:$T/lock_target" --checkpoint-dir "$T/lock_link"
+[ "$(sha256sum <"$T/lock_target")" = "$sum_target" ] || { echo "FAIL: the file behind .lock was written"; failures=$((failures + 1)); }
+mkfifo "$T/lock_fifo/.lock"
+expect_error "--checkpoint-dir $T/lock_fifo: $T/lock_fifo/.lock is not a regular file" --model tiny --steps 2 --batch 2 \
+    --checkpoint-dir "$T/lock_fifo"
 mkdir -p "$T/held"
 # -o: flock itself holds the lock while its command (a sleep that records its pid) runs
 flock -o "$T/held/.lock" sh -c 'echo $$ > "$0"; exec sleep 60' "$T/held.sleep_pid" > /dev/null 2>&1 &

@@ -152,5 +152,20 @@ expect_exit2 "only with --fp8-recipe delayed" --fp8 --fp8-amax-history 16
 # Delayed scaling resumes the amax history a delayed-scaling run writes; another recipe's checkpoint
 # has none (the README's "switch to delayed FP8 scaling: refused").
 "$BUILD/train" --model tiny --steps 1 --batch 2 --seq-len 16 --fp8 --checkpoint-dir "$T/tensorwise" >/dev/null
-expect_exit2 "from another recipe's, resume with that recipe" --batch 2 --seq-len 16 --fp8 --fp8-recipe delayed \
+expect_exit2 "step_000001.safetensors was written by a run with fp8 tensorwise; delayed scaling resumes only" --batch 2 --seq-len 16 --fp8 --fp8-recipe delayed \
     --resume "$T/tensorwise/step_000001.safetensors"
+# ... even with an amax history beside it that another run left (a delayed run's companion copied
+# there): the checkpoint's own recorded recipe decides, not a file of the right name.
+"$BUILD/train" --model tiny --steps 1 --batch 2 --seq-len 16 --fp8 --fp8-recipe delayed --checkpoint-dir "$T/delayed1" >/dev/null
+cp "$T/delayed1/step_000001.safetensors.fp8" "$T/tensorwise/"
+expect_exit2 "step_000001.safetensors was written by a run with fp8 tensorwise; delayed scaling resumes only" \
+    --batch 2 --seq-len 16 --fp8 --fp8-recipe delayed --resume "$T/tensorwise/step_000001.safetensors"
+# A delayed run's checkpoint without its history (a failed write): said so, not "another recipe's".
+mkdir -p "$T/no_history" && cp "$T/delayed1/step_000001.safetensors" "$T/no_history/"
+expect_exit2 "was written by a delayed-scaling run, but its amax history $T/no_history/step_000001.safetensors.fp8 is missing" \
+    --batch 2 --seq-len 16 --fp8 --fp8-recipe delayed --resume "$T/no_history/step_000001.safetensors"
+# A directory holding another run's history alone is that run's directory: a new run there is refused
+# (its checkpoints would sit beside a history that is not theirs).
+mkdir -p "$T/history_only" && cp "$T/delayed1/step_000001.safetensors.fp8" "$T/history_only/"
+expect_exit2 "holds another run's checkpoints (step_000001.safetensors.fp8)" --batch 2 --seq-len 16 --fp8 \
+    --checkpoint-dir "$T/history_only"

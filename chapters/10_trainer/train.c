@@ -685,14 +685,34 @@ static void fp8_save(Trainer *t, const char *path) {
     mem_free(state);
 }
 
+// The FP8 recipe a checkpoint's run recorded in its settings ("... fp8 delayed"; "none" without
+// --fp8) into out; "" when it recorded none. (checkpoint_check has read the header whole already.)
+static void recorded_fp8_recipe(const char *checkpoint, char *out, size_t n) {
+    char err[1024];
+    *out = 0;
+    StFile *f = st_open_header(checkpoint, err, sizeof err);
+    const char *settings = f ? st_metadata(f, "settings") : NULL, *at = settings ? strstr(settings, "fp8 ") : NULL;
+    if (at) snprintf(out, n, "%.*s", (int)strcspn(at + 4, ", "), at + 4);
+    st_close(f);
+}
+
 // Before anything is written: the companion of --resume's checkpoint exists, its data matches its
 // recorded hash, and it was written with this run's history length and blocks, under its data x
 // context parallel degree (fp8_state_load checks it again when it reads the state: fp8.c says why dp).
 static void fp8_check_companion(const char *checkpoint, int n_layers, int dp_cp) {
-    char companion[4200], err[1024], want[128];
+    char companion[4200], err[1024], want[128], recipe[32];
+    // The history beside a checkpoint is that checkpoint's only if its run was a delayed-scaling one:
+    // a companion left by an earlier run in the directory would otherwise be taken for it.
+    recorded_fp8_recipe(checkpoint, recipe, sizeof recipe);
+    if (*recipe && strcmp(recipe, "delayed") != 0)
+        fatal_input("--resume with delayed FP8 scaling: %s was written by a run with fp8 %s; delayed scaling resumes only a "
+                    "delayed-scaling run's amax history (resume with that run's recipe)", checkpoint, recipe);
     fp8_companion(checkpoint, companion, sizeof companion);
     StFile *f = st_open_header(companion, err, sizeof err);
     struct stat st;
+    if (!f && stat(companion, &st) != 0 && errno == ENOENT && *recipe)  // delayed, yet no history: a failed write
+        fatal_input("--resume with delayed FP8 scaling: %s was written by a delayed-scaling run, but its amax history "
+                    "%s is missing (its write failed?); resume from an earlier checkpoint", checkpoint, companion);
     if (!f && stat(companion, &st) != 0 && errno == ENOENT)  // a checkpoint of another recipe (or none): no history
         fatal_input("--resume with delayed FP8 scaling: %s (it resumes the amax history written next to a delayed-scaling "
                     "run's checkpoint; from another recipe's, resume with that recipe)", err);
@@ -734,8 +754,8 @@ static void save_state(Trainer *t, const char *path, long long step, const RunId
         trainer_full_state(t, (StateKind)kind, full[kind]);
     }
     whole.params = full[STATE_WEIGHTS];
+    fp8_save(t, path);  // first: a checkpoint whose companion failed to write would be the latest, unresumable
     if (t->mesh->rank == 0) checkpoint_save(path, &whole, full[STATE_ADAM_M], full[STATE_ADAM_V], step, run);
-    fp8_save(t, path);
     for (int kind = 0; kind < N_CHECKPOINT_STATES; kind++) mem_free(full[kind]);
     param_table_free(&whole.table);
 }
@@ -995,7 +1015,7 @@ int main(int argc, char **argv) {
         // layout (and the device) took the mesh and --resume loaded
         if (mkdir(opt.checkpoint_dir, 0777) != 0 && errno != EEXIST)  // its parent was checked above
             fatal("--checkpoint-dir %s: %s", opt.checkpoint_dir, strerror(errno));
-        checkpoint_dir_claim(opt.checkpoint_dir, opt.resume ? resume_path : NULL);  // this run's alone
+        checkpoint_dir_claim(opt.checkpoint_dir, opt.resume ? resume_path : NULL, start_step);  // this run's alone
         checkpoint_clean_stale(opt.checkpoint_dir);
     }
     if (opt.mesh_dot && t.mesh->rank == 0) mesh_write_dot(t.mesh, opt.mesh_dot);
