@@ -438,7 +438,35 @@ static void write_text_file(const char *path, const char *text) {
     if (!atomic_commit(&f, err, sizeof err)) fatal("--export-hf: %s", err);
 }
 
-static void write_config(const char *dir, const ModelConfig *cfg, StDtype dtype) {
+// A JSON number that reads back as a float: transformers warns when rope_scaling's factors are
+// integers ("factor field must be a float"), and cJSON prints 8.0 as 8.
+static void add_float(cJSON *o, const char *key, double v) {
+    char text[40];
+    snprintf(text, sizeof text, "%.17g", v);
+    if (!strpbrk(text, ".eEn")) strcat(text, ".0");
+    cJSON_AddRawToObject(o, key, text);
+}
+
+char *hf_token_ids_json(const char *dir) {
+    static const char *const keys[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+    char path[4096], err[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, HF_CONFIG);
+    size_t size;
+    char *text = (char *)read_whole_file(path, &size, err, sizeof err);
+    if (!text) fatal_input("%s", err);
+    cJSON *o = cJSON_ParseWithLength(text, size), *ids = cJSON_CreateObject();
+    free(text);
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const cJSON *item = cJSON_GetObjectItemCaseSensitive(o, keys[i]);
+        if (item && !cJSON_IsNull(item)) cJSON_AddItemToObject(ids, keys[i], cJSON_Duplicate(item, true));
+    }
+    char *out = ids->child ? cJSON_PrintUnformatted(ids) : NULL;
+    cJSON_Delete(ids);
+    cJSON_Delete(o);
+    return out;
+}
+
+static void write_config(const char *dir, const ModelConfig *cfg, StDtype dtype, const char *token_ids_json) {
     cJSON *o = cJSON_CreateObject();
     cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
     cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
@@ -456,9 +484,9 @@ static void write_config(const char *dir, const ModelConfig *cfg, StDtype dtype)
     if (cfg->rope_scaling_factor > 0) {
         cJSON *rs = cJSON_AddObjectToObject(o, "rope_scaling");
         cJSON_AddStringToObject(rs, "rope_type", "llama3");
-        cJSON_AddNumberToObject(rs, "factor", cfg->rope_scaling_factor);
-        cJSON_AddNumberToObject(rs, "low_freq_factor", cfg->rope_low_freq_factor);
-        cJSON_AddNumberToObject(rs, "high_freq_factor", cfg->rope_high_freq_factor);
+        add_float(rs, "factor", cfg->rope_scaling_factor);
+        add_float(rs, "low_freq_factor", cfg->rope_low_freq_factor);
+        add_float(rs, "high_freq_factor", cfg->rope_high_freq_factor);
         cJSON_AddNumberToObject(rs, "original_max_position_embeddings", cfg->rope_original_max_seq_len);
     } else {
         cJSON_AddNullToObject(o, "rope_scaling");
@@ -468,6 +496,10 @@ static void write_config(const char *dir, const ModelConfig *cfg, StDtype dtype)
     cJSON_AddBoolToObject(o, "attention_bias", false);
     cJSON_AddBoolToObject(o, "mlp_bias", false);
     cJSON_AddStringToObject(o, "torch_dtype", dtype == ST_F64 ? "float64" : "float32");
+    cJSON *ids = token_ids_json ? cJSON_Parse(token_ids_json) : NULL;
+    for (const cJSON *id = ids ? ids->child : NULL; id; id = id->next)
+        cJSON_AddItemToObject(o, id->string, cJSON_Duplicate(id, true));
+    cJSON_Delete(ids);
     char *text = cJSON_Print(o), path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, HF_CONFIG);
     write_text_file(path, text);
@@ -621,7 +653,8 @@ static void remove_other_shards(const char *dir, int n_shards) {
     closedir(d);
 }
 
-void hf_export(const char *dir, const ModelConfig *cfg, const real *flat, StDtype dtype, size_t max_shard_bytes) {
+void hf_export(const char *dir, const ModelConfig *cfg, const real *flat, StDtype dtype, size_t max_shard_bytes,
+               const char *token_ids_json) {
     if (dtype != ST_F32 && dtype != ST_F64) fatal("hf_export: dtype %s (F32 or F64 only)", st_dtype_name(dtype));
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) fatal_input("--export-hf %s: cannot create: %s", dir, strerror(errno));
     ParamTable t = param_table_build(cfg);
@@ -633,7 +666,7 @@ void hf_export(const char *dir, const ModelConfig *cfg, const real *flat, StDtyp
     if (n_shards > 1) remove_regular(dir, HF_INDEX);
     for (int s = 0; s < n_shards; s++) write_shard(dir, &t, shard_of, s, n_shards, flat, dtype, model_head_dim(cfg));
     if (n_shards > 1) write_index(dir, &t, shard_of, n_shards, dtype);
-    write_config(dir, cfg, dtype);
+    write_config(dir, cfg, dtype, token_ids_json);
     // only now, with the new checkpoint complete, and only regular files: the other layout's entry
     // point, and the shards of an earlier export with another shard count
     char stale[4200];

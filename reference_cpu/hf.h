@@ -56,9 +56,16 @@ bool hf_name(const char *table_name, char *out, size_t out_len);
 // layout as dtype (ST_F32, or ST_F64 for the float64 build's gradients): one model.safetensors,
 // or model-0000i-of-0000N.safetensors files of at most max_shard_bytes each (a tensor larger
 // than that gets a file of its own) and model.safetensors.index.json when more than one is needed.
-// Creates dir if needed; every file is written atomically.
+// Creates dir if needed; every file is written atomically. token_ids_json (hf_token_ids_json's, or
+// NULL) adds the special tokens' ids to config.json: without them transformers takes LlamaConfig's
+// defaults (bos 1, eos 2), and generate() would stop at token 2.
 #define HF_DEFAULT_MAX_SHARD_BYTES ((size_t)5 << 30)  // transformers' save_pretrained default: 5 GB
-void hf_export(const char *dir, const ModelConfig *cfg, const real *flat, StDtype dtype, size_t max_shard_bytes);
+void hf_export(const char *dir, const ModelConfig *cfg, const real *flat, StDtype dtype, size_t max_shard_bytes,
+               const char *token_ids_json);
+// The special tokens' ids in dir/config.json (bos_token_id, eos_token_id -- a number or a list --
+// and pad_token_id, those present), as one JSON object's text for hf_export (free it), or NULL when
+// it names none. Exits 2 with one line if the file cannot be read.
+char *hf_token_ids_json(const char *dir);
 // Before the run: every file hf_export would write in dir can be (fileio_check_output), and the
 // file it would remove is a regular one. Exits 2 with one line otherwise.
 void hf_export_check(const char *dir, const ModelConfig *cfg, StDtype dtype, size_t max_shard_bytes);

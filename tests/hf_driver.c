@@ -56,7 +56,7 @@ static int cmd_grads(const char *dir, const char *tokens, const char *out) {
 
     char path[4200];
     snprintf(path, sizeof path, "%s/grads", out);
-    hf_export(path, &m.cfg, m.grads, ST_REAL, HF_DEFAULT_MAX_SHARD_BYTES);
+    hf_export(path, &m.cfg, m.grads, ST_REAL, HF_DEFAULT_MAX_SHARD_BYTES, NULL);
     StWriter *w = st_writer_new();
     if (!st_writer_add(w, "logits", ST_REAL, 3, shape, acts.logits, err, sizeof err) ||
         !st_writer_add(w, "loss", ST_F64, 0, NULL, &loss, err, sizeof err))
@@ -75,7 +75,7 @@ static int cmd_grads(const char *dir, const char *tokens, const char *out) {
 static int cmd_export(const char *dir, const char *out, size_t max_shard_bytes) {
     Model m;
     load(dir, &m);
-    hf_export(out, &m.cfg, m.params, ST_F32, max_shard_bytes);
+    hf_export(out, &m.cfg, m.params, ST_F32, max_shard_bytes, NULL);
     model_free(&m);
     return 0;
 }

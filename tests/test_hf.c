@@ -66,7 +66,7 @@ static ModelConfig tiny(bool tied, bool llama3) {
 static HfCheckpoint *export_and_open(const ModelConfig *cfg, size_t max_bytes, Model *m, char **dir) {
     model_init(m, cfg, SEED, ATTN_FLASH);
     *dir = tmp_dir();
-    hf_export(*dir, cfg, m->params, ST_F32, max_bytes);
+    hf_export(*dir, cfg, m->params, ST_F32, max_bytes, NULL);
     ModelConfig back, want = *cfg;
     HfCheckpoint *h = hf_open(*dir, &back);
     if (want.rope_scaling_factor == 0)  // without scaling, config.json has no scaling parameters

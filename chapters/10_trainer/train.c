@@ -104,7 +104,8 @@ static const ArgSpec FLAGS[] = {
      "after the last step, write the weights as a Hugging Face Llama checkpoint (config.json, safetensors)",
      .value_name = "DIR"},
     {"export-hf-shard-mb", ARG_DOUBLE, &opt.export_hf_shard_mb, "5120",
-     "--export-hf: largest safetensors file in MiB; more weights than that are split into shards with an index",
+     "--export-hf: tensor data per safetensors file in MiB (its header on top); more weights than that are split "
+     "into shards with an index",
      .min = 0.001, .max = UNBOUNDED},
     {"checkpoint-dir", ARG_STRING, &opt.checkpoint_dir, NULL, "write DIR/step_N.safetensors checkpoints",
      .value_name = "DIR"},
@@ -196,6 +197,10 @@ static const char *dir_slash(const char *dir) {
     return n > 0 && dir[n - 1] == '/' ? "" : "/";
 }
 
+// The special tokens' ids of --init-from's config.json, which --export-hf writes into its own (the
+// model's shapes come from ModelConfig; the ids are the tokenizer's, kept as the source spelled them).
+static char *init_token_ids;
+
 // --init-from hf:DIR: the checkpoint's config.json is the model; the flags that would change its
 // shapes or numerics are refused rather than silently overridden.
 static HfCheckpoint *open_init_checkpoint(const ArgSpec *flags, ModelConfig *cfg) {
@@ -205,7 +210,9 @@ static HfCheckpoint *open_init_checkpoint(const ArgSpec *flags, ModelConfig *cfg
     for (int i = 0; i < 4; i++)
         if (args_given(flags, N_FLAGS, shape_flags[i]))
             fatal_input("--%s: not with --init-from, whose config.json sets the model and its weights", shape_flags[i]);
-    return hf_open(opt.init_from + 3, cfg);
+    HfCheckpoint *h = hf_open(opt.init_from + 3, cfg);
+    init_token_ids = hf_token_ids_json(opt.init_from + 3);
+    return h;
 }
 
 static ModelConfig resolve_config(const ArgSpec *flags, HfCheckpoint **init_checkpoint) {
@@ -783,7 +790,8 @@ static void export_hf(Trainer *t) {
     real *full = mem_alloc(MEM_OTHER, sizeof(real) * full_table.total_numel);
     trainer_full_state(t, STATE_WEIGHTS, full);
     if (t->mesh->rank == 0) {
-        hf_export(opt.export_hf, &t->model.cfg, full, ST_F32, (size_t)(opt.export_hf_shard_mb * 1048576.0));
+        hf_export(opt.export_hf, &t->model.cfg, full, ST_F32, (size_t)(opt.export_hf_shard_mb * 1048576.0),
+                  init_token_ids);
         log_info("Hugging Face checkpoint written to %s%s", opt.export_hf, dir_slash(opt.export_hf));
     }
     mem_free(full);
@@ -1099,6 +1107,7 @@ int main(int argc, char **argv) {
     model_free(&t.model);
     data_close(data);
     mesh_free(t.mesh);
+    free(init_token_ids);
     trace_shutdown();
     comm_finalize();
     return 0;

@@ -69,7 +69,8 @@ def tiny_config(tied, rope_scaling, kv_heads=2):
     return LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=32,
                        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tied,
-                       rope_scaling=rope_scaling, attn_implementation="eager")
+                       rope_scaling=rope_scaling, attn_implementation="eager",
+                       bos_token_id=90, eos_token_id=[91, 92])
 
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -370,6 +371,16 @@ def trainer(chk, build, tmp, model_dir, mpirun):
         back = read_hf_dir(out)
         same = set(back) == set(saved) and all(back[n].numpy().tobytes() == saved[n].numpy().tobytes() for n in saved)
         chk.true(f"lr 0, {np_} rank(s) {' '.join(flags) or '(single process)'}: export bit-identical to the input", same)
+    # The special tokens' ids go through (transformers would take bos 1, eos 2 without them, and
+    # generate() stop at token 2), and rope_scaling's factors are written as floats (integers make
+    # transformers warn on every load).
+    source, exported = LlamaConfig.from_pretrained(model_dir), LlamaConfig.from_pretrained(out)
+    ids = lambda c: (c.bos_token_id, c.eos_token_id)
+    chk.true("export keeps the special tokens' ids", ids(exported) == ids(source) == (90, [91, 92]),
+             f"source {ids(source)}, export {ids(exported)}")
+    rope = json.load(open(os.path.join(out, "config.json"))).get("rope_scaling") or {}
+    chk.true("export writes rope_scaling's factors as floats",
+             all(isinstance(rope.get(k, 0.0), float) for k in ("factor", "low_freq_factor", "high_freq_factor")), str(rope))
 
     out = os.path.join(tmp, "trainer", "export_sharded")
     run([f"{build}/train"] + common + ["--export-hf", out, "--export-hf-shard-mb", "0.03"])
