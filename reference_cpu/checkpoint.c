@@ -174,15 +174,16 @@ static long long check_header(const StFile *f, const ModelConfig *ours, const Ru
     return parse_step(f, run->total_steps);
 }
 
-void checkpoint_check(const char *path, const ModelConfig *cfg, const RunIdentity *run) {
+long long checkpoint_check(const char *path, const ModelConfig *cfg, const RunIdentity *run) {
     char err[1024];
     StFile *f = st_open_header(path, err, sizeof err);
     if (!f) fatal_input("--resume: %s", err);
-    check_header(f, cfg, run);
+    long long step = check_header(f, cfg, run);
     // The data too (read from disk a chunk at a time): a damaged checkpoint stops the run here,
     // before it writes anything, not at the load, after its diagrams are written.
     if (!st_check_data_hash(f, err, sizeof err)) fatal_input("--resume: %s", err);
     st_close(f);
+    return step;
 }
 
 // What checkpoint_save never writes (non-finite values, a negative second moment) is a file damaged,
@@ -289,23 +290,9 @@ static long long companion_step_of_name(const char *name) {
     return checkpoint_step_of_name(checkpoint);
 }
 
-void checkpoint_dir_claim(const char *dir_path, const char *resume_path, long long resumed_step) {
-    char lock_path[4096];
-    snprintf(lock_path, sizeof lock_path, "%s/.lock", dir_path);
-    int fd = open_lock_file(dir_path, lock_path);
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        char holder[32] = "";
-        ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
-        holder[n > 0 ? n : 0] = 0;
-        holder[strcspn(holder, "\n")] = 0;
-        fatal_input("--checkpoint-dir %s: in use by another run (process %s holds %s); give each run its own directory",
-                    dir_path, *holder ? holder : "?", lock_path);
-    }
-    char pid[32];
-    int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len)
-        fatal_input("--checkpoint-dir %s: cannot write %s (%s)", dir_path, lock_path, strerror(errno));
-    claimed_lock_fd = fd;
+// A directory is one run's: another run's checkpoints (or companions) there are refused unless this
+// run resumes from it, and then any later than the step it resumes from.
+static void refuse_other_runs_files(const char *dir_path, const char *resume_path, long long resumed_step) {
     // Another run's checkpoints would be overwritten step by step, and a later --resume of this
     // directory could continue from them: only the run resumed from this directory may write here.
     DIR *dir = opendir(dir_path);
@@ -341,6 +328,43 @@ void checkpoint_dir_claim(const char *dir_path, const char *resume_path, long lo
         fatal_input("--checkpoint-dir %s: holds %s, later than the %s resumed from, which this run would replace; "
                     "--resume %s continues from the latest, or give another directory (or remove the later ones)",
                     dir_path, latest, resumed_name, dir_path);
+}
+
+// Another live run holding fd's lock: refused, naming it (the pid it wrote).
+static void refuse_if_locked(int fd, const char *dir_path, const char *lock_path) {
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return;
+    char holder[32] = "";
+    ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+    holder[n > 0 ? n : 0] = 0;
+    holder[strcspn(holder, "\n")] = 0;
+    fatal_input("--checkpoint-dir %s: in use by another run (process %s holds %s); give each run its own directory",
+                dir_path, *holder ? holder : "?", lock_path);
+}
+
+void checkpoint_dir_check(const char *dir_path, const char *resume_path, long long resumed_step) {
+    struct stat st;
+    if (stat(dir_path, &st) != 0) return;  // a new directory: nothing there yet (fileio_check_output made sure of the rest)
+    char lock_path[4096];
+    snprintf(lock_path, sizeof lock_path, "%s/.lock", dir_path);
+    if (lstat(lock_path, &st) == 0) {  // the lock file, if there: not a link, a regular file, not held
+        int fd = open_lock_file(dir_path, lock_path);
+        refuse_if_locked(fd, dir_path, lock_path);
+        close(fd);  // and the lock with it: the claim takes it for good
+    }
+    refuse_other_runs_files(dir_path, resume_path, resumed_step);
+}
+
+void checkpoint_dir_claim(const char *dir_path, const char *resume_path, long long resumed_step) {
+    char lock_path[4096];
+    snprintf(lock_path, sizeof lock_path, "%s/.lock", dir_path);
+    int fd = open_lock_file(dir_path, lock_path);
+    refuse_if_locked(fd, dir_path, lock_path);
+    char pid[32];
+    int len = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len)
+        fatal_input("--checkpoint-dir %s: cannot write %s (%s)", dir_path, lock_path, strerror(errno));
+    claimed_lock_fd = fd;
+    refuse_other_runs_files(dir_path, resume_path, resumed_step);  // again: the directory may have changed since
 }
 
 const char *checkpoint_resolve(const char *path_or_dir, char *out, size_t out_len) {

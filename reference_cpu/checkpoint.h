@@ -40,7 +40,8 @@ long long checkpoint_load(const char *path, Model *m, real *adam_m, real *adam_v
 // The same checks without a model, the data's hash included (read from disk in chunks, never held
 // whole): a run can refuse a bad --resume -- truncated, damaged, or from another run -- before it
 // writes anything.
-void checkpoint_check(const char *path, const ModelConfig *cfg, const RunIdentity *run);
+// Returns the step it records.
+long long checkpoint_check(const char *path, const ModelConfig *cfg, const RunIdentity *run);
 // A file path is returned as is; for a directory, the step_*.safetensors with the highest step
 // (exits 2 if there is none). out holds the result.
 const char *checkpoint_resolve(const char *path_or_dir, char *out, size_t out_len);
@@ -56,5 +57,9 @@ long long checkpoint_step_of_name(const char *name);
 // run resumes from it (resume_path in DIR, whose recorded step is resumed_step), and then one holding
 // any later than resumed_step. DIR/.lock must be a regular file, not a link. Exit 2, before step 1.
 void checkpoint_dir_claim(const char *dir, const char *resume_path, long long resumed_step);
+// The same refusals, read-only, for a directory that may not exist yet (nothing to refuse then):
+// called among the checks before any work, so that a directory another run holds or wrote stops
+// the run before the model is built and --resume loaded. checkpoint_dir_claim makes them again.
+void checkpoint_dir_check(const char *dir, const char *resume_path, long long resumed_step);
 // "<dir>/step_000123.safetensors"
 void checkpoint_path_for_step(const char *dir, long long step, char *out, size_t out_len);

@@ -117,6 +117,13 @@ expect_error "--checkpoint-dir $T/branch: holds step_000004.safetensors, later t
     --model tiny --steps 4 --batch 2 --lr 1e-2 --resume "$T/branch/step_000002.safetensors" --checkpoint-dir "$T/branch"
 [ "$(sha256sum "$T/branch/step_000004.safetensors")" = "$sum_later" ] ||
     { echo "FAIL: the later checkpoint changed"; failures=$((failures + 1)); }
+# ... and that before any work: the checkpoint is not loaded first (on a large model, minutes).
+if "$TRAIN" --model tiny --steps 4 --batch 2 --lr 1e-2 --resume "$T/branch/step_000002.safetensors" \
+        --checkpoint-dir "$T/branch" 2>/dev/null | grep -q "resumed from"; then
+    echo "FAIL: the checkpoint was loaded before the directory was refused"; failures=$((failures + 1))
+else
+    echo "ok: the directory is refused before the checkpoint is loaded"
+fi
 # ... nor from a renamed copy of one: its recorded step counts, not its name (it was taken as a
 # step unknown and the later checkpoints replaced).
 cp "$T/branch/step_000002.safetensors" "$T/branch/keep2.safetensors"

@@ -991,12 +991,17 @@ int main(int argc, char **argv) {
     RunIdentity run = {(uint64_t)opt.seed, opt.data, data_identity(data, data_text, sizeof data_text), t.B, t.cp_layout.T,
                        opt.steps, opt.lr, schedule_text, settings_text};
     char resume_path[4096];
+    long long resumed_step = 0;
     if (opt.resume) {  // checked whole now (header and data hash), before the diagrams below are written
         checkpoint_resolve(opt.resume, resume_path, sizeof resume_path);
-        checkpoint_check(resume_path, &cfg, &run);
+        resumed_step = checkpoint_check(resume_path, &cfg, &run);
         if (opt.fp8 && !cuda && strcmp(opt.fp8_recipe, "delayed") == 0)
             fp8_check_companion(resume_path, cfg.n_layers, comm_size(t.mesh->dp_cp));
     }
+    // another run's directory (its lock held, its checkpoints there): refused now, before the model
+    // is built (checkpoint_dir_claim takes the directory once it is)
+    if (opt.checkpoint_dir && t.mesh->rank == 0)
+        checkpoint_dir_check(opt.checkpoint_dir, opt.resume ? resume_path : NULL, resumed_step);
     // --desync-init: replicas differ (what DDP's broadcast must fix), the ranks of one replica agree
     uint64_t init_seed = (uint64_t)opt.seed + (opt.desync_init ? (uint64_t)t.dp_index : 0);
     ParamSource init = init_checkpoint ? hf_param_source(init_checkpoint) : param_source_seed(init_seed);
