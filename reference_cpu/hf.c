@@ -126,15 +126,22 @@ static void config_rope_scaling(const cJSON *o, const char *path, ModelConfig *c
         fatal_input("%s: rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor", path);
 }
 
-static void read_config(const char *dir, ModelConfig *cfg) {
-    char path[4096], err[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, HF_CONFIG);
+// dir/config.json parsed (its path into path); exits 2 with one line if it is not a JSON object.
+static cJSON *config_json(const char *dir, char path[4096]) {
+    char err[4200];
+    snprintf(path, 4096, "%s/%s", dir, HF_CONFIG);
     size_t size;
     char *text = (char *)read_whole_file(path, &size, err, sizeof err);
     if (!text) fatal_input("%s", err);
     cJSON *o = cJSON_ParseWithLength(text, size);
     free(text);
     if (!cJSON_IsObject(o)) fatal_input("%s: not a JSON object", path);
+    return o;
+}
+
+static void read_config(const char *dir, ModelConfig *cfg) {
+    char path[4096];
+    cJSON *o = config_json(dir, path);
     memset(cfg, 0, sizeof *cfg);
     snprintf(cfg->name, sizeof cfg->name, "hf");
     cfg->dim = config_int(o, "hidden_size", path, true, 0);
@@ -449,13 +456,8 @@ static void add_float(cJSON *o, const char *key, double v) {
 
 char *hf_token_ids_json(const char *dir) {
     static const char *const keys[] = {"bos_token_id", "eos_token_id", "pad_token_id"};
-    char path[4096], err[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, HF_CONFIG);
-    size_t size;
-    char *text = (char *)read_whole_file(path, &size, err, sizeof err);
-    if (!text) fatal_input("%s", err);
-    cJSON *o = cJSON_ParseWithLength(text, size), *ids = cJSON_CreateObject();
-    free(text);
+    char path[4096];
+    cJSON *o = config_json(dir, path), *ids = cJSON_CreateObject();
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const cJSON *item = cJSON_GetObjectItemCaseSensitive(o, keys[i]);
         if (item && !cJSON_IsNull(item)) cJSON_AddItemToObject(ids, keys[i], cJSON_Duplicate(item, true));

@@ -693,7 +693,7 @@ static void fp8_save(Trainer *t, const char *path) {
 }
 
 // The FP8 recipe a checkpoint's run recorded in its settings ("... fp8 delayed"; "none" without
-// --fp8) into out; "" when it recorded none. (checkpoint_check has read the header whole already.)
+// --fp8) into out; "" when it recorded none (or cannot be read: checkpoint_check has refused that).
 static void recorded_fp8_recipe(const char *checkpoint, char *out, size_t n) {
     char err[1024];
     *out = 0;
@@ -717,10 +717,11 @@ static void fp8_check_companion(const char *checkpoint, int n_layers, int dp_cp)
     fp8_companion(checkpoint, companion, sizeof companion);
     StFile *f = st_open_header(companion, err, sizeof err);
     struct stat st;
-    if (!f && stat(companion, &st) != 0 && errno == ENOENT && *recipe)  // delayed, yet no history: a failed write
+    bool missing = !f && stat(companion, &st) != 0 && errno == ENOENT;
+    if (missing && *recipe)  // recorded as delayed (the check above), yet no history: its write failed
         fatal_input("--resume with delayed FP8 scaling: %s was written by a delayed-scaling run, but its amax history "
                     "%s is missing (its write failed?); resume from an earlier checkpoint", checkpoint, companion);
-    if (!f && stat(companion, &st) != 0 && errno == ENOENT)  // a checkpoint of another recipe (or none): no history
+    if (missing)  // a checkpoint that records no recipe (written before they were recorded): no history
         fatal_input("--resume with delayed FP8 scaling: %s (it resumes the amax history written next to a delayed-scaling "
                     "run's checkpoint; from another recipe's, resume with that recipe)", err);
     if (!f) fatal_input("--resume with delayed FP8 scaling: %s", err);  // there, but damaged

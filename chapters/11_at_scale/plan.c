@@ -759,7 +759,8 @@ PlanTime plan_step_time(const PlanConfig *p, const Cluster *c, const char *trace
                .slices = trace_path ? &slices : NULL};
     build_chunks(&sim);
     SimResult r = simulate(&sim, s);
-    double gpus = plan_gpus(p), straggler = plan_straggler_s((int)gpus, c->rank_jitter, r.busy_max);
+    int gpus = plan_gpus(p);
+    double straggler = plan_straggler_s(gpus, c->rank_jitter, r.busy_max);
     if (trace_path && straggler > 0)
         for (int rank = 0; rank < s->p; rank++)  // every simulated pipeline rank
             record(&slices, (SimSlice){rank, TRACK_COMPUTE, r.step, r.step + straggler, "wait for the slowest GPU",
