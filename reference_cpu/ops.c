@@ -63,6 +63,14 @@ bool matmul_blas_available(void) {
 void matmul_set_backend(MatmulBackend backend) { matmul_backend = matmul_blas_available() ? backend : MATMUL_LOOP; }
 MatmulBackend matmul_get_backend(void) { return matmul_backend; }
 
+// The GEMM work given to the backend so far: 2 M N K per product, summed over every matmul and every
+// attention tile (atomically: tiles run on several threads at once).
+static unsigned long long gemm_flops_total;
+static void count_gemm(int M, int N, int K) {
+    __atomic_fetch_add(&gemm_flops_total, 2ull * (unsigned)M * (unsigned)N * (unsigned)K, __ATOMIC_RELAXED);
+}
+double matmul_flops_counted(void) { return (double)__atomic_load_n(&gemm_flops_total, __ATOMIC_RELAXED); }
+
 int matmul_threads(void) {
 #ifdef _OPENMP
     return omp_get_max_threads();
@@ -199,6 +207,7 @@ static void matmul_backward_loop(real *dinp, real *dweight, const real *dout, co
 }
 
 void matmul_forward(real *out, const real *inp, const real *weight, int M, int K, int N) {
+    count_gemm(M, N, K);
 #ifdef HAVE_OPENBLAS
     if (matmul_backend == MATMUL_BLAS) {
         // Zeroing out on every thread, then accumulating into it (beta 1), is faster than OpenBLAS's
@@ -213,6 +222,8 @@ void matmul_forward(real *out, const real *inp, const real *weight, int M, int K
 
 void matmul_backward(real *dinp, real *dweight, const real *dout, const real *inp, const real *weight,
                      int M, int K, int N) {
+    if (dinp) count_gemm(M, K, N);
+    if (dweight) count_gemm(N, K, M);
 #ifdef HAVE_OPENBLAS
     if (matmul_backend == MATMUL_BLAS) {
         if (dinp) gemm_r(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, N, 1, dout, N, weight, K, 1, dinp, K);
@@ -484,6 +495,7 @@ void attention_naive_backward(real *dq, real *dk, real *dv, const real *dout, co
 // calling thread whatever the thread settings.
 static void tile_gemm(bool trans_a, bool trans_b, int M, int N, int K, real alpha, const real *A, int lda,
                       const real *B, int ldb, real beta, real *C, int ldc) {
+    count_gemm(M, N, K);
 #ifdef HAVE_OPENBLAS
     if (matmul_backend == MATMUL_BLAS) {
         gemm_r(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha,

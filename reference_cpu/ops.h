@@ -29,7 +29,10 @@ const char *matmul_blas_kernels(char *out, size_t out_len);
 // The CPUs this process's threads may run on: those of all OpenMP places when OMP_PROC_BIND binds
 // threads to places, else the process's affinity mask.
 int matmul_cpus_usable(void);
-int matmul_threads(void);  // OpenMP's thread count for the parallel loops and OpenBLAS (1 without OpenMP)
+int matmul_threads(void);
+// FLOPs (2 M N K each) of every GEMM this process has run so far through matmul_forward/backward and
+// the attention tiles, whatever the backend: the trainer's per-step GEMM work.
+double matmul_flops_counted(void);  // OpenMP's thread count for the parallel loops and OpenBLAS (1 without OpenMP)
 
 // ---- embedding -------------------------------------------------------------------------------
 // out (N,C) = table[tokens[n]] ; tokens (N) in [0, V)

@@ -102,7 +102,8 @@ for ((r = 1; r <= ROUNDS; r++)); do
         echo "bench: round $r: $name: $cmd"
         if eval "$cmd" >"$out" 2>&1 && grep -q '^timing:' "$out"; then
             grep '^timing:' "$out" | tail -1
-            echo "$(timing_field "$out" mean_step_ms) $sgemm" >>"$LOG/p$i.runs"  # ms, and sgemm just before
+            # ms, sgemm just before, and (the C side) its GEMM GFLOP a step
+            echo "$(timing_field "$out" mean_step_ms) $sgemm $(timing_field "$out" gemm_gflop_per_step)" >>"$LOG/p$i.runs"
         else
             tail -5 "$out"
             [ "$i" = 0 ] && { echo "bench: $BUILD/train failed" >&2; exit 1; }
@@ -129,6 +130,27 @@ for i in "${!programs[@]}"; do
     }'
 done
 echo "time / C > 1: the C reference is faster. Load after the run: $(uptime | sed 's/.*load/load/')"
+
+# The C step's floor: its GEMMs' work (every matmul and attention tile, counted by the trainer) at
+# the sgemm rate. No step that runs these GEMMs through this BLAS can be faster; the rest of the C
+# time is the element-wise work and the GEMMs that run below the 2048^3 rate (small tiles).
+read -r ms sgemm gemm_gflop <<<"$(fastest_run "$LOG/p0.runs")"
+eager_ms="" eager_name=""  # the first eager PyTorch that ran: 2.x where it was installed
+for i in "${!programs[@]}"; do
+    name=${programs[$i]%%|*}
+    if [ -z "$eager_ms" ] && [ -s "$LOG/p$i.runs" ] && [[ "$name" == *" eager" ]]; then
+        eager_ms=$(fastest_run "$LOG/p$i.runs" | cut -d' ' -f1) eager_name=$name
+    fi
+done
+if [ -n "$gemm_gflop" ]; then
+    awk -v ms="$ms" -v sgemm="$sgemm" -v g="$gemm_gflop" -v eager="$eager_ms" -v eager_name="$eager_name" 'BEGIN {
+        floor = 1e3 * g / sgemm
+        printf "C GEMM floor: %.1f GFLOP of GEMMs a step at %.1f GFLOP/s = %.1f ms; the step takes %.1f ms, %.1f ms (%.1f%%) above it\n",
+            g, sgemm, floor, ms, ms - floor, 100 * (ms - floor) / ms
+        if (eager != "")
+            printf "0.8 x %s = %.1f ms: %.1f ms above that floor\n", eager_name, 0.8 * eager, 0.8 * eager - floor
+    }'
+fi
 
 # Chapter 11: the simulator calibrated here, predicting the trainer's 2-rank step times.
 echo

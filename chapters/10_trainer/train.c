@@ -1056,16 +1056,18 @@ int main(int argc, char **argv) {
     // Step boundaries get their own track, so the compute track holds only work (and the marked waits):
     // that is what trace-summary measures overlap against.
     int track = trace_track("steps");
-    double measured_seconds = 0;
+    double measured_seconds = 0, measured_gemm_flops = 0;  // over the measured steps
     int measured_steps = 0;
     for (long long step = start_step + 1; step <= opt.steps; step++) {
         long long t0 = now_ns();
+        double gemm_flops0 = matmul_flops_counted();
         trace_begin(track, "step", "step");
         trace_arg_int(track, "step", step);
         StepResult r = train_step(&t, data, step, &schedule, &adam, extensions, n_ext);
         trace_end(track);
         double seconds = (now_ns() - t0) * 1e-9;
-        if (step - start_step > 2) measured_seconds += seconds, measured_steps++;  // skip warm-up steps
+        if (step - start_step > 2)  // skip warm-up steps
+            measured_seconds += seconds, measured_gemm_flops += matmul_flops_counted() - gemm_flops0, measured_steps++;
         adapt_comm_timeout(seconds, step - start_step > 2, flags);
         char rate[64];
         double tokens_per_s = t.B * t.cp_layout.T / seconds;
@@ -1087,9 +1089,14 @@ int main(int argc, char **argv) {
         }
     }
     adapt_comm_timeout(0, false, flags);  // the dump and trace writes below
-    if (measured_steps > 0)
-        log_info("timing: steps=%d measured=%d mean_step_ms=%.2f tokens_per_s=%.1f", opt.steps, measured_steps,
-                 1e3 * measured_seconds / measured_steps, (double)t.B * t.cp_layout.T * measured_steps / measured_seconds);
+    if (measured_steps > 0) {
+        char gemm[64] = "";  // the host GEMMs' work (none counted when the step runs on a GPU)
+        if (measured_gemm_flops > 0)
+            snprintf(gemm, sizeof gemm, " gemm_gflop_per_step=%.3f", measured_gemm_flops / measured_steps / 1e9);
+        log_info("timing: steps=%d measured=%d mean_step_ms=%.2f tokens_per_s=%.1f%s", opt.steps, measured_steps,
+                 1e3 * measured_seconds / measured_steps, (double)t.B * t.cp_layout.T * measured_steps / measured_seconds,
+                 gemm);
+    }
     if (opt.export_hf) export_hf(&t);
     // On a GPU the strategy's report is the device's; the host's categories hold nothing there.
     if (!cuda) mem_print_report();
