@@ -296,7 +296,7 @@ bench: all
 exercises:
 	$(PYTHON) scripts/make_exercises.py $(if $(FORCE),--force)
 grade: $(LIBREF32) $(LIBCOMMON)
-	@BUILD=$(BUILD) scripts/grade.sh "$(LAB)" $(if $(FIRST),--first-failure)
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/grade.sh "$(LAB)" $(if $(FIRST),--first-failure)
 # What scripts/grade.sh needs to compile one lab file and link it against the libraries above.
 print-lab-build:
 	@printf "LAB_CC='%s'\nLAB_CFLAGS='%s'\nLAB_LDLIBS='%s'\nLAB_CHECK_LIBS='%s'\n" "$(CC)" "$(CFLAGS)" "$(LDLIBS)" "$(CHECK_LIBS)"

@@ -43,9 +43,12 @@ LAB_WARNINGS="-Wno-unused-parameter -Wno-unused-variable -Wno-unused-but-set-var
 # flags.sh: the Makefile's compiler flags; obj/NAME.o: the main file of each program a lab's checks
 # run (chapters/*/main_NAME.c, the trainer, or a test suite tests/NAME.c), compiled when first
 # needed; bin/train: the unmodified trainer, the single-process reference of the checks.
-for lib in libref32.a libcommon.a; do
-    [ -f "$LIBDIR/$lib" ] || make -s -C "$ROOT" BUILD="$LIBDIR" "$LIBDIR/$lib" >&2 || { echo "grade: cannot build $lib" >&2; exit 2; }
-done
+# The checks' Python (numpy, perfetto) is the venv `make deps` builds: without it every check that
+# reads a trace or a checkpoint would fail, and the grade would blame your code.
+PYTHON=${PYTHON:-$LIBDIR/venv/bin/python}
+case "$PYTHON" in /*) ;; */*) PYTHON="$ROOT/$PYTHON" ;; esac
+"$PYTHON" -c 'import numpy' 2>/dev/null ||
+    { echo "grade: $PYTHON cannot import numpy: run make deps first (it builds the Python the checks use)" >&2; exit 2; }
 mkdir -p "$CACHE"
 programs=$(sed -n 's/^# programs: *//p' "$LAB_DIR/checks")
 main_of() {  # program name -> its main source
@@ -55,7 +58,12 @@ main_of() {  # program name -> its main source
         *) ls "$ROOT"/chapters/*/main_"$1".c 2>/dev/null | head -1 ;;
     esac
 }
+# The libraries, brought up to date with the tree (make does nothing when they are), then the cache.
 prepare_cache() {
+    local lib
+    for lib in libref32.a libcommon.a; do
+        make -s -C "$ROOT" BUILD="$LIBDIR" "$LIBDIR/$lib" || { echo "grade: cannot build $lib"; return 1; }
+    done
     if ! { [ -f "$CACHE/stamp" ] && [ "$CACHE/stamp" -nt "$LIBDIR/libref32.a" ] && [ "$CACHE/stamp" -nt "$LIBDIR/libcommon.a" ]; }; then
         rm -rf "$CACHE/obj" "$CACHE/bin" "$CACHE/ref" && mkdir -p "$CACHE/obj" "$CACHE/bin" "$CACHE/ref"
         make -s -C "$ROOT" BUILD="$LIBDIR" print-lab-build > "$CACHE/flags.sh" || return 1
@@ -124,9 +132,8 @@ for program in $programs; do
 done
 
 # ---- the checks ----------------------------------------------------------------------------------
-PYTHON=${PYTHON:-$ROOT/build/venv/bin/python}
-case "$PYTHON" in /*) ;; */*) PYTHON="$ROOT/$PYTHON" ;; esac
 export BUILD="$WORK/build" PYTHON OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export LIBCOMMON="$LIBDIR/libcommon.a"  # for checks that link your object themselves (fp8's cast_oracle.sh)
 export REF_TRAIN="$CACHE/bin/train" REF_CACHE="$CACHE/ref"
 export MPIRUN_LAB=${MPIRUN:-mpirun --oversubscribe --allow-run-as-root}
 

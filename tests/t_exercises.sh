@@ -95,4 +95,10 @@ echo "== a bad lab name exits 2"
 rc=0
 scripts/grade.sh no_such_lab || rc=$?
 [ "$rc" -eq 2 ] || { echo "FAIL: rc $rc"; exit 1; }
+echo "== no Python for the checks: exit 2 naming make deps, before any grading (not 0 points for the student)"
+rc=0
+out=$(GRADE_DIR="$TEST_TMP/grade/no-python" PYTHON="$TEST_TMP/no/such/python" scripts/grade.sh ring --solution 2>&1) || rc=$?
+[ "$rc" -eq 2 ] && [[ "$out" == *"run make deps first"* ]] && [ ! -e "$TEST_TMP/grade/no-python" ] ||
+    { echo "$out"; echo "FAIL: rc $rc"; exit 1; }
+echo "ok: $out"
 echo "t_exercises: OK"

@@ -10,6 +10,8 @@
 //   far     logits ~ 1e5 + U(-5, 5): max + log(sum) formed in fp32 rounds at the max's scale (an
 //           ulp of 1e5 is 0.008, a thousandth of the loss); the loss must keep them apart (tp.c)
 //   ignored every target IGNORE_INDEX: the loss is 0, not 0/0
+//   negative logits ~ -1000 + U(-5, 5): every logit below 0, so a max that starts from 0 instead of
+//           -inf is wrong (every exp underflows: the loss comes out -inf)
 // The mean loss must be taken over the valid targets only (the reference's), which the ignored
 // targets of every case tell apart from a mean over all tokens.
 //
@@ -30,8 +32,8 @@
 #define TOKENS 37  // not a multiple of anything in particular
 #define VOCAB 60   // divides over 1, 2, 3, 4, 5 and 6 ranks
 
-typedef enum { CASE_SMALL, CASE_WIDE, CASE_SHIFTED, CASE_FAR, CASE_IGNORED, N_CASES } Case;
-static const char *CASE_NAMES[N_CASES] = {"small", "wide", "shifted", "far", "ignored"};
+typedef enum { CASE_SMALL, CASE_WIDE, CASE_SHIFTED, CASE_FAR, CASE_IGNORED, CASE_NEGATIVE, N_CASES } Case;
+static const char *CASE_NAMES[N_CASES] = {"small", "wide", "shifted", "far", "ignored", "negative"};
 
 static uint64_t rng_state;
 static double uniform(double lo, double hi) {  // same sequence on every rank
@@ -46,6 +48,7 @@ static void make_inputs(Case c, real *logits, int *targets) {
         if (c == CASE_WIDE) logits[i] = (real)uniform(-1000, 1000);
         else if (c == CASE_SHIFTED) logits[i] = (real)(1000 + uniform(-5, 5));
         else if (c == CASE_FAR) logits[i] = (real)(1e5 + uniform(-5, 5));
+        else if (c == CASE_NEGATIVE) logits[i] = (real)(-1000 + uniform(-5, 5));  // a max found from 0 is wrong
         else logits[i] = (real)uniform(-3, 3);
     }
     for (int n = 0; n < TOKENS; n++) {

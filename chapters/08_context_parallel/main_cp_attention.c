@@ -198,6 +198,18 @@ int main(int argc, char **argv) {
             printf("%s rank %d transfers: forward %lld (formula %lld), backward %lld (formula %lld)\n",
                    counts_ok ? "ok:  " : "FAIL:", rank, transfers_fwd, want_fwd, transfers_bwd, want_bwd);
         failures += !counts_ok;
+        // Backward adds into its gradients (ops.h: callers zero them once, residual branches add):
+        // a second call on the same buffers must leave twice the reference (doubling is exact), where
+        // one that wrote over what the buffers held would leave a single reference's worth.
+        cp_attention_backward(cp, dq_l, dk_l, dv_l, dout_l, q_l, k_l, v_l, out_l, lse_l);
+        const struct { const char *name; real *ours, *full; size_t n, width; } grads[3] = {
+            {"2 dq", dq_l, dq, lq, (size_t)H * hd}, {"2 dk", dk_l, dk, lkv, (size_t)Hkv * hd},
+            {"2 dv", dv_l, dv, lkv, (size_t)Hkv * hd}};
+        for (int g = 0; g < 3; g++) {
+            take_rows(grads[g].full, ref, positions, B, T, Tl, (int)grads[g].width);
+            for (size_t i = 0; i < grads[g].n; i++) ref[i] *= 2;
+            failures += !compare(grads[g].name, grads[g].ours, ref, grads[g].n, false, rank);
+        }
         mem_free(out), mem_free(lse), mem_free(dq), mem_free(dk), mem_free(dv), mem_free(ref), mem_free(ref_lse);
     }
     comm_all_reduce(world, &failures, 1, COMM_INT32, COMM_SUM);
