@@ -21,3 +21,7 @@ expect_error() {
     fi
     echo "ok: -np $np $* -> $ours"
 }
+
+# activations_peak LOG: the activations row's peak (MiB, rank 0) in the memory table a run ends with
+# (not the "activations held after the last step" line).
+activations_peak() { awk '$1 == "activations" && NF == 3 {print $3}' "$1"; }

@@ -42,6 +42,9 @@ run pp2_cp2 4 6 --pp 2 --cp 2 --pp-microbatches 2
 run pp2_cp2_tp2 8 6 --pp 2 --cp 2 --tp 2 --pp-microbatches 2
 grep -q "cp: 2 ranks, ring attention, zigzag split: this rank holds 16 of every 32 tokens" "$T/cp2.log" ||
     { echo "FAIL: cp2 did not log its split"; exit 1; }
+# the numbers above do not tell the modes apart (both are exact attention): the log and the trace do
+grep -q "cp: 2 ranks, all-to-all (Ulysses), zigzag split" "$T/cp2_alltoall.log" ||
+    { grep "^cp:" "$T/cp2_alltoall.log"; echo "FAIL: cp2_alltoall did not run all-to-all"; exit 1; }
 
 echo "== the trace's cp transfers"
 $MPIRUN -np 2 "$BUILD/train" --model tiny --batch 2 --seq-len 32 --steps 2 --cp 2 --trace-json "$T/cp.json" \
@@ -50,6 +53,9 @@ $PYTHON tests/py/check_cp_trace.py "$T/cp.json" --cp 2 --layers 4 --microbatches
 $MPIRUN -np 2 "$BUILD/train" --model tiny --batch 2 --seq-len 32 --steps 1 --cp 2 --ac full --grad-accum-steps 2 \
     --trace-json "$T/cp_ac.json" > "$T/cp_ac.log" 2>&1 || { cat "$T/cp_ac.log"; exit 1; }
 $PYTHON tests/py/check_cp_trace.py "$T/cp_ac.json" --cp 2 --layers 4 --microbatches 2 --steps 1 --ac-full
+$MPIRUN -np 2 "$BUILD/train" --model tiny --batch 2 --seq-len 32 --steps 1 --cp 2 --cp-mode alltoall \
+    --trace-json "$T/cp_a2a.json" > "$T/cp_a2a.log" 2>&1 || { cat "$T/cp_a2a.log"; exit 1; }
+$PYTHON tests/py/check_cp_trace.py "$T/cp_a2a.json" --cp 2 --layers 4 --microbatches 1 --steps 1 --mode alltoall
 
 echo "== bad input"
 set +e  # expect_error's runs fail on purpose

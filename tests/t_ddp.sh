@@ -44,8 +44,23 @@ echo "ok: MFU over 2 ranks is the job's FLOP rate over 2 x the peak: $(grep -o '
 echo "== overlap off vs on: bit-identical"
 $P --ckpt "$T/dp2_no_overlap/step_000020.safetensors" --ckpt-ref "$T/dp2/step_000020.safetensors" --exact
 run dp2_desync 2 --desync-init
+# bit-identical below also if --desync-init did nothing: the broadcast's own check says they differed
+grep -q "ddp: the replicas' weights were different before the broadcast from rank 0, and are equal after" "$T/dp2_desync.log" &&
+    grep -q "ddp: the replicas' weights were equal before the broadcast" "$T/dp2.log" ||
+    { grep "ddp: the" "$T/dp2_desync.log" "$T/dp2.log"; echo "FAIL: --desync-init's replicas did not start different"; exit 1; }
 echo "== ranks initialised differently, then broadcast: bit-identical to dp2"
 $P --ckpt "$T/dp2_desync/step_000020.safetensors" --ckpt-ref "$T/dp2/step_000020.safetensors" --exact
+
+echo "== the gradient traffic against the bucketing formula (tests/py/check_ddp_trace.py)"
+# Losses and weights cannot tell one all-reduce per bucket from two: the trace's bytes can.
+for overlap in overlap no-overlap; do
+    flag=(); [ "$overlap" = overlap ] || flag=(--no-overlap)
+    $MPIRUN -np 2 "$BUILD/train" --model tiny --steps 2 --batch 8 --seed 5 --dp-replicate 2 --bucket-mb 0.1 "${flag[@]}" \
+        --checkpoint-dir "$T/ddp_trace_$overlap" --trace-json "$T/ddp_trace_$overlap.json" > "$T/ddp_trace_$overlap.log" 2>&1 ||
+        { cat "$T/ddp_trace_$overlap.log"; echo "FAIL: run ddp_trace_$overlap"; exit 1; }
+    $PYTHON tests/py/check_ddp_trace.py "$T/ddp_trace_$overlap.json" --ckpt "$T/ddp_trace_$overlap/step_000002.safetensors" \
+        --bucket-bytes 104857 --expect-$overlap
+done
 
 echo "== bad meshes and batches exit 2 with one line"
 set +e

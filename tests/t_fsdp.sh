@@ -84,6 +84,19 @@ run ddp_ac_selective 2 --dp-replicate 2 --ac selective
 check_exact ddp_ac_selective ddp_np2 "ac selective vs none, ddp"
 "$BUILD/train" "${common[@]}" --ac full --checkpoint-dir "$T/ref_ac_full" > "$T/ref_ac_full.log"
 check_exact ref_ac_full ref "ac full vs none, single process"
+"$BUILD/train" "${common[@]}" --ac selective --checkpoint-dir "$T/ref_ac_selective" > "$T/ref_ac_selective.log"
+check_exact ref_ac_selective ref "ac selective vs none, single process"
+# Equal results would also come from not checkpointing at all: the measured activation peak must
+# fall by what the run's "ac" line promises (X MiB x N blocks, minus the shared recompute buffers),
+# within 10% (the promise counts the blocks' buffers, the peak everything alive at that moment).
+for ac in selective full; do
+    promise=$(sed -nE "s/^ac $ac: .*saves ([0-9.]+) MiB x ([0-9]+) blocks, minus ([0-9.]+) MiB.*/\1 x \2 - \3/p" "$T/ref_ac_$ac.log")
+    saved=$(awk -v a="$(activations_peak "$T/ref.log")" -v b="$(activations_peak "$T/ref_ac_$ac.log")" 'BEGIN { print a - b }')
+    awk -v p="$promise" -v s="$saved" 'BEGIN { split(p, f, " "); want = f[1] * f[3] - f[5]
+        exit !(want > 0 && s > 0.9 * want && s < 1.1 * want) }' ||
+        { echo "FAIL: --ac $ac saved $saved MiB of activations, its log promised $promise MiB"; exit 1; }
+    echo "ok: --ac $ac: the activation peak falls by $saved MiB; its log promised $promise MiB"
+done
 
 # Resume: 10 steps, then 10 more from the gathered checkpoint, equals 20 in one go.
 $MPIRUN -np 2 "$BUILD/train" "${common[@]}" --dp-shard 2 --checkpoint-dir "$T/resume" --checkpoint-every 10 \
@@ -111,6 +124,13 @@ trace_run trace_never --reshard-after-forward never
 $PYTHON tests/py/check_fsdp_trace.py "$T/trace_always.json" --expect-gathers 15
 $PYTHON tests/py/check_fsdp_trace.py "$T/trace_never.json" --expect-gathers 8
 $PYTHON tests/py/check_fsdp_trace.py "$T/trace_no_prefetch.json" --expect-no-gather-overlap
+# The gathers' order, and the gradients reduce-scattered (not all-reduced) on the shard group, HSDP's
+# all-reduced over the replicas: what equal losses cannot show.
+$PYTHON tests/py/check_fsdp_trace.py "$T/trace_prefetch.json" --expect-prefetch-order --expect-reduce-formula --shard 2
+$PYTHON tests/py/check_fsdp_trace.py "$T/trace_no_prefetch.json" --expect-no-prefetch-order --expect-reduce-formula --shard 2
+$MPIRUN -np 4 "$BUILD/train" --model tiny --steps 2 --batch 8 --dp-replicate 2 --dp-shard 2 --trace-json "$T/trace_hsdp.json" \
+    > "$T/trace_hsdp.log" 2>&1 || { cat "$T/trace_hsdp.log"; echo "FAIL: run trace_hsdp"; exit 1; }
+$PYTHON tests/py/check_fsdp_trace.py "$T/trace_hsdp.json" --expect-prefetch-order --expect-reduce-formula --shard 2 --replicate 2
 traces/trace-summary "$T/trace_prefetch.pftrace"
 traces/trace-summary "$T/trace_no_prefetch.pftrace"
 

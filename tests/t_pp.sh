@@ -92,6 +92,8 @@ check_exact pp2_dp2 ddp2_accum2 "DDP alone, --grad-accum-steps 2"
 run pp2_dp2_interleaved 4 --pp 2 --dp-replicate 2 --pp-schedule Interleaved1F1B --pp-virtual-stages 2 \
     --pp-microbatches 2 --desync-init
 check_exact pp2_dp2_interleaved ddp2_accum2 "interleaved, desynchronised init, vs DDP alone"
+grep -q "ddp: the replicas' weights were different before the broadcast from rank 0, and are equal after" \
+    "$T/pp2_dp2_interleaved.log" || { echo "FAIL: --desync-init's stage replicas did not start different"; exit 1; }
 # ZeRO-1 per stage (--dp-shard --zero-stage 1): the AdamW state sharded, each rank updating its
 # slice of every chunk: element-wise the same arithmetic as DDP's full update, so bit-identical to
 # pp2_dp2; and its sharded moments must survive a checkpoint (resume at step 10, bit-identical).
@@ -121,7 +123,7 @@ $P --ckpt "$(ckpt resume_single)" --ckpt-ref "$(ckpt ref_accum4)" --exact
 
 # Activations in flight, as the memory counters see them on rank 0 (the first stage): GPipe holds
 # all 8 micro-batches, 1F1B at most p = 4.
-peak() { awk '$1 == "activations" {print $3}' "$T/$1.log"; }
+peak() { activations_peak "$T/$1.log"; }
 echo "== activation peak on rank 0, p=4 m=8: GPipe $(peak pp4_GPipe_m8) MiB, 1F1B $(peak pp4_1F1B_m8) MiB (ratio 8/4)"
 awk -v g="$(peak pp4_GPipe_m8)" -v f="$(peak pp4_1F1B_m8)" 'BEGIN { r = g / f; exit !(r > 1.96 && r < 2.04) }' \
     || { echo "FAIL: GPipe / 1F1B activation peak is not 2"; exit 1; }

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/rng.h"
 #include "reference_cpu/real.h"
@@ -25,9 +26,10 @@ static inline void expect_close(const char *name, const real *a, const real *b, 
                   name, max_abs, max_rel, worst, (double)a[worst], (double)b[worst], rtol, atol);
 }
 
+// Bit for bit: the bytes compared, so +0 and -0 differ and a NaN equals only the same NaN.
 static inline void expect_equal_bits(const char *name, const real *a, const real *b, size_t n) {
     for (size_t i = 0; i < n; i++)
-        ck_assert_msg(a[i] == b[i] || (isnan(a[i]) && isnan(b[i])), "%s: first difference at index %zu: %.10g vs %.10g",
+        ck_assert_msg(memcmp(&a[i], &b[i], sizeof(real)) == 0, "%s: first difference at index %zu: %.10g vs %.10g",
                       name, i, (double)a[i], (double)b[i]);
 }
 

@@ -1,5 +1,6 @@
 #include "chapters/02_data_parallel/ddp.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,9 +68,35 @@ void ddp_free(Ddp *d) {
     free(d);
 }
 
+// A fingerprint of this rank's weights: up to 4096 evenly spaced elements of each range, their bytes
+// hashed (FNV-1a). Sampled, so that it costs nothing next to the broadcast, whatever the model size.
+static uint64_t params_fingerprint(const Ddp *d) {
+    uint64_t h = 14695981039346656037ull;
+    for (int r = 0; r < d->n_ranges; r++) {
+        size_t n = range_numel(d, &d->ranges[r]), stride = n > 4096 ? n / 4096 : 1;
+        for (size_t i = 0; i < n; i += stride) {
+            const unsigned char *bytes = (const unsigned char *)&d->ranges[r].params[i];
+            for (size_t b = 0; b < sizeof(real); b++) h = (h ^ bytes[b]) * 1099511628211ull;
+        }
+    }
+    return h;
+}
+
+// Whether every replica has this rank's fingerprint: its largest value and its smallest (the
+// largest negation) over the replicas are the same. 52 bits of it, exact in a double.
+static bool replicas_agree(const Ddp *d) {
+    double mine = (double)(params_fingerprint(d) >> 12), v[2] = {mine, -mine};
+    comm_all_reduce(d->dp, v, 2, COMM_FLOAT64, COMM_MAX);
+    return v[0] == -v[1];
+}
+
 void ddp_broadcast_params(Ddp *d) {
+    bool agreed = replicas_agree(d);
     for (int r = 0; r < d->n_ranges; r++)
         comm_broadcast(d->dp, d->ranges[r].params, range_numel(d, &d->ranges[r]), COMM_REAL, 0);
+    if (!replicas_agree(d)) fatal("ddp: the replicas' weights still differ after the broadcast from rank 0");
+    log_info("ddp: the replicas' weights were %s before the broadcast from rank 0, and are equal after "
+             "(compared by a sample of each range)", agreed ? "equal" : "different");
 }
 
 void ddp_begin_backward_range(Ddp *d, int range, bool sync) {
