@@ -149,6 +149,7 @@ expect_exit2() {
 expect_exit2 "--fp8-recipe blockwise" --fp8 --fp8-recipe blockwise
 expect_exit2 "need --fp8" --fp8-recipe rowwise
 expect_exit2 "only with --fp8-recipe delayed" --fp8 --fp8-amax-history 16
+expect_exit2 "--fp8-amax-history 2000000000: must be between 1 and 65536" --fp8 --fp8-recipe delayed --fp8-amax-history 2000000000
 # Delayed scaling resumes the amax history a delayed-scaling run writes; another recipe's checkpoint
 # has none (the README's "switch to delayed FP8 scaling: refused").
 "$BUILD/train" --model tiny --steps 1 --batch 2 --seq-len 16 --fp8 --checkpoint-dir "$T/tensorwise" >/dev/null

@@ -206,6 +206,59 @@ START_TEST(test_delayed_history) {
 }
 END_TEST
 
+// The gradient operand of an FP8 backward, exactly: with W the identity, dX is dY as the GEMM
+// multiplied it, so it must equal dY fake-quantized with the recipe's format, granularity and scale
+// (compared as numbers, rtol and atol 0: an underflow to -0 sums to +0). dY spans 2^0 down to 2^-31,
+// so that a scale half as large, or E4M3 where E5M2 belongs, moves its small values to another grid.
+static void expect_grad_operand(Fp8 *f, const real *dy, int M, int N, Fp8Granularity g, const float *scale,
+                                Fp8Format format, const char *what) {
+    real *w = new_zeros((size_t)N * N), *dx = new_zeros((size_t)M * N), *want = new_zeros((size_t)M * N);
+    for (int n = 0; n < N; n++) w[(size_t)n * N + n] = 1;  // exact in E4M3 at every scale used here
+    fp8_linear_backward(f, 0, PROJ_W2, dx, NULL, dy, NULL, w, M, N, N);
+    fp8_fake_quantize(want, dy, M, N, g, scale, format);
+    expect_close(what, dx, want, (size_t)M * N, 0, 0);
+    free(w), free(dx), free(want);
+}
+
+START_TEST(test_grad_operand_exact) {
+    enum { M = 4, N = 64 };
+    real dy[M * N], dy2[M * N];
+    for (int i = 0; i < M * N; i++) {
+        double mantissa = 1 + (i * 37 % 64) / 64.0;
+        dy[i] = (real)((i % 3 ? 1 : -1) * mantissa * ldexp(1, -(i % 32)));
+        dy2[i] = 4 * dy[i];
+    }
+    Fp8Groups none = {NULL, NULL};
+    // tensorwise: one scale, E5M2
+    Fp8Options tensorwise = {FP8_TENSORWISE, 1, 0};
+    Fp8 *f = fp8_create(&tensorwise, 1, none);
+    float amax, scale;
+    fp8_amax(&amax, dy, M, N, FP8_PER_TENSOR);
+    scale = (float)fp8_scale_from_amax(amax, FP8_E5M2, false);
+    expect_grad_operand(f, dy, M, N, FP8_PER_TENSOR, &scale, FP8_E5M2, "tensorwise dY (E5M2, amax scale)");
+    fp8_free(f);
+    // rowwise: a power-of-two scale per row of dY (the contraction runs along it), E4M3
+    Fp8Options rowwise = {FP8_ROWWISE, 1, 0};
+    f = fp8_create(&rowwise, 1, none);
+    float amax_rows[M], scale_rows[M];
+    fp8_amax(amax_rows, dy, M, N, FP8_PER_ROW);
+    for (int m = 0; m < M; m++) scale_rows[m] = (float)fp8_scale_from_amax(amax_rows[m], FP8_E4M3, true);
+    expect_grad_operand(f, dy, M, N, FP8_PER_ROW, scale_rows, FP8_E4M3, "rowwise dY (E4M3, per row, 2^k)");
+    fp8_free(f);
+    // delayed: the first step from the current amax; then from the history, E5M2's max x 2^-margin over
+    // it, which saturates dY x 4
+    Fp8Options delayed = {FP8_DELAYED, 2, 1};
+    f = fp8_create(&delayed, 1, none);
+    expect_grad_operand(f, dy, M, N, FP8_PER_TENSOR, &scale, FP8_E5M2, "delayed dY, step 1 (current amax)");
+    fp8_step_end(f);
+    float history_scale = (float)(57344.0 / 2 / amax);
+    ck_assert_msg(fp8_delayed_scale(f, 0, PROJ_W2, 2) == history_scale, "delayed gradient scale %g, expected %g",
+                  fp8_delayed_scale(f, 0, PROJ_W2, 2), history_scale);
+    expect_grad_operand(f, dy2, M, N, FP8_PER_TENSOR, &history_scale, FP8_E5M2, "delayed dY x 4, step 2 (history)");
+    fp8_free(f);
+}
+END_TEST
+
 // A tensor that is all zeros at the first step (a projection initialised to zero) has no scale after
 // it: at the next step, with values, it is scaled from its current amax, giving the outputs of
 // current (tensorwise) scaling, not 0 / 0 = NaN everywhere. Mutation seen failing: the scale of 0
@@ -311,6 +364,7 @@ int main(void) {
     tcase_add_test(tc, test_gemm_sqnr);
     tcase_add_test(tc, test_outliers_tensorwise_vs_rowwise);
     tcase_add_test(tc, test_delayed_history);
+    tcase_add_test(tc, test_grad_operand_exact);
     tcase_add_test(tc, test_delayed_zero_first_step);
     tcase_add_test(tc, test_delayed_nonfinite_amax);
     tcase_add_test(tc, test_model_hook);

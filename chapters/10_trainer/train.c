@@ -166,7 +166,7 @@ static const ArgSpec FLAGS[] = {
     {"fp8-recipe", ARG_CHOICE, &opt.fp8_recipe, "tensorwise", "with --fp8: how tensors are scaled into FP8",
      .choices = FP8_RECIPE_NAMES},
     {"fp8-amax-history", ARG_INT, &opt.fp8_amax_history, "1024",
-     "with --fp8-recipe delayed: steps of amax history a scale comes from", .min = 1, .max = UNBOUNDED},
+     "with --fp8-recipe delayed: steps of amax history a scale comes from", .min = 1, .max = 65536},
     {"fp8-all-gather", ARG_BOOL, &opt.fp8_all_gather, NULL,
      "with --fp8 (tensorwise) and --zero-stage 3: all-gather the projections' weights as E4M3 bytes", .value_name = ""},
     {"all-gather-dtype", ARG_CHOICE, &opt.all_gather_dtype, "auto",
