@@ -3,7 +3,9 @@
 # (end-to-end runs of the trainer, the PyTorch oracle, the trace schema check). Prints one line
 # per test and a closing "N passed, N skipped, N failed". A test that prints a line starting with
 # "SKIP:" (what it needs is missing here: nvcc, a C++ compiler) counts as skipped, not passed; one
-# that passes with a part skipped prints "SKIP (part): why", shown on its PASS line.
+# that passes with a part skipped prints "SKIP (part): why", shown on its PASS line. One that exits 0
+# but printed a line starting with "FAIL" fails (a failure it reported and did not exit on): output
+# that shows a failure on purpose (a check proven able to fail) is indented or prefixed.
 # Runs from the repository root wherever it is started from (BUILD is relative to it).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -18,7 +20,11 @@ run_one() {  # name, command...
     local log="$TMP_ROOT/$name.log" start=$SECONDS
     if TEST_TMP="$TMP_ROOT/$name.d" bash -c 'mkdir -p "$TEST_TMP" && "$@"' _ "$@" >"$log" 2>&1; then
         local skip_line; skip_line=$(grep -m1 '^SKIP' "$log" || true)
-        if [[ "$skip_line" == "SKIP:"* ]]; then
+        local fail_line; fail_line=$(grep -m1 -E '^FAIL([: ]|$)' "$log" || true)
+        if [ -n "$fail_line" ]; then  # a failure it reported and did not exit on
+            failed=$((failed + 1)); failed_names="$failed_names $name"
+            echo "FAIL $name ($((SECONDS - start))s): exited 0 after printing: $fail_line"; sed 's/^/    /' "$log" | tail -60
+        elif [[ "$skip_line" == "SKIP:"* ]]; then
             skipped=$((skipped + 1)); echo "SKIP $name ($((SECONDS - start))s): ${skip_line#SKIP: }"
         else
             passed=$((passed + 1)); echo "PASS $name ($((SECONDS - start))s)${skip_line:+ ($skip_line)}"

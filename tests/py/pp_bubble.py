@@ -88,11 +88,15 @@ def check_lists(trace, lists_path):
     """Errors (strings) where the trace's order differs from the schedule's lists; [] when it agrees."""
     per_step, lists = read_actions_in_steps(trace), expected_lists(lists_path)
     errors = []
+    if not lists:  # nothing to compare with would agree with anything
+        return [f"no rank's list in {lists_path}"]
     if sorted(per_step) != sorted(lists):
         return [f"ranks in the trace {sorted(per_step)}, in the lists {sorted(lists)}"]
     for rank, rank_steps in per_step.items():
         if not rank_steps:
             errors.append(f"rank {rank}: no step slices")
+        if not lists[rank]:
+            errors.append(f"rank {rank}: an empty list of actions")
         for s, ran in enumerate(rank_steps):
             if ran != lists[rank]:
                 errors.append(f"rank {rank} step {s + 1}: ran {' '.join(ran)}; the schedule says "
