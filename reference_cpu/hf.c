@@ -658,7 +658,7 @@ static void remove_other_shards(const char *dir, int n_shards) {
 void hf_export(const char *dir, const ModelConfig *cfg, const real *flat, StDtype dtype, size_t max_shard_bytes,
                const char *token_ids_json) {
     if (dtype != ST_F32 && dtype != ST_F64) fatal("hf_export: dtype %s (F32 or F64 only)", st_dtype_name(dtype));
-    if (mkdir(dir, 0777) != 0 && errno != EEXIST) fatal_input("--export-hf %s: cannot create: %s", dir, strerror(errno));
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) fatal_input("HF export directory %s: cannot create: %s", dir, strerror(errno));
     ParamTable t = param_table_build(cfg);
     int *shard_of = malloc(sizeof *shard_of * (size_t)t.count);
     int n_shards = assign_shards(&t, dtype, max_shard_bytes, shard_of);
