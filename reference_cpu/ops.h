@@ -29,10 +29,11 @@ const char *matmul_blas_kernels(char *out, size_t out_len);
 // The CPUs this process's threads may run on: those of all OpenMP places when OMP_PROC_BIND binds
 // threads to places, else the process's affinity mask.
 int matmul_cpus_usable(void);
-int matmul_threads(void);
+int matmul_threads(void);  // OpenMP's thread count for the parallel loops and OpenBLAS (1 without OpenMP)
 // FLOPs (2 M N K each) of every GEMM this process has run so far through matmul_forward/backward and
-// the attention tiles, whatever the backend: the trainer's per-step GEMM work.
-double matmul_flops_counted(void);  // OpenMP's thread count for the parallel loops and OpenBLAS (1 without OpenMP)
+// the attention tiles, whatever the backend (naive attention's dot loops are not GEMMs: not counted):
+// the trainer's per-step GEMM work.
+double matmul_flops_counted(void);
 
 // ---- embedding -------------------------------------------------------------------------------
 // out (N,C) = table[tokens[n]] ; tokens (N) in [0, V)

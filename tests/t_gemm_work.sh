@@ -12,12 +12,16 @@ T="$TEST_TMP"
 mkdir -p "$T"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
-# small: dim 384, 6 layers, 6 heads of 64, 2 KV heads, FFN 1152, vocabulary 256
+# The shapes from the trainer's own table (--model-info's config line), as make bench reads them.
 B=1 SEQ=160 STEPS=3
+config=$("$BUILD/train" --model small --seq-len $SEQ --model-info 2>&1 | sed -n 's/^config: //p')
+[ -n "$config" ] || { echo "FAIL: no config line from --model-info"; exit 1; }
 expected() {  # attention kind -> GFLOP a step
-    "${PYTHON:-python3}" - "$1" <<EOF
-import sys
-dim, layers, heads, kv_heads, ffn, vocab, hd = 384, 6, 6, 2, 1152, 256, 64
+    "${PYTHON:-python3}" - "$1" "$config" <<EOF
+import json, sys
+c = json.loads(sys.argv[2])
+dim, layers, heads, kv_heads, ffn, vocab = (c[k] for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size"))
+hd = dim // heads
 tokens = $B * $SEQ
 linear = layers * (2 * dim * heads * hd + 2 * dim * kv_heads * hd + 3 * dim * ffn) + dim * vocab
 flops = 3 * 2 * tokens * linear
