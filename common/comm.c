@@ -35,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "hash.h"
 #include "log.h"
 #include "trace.h"
 
@@ -795,9 +796,8 @@ static Comm *new_comm(MPI_Comm mpi, const char *name, int *world_ranks) {
     MPI_Comm_size(mpi, &c->size);
     c->world_ranks = world_ranks;
     // FNV-1a over the name and the members: equal on every member, different for other groups
-    uint64_t id = 1469598103934665603ULL;
-    for (const char *p = c->name; *p; p++) id = (id ^ (unsigned char)*p) * 1099511628211ULL;
-    for (int i = 0; i < c->size; i++) id = (id ^ (uint64_t)(unsigned)world_ranks[i]) * 1099511628211ULL;
+    uint64_t id = fnv1a_string(FNV1A_BASIS, c->name);
+    for (int i = 0; i < c->size; i++) id = fnv1a_word(id, (uint64_t)(unsigned)world_ranks[i]);
     c->id = id;
     c->next_live = stream.live;
     stream.live = c;

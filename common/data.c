@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "fileio.h"
+#include "hash.h"
 #include "log.h"
 #include "mem.h"
 #include "rng.h"
@@ -355,10 +356,10 @@ const char *data_describe(const DataSource *src) { return src->description; }
 // same tokens hash alike whatever the file's width (a text file, or its tokens: conversion at 2 or
 // 4 bytes a token, trains the same).
 static uint64_t tokens_hash(const DataSource *src) {
-    uint64_t h = 0xcbf29ce484222325ULL;
+    uint64_t h = FNV1A_BASIS;
     for (size_t i = 0; i < src->n_tokens; i++) {
         uint32_t id = (uint32_t)token_at(src, i);
-        for (int b = 0; b < 4; b++) h = (h ^ ((id >> (8 * b)) & 0xff)) * 0x100000001b3ULL;
+        for (int b = 0; b < 4; b++) h = fnv1a_byte(h, (uint8_t)(id >> (8 * b)));
     }
     return h;
 }

@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "hash.h"
+
 // Philox constants from Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC'11).
 #define PHILOX_M0 0xD2511F53u
 #define PHILOX_M1 0xCD9E8D57u
@@ -26,14 +28,10 @@ void philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t ou
     out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
 }
 
-uint64_t hash_string(const char *text) {
-    uint64_t h = 1469598103934665603ULL;
-    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
-        h ^= *p;
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
+// FNV-1a from 1469598103934665603, the standard basis (FNV1A_BASIS) with its last digit lost. Every
+// initial weight's Philox stream is this hash of its parameter's name, so the basis stays: another
+// would change every initial weight, and every loss the chapters quote.
+uint64_t hash_string(const char *text) { return fnv1a_string(1469598103934665603ULL, text); }
 
 static void philox_block(uint64_t seed, uint64_t stream, uint64_t index, uint32_t out[4]) {
     const uint32_t counter[4] = {(uint32_t)index, (uint32_t)(index >> 32), (uint32_t)stream,

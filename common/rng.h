@@ -9,7 +9,7 @@
 // The raw generator: 10 rounds over a 128-bit counter with a 64-bit key.
 void philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]);
 
-uint64_t hash_string(const char *text);  // FNV-1a, 64-bit
+uint64_t hash_string(const char *text);  // FNV-1a, 64-bit (rng.c: its basis)
 
 // Uniform in the open interval (0, 1), 53 random bits.
 double rng_uniform(uint64_t seed, uint64_t stream, uint64_t index);

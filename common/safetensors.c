@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "fileio.h"
+#include "hash.h"
+#include "json.h"
 #include "log.h"
 
 // Tensor bytes go between memory and file unchanged, which is only right on a little-endian host.
@@ -247,13 +249,11 @@ static char *build_header(const StWriter *w, size_t *len) {
 }
 
 // ---- the data hash ----------------------------------------------------------------------------
-// FNV-1a's step, h = (h ^ word) * prime, on 8-byte words, in four lanes (words 0, 1, 2, 3 of each
+// FNV-1a's step (hash.h), h = (h ^ word) * prime, on 8-byte words, in four lanes (words 0, 1, 2, 3 of each
 // 32-byte chunk: independent multiplies, so the hash runs near memory speed), then the lanes, the
 // bytes past the last whole chunk and the length folded into one value. Each step is a bijection
 // of h and of the word, so changing any one word changes the result. A stream: tensors given one
 // by one hash as their concatenation does.
-#define HASH_PRIME 0x100000001b3ULL
-#define HASH_OFFSET 0xcbf29ce484222325ULL
 typedef struct {
     uint64_t lane[4], length;
     unsigned char pending[32];
@@ -264,7 +264,7 @@ static void hash_chunk(DataHash *s, const unsigned char *p) {
     for (int i = 0; i < 4; i++) {
         uint64_t word;
         memcpy(&word, p + 8 * i, 8);
-        s->lane[i] = (s->lane[i] ^ word) * HASH_PRIME;
+        s->lane[i] = fnv1a_word(s->lane[i], word);
     }
 }
 
@@ -284,13 +284,13 @@ static void hash_update(DataHash *s, const unsigned char *p, size_t n) {
 }
 
 static uint64_t hash_final(const DataHash *s) {
-    uint64_t h = HASH_OFFSET;
-    for (int i = 0; i < 4; i++) h = (h ^ s->lane[i]) * HASH_PRIME;
-    for (size_t i = 0; i < s->n_pending; i++) h = (h ^ s->pending[i]) * HASH_PRIME;
-    return (h ^ s->length) * HASH_PRIME;
+    uint64_t h = FNV1A_BASIS;
+    for (int i = 0; i < 4; i++) h = fnv1a_word(h, s->lane[i]);
+    h = fnv1a_bytes(h, s->pending, s->n_pending);
+    return fnv1a_word(h, s->length);
 }
 
-static DataHash hash_start(void) { return (DataHash){{HASH_OFFSET, HASH_OFFSET, HASH_OFFSET, HASH_OFFSET}, 0, {0}, 0}; }
+static DataHash hash_start(void) { return (DataHash){{FNV1A_BASIS, FNV1A_BASIS, FNV1A_BASIS, FNV1A_BASIS}, 0, {0}, 0}; }
 
 uint64_t st_writer_data_hash(const StWriter *w) {
     DataHash s = hash_start();
@@ -382,12 +382,7 @@ void st_close(StFile *f) {
 
 // A JSON number that is an integer in [-2^53, 2^53]; false for anything else.
 static bool json_integer(const cJSON *item, int64_t *value) {
-    if (!cJSON_IsNumber(item)) return false;
-    double v = item->valuedouble;
-    // The comparisons are false for NaN, and bound the value before the cast.
-    if (!(v >= -JSON_INT_LIMIT && v <= JSON_INT_LIMIT)) return false;
-    *value = (int64_t)v;
-    return (double)*value == v;
+    return json_whole_number(item, -JSON_INT_LIMIT, JSON_INT_LIMIT, value);
 }
 
 static bool parse_shape(const StFile *f, const char *name, const cJSON *shape_json, StTensor *t,

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "fileio.h"
+#include "hash.h"
 #include "log.h"
 
 // ================================================================================================
@@ -109,11 +110,7 @@ static const char *string_at(const TraceRankData *d, uint32_t id) {
     return (const char *)d->strings.chars.at + d->strings.offsets.at[id];
 }
 
-static uint64_t hash_string(const char *s) {
-    uint64_t h = 1469598103934665603ull;  // FNV-1a
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
+static uint64_t hash_string(const char *s) { return fnv1a_string(FNV1A_BASIS, s); }
 
 static void strings_rehash(Strings *st, size_t n_slots) {
     free(st->slots);

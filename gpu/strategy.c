@@ -271,9 +271,7 @@ static void check_fp8(const Trainer *t, const ModelConfig *c, const LayoutOption
 
 static void refuse_layout(const Trainer *t, const LayoutOptions *o) {
     const Mesh *mesh = t->mesh;
-    int tp = mesh->degree[MESH_TP];
-    if (tp > 1 && o->sequence_parallel && (t->micro * t->T) % tp)
-        fatal_input("--sequence-parallel: the %d tokens of a micro-batch must divide by --tp %d", t->micro * t->T, tp);
+    if (o->sequence_parallel) trainer_check_sequence_parallel((uint64_t)t->micro * t->T, mesh->degree[MESH_TP]);
     if (mesh->degree[MESH_CP] > 1) {
         if (o->cp_mode != CP_RING)
             fatal_input("--device cuda --cp %d --cp-mode alltoall: the GPU runs chapter 8's ring (its all-to-all's "

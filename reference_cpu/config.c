@@ -136,7 +136,10 @@ double model_block_forward_flops(const ModelConfig *c, int B, int T) {
 }
 
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <stdlib.h>
+
+#include "common/json.h"
 
 #define CONFIG_INT_FIELDS(X) \
     X(dim) X(n_layers) X(n_heads) X(n_kv_heads) X(ffn_dim) X(vocab_size) X(max_seq_len) X(rope_original_max_seq_len)
@@ -173,8 +176,17 @@ bool model_config_from_json(const char *json, ModelConfig *out, char *err, size_
         ok = false;                                                                       \
     }                                                                                     \
     if (ok) out->f = item->valuedouble;
-    CONFIG_INT_FIELDS(GET_FIELD)
+    // an int field must hold an int: checked as a double first (2.5 would become 2, 1e20 undefined)
+#define GET_INT_FIELD(f)                                                                                   \
+    GET_FIELD(f)                                                                                           \
+    if (ok && !whole_number_in(item->valuedouble, INT_MIN, INT_MAX)) {                                     \
+        snprintf(err, err_len, "model config: field \"%s\" = %g is not a whole number that fits an int", #f, \
+                 item->valuedouble);                                                                       \
+        ok = false;                                                                                        \
+    }
+    CONFIG_INT_FIELDS(GET_INT_FIELD)
     CONFIG_DOUBLE_FIELDS(GET_FIELD)
+#undef GET_INT_FIELD
 #undef GET_FIELD
     item = cJSON_GetObjectItemCaseSensitive(o, "tied");
     if (ok && !cJSON_IsBool(item)) {

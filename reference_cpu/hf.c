@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/fileio.h"
+#include "common/json.h"
 #include "common/log.h"
 
 #define HF_CONFIG "config.json"
@@ -83,7 +85,7 @@ static double config_number(const cJSON *o, const char *key, const char *path, b
 
 static int config_int(const cJSON *o, const char *key, const char *path, bool required, int fallback) {
     double v = config_number(o, key, path, required, fallback);
-    if (v != (double)(int)v || v < 1) fatal_input("%s: key \"%s\" = %g is not a positive integer", path, key, v);
+    if (!whole_number_in(v, 1, INT_MAX)) fatal_input("%s: key \"%s\" = %g is not a positive integer", path, key, v);
     return (int)v;
 }
 

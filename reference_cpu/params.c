@@ -56,8 +56,14 @@ ParamTable param_table_build(const ModelConfig *c) {
     return t;
 }
 
-void param_check_tp(const ModelConfig *c, int tp_size) {
+const char *param_tp_rule(const ModelConfig *c, int tp_size) {
     if (c->n_heads % tp_size || c->n_kv_heads % tp_size || c->ffn_dim % tp_size || c->vocab_size % tp_size)
+        return "--tp must divide the query and key/value heads, the FFN size and the vocabulary";
+    return NULL;
+}
+
+void param_check_tp(const ModelConfig *c, int tp_size) {
+    if (param_tp_rule(c, tp_size))
         fatal_input("--tp %d: must divide n_heads %d, n_kv_heads %d, ffn_dim %d and vocab_size %d of model %s",
                     tp_size, c->n_heads, c->n_kv_heads, c->ffn_dim, c->vocab_size, c->name);
 }

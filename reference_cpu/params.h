@@ -62,6 +62,9 @@ void param_table_free(ParamTable *t);
 // divided by tp_size (exits 2 if tp_size does not divide the heads, kv heads, ffn_dim, vocab).
 ParamTable param_table_build_tp(const ModelConfig *c, int tp_size);
 void param_check_tp(const ModelConfig *c, int tp_size);  // that refusal alone, before any table is built
+// The rule param_check_tp enforces, as a message (NULL: tp_size splits c): for callers that report
+// instead of exiting (chapter 11's planner).
+const char *param_tp_rule(const ModelConfig *c, int tp_size);
 const ParamInfo *param_table_find(const ParamTable *t, const char *name);  // NULL if absent
 void param_table_layer_range(const ParamTable *t, int layer, int *first, int *end);
 

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "common/comm.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/mesh.h"
 #include "common/trace.h"
@@ -138,8 +139,7 @@ static void expect_same_bits(const char *what, const void *got, const void *want
 
 // Every rank of c must hold the same bytes.
 static void expect_identical_across(Comm *c, const char *what, const void *buf, size_t bytes) {
-    uint64_t hash = 1469598103934665603ull, *all = zeros(sizeof hash * (size_t)comm_size(c));
-    for (size_t i = 0; i < bytes; i++) hash = (hash ^ ((const unsigned char *)buf)[i]) * 1099511628211ull;
+    uint64_t hash = fnv1a_bytes(FNV1A_BASIS, buf, bytes), *all = zeros(sizeof hash * (size_t)comm_size(c));
     comm_all_gather(c, &hash, all, sizeof hash, COMM_BYTE);
     for (int r = 0; r < comm_size(c); r++) CHECK(all[r] == hash, "%s: rank %d's result differs from this rank's", what, r);
     free(all);

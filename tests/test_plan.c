@@ -315,7 +315,7 @@ START_TEST(test_cp_costs) {
     ck_assert(none.fwd_merge == 0 && none.bwd_merge == 0);
     CpCost hidden = plan_cp_costs(&p, &c, 1.0);  // 1 s of attention hides every hop
     ck_assert(hidden.fwd_wait == 0 && hidden.bwd_wait == 0);
-    p.cp_impl = CP_TORCH_ALLGATHER, p.compile = true;
+    p.cp_impl = CP_IMPL_TORCH_ALLGATHER, p.compile = true;
     double gather = 7 * c.nvlink_lat + 7.0 / 8 * (8 * 2 * q_elems * 2) / c.nvlink_bw;
     double dkv = c.nvlink_lat + 2 * q_elems * 4 / c.nvlink_bw;
     CpCost torch = plan_cp_costs(&p, &c, 1.0);  // compiled: nothing hides, however long the attention
@@ -339,21 +339,21 @@ START_TEST(test_cp_costs) {
     // The step: the same run is slower with PyTorch's implementation, and at cp 1 both are one.
     p.tp = 1, p.compile = true;
     double t_torch = plan_step_time(&p, &c, NULL).step_s;
-    p.cp_impl = CP_RING;
+    p.cp_impl = CP_IMPL_RING;
     ck_assert(t_torch > plan_step_time(&p, &c, NULL).step_s);
     // Memory: PyTorch's gathered K and V of one attention call, repeated to the query heads, are
     // comm memory the ring does not hold (cp x 2 x b x s/cp x h_q x hd x 2 bytes); nothing else moves.
     PlanMemory ring_mem = plan_memory(&p);
-    p.cp_impl = CP_TORCH_ALLGATHER;
+    p.cp_impl = CP_IMPL_TORCH_ALLGATHER;
     PlanMemory torch_mem = plan_memory(&p);
     double gathered = 8.0 * 2 * 1 * Tl * 32 * 128 * 2;
     ck_assert_msg(torch_mem.comm - ring_mem.comm == gathered && torch_mem.total - ring_mem.total == gathered &&
                       torch_mem.activations == ring_mem.activations,
                   "gathered K/V: %.0f more bytes, want %.0f", torch_mem.comm - ring_mem.comm, gathered);
-    p.cp_impl = CP_RING;
+    p.cp_impl = CP_IMPL_RING;
     p.cp = 1, p.dp_shard = 8, p.batch = 8, p.seq_len = 32768;
     double t_ring1 = plan_step_time(&p, &c, NULL).step_s;
-    p.cp_impl = CP_TORCH_ALLGATHER;
+    p.cp_impl = CP_IMPL_TORCH_ALLGATHER;
     ck_assert(plan_step_time(&p, &c, NULL).step_s == t_ring1);
 }
 END_TEST

@@ -292,6 +292,35 @@ START_TEST(test_param_counts) {
 }
 END_TEST
 
+// A checkpoint's or dump's model config: the JSON round trip keeps every field, and an int field that
+// holds no int (a fraction, a value past INT_MAX, a string) is refused, naming the field.
+static void expect_config_refused(const char *json, const char *field, const char *bad, const char *want) {
+    char text[1024], err[256] = "", pattern[64];
+    snprintf(pattern, sizeof pattern, "\"%s\":", field);
+    const char *at = strstr(json, pattern), *end = at ? strpbrk(at + strlen(pattern), ",}") : NULL;
+    ck_assert_msg(at && end, "no field %s in %s", field, json);
+    snprintf(text, sizeof text, "%.*s%s%s", (int)(at - json + strlen(pattern)), json, bad, end);
+    ModelConfig c;
+    ck_assert_msg(!model_config_from_json(text, &c, err, sizeof err), "%s = %s was accepted", field, bad);
+    ck_assert_msg(strstr(err, field) && strstr(err, want), "%s = %s: error \"%s\" (wanted the field and \"%s\")",
+                  field, bad, err, want);
+}
+
+START_TEST(test_config_json) {
+    ModelConfig small, back;
+    model_config_lookup("small", &small);
+    char *json = model_config_to_json(&small), err[256] = "", diff[256] = "";
+    ck_assert_msg(model_config_from_json(json, &back, err, sizeof err), "round trip: %s", err);
+    ck_assert_msg(model_config_same_shape(&small, &back, diff, sizeof diff), "round trip changed %s", diff);
+    expect_config_refused(json, "dim", "384.5", "not a whole number");
+    expect_config_refused(json, "n_layers", "1e20", "not a whole number");
+    expect_config_refused(json, "n_heads", "-3000000000", "not a whole number");
+    expect_config_refused(json, "vocab_size", "\"256\"", "not a number");
+    expect_config_refused(json, "rope_theta", "null", "not a number");
+    free(json);
+}
+END_TEST
+
 // 8B at seq 8192: matmul weights = all but the 65 norm vectors and the embedding lookup.
 START_TEST(test_flops_per_token) {
     ModelConfig c;
@@ -354,6 +383,7 @@ int main(void) {
     tcase_add_test(tc, test_rope_backward_inverts_forward);
     tcase_add_test(tc, test_step_is_bit_reproducible);
     tcase_add_test(tc, test_param_counts);
+    tcase_add_test(tc, test_config_json);
     tcase_add_test(tc, test_flops_per_token);
     tcase_add_test(tc, test_adamw_first_step);
     tcase_add_test(tc, test_lr_schedule);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/trace.h"
 
@@ -94,12 +95,11 @@ void ddp_free(Ddp *d) {
 // A fingerprint of this rank's weights: up to 4096 evenly spaced elements of each range, their bytes
 // hashed (FNV-1a). Sampled, so that it costs nothing next to the broadcast, whatever the model size.
 static uint64_t params_fingerprint(const Ddp *d) {
-    uint64_t h = 14695981039346656037ull;
+    uint64_t h = FNV1A_BASIS;
     for (int r = 0; r < d->n_ranges; r++) {
         size_t n = range_numel(d, &d->ranges[r]), stride = n > 4096 ? n / 4096 : 1;
         for (size_t i = 0; i < n; i += stride) {
-            const unsigned char *bytes = (const unsigned char *)&d->ranges[r].params[i];
-            for (size_t b = 0; b < sizeof(real); b++) h = (h ^ bytes[b]) * 1099511628211ull;
+            h = fnv1a_bytes(h, &d->ranges[r].params[i], sizeof(real));
         }
     }
     return h;

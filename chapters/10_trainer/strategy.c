@@ -7,6 +7,7 @@
 //
 // Each is a handful of small functions over its chapter's module. The first three share the
 // micro-batch loop below; the pipeline runs its schedule instead.
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,6 +231,12 @@ static Strategy *pipeline_strategy_create(Trainer *t, const LayoutOptions *o, co
 
 // ---- choosing the layout ------------------------------------------------------------------------------
 
+void trainer_check_sequence_parallel(uint64_t micro_batch_tokens, int tp) {
+    if (micro_batch_tokens % (uint64_t)tp != 0)
+        fatal_input("--sequence-parallel: the %" PRIu64 " tokens of a micro-batch must divide by --tp %d",
+                    micro_batch_tokens, tp);
+}
+
 // The model first (this tp rank's slice; its own weights only where no module shards or stages
 // them), then the strategy the mesh calls for.
 void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, const ParamSource *init,
@@ -239,8 +246,7 @@ void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl atte
     bool sharded = mesh->degree[MESH_DP_SHARD] > 1, pipelined = mesh->degree[MESH_PP] > 1;
     model_init_tp(&t->model, cfg, init, attention, tp, tp_rank, !sharded && !pipelined);
     if (tp > 1) {
-        if (o->sequence_parallel && (t->micro * t->T) % tp != 0)
-            fatal_input("--sequence-parallel: the %d tokens of a micro-batch must divide by --tp %d", t->micro * t->T, tp);
+        if (o->sequence_parallel) trainer_check_sequence_parallel((uint64_t)t->micro * t->T, tp);
         tp_install(&t->model, mesh->dim[MESH_TP], o->sequence_parallel);
         const LocalShape *local = &t->model.local;
         log_info("tp: %d ranks%s; this one holds %d of %d heads, %d of %d kv heads, %d of %d ffn columns, vocab rows "

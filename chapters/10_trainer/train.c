@@ -492,9 +492,7 @@ static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
     uint64_t micro = (uint64_t)opt.batch / dp / n_micro;  // sequences per micro-batch on one rank
     if (opt.tp > 1) param_check_tp(cfg, opt.tp);  // what trainer_setup_layout would refuse, after MPI started
     uint64_t sp_tokens = micro * (uint64_t)(opt.seq_len / opt.cp);  // a micro-batch's tokens on one cp rank
-    if (opt.sequence_parallel && sp_tokens % (uint64_t)opt.tp)
-        fatal_input("--sequence-parallel: the %" PRIu64 " tokens of a micro-batch must divide by --tp %d", sp_tokens,
-                    opt.tp);
+    if (opt.sequence_parallel) trainer_check_sequence_parallel(sp_tokens, opt.tp);
     // The plan is of host memory: with --device cuda the state lives on the GPU, whose allocator
     // reports what does not fit.
     if (args_choice_index(DEVICE_NAMES, opt.device) != DEVICE_CPU) return;

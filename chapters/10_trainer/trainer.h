@@ -16,6 +16,7 @@
 //     every extension's after_step(...)
 #pragma once
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "chapters/03_fsdp/fsdp.h"
 #include "chapters/08_context_parallel/cp.h"
@@ -115,6 +116,10 @@ typedef struct {
 // t->mesh. Logs the layout.
 void trainer_setup_layout(Trainer *t, const ModelConfig *cfg, AttentionImpl attention, const ParamSource *init,
                           const LayoutOptions *options);
+// --sequence-parallel splits the tokens of a micro-batch (on one cp rank) over the tp ranks: exits 2
+// (fatal_input) unless they divide evenly. train.c checks it before any work; both devices' layouts
+// check it again for callers that build a layout without train.c's checks.
+void trainer_check_sequence_parallel(uint64_t micro_batch_tokens, int tp);
 // --device cuda (gpu/strategy.c): the one-GPU model behind the same contract; single process, DDP, and
 // ZeRO-1/2/3 and HSDP (chapter 3's module on device buffers).
 // Linked into build/train-cuda in place of chapters/10_trainer/no_cuda.c, which build/train uses.

@@ -11,6 +11,7 @@
 
 #include "chapters/11_at_scale/plan.h"
 #include "common/fileio.h"
+#include "common/json.h"
 #include "common/log.h"
 
 static const Cluster PROFILES[] = {
@@ -125,7 +126,7 @@ static void set_field(const char *path, const cJSON *f, Cluster *c) {
         *field_of(c, i) = v;
         return;
     }
-    if (!(v >= 1 && v <= PLAN_MAX_GPUS && v == floor(v)))
+    if (!whole_number_in(v, 1, PLAN_MAX_GPUS))
         fatal_input("--cluster %s: gpus_per_node %g: must be a whole number from 1 to %d", path, v, PLAN_MAX_GPUS);
     c->gpus_per_node = (int)v;
 }

@@ -174,7 +174,7 @@ static void print_plan(const PlanConfig *p, const Cluster *c) {
            p->model.name, plan_gpus(p), c->name, p->pp, p->dp_replicate, p->dp_shard, p->cp, p->tp, p->batch,
            p->seq_len, opt.ac, data_parallel, pp_schedule_name(p->schedule), p->microbatches, p->virtual_stages,
            p->fp8 ? ", fp8" : "", p->compile ? ", compile" : "", p->async_tp ? ", async tp" : "",
-           p->cp > 1 && p->cp_impl == CP_TORCH_ALLGATHER ? ", cp torch-allgather" : "");
+           p->cp > 1 && p->cp_impl == CP_IMPL_TORCH_ALLGATHER ? ", cp torch-allgather" : "");
     printf("memory per GPU (GiB, pp rank %d, %d micro-batches in flight): weights %.2f  grads %.2f  optimizer %.2f  "
            "activations %.2f  comm %.2f  total %.2f of %.1f%s\n",
            m.pp_rank, m.in_flight, m.weights / GiB, m.grads / GiB, m.optimizer / GiB, m.activations / GiB,
@@ -377,7 +377,7 @@ static void search(const PlanConfig *base, const Cluster *c) {
     qsort(found, (size_t)n, sizeof(Candidate), by_tps);
     printf("%s on %d GPUs of %s, batch %d x %d%s%s%s: %d of %d meshes fit in %.1f GiB (searched:%s%s%s%s%s%s%s%s%s)\n",
            base->model.name, gpus, c->name, base->batch, base->seq_len, base->fp8 ? ", fp8" : "",
-           base->compile ? ", compile" : "", base->cp_impl == CP_TORCH_ALLGATHER ? ", cp torch-allgather" : "", n,
+           base->compile ? ", compile" : "", base->cp_impl == CP_IMPL_TORCH_ALLGATHER ? ", cp torch-allgather" : "", n,
            tried, c->hbm_bytes / GiB, flag_given("pp") ? "" : " pp",
            flag_given("dp-replicate") ? "" : " dp_rep", flag_given("dp-shard") ? "" : " dp_shard",
            flag_given("cp") ? "" : " cp", flag_given("tp") ? "" : " tp", flag_given("ac") ? "" : " ac",

@@ -7,6 +7,7 @@
 
 #include "chapters/03_fsdp/fsdp.h"
 #include "chapters/07_pipeline_parallel/pipeline.h"
+#include "chapters/08_context_parallel/cp.h"
 #include "common/log.h"
 #include "common/trace.h"
 
@@ -20,17 +21,20 @@ static int n_stages(const PlanConfig *p) { return p->pp * p->virtual_stages; }
 static int micro_batch(const PlanConfig *p) { return p->batch / dp_size(p) / p->microbatches; }
 static bool fsdp(const PlanConfig *p) { return p->dp_shard > 1 || p->cp > 1; }
 
+// The trainer's refusals, from the chapters that own them (tp: the parameter table; cp: the zigzag
+// split; pp: the stage split), so that the planner never proposes a layout `train` would refuse.
 const char *plan_check(const PlanConfig *p) {
     const ModelConfig *c = &p->model;
-    if (c->n_heads % p->tp || c->n_kv_heads % p->tp || c->ffn_dim % p->tp || c->vocab_size % p->tp)
-        return "--tp must divide the query and key/value heads, the FFN size and the vocabulary";
+    const char *rule = param_tp_rule(c, p->tp);
+    if (rule) return rule;
     // 64-bit: a data-parallel size of up to PLAN_MAX_GPUS times the micro-batches passes 2^31.
     if (p->batch % ((long long)dp_size(p) * p->microbatches))
         return "--batch must be a multiple of dp-replicate x dp-shard x pp-microbatches";
-    if (p->seq_len % (2 * p->cp)) return "--seq-len must be a multiple of 2 x cp (zigzag chunks)";
+    if (cp_layout_check(p->cp, p->seq_len, true)) return "--seq-len must be a multiple of 2 x cp (zigzag chunks)";
     if (p->tp > 1 && (long long)micro_batch(p) * (p->seq_len / p->cp) % p->tp)
         return "the tokens of a micro-batch must divide over tp (sequence parallel)";
     if (n_stages(p) > c->n_layers) return "pp x pp-virtual-stages must not exceed the model's layers";
+    if (p->pp > 1 && (rule = pipeline_check(c, p->pp, p->virtual_stages))) return rule;
     if (p->pp == 1 && p->schedule == PP_INTERLEAVED_1F1B && p->virtual_stages > 1)
         return "Interleaved1F1B needs --pp > 1";
     return pp_schedule_check(p->schedule, p->pp, p->microbatches, p->virtual_stages);
@@ -231,7 +235,7 @@ static PlanMemory rank_memory(const PlanConfig *p, const Model *m, int r, int in
     // (DDP), in the gradient precision.
     if (p->dp_replicate * p->dp_shard * p->cp > 1) mem.comm = 2 * biggest * p->grad_bytes;
     // PyTorch's context parallel: one attention call's K and V gathered whole (cp ranks' shares).
-    if (p->cp > 1 && p->cp_impl == CP_TORCH_ALLGATHER) mem.comm += p->cp * 2 * cp_query_elems(p) * p->act_bytes;
+    if (p->cp > 1 && p->cp_impl == CP_IMPL_TORCH_ALLGATHER) mem.comm += p->cp * 2 * cp_query_elems(p) * p->act_bytes;
     mem.total = mem.weights + mem.grads + mem.optimizer + mem.activations + mem.comm;
     return mem;
 }
@@ -307,7 +311,7 @@ CpCost plan_cp_costs(const PlanConfig *p, const Cluster *c, double t_attn) {
     double b = micro_batch(p), Tl = (double)p->seq_len / p->cp, hd = model_head_dim(m);
     double hkv = m->n_kv_heads * hd, tp = p->tp, cp = p->cp, block_attn = t_attn / cp;
     bool local = p->cp * p->tp <= c->gpus_per_node;
-    if (p->cp_impl == CP_RING) {
+    if (p->cp_impl == CP_IMPL_RING) {
         // cp - 1 hops of the rank's K and V (b, T/cp, hkv/tp); every hop but the first hides behind
         // the attention of the previous block. Backward passes K and V cp - 1 times and dK, dV cp
         // times (the last hop brings each rank its own gradients home): 2 cp - 1 hops (chapter 8's

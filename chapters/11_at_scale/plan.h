@@ -68,19 +68,19 @@ const char *cluster_check(const Cluster *c, char *buf, size_t len);
 
 // ---- the run -------------------------------------------------------------------------------------
 // How context parallelism moves K and V (--cp-impl):
-//   CP_RING             chapter 8's ring: each rank's K and V (its kv heads, in the compute
-//                       precision) hop cp - 1 times, each hop hidden behind the previous block's
-//                       attention; backward K, V and dK, dV 2 cp - 1 hops.
-//   CP_TORCH_ALLGATHER  PyTorch's context_parallel as torchtitan ran it in seed 001 (torch of
-//                       2024-12-23): K and V repeated to every query head (repeat_kv before SDPA),
-//                       all-gathered in one collective per attention call (forward, recompute and
-//                       backward each gather again); dK and dV passed around the ring in fp32, cp
-//                       sends; every block's output merged into an fp32 running output, the
-//                       gradients summed in fp32. Under --compile each collective is waited on right
-//                       after it starts (traced functional collectives), so none overlaps compute;
-//                       eager, the all-gather overlaps the first block and the dK, dV sends the
-//                       next blocks.
-typedef enum { CP_RING, CP_TORCH_ALLGATHER } CpImpl;
+//   CP_IMPL_RING             chapter 8's ring: each rank's K and V (its kv heads, in the compute
+//                            precision) hop cp - 1 times, each hop hidden behind the previous block's
+//                            attention; backward K, V and dK, dV 2 cp - 1 hops.
+//   CP_IMPL_TORCH_ALLGATHER  PyTorch's context_parallel as torchtitan ran it in seed 001 (torch of
+//                            2024-12-23): K and V repeated to every query head (repeat_kv before SDPA),
+//                            all-gathered in one collective per attention call (forward, recompute and
+//                            backward each gather again); dK and dV passed around the ring in fp32, cp
+//                            sends; every block's output merged into an fp32 running output, the
+//                            gradients summed in fp32. Under --compile each collective is waited on right
+//                            after it starts (traced functional collectives), so none overlaps compute;
+//                            eager, the all-gather overlaps the first block and the dK, dV sends the
+//                            next blocks.
+typedef enum { CP_IMPL_RING, CP_IMPL_TORCH_ALLGATHER } CpImpl;
 #define CP_IMPL_NAMES "ring|torch-allgather"  // in enum order (plan's --cp-impl choices)
 
 typedef struct {

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/comm.h"
+#include "common/hash.h"
 #include "common/rng.h"
 #include "gpu/comm_device.h"
 #include "gpu/dist.h"
@@ -25,12 +26,7 @@
 
 #define STEPS 3
 
-static uint64_t fnv1a(const void *data, size_t bytes) {
-    const unsigned char *p = data;
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < bytes; i++) h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
+static uint64_t fnv1a(const void *data, size_t bytes) { return fnv1a_bytes(FNV1A_BASIS, data, bytes); }
 
 // gpu_model_broadcast on a bf16 model: rank 0's fp32 weights change (as after loading a
 // checkpoint), the broadcast must bring every rank's fp32 weights *and* bf16 compute copy to them,

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "common/hash.h"
 #include "gpu/internal.cuh"
 #include "gpu/mma.cuh"
 
@@ -121,8 +122,8 @@ int main(int argc, char **argv) {
         int *tickets_ptr = tickets.data();
         GPU_LAUNCH(ticket_kernel, 1, 128, 0, tickets_ptr);
         gpu_synchronize();
-        unsigned long long h = 1469598103934665603ull;
-        for (int t : tickets) h = (h ^ (unsigned)t) * 1099511628211ull;
+        unsigned long long h = FNV1A_BASIS;
+        for (int t : tickets) h = fnv1a_word(h, (unsigned)t);
         std::printf("schedule %016llx\n", h);
         return 0;
     }
