@@ -142,8 +142,8 @@ void gpu_fp8_quantize_transposed(uint8_t *q, const float *x, int rows, int cols,
 }
 
 const char *gpu_fp8_gemm_shape_error(int rows_a, int rows_b, int K) {
-    if (rows_a % 16 || rows_b % 16 || K % 16)
-        return "cuBLASLt's FP8 GEMMs need every dimension a multiple of 16";
+    if (rows_a % GPU_FP8_GEMM_MULTIPLE || rows_b % GPU_FP8_GEMM_MULTIPLE || K % GPU_FP8_GEMM_MULTIPLE)
+        return GPU_FP8_GEMM_RULE;
     return NULL;
 }
 

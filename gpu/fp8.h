@@ -45,7 +45,10 @@ void gpu_fp8_quantize_transposed(uint8_t *q, const float *x, int rows, int cols,
 // chapter 9's emulation.
 void gpu_fp8_gemm(float *out, const uint8_t *a, Fp8Format fa, const float *scale_a, const uint8_t *b, Fp8Format fb,
                   const float *scale_b, int rows_a, int rows_b, int K, bool accumulate, bool fast_accum);
-// The rule gpu_fp8_gemm enforces: NULL when (rows_a, rows_b, K) are multiples of 16, else why not.
+// The rule gpu_fp8_gemm enforces: NULL when (rows_a, rows_b, K) are multiples of GPU_FP8_GEMM_MULTIPLE,
+// else why not (GPU_FP8_GEMM_RULE).
+#define GPU_FP8_GEMM_MULTIPLE 16
+#define GPU_FP8_GEMM_RULE "cuBLASLt's FP8 GEMMs need every dimension a multiple of 16"
 const char *gpu_fp8_gemm_shape_error(int rows_a, int rows_b, int K);
 
 // ---- the GPU model's FP8 linears (tensorwise) ----------------------------------------------------------

@@ -288,7 +288,7 @@ int main(int argc, char **argv) {
         {"seq-len", ARG_INT, &opt.seq_len, "2048", "tokens per sequence", .min = 1, .max = 1 << 20},
         {"steps", ARG_INT, &opt.steps, "12", "steps, warm-up included", .min = 2, .max = 1 << 20},
         {"warmup", ARG_INT, &opt.warmup, "2", "first steps left out of the timing", .min = 1, .max = 1 << 20},
-        {"layers", ARG_INT, &opt.layers, "0", "override n_layers (0: the config's)", .min = 0, .max = 1 << 10},
+        {"n-layers", ARG_INT, &opt.layers, "0", "override n_layers (0: the config's; the trainer's flag)", .min = 0, .max = 1 << 10},
         {"trace", ARG_STRING, &opt.trace, NULL, "write a Perfetto trace: host steps and the GPU timeline",
          .value_name = "FILE"},
         {"attention-only", ARG_BOOL, &opt.attention_only, NULL, "time one layer's attention alone (bf16)",

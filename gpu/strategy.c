@@ -65,6 +65,7 @@
 #include "gpu/comm_device.h"
 #include "gpu/cp_device.h"
 #include "gpu/dist.h"
+#include "gpu/fp8.h"
 #include "gpu/fsdp_device.h"
 #include "gpu/model.h"
 #include "gpu/pipeline_device.h"
@@ -249,8 +250,8 @@ static void cuda_free(Strategy *s) {
     free(g);
 }
 
-// --fp8 on the GPU: tensorwise, and every GEMM dimension a multiple of 16 (cuBLASLt's FP8 rule): the tokens of a micro-batch, the
-// model's width, the heads' widths and the FFN's.
+// --fp8 on the GPU: tensorwise, and every dimension of the linears' GEMMs (the tokens of a micro-batch,
+// the model's width, the heads' widths and the FFN's) passing gpu_fp8_gemm's shape rule.
 static void check_fp8(const Trainer *t, const ModelConfig *c, const LayoutOptions *o) {
     if (o->fp8_recipe != FP8_TENSORWISE)
         fatal_input("--device cuda --fp8: the GPU's FP8 linears scale tensorwise only so far (not --fp8-recipe %s)",
@@ -264,9 +265,8 @@ static void check_fp8(const Trainer *t, const ModelConfig *c, const LayoutOption
                 {tp > 1 ? "n_kv_heads x head_dim / tp" : "n_kv_heads x head_dim", c->n_kv_heads * hd / tp},
                 {tp > 1 ? "ffn_dim / tp" : "ffn_dim", c->ffn_dim / tp}};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
-        if (dims[i].value % 16)
-            fatal_input("--device cuda --fp8: %s is %d; cuBLASLt's FP8 GEMMs need every dimension a multiple of 16",
-                        dims[i].what, dims[i].value);
+        if (gpu_fp8_gemm_shape_error(dims[i].value, GPU_FP8_GEMM_MULTIPLE, GPU_FP8_GEMM_MULTIPLE))
+            fatal_input("--device cuda --fp8: %s is %d; " GPU_FP8_GEMM_RULE, dims[i].what, dims[i].value);
 }
 
 static void refuse_layout(const Trainer *t, const LayoutOptions *o) {

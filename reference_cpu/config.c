@@ -68,7 +68,8 @@ void model_config_validate(const ModelConfig *c, int seq_len) {
         fatal_input("model %s: head_dim=%d must be even for RoPE", c->name, model_head_dim(c));
     if (c->vocab_size < 2) fatal_input("model %s: vocab_size=%d must be at least 2", c->name, c->vocab_size);
     if (seq_len < 1) fatal_input("--seq-len %d: must be at least 1", seq_len);
-    if (c->rope_theta <= 0) fatal_input("--rope-theta %g: must be positive", c->rope_theta);
+    if (!(c->rope_theta > 0)) fatal_input("--rope-theta %g: must be positive", c->rope_theta);
+    if (!(c->norm_eps > 0)) fatal_input("model %s: norm_eps %g must be positive", c->name, c->norm_eps);
 }
 
 int model_head_dim(const ModelConfig *c) { return c->dim / c->n_heads; }

@@ -299,6 +299,10 @@ static void match_table(HfCheckpoint *h, const char *dir) {
             if (sscanf(tensor, "model.layers.%d.", &layer) == 1 && layer >= h->cfg.n_layers)
                 fatal_input("%s: tensor '%s' is a layer beyond config.json's num_hidden_layers %d",
                             st_path(h->files[f]), tensor, h->cfg.n_layers);
+            // said, not refused: transformers too ignores it when the config ties the output
+            if (h->cfg.tied && strcmp(tensor, "lm_head.weight") == 0)
+                log_info("%s: lm_head.weight is not read: config.json ties the output to model.embed_tokens.weight "
+                         "(tie_word_embeddings true)", st_path(h->files[f]));
         }
 }
 
@@ -442,9 +446,9 @@ void hf_read_all(const HfCheckpoint *h, const ParamTable *t, real *flat) {
 static void write_text_file(const char *path, const char *text) {
     AtomicFile f;
     char err[4400];
-    if (!atomic_create(&f, path, err, sizeof err)) fatal_input("--export-hf: %s", err);
+    if (!atomic_create(&f, path, err, sizeof err)) fatal_input("HF export: %s", err);
     fputs(text, f.fp);
-    if (!atomic_commit(&f, err, sizeof err)) fatal("--export-hf: %s", err);
+    if (!atomic_commit(&f, err, sizeof err)) fatal("HF export: %s", err);
 }
 
 // A JSON number that reads back as a float: transformers warns when rope_scaling's factors are
@@ -542,13 +546,13 @@ static void write_shard(const char *dir, const ParamTable *t, const int *shard_o
         bufs[i] = hf_layout(p, flat, dtype, head_dim);
         int64_t shape[2] = {p->shape[0], p->shape[1]};
         hf_name(p->name, name, sizeof name);
-        if (!st_writer_add(w, name, dtype, p->ndim, shape, bufs[i], err, sizeof err)) fatal("--export-hf: %s", err);
+        if (!st_writer_add(w, name, dtype, p->ndim, shape, bufs[i], err, sizeof err)) fatal("HF export: %s", err);
     }
     // transformers refuses a safetensors file whose metadata does not name its framework.
-    if (!st_writer_add_metadata(w, "format", "pt", err, sizeof err)) fatal("--export-hf: %s", err);
+    if (!st_writer_add_metadata(w, "format", "pt", err, sizeof err)) fatal("HF export: %s", err);
     shard_name(file, sizeof file, shard, n_shards);
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    if (!st_write(w, path, err, sizeof err)) fatal("--export-hf: %s", err);
+    if (!st_write(w, path, err, sizeof err)) fatal("HF export: %s", err);
     st_writer_free(w);
     for (int i = 0; i < t->count; i++) free(bufs[i]);
     free(bufs);
@@ -611,8 +615,8 @@ static void check_removable(const char *dir, const char *name) {
     snprintf(path, sizeof path, "%s/%s", dir, name);
     if (lstat(path, &st) != 0) return;
     if (!S_ISREG(st.st_mode))
-        fatal_input("--export-hf %s: %s is not a regular file, and this export would remove it", dir, path);
-    if (!(st.st_mode & 0222)) fatal_input("--export-hf %s: %s is read-only, and this export would remove it", dir, path);
+        fatal_input("HF export %s: %s is not a regular file, and this export would remove it", dir, path);
+    if (!(st.st_mode & 0222)) fatal_input("HF export %s: %s is read-only, and this export would remove it", dir, path);
 }
 
 void hf_export_check(const char *dir, const ModelConfig *cfg, StDtype dtype, size_t max_shard_bytes) {
@@ -645,7 +649,7 @@ static void remove_regular(const char *dir, const char *name) {
     struct stat st;
     snprintf(path, sizeof path, "%s/%s", dir, name);
     if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && unlink(path) != 0)
-        fatal("--export-hf: cannot remove %s: %s", path, strerror(errno));
+        fatal("HF export: cannot remove %s: %s", path, strerror(errno));
 }
 
 // The shard files of an earlier export with another shard count: no index names them any more.

@@ -39,7 +39,7 @@ config_json=$("$BUILD/train" --model "$MODEL" --model-info | sed -n 's/^config: 
 summary=()
 
 for SEQ in $SEQS; do
-    shapes="--seq-len $SEQ --steps $STEPS --layers $LAYERS"
+    shapes="--seq-len $SEQ --steps $STEPS --n-layers $LAYERS"
     # Ours at the asked batch (0: the largest that fits ours), then PyTorch at the batch ours ran. If
     # PyTorch runs out of memory there (its eager step keeps more activations), both again at half
     # the batch, so that the table compares one batch.
@@ -77,7 +77,7 @@ for SEQ in $SEQS; do
 
     # The trace from a run of its own (4 steps), so that CUPTI's per-kernel records cost the timed run nothing.
     if [ -n "${BENCH_GPU_TRACE:-}" ] && [ ${#summary[@]} -eq 0 ]; then
-        "$BUILD/bench_gpu" --model "$MODEL" --batch "$batch" --seq-len "$SEQ" --steps 4 --layers "$LAYERS" \
+        "$BUILD/bench_gpu" --model "$MODEL" --batch "$batch" --seq-len "$SEQ" --steps 4 --n-layers "$LAYERS" \
             --trace "$BENCH_GPU_TRACE" >"$LOG/traced.txt" 2>&1 || { cat "$LOG/traced.txt"; echo "bench-gpu: traced run failed" >&2; exit 1; }
         grep '^trace:' "$LOG/traced.txt"
         echo "bench-gpu: the costliest kernels: traces/trace-summary $BENCH_GPU_TRACE --kernels 20"

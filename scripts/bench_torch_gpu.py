@@ -43,7 +43,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=0, help="override n_layers (0: the config's)")
+    ap.add_argument("--n-layers", type=int, default=0, help="override n_layers (0: the config's; the trainer's flag)")
     ap.add_argument("--flops-per-token", type=float, required=True, help="as build/bench_gpu prints it")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     args = ap.parse_args()
@@ -54,8 +54,8 @@ def main():
         ap.error("--steps must exceed --warmup")
 
     cfg = LlamaConfig.from_dict(json.loads(args.config_json))
-    if args.layers:
-        cfg.n_layers = args.layers
+    if args.n_layers:
+        cfg.n_layers = args.n_layers
     B, T = args.batch, args.seq_len
     dev = torch.device("cuda")
     Attention.forward = sdpa_forward

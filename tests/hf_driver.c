@@ -9,11 +9,14 @@
 //   hf_driver slices DIR             every tensor-parallel shard (tp 2, 4 where they divide) and some
 //                                    flat ranges, read from the file, equal the same slices of the
 //                                    whole tensors (bit for bit)
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "chapters/06_tensor_parallel/tp.h"
+#include "common/fileio.h"
 #include "common/log.h"
 #include "common/mem.h"
 #include "common/safetensors.h"
@@ -72,9 +75,13 @@ static int cmd_grads(const char *dir, const char *tokens, const char *out) {
     return 0;
 }
 
+// The output is checked as the trainer's --export-hf checks it, before anything is written.
 static int cmd_export(const char *dir, const char *out, size_t max_shard_bytes) {
+    fileio_check_output("export-hf", out, OUTPUT_DIR);
+    if (fileio_same_file(dir, out)) fatal_input("export: %s is the checkpoint being read", out);
     Model m;
     load(dir, &m);
+    hf_export_check(out, &m.cfg, ST_F32, max_shard_bytes);
     hf_export(out, &m.cfg, m.params, ST_F32, max_shard_bytes, NULL);
     model_free(&m);
     return 0;
@@ -137,8 +144,18 @@ static int cmd_slices(const char *dir) {
 int main(int argc, char **argv) {
     log_set_program("hf_driver");
     if (argc >= 5 && strcmp(argv[1], "grads") == 0) return cmd_grads(argv[2], argv[3], argv[4]);
-    if (argc >= 4 && strcmp(argv[1], "export") == 0)
-        return cmd_export(argv[2], argv[3], argc > 4 ? strtoull(argv[4], NULL, 10) : HF_DEFAULT_MAX_SHARD_BYTES);
+    if (argc >= 4 && strcmp(argv[1], "export") == 0) {
+        size_t max_shard_bytes = HF_DEFAULT_MAX_SHARD_BYTES;
+        if (argc > 4) {  // a whole number of bytes, at least 1
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(argv[4], &end, 10);
+            if (errno || end == argv[4] || *end || argv[4][0] == '-' || v < 1 || v > SIZE_MAX)
+                fatal_input("export: MAX_SHARD_BYTES %s: must be a whole number of bytes, 1 or more", argv[4]);
+            max_shard_bytes = (size_t)v;
+        }
+        return cmd_export(argv[2], argv[3], max_shard_bytes);
+    }
     if (argc >= 3 && strcmp(argv[1], "slices") == 0) return cmd_slices(argv[2]);
     fatal_input("usage: hf_driver grads DIR TOKENS OUT | export DIR OUT [MAX_SHARD_BYTES] | slices DIR");
 }

@@ -27,6 +27,10 @@ expect_cp_error() {  # ranks, wanted, flags...
         { echo "FAIL: -np $np $* -> rc $rc: $out"; exit 1; }
     echo "ok: -np $np $* -> $(head -1 <<<"$ours")"
 }
-expect_cp_error 4 "must divide by 2 x cp" --seq-len 44
-expect_cp_error 4 "must divide by cp" --seq-len 42 --cp-load-balance off
-expect_cp_error 4 "must divide by cp" --cp-mode alltoall --heads 4 --kv-heads 2
+# in this program's terms: its flags and its rank count (it has no --cp and no tensor parallelism)
+expect_cp_error 4 "--seq-len 44 on 4 ranks: the sequence length must divide by 2 x cp" --seq-len 44
+expect_cp_error 4 "--seq-len 42 on 4 ranks: the sequence length must divide by cp" --seq-len 42 --cp-load-balance off
+expect_cp_error 4 "--cp-mode alltoall on 4 ranks: --heads 4 and --kv-heads 2 must divide by the ranks" \
+    --cp-mode alltoall --heads 4 --kv-heads 2
+# what cannot fit in memory is refused before any work (it ran out of memory with exit 1)
+expect_cp_error 1 "needs at least" --seq-len 1048576 --batch 1024 --heads 1024 --kv-heads 1024 --head-dim 1024

@@ -55,3 +55,25 @@ set -e
 [ "$rc" = 2 ] && [ "$(wc -l < "$T/zero.log")" = 1 ] && grep -q "at least one step" "$T/zero.log" ||
     { cat "$T/zero.log"; echo "FAIL: a dump of no steps: exit $rc, want 2 and one line"; exit 1; }
 echo "ok: a dump of no steps is refused: $(cat "$T/zero.log")"
+# A dump's model config is checked as the trainer checks its flags, before anything is allocated: a
+# norm_eps of -1 ran (every value NaN), 1e6 layers ran out of memory (exit 1), 2.5 heads became 2.
+"$PYTHON" - "$T/d32.safetensors" "$T" <<'PY'
+import json, sys
+sys.path.insert(0, "tests/py")
+import safetensors_io as st
+tensors, meta = st.load(sys.argv[1])
+for name, field, value in [("eps", "norm_eps", -1), ("layers", "n_layers", 1000000), ("heads", "n_heads", 2.5)]:
+    config = json.loads(meta["config"])
+    config[field] = value
+    st.save(f"{sys.argv[2]}/cfg_{name}.safetensors", tensors, dict(meta, config=json.dumps(config)))
+PY
+for case in "eps|norm_eps -1 must be positive" "layers|needs at least" "heads|\"n_heads\" = 2.5 is not a whole number"; do
+    name=${case%%|*} want=${case#*|}
+    set +e
+    "$BUILD/train" --compare "$T/cfg_$name.safetensors" > "$T/cfg_$name.log" 2>&1
+    rc=$?
+    set -e
+    [ "$rc" = 2 ] && [ "$(wc -l < "$T/cfg_$name.log")" = 1 ] && grep -qF -- "$want" "$T/cfg_$name.log" ||
+        { cat "$T/cfg_$name.log"; echo "FAIL: a dump with a bad $name: exit $rc, want 2 and one line with '$want'"; exit 1; }
+    echo "ok: $(cat "$T/cfg_$name.log")"
+done

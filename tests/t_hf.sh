@@ -68,4 +68,31 @@ refused() {  # dir, expected substring
 }
 refused "$TEST_TMP/dup" "tensor 'model.norm.weight' is in both"
 refused "$TEST_TMP/moved" "the weight_map puts tensor 'model.norm.weight' in"
+# A config that ties the output (tie_word_embeddings true) over a checkpoint that also holds an
+# lm_head.weight: loaded as transformers loads it (the head is the embedding table), and said.
+"$PYTHON" - "$TEST_TMP/shards" "$TEST_TMP/tiedhead" <<'PY'
+import json, shutil, sys
+src, out = sys.argv[1:]
+shutil.copytree(src, out)
+config = json.load(open(f"{out}/config.json"))
+config["tie_word_embeddings"] = True
+json.dump(config, open(f"{out}/config.json", "w"))
+PY
+"$BUILD/train" --steps 1 --batch 2 --seq-len 16 --init-from "hf:$TEST_TMP/tiedhead" >"$TEST_TMP/tiedhead.log" 2>&1 &&
+    grep -q "lm_head.weight is not read: config.json ties the output to model.embed_tokens.weight" "$TEST_TMP/tiedhead.log" ||
+    { cat "$TEST_TMP/tiedhead.log"; echo "t_hf: FAIL: a tied config's lm_head.weight dropped without a word"; exit 1; }
+echo "ok: a tied config's lm_head.weight is named as not read"
+# The test driver's export checks its output and its shard size as the trainer does (it wrote 12-byte
+# shards for "12x", and failed on a FIFO with exit 1 after loading).
+mkfifo "$TEST_TMP/fifo"
+for case in "$TEST_TMP/fifo|exists and is not a directory" "$TEST_TMP/drv 12x|MAX_SHARD_BYTES 12x: must be a whole number" \
+            "$TEST_TMP/drv 0|MAX_SHARD_BYTES 0: must be" "$TEST_TMP/shards|is the checkpoint being read"; do
+    args=${case%%|*} want=${case#*|} rc=0
+    # shellcheck disable=SC2086  # args: the output and the shard size, split on purpose
+    err=$("$BUILD/tests/hf_driver" export "$TEST_TMP/shards" $args 2>&1 >/dev/null) || rc=$?
+    [ "$rc" = 2 ] && [ "$(printf '%s\n' "$err" | grep -c .)" = 1 ] && [[ "$err" == *"$want"* ]] ||
+        { echo "t_hf: FAIL: hf_driver export ... $args -> exit $rc: $err (wanted exit 2, one line with '$want')"; exit 1; }
+    echo "ok: $err"
+done
+[ ! -e "$TEST_TMP/drv" ] || { echo "t_hf: FAIL: a refused export left $TEST_TMP/drv"; exit 1; }
 echo "t_hf: PASS"

@@ -107,9 +107,16 @@ rows=$("$PLAN" --model llama3_8b --gpus 16 --batch 32 --seq-len 8192 --search --
     { echo "FAIL: --search --pp-virtual-stages 2 without --pp listed: $rows"; exit 1; }
 echo "ok: --search --pp-virtual-stages 2 without --pp lists pipelines only ($(tr '\n' ' ' <<<"$rows"))"
 # A search where nothing fits still ends with the line scripts read.
-last=$("$PLAN" --model llama3_405b --search --gpus 8 | tail -1)
-[ "$last" = "TPS/GPU 0" ] || { echo "FAIL: a search where no mesh fits ends with '$last', not 'TPS/GPU 0'"; exit 1; }
+"$PLAN" --model llama3_405b --search --gpus 8 >"$T/nofit.txt"
+[ "$(tail -1 "$T/nofit.txt")" = "TPS/GPU 0" ] && grep -q "^no mesh fits: give more GPUs" "$T/nofit.txt" ||
+    { cat "$T/nofit.txt"; echo "FAIL: a search where no mesh fits: not its advice and TPS/GPU 0"; exit 1; }
 echo "ok: a search where no mesh fits ends with TPS/GPU 0"
+# ... and one where no mesh is valid at all (more GPUs than sequences) says so, not "give more GPUs".
+"$PLAN" --search --gpus 1000000 --top 1 >"$T/novalid.txt"
+[ "$(tail -1 "$T/novalid.txt")" = "TPS/GPU 0" ] &&
+    grep -q "^no mesh of 1000000 GPUs can run this: give a larger --batch or fewer --gpus" "$T/novalid.txt" ||
+    { cat "$T/novalid.txt"; echo "FAIL: a search where no mesh is valid: wrong advice"; exit 1; }
+echo "ok: a search where no mesh is valid asks for a larger batch or fewer GPUs"
 
 # --fp8 needs FP8 matmuls on the cluster (else every step would take forever: "step inf s") and
 # the GPU precision its model is of. A profile without FP8 stays valid without --fp8.
@@ -159,6 +166,9 @@ bad_cluster "more after the JSON object (at byte 19)" '{"gemm_eff": 0.45} xyz'
 bad_cluster "more after the JSON object (at byte 18)" '{"gemm_eff": 0.45}{"gemm_eff": 0.5}'
 bad_cluster "field name must be a non-empty string" '{"name": 5}'
 bad_cluster "field name must be a non-empty string" '{"name": null}'
+bad_cluster "not valid JSON (error near byte 10)" '{"net_bw":NaN}'
+bad_cluster "not valid JSON" '{"net_bw":40e9'
+bad_cluster "not a JSON object" '[1]'
 bad_cluster "field gemm_eff given twice" '{"gemm_eff": 0.45, "gemm_eff": 0.5}'
 bad_cluster "unknown field warp_drive" '{"warp_drive": "fast"}'
 printf '{}\n' >"$T/empty.json"  # every field the default profile's

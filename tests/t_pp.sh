@@ -163,6 +163,14 @@ for schedule in GPipe Interleaved1F1B; do
     $PYTHON tests/py/pp_bubble.py "$T/$schedule.json" --expect-lists "$T/lists_$schedule.txt" \
         || { echo "FAIL: $schedule: the trace's order differs from the schedule"; exit 1; }
 done
+# pp_schedule: a schedule too large to print and simulate is refused before any work (it ran for
+# minutes, then out of memory with exit 1), and Interleaved1F1B with v = 1 says it interleaves nothing.
+rc=0; err=$("$BUILD/pp_schedule" --pp 4096 --microbatches 4096 2>&1 >/dev/null) || rc=$?
+[ "$rc" -eq 2 ] && [[ "$err" == *"(micro-batch, stage) pairs: more than the 262144 this program prints"* ]] ||
+    { echo "FAIL: pp_schedule --pp 4096 --microbatches 4096 -> rc $rc: $err"; exit 1; }
+"$BUILD/pp_schedule" --schedule Interleaved1F1B --pp 2 --microbatches 4 | grep -q "^note: Interleaved1F1B with one virtual stage per rank interleaves nothing" ||
+    { echo "FAIL: pp_schedule Interleaved1F1B --virtual-stages 1 gives no note"; exit 1; }
+echo "ok: pp_schedule refuses 16M pairs (exit 2) and notes Interleaved1F1B with v = 1"
 $PYTHON tests/py/trace_check.py "$T/GPipe.pftrace" --json "$T/GPipe.json" --expect-slice "pp wait" \
     --expect-slice forward --expect-slice backward --expect-slice batch
 # trace-summary's bubble% (pipeline-wait slices and idle time over each rank's span), printed only.

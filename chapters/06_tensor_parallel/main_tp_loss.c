@@ -108,7 +108,7 @@ int main(int argc, char **argv) {
                "ignored targets. Run under mpirun (1 to 6 ranks).");
     comm_init(&argc, &argv, &(CommOptions){0});
     Comm *world = comm_world();
-    if (VOCAB % comm_size(world)) fatal_input("tp_loss: %d ranks do not divide the vocabulary of %d", comm_size(world), VOCAB);
+    if (VOCAB % comm_size(world)) fatal_input("%d ranks do not divide the vocabulary of %d", comm_size(world), VOCAB);
     Model m = {0};
     m.tp.size = comm_size(world), m.tp.rank = comm_rank(world);
     tp_install(&m, world, false);

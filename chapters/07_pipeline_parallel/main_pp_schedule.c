@@ -4,6 +4,8 @@
 //
 //   ./build/pp_schedule --schedule 1F1B --pp 4 --microbatches 8
 //   ./build/pp_schedule --schedule Interleaved1F1B --pp 4 --microbatches 8 --virtual-stages 2 --dot pp.dot
+#include <inttypes.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "chapters/07_pipeline_parallel/schedule.h"
@@ -24,6 +26,8 @@ static const ArgSpec FLAGS[] = {
     {"dot", ARG_STRING, &opt.dot, NULL, "write the schedule as a Graphviz diagram", .value_name = "FILE"},
 };
 
+#define PP_SCHEDULE_MAX_PAIRS (1 << 18)
+
 int main(int argc, char **argv) {
     args_parse(FLAGS, (int)(sizeof FLAGS / sizeof FLAGS[0]), argc, argv, "pp_schedule",
                "Prints, checks and draws a pipeline schedule (chapter 7).");
@@ -31,6 +35,11 @@ int main(int argc, char **argv) {
     PpScheduleKind kind;
     pp_schedule_parse(opt.schedule, &kind);  // one of the choices: args_parse checked it
     int p = opt.pp, m = opt.microbatches, v = opt.virtual_stages;
+    // Every compute step is printed, and the lists are checked by simulation: past a quarter of a million
+    // (micro-batch, stage) pairs that takes minutes and gigabytes. The bubble formula needs neither.
+    if ((uint64_t)p * m * v > PP_SCHEDULE_MAX_PAIRS)
+        fatal_input("--pp %d x --microbatches %d x --virtual-stages %d = %" PRIu64 " (micro-batch, stage) pairs: more "
+                    "than the %d this program prints and simulates", p, m, v, (uint64_t)p * m * v, PP_SCHEDULE_MAX_PAIRS);
     PpSchedule s;
     const char *err = pp_schedule_build(kind, p, m, v, &s);
     if (err) fatal_input("--schedule %s --pp %d --microbatches %d --virtual-stages %d: %s", opt.schedule, p, m, v, err);
@@ -44,6 +53,9 @@ int main(int argc, char **argv) {
         printf("rank %d: %s\n", r, line);
     }
     if (!valid) fatal("the %s lists are not valid: %s", opt.schedule, problem);
+    if (kind == PP_INTERLEAVED_1F1B && v == 1)
+        printf("note: Interleaved1F1B with one virtual stage per rank interleaves nothing (--virtual-stages 2 or "
+               "more does)\n");
     printf("valid: every compute after its inputs, messages paired in order, no deadlock with batched transfers\n");
     printf("in flight (activations held, in (micro-batch, stage) pairs):");
     for (int r = 0; r < p; r++) printf(" rank %d: %d%s", r, in_flight[r], r + 1 < p ? "," : "\n");

@@ -117,6 +117,18 @@ static int check_empty_row_merges(void) {
     return failures;
 }
 
+// Every rank holds the whole sequence's q, k, v and dout, and with --check the single-process
+// reference's out, dq, dk and dv too: refused before any work when that alone cannot fit.
+static void check_memory(void) {
+    uint64_t per_token = mem_mul((uint64_t)opt.heads + opt.kv_heads, (uint64_t)opt.head_dim);  // q + k (or out + dk...)
+    uint64_t tensors = mem_mul(mem_mul((uint64_t)opt.batch, (uint64_t)opt.seq_len), per_token);
+    uint64_t bytes = mem_mul(mem_mul(tensors, opt.check ? 4 : 2), sizeof(real));
+    char what[160];
+    snprintf(what, sizeof what, "--batch %d --seq-len %d --heads %d --kv-heads %d --head-dim %d", opt.batch,
+             opt.seq_len, opt.heads, opt.kv_heads, opt.head_dim);
+    mem_check_plan(what, bytes, mem_local_processes());
+}
+
 int main(int argc, char **argv) {
     ArgSpec flags[N_FLAGS];
     memcpy(flags, FLAGS, sizeof flags);
@@ -124,6 +136,7 @@ int main(int argc, char **argv) {
                "Context-parallel attention (ring or all-to-all) against single-process attention.");
     if (opt.heads % opt.kv_heads != 0) fatal_input("--kv-heads %d: must divide --heads %d", opt.kv_heads, opt.heads);
     fileio_check_output("trace", opt.trace, OUTPUT_FILE);
+    check_memory();
     comm_init(&argc, &argv, &(CommOptions){.trace = opt.trace != NULL});
     Comm *world = comm_world();
     int rank = comm_rank(world), n = comm_size(world);
@@ -139,6 +152,12 @@ int main(int argc, char **argv) {
     // One rank holds the whole sequence in order (cp_layout): no zigzag to report, nor to divide T by.
     bool balanced = strcmp(opt.load_balance, "on") == 0 && n > 1;
     int B = opt.batch, T = opt.seq_len, H = opt.heads, Hkv = opt.kv_heads, hd = opt.head_dim;
+    // cp_create's refusals name the trainer's flags (--cp, tensor parallelism); here the cp degree is
+    // the rank count.
+    const char *rule = cp_layout_check(n, T, balanced);
+    if (rule) fatal_input("--seq-len %d on %d ranks: %s", T, n, rule);
+    if (mode == CP_ALLTOALL && (H % n != 0 || Hkv % n != 0))
+        fatal_input("--cp-mode alltoall on %d ranks: --heads %d and --kv-heads %d must divide by the ranks", n, H, Hkv);
     ContextParallel *cp = cp_create(group, mode, balanced, B, T, H, Hkv, hd, NULL);
     int Tl = T / n;
     const int *positions = cp_positions(cp);

@@ -140,9 +140,10 @@ static cJSON *parse_object(const char *path) {
     if (!text) fatal_input("--cluster %s: %s", path, err);
     const char *end = NULL;
     cJSON *o = cJSON_ParseWithLengthOpts((const char *)text, size, &end, false);
-    size_t rest = o ? (size_t)(end - (const char *)text) : 0;
+    size_t rest = end ? (size_t)(end - (const char *)text) : 0;  // where the parse stopped, or failed
     while (o && rest < size && isspace(text[rest])) rest++;
     free(text);
+    if (!o) fatal_input("--cluster %s: not valid JSON (error near byte %zu)", path, rest);
     if (!cJSON_IsObject(o)) fatal_input("--cluster %s: not a JSON object", path);
     if (rest < size) fatal_input("--cluster %s: more after the JSON object (at byte %zu): one object per file", path, rest);
     return o;

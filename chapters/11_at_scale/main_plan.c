@@ -384,6 +384,8 @@ static void search(const PlanConfig *base, const Cluster *c) {
            flag_given("zero-stage") ? "" : " zero", flag_given("pp-schedule") ? "" : " schedule",
            microbatches_fixed() ? "" : " m");
     if (n) print_candidates(found, opt.top && opt.top < n ? opt.top : n);
+    else if (tried == 0)  // every mesh broke a rule (most often: more data-parallel ranks than sequences)
+        printf("no mesh of %d GPUs can run this: give a larger --batch or fewer --gpus, or fix fewer mesh flags\n", gpus);
     else printf("no mesh fits: give more GPUs, a smaller batch or --seq-len, or let --ac and --zero-stage be searched\n");
     printf("TPS/GPU %.0f\n", n ? found[0].t.tps_per_gpu : 0.0);  // scripts read the last line: 0, nothing runs
     free(found);

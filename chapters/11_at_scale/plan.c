@@ -30,7 +30,8 @@ const char *plan_check(const PlanConfig *p) {
     // 64-bit: a data-parallel size of up to PLAN_MAX_GPUS times the micro-batches passes 2^31.
     if (p->batch % ((long long)dp_size(p) * p->microbatches))
         return "--batch must be a multiple of dp-replicate x dp-shard x pp-microbatches";
-    if (cp_layout_check(p->cp, p->seq_len, true)) return "--seq-len must be a multiple of 2 x cp (zigzag chunks)";
+    if (cp_layout_check(p->cp, p->seq_len, true))
+        return "--seq-len must be a multiple of 2 x cp (zigzag chunks; without --seq-len: the model's length)";
     if (p->tp > 1 && (long long)micro_batch(p) * (p->seq_len / p->cp) % p->tp)
         return "the tokens of a micro-batch must divide over tp (sequence parallel)";
     if (n_stages(p) > c->n_layers) return "pp x pp-virtual-stages must not exceed the model's layers";
