@@ -152,6 +152,24 @@ if [ -n "$gemm_gflop" ]; then
     }'
 fi
 
+# The goals the C step is held to, each with this run's figures: its time at most 0.8 x eager PyTorch
+# 2.x's, below torch.compile's, and its model FLOP rate at least 80% of the sgemm rate measured before it.
+compile_ms=""
+for i in "${!programs[@]}"; do
+    name=${programs[$i]%%|*}
+    [[ "$name" == "torch 2"*" compile" ]] && [ -s "$LOG/p$i.runs" ] && compile_ms=$(fastest_run "$LOG/p$i.runs" | cut -d' ' -f1)
+done
+awk -v ms="$ms" -v sgemm="$sgemm" -v tokens=$((BATCH * SEQ)) -v fpt="$flops_per_token" -v eager="$eager_ms" \
+    -v eager_name="$eager_name" -v compiled="$compile_ms" 'function verdict(ok) { return ok ? "met" : "NOT met" }
+    BEGIN {
+        pct = 100 * tokens / (ms / 1e3) * fpt / 1e9 / sgemm
+        if (eager != "" && eager_name ~ /^torch 2/)
+            printf "goal: C time / %s time = %.3f (at most 0.8): %s\n", eager_name, ms / eager, verdict(ms <= 0.8 * eager)
+        if (compiled != "")
+            printf "goal: C time / torch.compile time = %.3f (below 1): %s\n", ms / compiled, verdict(ms < compiled)
+        printf "goal: C model FLOP rate = %.1f%% of sgemm (at least 80%%): %s\n", pct, verdict(pct >= 80)
+    }'
+
 # Chapter 11: the simulator calibrated here, predicting the trainer's 2-rank step times.
 echo
 echo "== build/plan against the trainer on 2 ranks (scripts/bench_plan.sh) =="
