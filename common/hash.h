@@ -1,8 +1,8 @@
 // hash.h: FNV-1a, 64-bit, the project's one hash for names and fingerprints: parameter names (the
-// stream of each weight's initial values), communicator identities, the trace's string table, the
-// token stream a checkpoint was trained on, DDP's check that replicas hold the same weights. Where a
-// changed input must change the value and speed does not matter; safetensors.c runs the same step in
-// four lanes over whole files.
+// stream of each weight's initial values; rng.c starts that one from another basis, and says why),
+// communicator identities, the trace's string table, the token stream a checkpoint was trained on,
+// DDP's check that replicas hold the same weights. Byte by byte, so not fast: safetensors.c runs the
+// same step in four lanes over whole files.
 //
 //   h = basis;  for each byte b:  h = (h ^ b) * prime
 #pragma once

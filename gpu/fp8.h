@@ -48,7 +48,9 @@ void gpu_fp8_gemm(float *out, const uint8_t *a, Fp8Format fa, const float *scale
 // The rule gpu_fp8_gemm enforces: NULL when (rows_a, rows_b, K) are multiples of GPU_FP8_GEMM_MULTIPLE,
 // else why not (GPU_FP8_GEMM_RULE).
 #define GPU_FP8_GEMM_MULTIPLE 16
-#define GPU_FP8_GEMM_RULE "cuBLASLt's FP8 GEMMs need every dimension a multiple of 16"
+#define GPU_FP8_STRINGIFY_(x) #x
+#define GPU_FP8_STRINGIFY(x) GPU_FP8_STRINGIFY_(x)
+#define GPU_FP8_GEMM_RULE "cuBLASLt's FP8 GEMMs need every dimension a multiple of " GPU_FP8_STRINGIFY(GPU_FP8_GEMM_MULTIPLE)
 const char *gpu_fp8_gemm_shape_error(int rows_a, int rows_b, int K);
 
 // ---- the GPU model's FP8 linears (tensorwise) ----------------------------------------------------------

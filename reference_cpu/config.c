@@ -170,25 +170,30 @@ bool model_config_from_json(const char *json, ModelConfig *out, char *err, size_
     memset(out, 0, sizeof *out);
     const cJSON *item;
     bool ok = true;
-#define GET_FIELD(f)                                                                      \
+#define GET_NUMBER(f)                                                                     \
     item = cJSON_GetObjectItemCaseSensitive(o, #f);                                       \
     if (ok && !cJSON_IsNumber(item)) {                                                    \
         snprintf(err, err_len, "model config: field \"%s\" missing or not a number", #f); \
         ok = false;                                                                       \
-    }                                                                                     \
+    }
+#define GET_DOUBLE_FIELD(f) \
+    GET_NUMBER(f)           \
     if (ok) out->f = item->valuedouble;
-    // an int field must hold an int: checked as a double first (2.5 would become 2, 1e20 undefined)
+    // an int field must hold an int, checked as a double before the conversion (2.5 would become 2,
+    // and converting 1e20 to int is undefined)
 #define GET_INT_FIELD(f)                                                                                   \
-    GET_FIELD(f)                                                                                           \
+    GET_NUMBER(f)                                                                                          \
     if (ok && !whole_number_in(item->valuedouble, INT_MIN, INT_MAX)) {                                     \
         snprintf(err, err_len, "model config: field \"%s\" = %g is not a whole number that fits an int", #f, \
                  item->valuedouble);                                                                       \
         ok = false;                                                                                        \
-    }
+    }                                                                                                      \
+    if (ok) out->f = (int)item->valuedouble;
     CONFIG_INT_FIELDS(GET_INT_FIELD)
-    CONFIG_DOUBLE_FIELDS(GET_FIELD)
+    CONFIG_DOUBLE_FIELDS(GET_DOUBLE_FIELD)
 #undef GET_INT_FIELD
-#undef GET_FIELD
+#undef GET_DOUBLE_FIELD
+#undef GET_NUMBER
     item = cJSON_GetObjectItemCaseSensitive(o, "tied");
     if (ok && !cJSON_IsBool(item)) {
         snprintf(err, err_len, "model config: field \"tied\" missing or not a boolean");

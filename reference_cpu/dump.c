@@ -171,7 +171,7 @@ int dump_compare(const char *path, AttentionImpl attention, double rtol) {
     model_config_validate(&cfg, T);
     if (T > cfg.max_seq_len) cfg.max_seq_len = T;
     // what one step of that model at (B, T) allocates at least, refused before allocating (as the trainer does)
-    char what[128];
+    char what[4200];
     snprintf(what, sizeof what, "--compare %s (n_layers %d, dim %d, B %d, T %d)", path, cfg.n_layers, cfg.dim, B, T);
     mem_check_plan(what, model_plan_bytes(&cfg, (uint64_t)B, (uint64_t)T, &(ModelSplit){1, 1, 1, 1, 0, false}), 1);
 

@@ -85,7 +85,8 @@ static double config_number(const cJSON *o, const char *key, const char *path, b
 
 static int config_int(const cJSON *o, const char *key, const char *path, bool required, int fallback) {
     double v = config_number(o, key, path, required, fallback);
-    if (!whole_number_in(v, 1, INT_MAX)) fatal_input("%s: key \"%s\" = %g is not a positive integer", path, key, v);
+    if (!whole_number_in(v, 1, INT_MAX))
+        fatal_input("%s: key \"%s\" = %g is not a positive integer up to %d", path, key, v, INT_MAX);
     return (int)v;
 }
 

@@ -150,7 +150,7 @@ int main(int argc, char **argv) {
             char *end;
             errno = 0;
             unsigned long long v = strtoull(argv[4], &end, 10);
-            if (errno || end == argv[4] || *end || argv[4][0] == '-' || v < 1 || v > SIZE_MAX)
+            if (errno || end == argv[4] || *end || strchr(argv[4], '-') || v < 1 || v > SIZE_MAX)
                 fatal_input("export: MAX_SHARD_BYTES %s: must be a whole number of bytes, 1 or more", argv[4]);
             max_shard_bytes = (size_t)v;
         }

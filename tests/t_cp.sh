@@ -28,8 +28,8 @@ expect_cp_error() {  # ranks, wanted, flags...
     echo "ok: -np $np $* -> $(head -1 <<<"$ours")"
 }
 # in this program's terms: its flags and its rank count (it has no --cp and no tensor parallelism)
-expect_cp_error 4 "--seq-len 44 on 4 ranks: the sequence length must divide by 2 x cp" --seq-len 44
-expect_cp_error 4 "--seq-len 42 on 4 ranks: the sequence length must divide by cp" --seq-len 42 --cp-load-balance off
+expect_cp_error 4 "--seq-len 44 on 4 ranks: must divide by 2 x 4 (zigzag" --seq-len 44
+expect_cp_error 4 "--seq-len 42 on 4 ranks: must divide by 4 (contiguous" --seq-len 42 --cp-load-balance off
 expect_cp_error 4 "--cp-mode alltoall on 4 ranks: --heads 4 and --kv-heads 2 must divide by the ranks" \
     --cp-mode alltoall --heads 4 --kv-heads 2
 # what cannot fit in memory is refused before any work (it ran out of memory with exit 1)

@@ -182,7 +182,7 @@ expect_bad "--batch must be a multiple of dp-replicate x dp-shard" --search --dp
 expect_bad "--gpus 8: not a multiple of the mesh flags given (pp x dp-replicate x dp-shard x cp x tp = 3)" \
     --search --gpus 8 --dp-shard 3
 expect_bad "--gpus 16: the mesh has 8" --search --gpus 16 --pp 2 --dp-replicate 1 --dp-shard 2 --cp 1 --tp 2
-expect_bad "--seq-len must be a multiple of 2 x cp" --search --gpus 8 --cp 2 --seq-len 8190
+expect_bad "the sequence length (--seq-len, or the model's) must be a multiple of 2 x cp" --search --gpus 8 --cp 2 --seq-len 8190
 # The trainer's own rules (the chapters' checks), no stricter and no looser: without cp any length
 # splits (train takes --seq-len 33), and a tied model cannot be pipelined (train refuses it).
 "$PLAN" --model small --cluster cpu --batch 2 --seq-len 33 >"$T/seq33.txt" 2>&1 ||

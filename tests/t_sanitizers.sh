@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The C code under AddressSanitizer, UndefinedBehaviorSanitizer and LeakSanitizer: the programs and
-# unit suites built with -fsanitize=address,undefined into $BUILD/sanitize (-O1 and frame pointers,
-# so reports name their lines), then the trainer's layouts, a resume, the planner, the chapter tools
-# and the suites run there. A run fails on its first report (out-of-bounds access, use after free,
-# undefined behaviour, or memory still allocated at exit that no pointer reaches), and the check
-# also fails on a report in the output whatever the exit status. Leaks are checked in the project's
-# code only: Open MPI keeps what MPI_Init allocates past MPI_Finalize (tests/lsan.supp).
+# unit suites built with -fsanitize=address,undefined,float-cast-overflow (a double converted to an
+# int it does not fit: GCC's "undefined" leaves that check out) into $BUILD/sanitize (-O1 and frame
+# pointers, so reports name their lines), then the trainer's layouts, a resume, the planner, the
+# chapter tools and the suites run there. A run fails on its first report (out-of-bounds access,
+# use after free, undefined behaviour, or memory still allocated at exit that no pointer reaches),
+# and the check also fails on a report in the output whatever the exit status. Leaks are checked
+# in the project's code only: Open MPI keeps what MPI_Init allocates past MPI_Finalize
+# (tests/lsan.supp).
 set -eu
 S="$BUILD/sanitize"
 T="$TEST_TMP"
@@ -19,10 +21,10 @@ suites=(test_reference test_fp8 test_fp8_groups test_checkpointing test_safetens
 # the merges. (test_gpu_ops is clean too, but its fibers make it ten times slower under ASan: 3.5
 # minutes.)
 CFLAGS="-O1 -g -march=native -fno-omit-frame-pointer" make -s BUILD="$S" \
-    EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all" \
-    CXX="${CXX:-g++} -g -fsanitize=address,undefined -fno-sanitize-recover=all" \
+    EXTRA_CFLAGS="-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all" \
+    CXX="${CXX:-g++} -g -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=all" \
     "${programs[@]/#/$S/}" "${suites[@]/#/$S/tests/}" "$S/tests/emu/test_gpu_cp"
-echo "ok: built with -fsanitize=address,undefined in $S"
+echo "ok: built with -fsanitize=address,undefined,float-cast-overflow in $S"
 
 export ASAN_OPTIONS="detect_leaks=1:fast_unwind_on_malloc=0:halt_on_error=1"
 export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"

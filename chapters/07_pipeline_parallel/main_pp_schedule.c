@@ -35,8 +35,9 @@ int main(int argc, char **argv) {
     PpScheduleKind kind;
     pp_schedule_parse(opt.schedule, &kind);  // one of the choices: args_parse checked it
     int p = opt.pp, m = opt.microbatches, v = opt.virtual_stages;
-    // Every compute step is printed, and the lists are checked by simulation: past a quarter of a million
-    // (micro-batch, stage) pairs that takes minutes and gigabytes. The bubble formula needs neither.
+    // Every compute step is printed, and the lists are checked by simulation: time and memory grow
+    // with the (micro-batch, stage) pairs (16M ran for minutes, then out of memory), so a quarter of
+    // a million is the most taken. The bubble formula needs neither.
     if ((uint64_t)p * m * v > PP_SCHEDULE_MAX_PAIRS)
         fatal_input("--pp %d x --microbatches %d x --virtual-stages %d = %" PRIu64 " (micro-batch, stage) pairs: more "
                     "than the %d this program prints and simulates", p, m, v, (uint64_t)p * m * v, PP_SCHEDULE_MAX_PAIRS);

@@ -154,8 +154,10 @@ int main(int argc, char **argv) {
     int B = opt.batch, T = opt.seq_len, H = opt.heads, Hkv = opt.kv_heads, hd = opt.head_dim;
     // cp_create's refusals name the trainer's flags (--cp, tensor parallelism); here the cp degree is
     // the rank count.
-    const char *rule = cp_layout_check(n, T, balanced);
-    if (rule) fatal_input("--seq-len %d on %d ranks: %s", T, n, rule);
+    if (cp_layout_check(n, T, balanced))
+        fatal_input("--seq-len %d on %d ranks: must divide by %s%d (%s)", T, n, balanced ? "2 x " : "", n,
+                    balanced ? "zigzag: two chunks per rank; --cp-load-balance off needs only the ranks"
+                             : "contiguous: one chunk per rank");
     if (mode == CP_ALLTOALL && (H % n != 0 || Hkv % n != 0))
         fatal_input("--cp-mode alltoall on %d ranks: --heads %d and --kv-heads %d must divide by the ranks", n, H, Hkv);
     ContextParallel *cp = cp_create(group, mode, balanced, B, T, H, Hkv, hd, NULL);

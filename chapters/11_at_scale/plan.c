@@ -31,10 +31,9 @@ const char *plan_check(const PlanConfig *p) {
     if (p->batch % ((long long)dp_size(p) * p->microbatches))
         return "--batch must be a multiple of dp-replicate x dp-shard x pp-microbatches";
     if (cp_layout_check(p->cp, p->seq_len, true))
-        return "--seq-len must be a multiple of 2 x cp (zigzag chunks; without --seq-len: the model's length)";
+        return "the sequence length (--seq-len, or the model's) must be a multiple of 2 x cp (zigzag chunks)";
     if (p->tp > 1 && (long long)micro_batch(p) * (p->seq_len / p->cp) % p->tp)
         return "the tokens of a micro-batch must divide over tp (sequence parallel)";
-    if (n_stages(p) > c->n_layers) return "pp x pp-virtual-stages must not exceed the model's layers";
     if (p->pp > 1 && (rule = pipeline_check(c, p->pp, p->virtual_stages))) return rule;
     if (p->pp == 1 && p->schedule == PP_INTERLEAVED_1F1B && p->virtual_stages > 1)
         return "Interleaved1F1B needs --pp > 1";
