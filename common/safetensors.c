@@ -249,9 +249,9 @@ static char *build_header(const StWriter *w, size_t *len) {
 }
 
 // ---- the data hash ----------------------------------------------------------------------------
-// FNV-1a's step (hash.h), h = (h ^ word) * prime, on 8-byte words, in four lanes (words 0, 1, 2, 3 of each
-// 32-byte chunk: independent multiplies, so the hash runs near memory speed), then the lanes, the
-// bytes past the last whole chunk and the length folded into one value. Each step is a bijection
+// FNV-1a's step (hash.h), h = (h ^ word) * prime, on 8-byte words, in four lanes (words 0, 1, 2, 3
+// of each 32-byte chunk: independent multiplies, so the hash runs near memory speed), then the
+// lanes, the bytes past the last whole chunk and the length folded into one value. Each step is a bijection
 // of h and of the word, so changing any one word changes the result. A stream: tensors given one
 // by one hash as their concatenation does.
 typedef struct {

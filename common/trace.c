@@ -110,15 +110,13 @@ static const char *string_at(const TraceRankData *d, uint32_t id) {
     return (const char *)d->strings.chars.at + d->strings.offsets.at[id];
 }
 
-static uint64_t hash_string(const char *s) { return fnv1a_string(FNV1A_BASIS, s); }
-
 static void strings_rehash(Strings *st, size_t n_slots) {
     free(st->slots);
     st->slots = calloc(n_slots, sizeof *st->slots);
     if (!st->slots) fatal("trace: out of memory for the string table");
     st->n_slots = n_slots;
     for (uint32_t id = 0; id < st->offsets.n; id++) {
-        size_t i = hash_string((const char *)st->chars.at + st->offsets.at[id]) & (n_slots - 1);
+        size_t i = fnv1a_string(FNV1A_BASIS, (const char *)st->chars.at + st->offsets.at[id]) & (n_slots - 1);
         while (st->slots[i]) i = (i + 1) & (n_slots - 1);
         st->slots[i] = id + 1;
     }
@@ -128,7 +126,7 @@ static uint32_t intern(TraceRankData *d, const char *s) {
     Strings *st = &d->strings;
     if (!s) s = "";
     if (2 * (st->offsets.n + 1) > st->n_slots) strings_rehash(st, st->n_slots ? 2 * st->n_slots : 64);
-    size_t i = hash_string(s) & (st->n_slots - 1);
+    size_t i = fnv1a_string(FNV1A_BASIS, s) & (st->n_slots - 1);
     for (; st->slots[i]; i = (i + 1) & (st->n_slots - 1))
         if (strcmp(string_at(d, st->slots[i] - 1), s) == 0) return st->slots[i] - 1;
     size_t len = strlen(s) + 1;

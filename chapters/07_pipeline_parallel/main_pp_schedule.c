@@ -54,9 +54,8 @@ int main(int argc, char **argv) {
         printf("rank %d: %s\n", r, line);
     }
     if (!valid) fatal("the %s lists are not valid: %s", opt.schedule, problem);
-    if (kind == PP_INTERLEAVED_1F1B && v == 1)
-        printf("note: Interleaved1F1B with one virtual stage per rank interleaves nothing (--virtual-stages 2 or "
-               "more does)\n");
+    const char *note = pp_schedule_note(kind, v);
+    if (note) printf("note: %s\n", note);
     printf("valid: every compute after its inputs, messages paired in order, no deadlock with batched transfers\n");
     printf("in flight (activations held, in (micro-batch, stage) pairs):");
     for (int r = 0; r < p; r++) printf(" rank %d: %d%s", r, in_flight[r], r + 1 < p ? "," : "\n");

@@ -153,9 +153,8 @@ static void log_layout(const Pipeline *pl, const PpSchedule *s, const int *in_fl
              "%s; ideal bubble %.1f%% of the step ((p-1)/(v m + p-1) = %.1f%%)",
              pp_schedule_name(s->kind), pl->m, pl->options.micro_batch, counts, 100 * pp_bubble_fraction(s),
              100.0 * (pl->p - 1) / (pl->v * pl->m + pl->p - 1));
-    if (s->kind == PP_INTERLEAVED_1F1B && pl->v == 1)
-        log_info("pp: Interleaved1F1B with one virtual stage per rank interleaves nothing (--pp-virtual-stages 2 or "
-                 "more does)");
+    const char *note = pp_schedule_note(s->kind, pl->v);
+    if (note) log_info("pp: %s", note);
 }
 
 // Every rank builds every list (pure functions of p, m, v), checks them, keeps its own.

@@ -75,6 +75,8 @@ static inline bool pp_is_compute(PpActionKind k) { return k == PP_FORWARD || k =
 // NULL if (kind, p, m, v) can be scheduled, else the rule it breaks (a constant string):
 // p, m, v >= 1; GPipe and 1F1B have v = 1; Interleaved1F1B needs m to be a multiple of p.
 const char *pp_schedule_check(PpScheduleKind kind, int p, int m, int v);
+// A valid choice worth a word (NULL: none): Interleaved1F1B with v = 1 interleaves nothing.
+const char *pp_schedule_note(PpScheduleKind kind, int v);
 
 // The list of rank `rank` (pure functions of their arguments). Return NULL and fill *out (which
 // the caller frees with pp_action_list_free), or return the broken rule and leave *out empty.

@@ -26,6 +26,12 @@ const char *pp_schedule_check(PpScheduleKind kind, int p, int m, int v) {
     return NULL;
 }
 
+const char *pp_schedule_note(PpScheduleKind kind, int v) {
+    if (kind == PP_INTERLEAVED_1F1B && v == 1)
+        return "Interleaved1F1B with one virtual stage per rank interleaves nothing (2 or more virtual stages do)";
+    return NULL;
+}
+
 // ---- lists ------------------------------------------------------------------------------------------
 
 void pp_action_list_push(PpActionList *l, PpAction a) {
