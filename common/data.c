@@ -303,6 +303,8 @@ DataSource *data_open(const char *spec, int vocab_size, int seq_len, uint64_t se
     src->seq_len = seq_len;
     src->seed = seed;
     if (strcmp(spec, "markov") == 0) open_markov(src, spec, "");
+    else if (strcmp(spec, "markov:") == 0)
+        fatal_input("data source 'markov:': no options after the colon (plain 'markov' takes the defaults)");
     else if (has_prefix(spec, "markov:")) open_markov(src, spec, spec + strlen("markov:"));
     else if (has_prefix(spec, "text:")) open_text(src, spec, spec + strlen("text:"));
     else if (has_prefix(spec, "tokens:")) open_tokens(src, spec, spec + strlen("tokens:"));

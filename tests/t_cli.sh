@@ -42,6 +42,7 @@ expect_error "--min-lr-ratio: needs a decaying --lr-decay" --lr-decay constant -
 expect_error "--min-lr-ratio: --warmup-steps 4 takes all 4 steps, so no step decays" --steps 4 --warmup-steps 4 --min-lr-ratio 0.5
 expect_error "--lr-decay: --warmup-steps 4 takes all 4 steps, so no step decays" --steps 4 --warmup-steps 4 --lr-decay linear
 expect_error "markov" --data "markov:order=0"
+expect_error "no options after the colon" --data "markov:"
 expect_error "nofile.txt" --data text:"$T/nofile.txt"
 expect_error "does not exist" --trace "$T/no/such/dir/x.pftrace"
 
