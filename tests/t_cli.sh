@@ -174,7 +174,14 @@ for flag in "--data text:$T/fifo" "--data tokens:$T/fifo" "--resume $T/fifo"; do
     [ "$rc" -eq 2 ] && [[ "$err" == *"is not a regular file"* ]] && [ "$(grep -c . <<<"$err")" -eq 1 ] ||
         { echo "FAIL: train $flag -> exit $rc: $err"; failures=$((failures + 1)); }
 done
-echo "ok: a FIFO as --data text:, --data tokens: or --resume is refused at once"
+"$TRAIN" --model tiny --steps 1 --batch 2 --export-hf "$T/fifo_hf" > /dev/null && rm "$T/fifo_hf/model.safetensors" &&
+    mkfifo "$T/fifo_hf/model.safetensors" || { echo "FAIL: could not prepare an export with a FIFO"; failures=$((failures + 1)); }
+for flag in "--compare $T/fifo" "--init-from hf:$T/fifo_hf --steps 1 --batch 2"; do
+    err=$(timeout 60 "$TRAIN" $flag 2>&1 >/dev/null); rc=$?
+    [ "$rc" -eq 2 ] && [[ "$err" == *"is not a regular file"* ]] && [ "$(grep -c . <<<"$err")" -eq 1 ] ||
+        { echo "FAIL: train $flag -> exit $rc: $err"; failures=$((failures + 1)); }
+done
+echo "ok: a FIFO as --data text:, --data tokens:, --resume, --compare or an --init-from file is refused at once"
 
 # An output may not be one of the run's inputs, nor another output: refused before training.
 printf 'some training text, kept as it is. %.0s' $(seq 20) > "$T/corpus.txt"
@@ -183,6 +190,9 @@ expect_error "--trace $T/corpus.txt: is the file --data reads" --data "text:$T/c
 cmp -s "$T/corpus.txt" "$T/corpus.orig" || { echo "FAIL: the training text was overwritten"; failures=$((failures + 1)); }
 expect_error "the same file; one of the two outputs would be lost" --trace "$T/same.out" --trace-json "$T/./same.out"
 expect_error "the same file; one of the two outputs would be lost" --dump "$T/d.st" --grad-dump "$T/d.st"
+echo keep > "$T/link_a" && ln -f "$T/link_a" "$T/link_b"  # two names of one file
+expect_error "--trace $T/link_a and --trace-json $T/link_b: the same file" --trace "$T/link_a" --trace-json "$T/link_b"
+[ "$(cat "$T/link_a")" = keep ] || { echo "FAIL: a hard-linked output was written"; failures=$((failures + 1)); }
 # nor a file that a directory output writes, nor the directory itself
 mkdir -p "$T/ck2" "$T/ex2" "$T/hta2"
 expect_error "--trace $T/ck2/step_000001.safetensors: the run writes that into --checkpoint-dir $T/ck2" \
@@ -423,6 +433,12 @@ expect_error "is the file --resume reads ($T/ck8/step_000004.safetensors.fp8)" "
 mkdir -p "$T/hta_in" && cp "$T/corpus.txt" "$T/hta_in/rank0.json"
 expect_error "--trace-hta $T/hta_in: is the file --data reads ($T/hta_in/rank0.json)" --model tiny --steps 1 --batch 2 \
     --data "text:$T/hta_in/rank0.json" --trace-hta "$T/hta_in"
+cp "$T/ck8/step_000004.safetensors" "$T/ck8_copy"
+expect_error "--trace $T/ck8/step_000004.safetensors: is the file --resume reads ($T/ck8/step_000004.safetensors)" "${fp8[@]}" \
+    --resume "$T/ck8/step_000004.safetensors" --trace "$T/ck8/step_000004.safetensors"
+cmp -s "$T/ck8/step_000004.safetensors" "$T/ck8_copy" || { echo "FAIL: the checkpoint resumed from changed"; failures=$((failures + 1)); }
+expect_error "--export-hf $T/shards: is the checkpoint --init-from reads; export to another directory" \
+    --init-from "hf:$T/shards" --steps 1 --batch 2 --export-hf "$T/shards"
 expect_error "--grad-dump: writes step 1's gradients; it cannot be combined with --resume" "${fp8[@]}" \
     --resume "$T/ck8/step_000004.safetensors" --grad-dump "$T/gd.safetensors"
 # --trace-hta into a directory with another run's rank files that this run would not replace.

@@ -32,5 +32,8 @@ expect_cp_error 4 "--seq-len 44 on 4 ranks: must divide by 2 x 4 (zigzag" --seq-
 expect_cp_error 4 "--seq-len 42 on 4 ranks: must divide by 4 (contiguous" --seq-len 42 --cp-load-balance off
 expect_cp_error 4 "--cp-mode alltoall on 4 ranks: --heads 4 and --kv-heads 2 must divide by the ranks" \
     --cp-mode alltoall --heads 4 --kv-heads 2
+# an output path that is a directory is refused before any work
+mkdir -p "$TEST_TMP/trace_dir"
+expect_cp_error 1 "--trace $TEST_TMP/trace_dir: is a directory; give a file name" --check --trace "$TEST_TMP/trace_dir"
 # what cannot fit in memory is refused before any work (it ran out of memory with exit 1)
 expect_cp_error 1 "needs at least" --seq-len 1048576 --batch 1024 --heads 1024 --kv-heads 1024 --head-dim 1024

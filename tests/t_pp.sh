@@ -170,7 +170,11 @@ rc=0; err=$("$BUILD/pp_schedule" --pp 4096 --microbatches 4096 2>&1 >/dev/null) 
     { echo "FAIL: pp_schedule --pp 4096 --microbatches 4096 -> rc $rc: $err"; exit 1; }
 "$BUILD/pp_schedule" --schedule Interleaved1F1B --pp 2 --microbatches 4 | grep -q "^note: Interleaved1F1B with one virtual stage per rank interleaves nothing" ||
     { echo "FAIL: pp_schedule Interleaved1F1B --virtual-stages 1 gives no note"; exit 1; }
-echo "ok: pp_schedule refuses 16M pairs (exit 2) and notes Interleaved1F1B with v = 1"
+mkdir -p "$T/dot_dir"
+rc=0; err=$("$BUILD/pp_schedule" --dot "$T/dot_dir" 2>&1 >/dev/null) || rc=$?
+[ "$rc" -eq 2 ] && [ "$err" = "pp_schedule: --dot $T/dot_dir: is a directory; give a file name" ] ||
+    { echo "FAIL: pp_schedule --dot DIRECTORY -> rc $rc: $err"; exit 1; }
+echo "ok: pp_schedule refuses 16M pairs (exit 2), a directory as --dot, and notes Interleaved1F1B with v = 1"
 $PYTHON tests/py/trace_check.py "$T/GPipe.pftrace" --json "$T/GPipe.json" --expect-slice "pp wait" \
     --expect-slice forward --expect-slice backward --expect-slice batch
 # trace-summary's bubble% (pipeline-wait slices and idle time over each rank's span), printed only.
