@@ -54,5 +54,7 @@
 // bf16's 8 bits give about 50 dB and no cast at all infinity. Above 45 dB no FP8 rounding happened.
 #define FP8_SQNR_MAX_DB 45.0
 // A tiny model's loss after one FP8 forward vs fp32: the quantization noise (~3% per element) averages
-// over thousands of products and the loss is near ln(vocab); 1% relative bounds it.
-#define FP8_LOSS_RTOL 1e-2
+// over thousands of products; measured 6e-6 relative (tensorwise) to 1.2e-4 (rowwise), so 1e-3. At
+// initialisation the loss sits near ln(vocab) whatever the blocks compute (zero logits would be 1.5e-3
+// away), so the per-projection gradient SQNRs beside it are what catch a wrong projection.
+#define FP8_LOSS_RTOL 1e-3
