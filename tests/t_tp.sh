@@ -62,10 +62,12 @@ check_vs_ref pp2_dp2_tp2
 run pp2_zero1_tp2 8 --pp 2 --dp-shard 2 --zero-stage 1 --tp 2 --pp-microbatches 2  # 3D with a sharded optimizer
 check_vs_ref pp2_zero1_tp2
 run tp2_accum 2 --tp 2 --grad-accum-steps 2 --attention naive
-"$BUILD/train" "${common[@]}" --grad-accum-steps 2 --attention naive --checkpoint-dir "$T/ref_naive" > "$T/ref_naive.log"
+"$BUILD/train" "${common[@]}" --grad-accum-steps 2 --attention naive --checkpoint-dir "$T/ref_naive" \
+    --grad-dump "$T/ref_naive.grads.safetensors" > "$T/ref_naive.log"
 echo "== tp2, naive attention, 2 micro-batches vs the single process"
 $P --log "$T/tp2_accum.log" --log-ref "$T/ref_naive.log" --loss-rtol 1e-5 --grad-norm-rtol 1e-5 --ckpt "$(ckpt tp2_accum)" \
    --ckpt-ref "$(ckpt ref_naive)" --param-rtol 5e-4
+$P --ckpt "$T/tp2_accum.grads.safetensors" --ckpt-ref "$T/ref_naive.grads.safetensors" --prefix grad. --param-rtol 1e-5
 
 run tp2_ac 2 --tp 2 --ac full
 echo "== tp2 with full activation checkpointing vs without: bit-identical"
