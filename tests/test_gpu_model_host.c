@@ -466,9 +466,14 @@ static void run_against_reference(const ModelConfig *cfg, GpuPrecision precision
             // bf16 activations and weight copies against the fp32 reference (measured on tiny and small:
             // step-1 gradients within 1.1e-2 relative L2 per tensor, losses within 1.2e-3 relative over
             // the 10 steps as the two trajectories drift apart). Bounds 0.1 and 3e-2: several times the
-            // measured, far under what a wrong gradient (order 1) or a missed update gives.
-            ck_assert_msg(fabs(loss - ref_loss) <= 3e-2 * ref_loss, "%s bf16 step %d: loss %.6f, reference %.6f",
+            // measured, far under what a wrong gradient (order 1) or a missed update gives. Step 1's
+            // loss has 1e-3: at initialisation the loss sits near ln(vocab) whatever the blocks compute
+            // (zero logits are 2e-3 from tiny's), so 3e-2 there would check nothing.
+            double loss_rtol = s == 1 ? 1e-3 : 3e-2;
+            ck_assert_msg(fabs(loss - ref_loss) <= loss_rtol * ref_loss, "%s bf16 step %d: loss %.6f, reference %.6f",
                           cfg->name, s, loss, ref_loss);
+            if (s == 1) printf("%s bf16 step 1: loss %.7f, reference %.7f (%.1e relative)\n", cfg->name, loss, ref_loss,
+                               fabs(loss - ref_loss) / ref_loss);
             if (s == 1)
                 for (int i = 0; i < ref.table.count; i++) {
                     const ParamInfo *p = &ref.table.items[i];

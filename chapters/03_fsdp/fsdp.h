@@ -132,6 +132,7 @@ struct Fsdp {
     FsdpUnit *units;
     bool sync;                 // this backward ends the step (the last micro-batch)
     int frontier;              // stage 3 prefetch: the furthest unit gathered ahead in this pass
+    int blocks_full, most_blocks_full;  // stage 3: transformer blocks in full now, and the most at once
     real *staging;             // (max S) stages 1-2: this rank's shard, sent by the all-gather
     const FsdpMemory *mem;     // options.memory, or &fsdp_host_memory
 };

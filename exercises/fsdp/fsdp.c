@@ -71,9 +71,18 @@ static void wait_exposed(CommHandle *h, const char *what, int unit) {
 // ---- weights: all-gather before use, free after (stage 3) ---------------------------------------
 // Without a codec the shards are gathered straight into the full buffer; with one, this rank's
 // encoded shard is gathered into everyone's encoded bytes, decoded when the gather is awaited.
+// Counts the transformer blocks in full (gathered or being gathered): the reshard policy and the
+// prefetch bound them (the current block and the next), which fsdp_print_memory_estimate reports.
+static void count_block_full(Fsdp *f, const FsdpUnit *u, int change) {
+    if (u->unit < 0 || u->unit >= f->model->cfg.n_layers) return;  // the embedding and the head
+    f->blocks_full += change;
+    if (f->blocks_full > f->most_blocks_full) f->most_blocks_full = f->blocks_full;
+}
+
 static void start_gather(Fsdp *f, FsdpUnit *u) {
     if (u->full) return;  // gathered already, or in flight
     u->full = alloc_real(f, MEM_PARAMS, padded(u, f));
+    count_block_full(f, u, +1);
     const FsdpWeightCodec *codec = f->options.codec;
     if (!codec) {
         u->gather = comm_all_gather_start(f->shard_group, u->params_shard, u->full, u->shard, COMM_REAL);
@@ -102,13 +111,14 @@ static void await_gather(Fsdp *f, FsdpUnit *u) {
     free_wire(f, u);
 }
 
-static void release_full(const Fsdp *f, FsdpUnit *u) {
+static void release_full(Fsdp *f, FsdpUnit *u) {
+    if (u->full) count_block_full(f, u, -1);
     f->mem->free(u->full);
     u->full = NULL;
 }
 
 // A gather nobody will use (the end of backward, teardown): waited for and dropped with the weights.
-static void drop_gather(const Fsdp *f, FsdpUnit *u) {
+static void drop_gather(Fsdp *f, FsdpUnit *u) {
     comm_wait(u->gather);
     u->gather = NULL;
     free_wire(f, u);
@@ -422,6 +432,15 @@ ZeroMemory zero_memory_model(int stage, double P, double N, double weight_bytes,
                         .optimizer = optim_bytes * P / (stage >= 1 ? N : 1)};
 }
 
+// Stage 3: how many blocks may be in full at once. Resharded after forward, a block is in full while
+// it runs, and with prefetch so is the next one (the last block, kept from forward, is backward's
+// first); never resharded, every block stays in full from its forward to its backward.
+static int blocks_full_bound(const Fsdp *f) {
+    int L = f->model->cfg.n_layers, bound = f->options.prefetch ? 2 : 1;
+    if (f->options.reshard == RESHARD_NEVER) bound = L;
+    return bound < L ? bound : L;
+}
+
 void fsdp_print_memory_estimate(const Fsdp *f) {
     double P = (double)f->model->table.total_numel, N = n_ranks(f), MiB = 1048576.0, b = sizeof(real);
     double biggest = 0;  // elements of the largest padded unit: the transient full buffers
@@ -432,6 +451,9 @@ void fsdp_print_memory_estimate(const Fsdp *f) {
     log_info("zero-%d memory model: P = %.0f parameters, N = %d shards, b = %zu bytes; the largest unit in full "
              "is %.4f MiB (stages 2-3 hold a few of those at a time on top of the formula)",
              stage, P, (int)N, sizeof(real), b * biggest / MiB);
+    if (stage == 3)
+        log_info("  at most %d transformer block(s) were in full at once; the reshard policy and prefetch allow %d",
+                 f->most_blocks_full, blocks_full_bound(f));
     MemCategory cats[3] = {MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER};
     const char *formula[3] = {stage < 3 ? "bP" : "bP/N", stage == 1 ? "bP" : "bP/N", "2bP/N"};
     double est[3] = {z.params, z.grads, z.optimizer};

@@ -121,7 +121,10 @@ static void test_first_step(const char *config, int B, int T) {
         char label[64];
         snprintf(label, sizeof label, "%s %s step 1", config, bf16 ? "bf16" : "fp32");
         snprintf(name, sizeof name, "%s loss", label);
-        double tol = bf16 ? 2e-2 : 1e-5;
+        // bf16: 1e-3 (the trainer's bound on a device, tests/t_gpu_trainer.sh; measured 3.4e-5 on tiny
+        // and 2.0e-5 on small on the emulator). At initialisation the loss sits near ln(vocab) whatever
+        // the blocks compute (zero logits are 2e-3 from tiny's), so a looser bound would check little.
+        double tol = bf16 ? 1e-3 : 1e-5;
         report(name, fabs(loss - loss_ref) <= tol * fabs(loss_ref), "%.7f vs reference %.7f (bound %.0e relative)", loss,
                loss_ref, tol);
         compare_grads(label, &ref.table, grads, ref.grads, bf16 ? 5e-2 : 1e-4);
