@@ -187,6 +187,10 @@ static void sharded_gather_full(Strategy *s, StateKind kind, real *local_flat) {
 static void sharded_load_full(Strategy *s, StateKind kind, const real *local_flat) {
     fsdp_load_full(fsdp_of(s), kind, local_flat);
 }
+static void sharded_report_memory(const Strategy *s) {
+    gpu_memory_report();
+    fsdp_print_block_counts(fsdp_of(s));  // stage 3: blocks in full at once (chapter 3)
+}
 
 // The CPU path's line (trainer_setup_layout), for the same layout.
 static void log_tp(const GpuModel *m, const ModelConfig *cfg) {
@@ -413,7 +417,7 @@ Strategy *cuda_strategy_create(Trainer *t, const ModelConfig *cfg, const ParamSo
                         .zero_grads = sharded_zero_grads,
                         .grad_norm = sharded_grad_norm, .clip = sharded_clip, .optimizer_step = sharded_optimizer_step,
                         .gather_full = sharded_gather_full, .load_full = sharded_load_full,
-                        .report_memory = cuda_report_memory, .memory_in_use = cuda_memory_in_use, .free = cuda_free};
+                        .report_memory = sharded_report_memory, .memory_in_use = cuda_memory_in_use, .free = cuda_free};
         return s;
     }
     GpuTensorParallel tp_place = tp_of(t, o);

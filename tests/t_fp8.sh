@@ -25,7 +25,7 @@
 #     largest); an -O1 build, where one such flip happens, 6.5e-3 (max element 2.2e-2); a rank
 #     scaling with its own amax instead of the group's, 1.1e-1 (max element 1.2e-1).
 #     Pipeline stages (2 micro-batches) equal the single process with --grad-accum-steps 2 bit for bit.
-#     Context parallel: the step-1 loss (see below for why only that).
+#     Context parallel: the step-1 loss, and the step-1 gradients as whole tensors (see below).
 #  3. Delayed scaling resumes bit-identically (its amax history is in <checkpoint>.fp8).
 #  4. An unknown recipe, and the FP8 flags without --fp8, exit 2 with one line.
 set -eu

@@ -107,9 +107,11 @@ check_exact resume z3_np2 "zero-3 resumed at step 10 vs straight through"
 
 echo "== memory: measured peaks against the stage's formula (tests/py/check_zero_memory.py)"
 $PYTHON tests/py/check_zero_memory.py "$T/z1_np4.log" "$T/z2_np4.log" "$T/z3_np4.log"
-# the default policy with prefetch allows two blocks in full at once (the running one and the next)
-grep -q "the reshard policy and prefetch allow 2$" "$T/z3_np4.log" ||
+# the default policy with prefetch allows two blocks in full at once (the running one and the next),
+# and every zero-3 run above kept no more than its policy allows, and none past its backward
+grep -q "the reshard policy and prefetch allow 2; " "$T/z3_np4.log" ||
     { echo "FAIL: zero-3 with prefetch does not allow 2 blocks in full at once"; exit 1; }
+$PYTHON tests/py/check_zero_memory.py --blocks "$T"/z3_np{2,3,4,8}.log "$T"/{z3_always,z3_never,z3_ac_full,hsdp_2x2,resume}.log
 
 echo "== the ZeRO-3 timeline: with prefetch the next unit's weights are gathered before each block, without none overlaps"
 trace_run() {  # name, extra flags

@@ -252,6 +252,8 @@ for stage in 1 2 3; do
     $P --ckpt "$T/gpu_z$stage.grads.safetensors" --ckpt-ref "$T/gpu1.grads.safetensors" --prefix grad. --param-rtol 1e-5
     $P --log "$T/gpu_z$stage.log" --log-ref "$T/gpu1.log" --loss-rtol 1e-5
 done
+# chapter 3's count of blocks in full, on device memory: within the policy's, none past a backward
+"$PYTHON" tests/py/check_zero_memory.py --blocks "$T/gpu_z3.log" "$T/gpu_tp2_z3.log" "$T/gpu_tp2_z3_sel.log"
 
 # Pipeline parallelism: chapter 7's executor on the GPU model's stages (gpu/pipeline_device.h), every
 # schedule on 2 ranks, 2 micro-batches of 1 sequence (Interleaved1F1B with 2 virtual stages: 4 stages

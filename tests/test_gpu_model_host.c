@@ -472,8 +472,9 @@ static void run_against_reference(const ModelConfig *cfg, GpuPrecision precision
             double loss_rtol = s == 1 ? 1e-3 : 3e-2;
             ck_assert_msg(fabs(loss - ref_loss) <= loss_rtol * ref_loss, "%s bf16 step %d: loss %.6f, reference %.6f",
                           cfg->name, s, loss, ref_loss);
-            if (s == 1) printf("%s bf16 step 1: loss %.7f, reference %.7f (%.1e relative)\n", cfg->name, loss, ref_loss,
-                               fabs(loss - ref_loss) / ref_loss);
+            if (s == 1)
+                printf("%s%s bf16 step 1: loss %.7f, reference %.7f (%.1e relative)\n", cfg->name, cfg->tied ? " (tied)" : "",
+                       loss, ref_loss, fabs(loss - ref_loss) / ref_loss);
             if (s == 1)
                 for (int i = 0; i < ref.table.count; i++) {
                     const ParamInfo *p = &ref.table.items[i];

@@ -133,6 +133,7 @@ struct Fsdp {
     bool sync;                 // this backward ends the step (the last micro-batch)
     int frontier;              // stage 3 prefetch: the furthest unit gathered ahead in this pass
     int blocks_full, most_blocks_full;  // stage 3: transformer blocks in full now, and the most at once
+    int most_blocks_left;      // stage 3: the most blocks still in full when a backward ended (0: none kept)
     real *staging;             // (max S) stages 1-2: this rank's shard, sent by the all-gather
     const FsdpMemory *mem;     // options.memory, or &fsdp_host_memory
 };
@@ -191,4 +192,9 @@ ZeroMemory zero_memory_model(int stage, double P, double N, double weight_bytes,
 //   stage 2: params 4P, grads 4P/N + the units in flight, optimizer 8P/N
 //   stage 3: params 4P/N + the gathered units, grads 4P/N + the units in flight, optimizer 8P/N
 // (fp32: 4 bytes per weight and per gradient, 8 for AdamW's two moments; P = parameter count.)
+// Stage 3 adds fsdp_print_block_counts' line.
 void fsdp_print_memory_estimate(const Fsdp *f);
+// Stage 3: the most transformer blocks in full at once, what the reshard policy and prefetch allow,
+// and the most still in full when a backward ended (each block's backward frees it: 0). The GPU's
+// sharded strategy prints it beside its own memory table.
+void fsdp_print_block_counts(const Fsdp *f);

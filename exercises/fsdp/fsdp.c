@@ -338,8 +338,10 @@ void fsdp_begin_backward(Fsdp *f, bool sync) {
 // which backward never asks for), so every micro-batch's forward starts from shards.
 void fsdp_end_backward(Fsdp *f) {
     for (int i = f->n_units - 1; i >= 0; i--) retire_reduce(f, &f->units[i]);  // in launch order
-    if (f->options.stage == 3)
+    if (f->options.stage == 3) {
+        if (f->blocks_full > f->most_blocks_left) f->most_blocks_left = f->blocks_full;  // a block kept too long
         for (int i = 0; i < f->n_units; i++) drop_gather(f, &f->units[i]);
+    }
     f->frontier = -1;  // the next forward starts at the embedding
 }
 
@@ -451,13 +453,18 @@ void fsdp_print_memory_estimate(const Fsdp *f) {
     log_info("zero-%d memory model: P = %.0f parameters, N = %d shards, b = %zu bytes; the largest unit in full "
              "is %.4f MiB (stages 2-3 hold a few of those at a time on top of the formula)",
              stage, P, (int)N, sizeof(real), b * biggest / MiB);
-    if (stage == 3)
-        log_info("  at most %d transformer block(s) were in full at once; the reshard policy and prefetch allow %d",
-                 f->most_blocks_full, blocks_full_bound(f));
     MemCategory cats[3] = {MEM_PARAMS, MEM_GRADS, MEM_OPTIMIZER};
     const char *formula[3] = {stage < 3 ? "bP" : "bP/N", stage == 1 ? "bP" : "bP/N", "2bP/N"};
     double est[3] = {z.params, z.grads, z.optimizer};
     for (int c = 0; c < 3; c++)
         log_info("  %-10s %-6s = %9.4f MiB   measured peak %9.4f MiB", mem_category_name(cats[c]), formula[c],
                  est[c] / MiB, mem_peak(cats[c]) / MiB);
+    fsdp_print_block_counts(f);
+}
+
+void fsdp_print_block_counts(const Fsdp *f) {
+    if (f->options.stage != 3) return;
+    log_info("  at most %d transformer block(s) were in full at once; the reshard policy and prefetch allow %d; "
+             "%d left in full after a backward",
+             f->most_blocks_full, blocks_full_bound(f), f->most_blocks_left);
 }

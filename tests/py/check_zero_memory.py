@@ -7,10 +7,12 @@ measured peak (chapters/03_fsdp/fsdp.c, fsdp_print_memory_estimate):
   formula plus a few full units (transient): grads (stages 2-3), params (stage 3); the extra must
   be at most MAX_LIVE_UNITS times the largest unit, and more than zero.
 And across stages: params(3) < params(2), grads(2) < grads(1). Stage 3 also logs how many
-transformer blocks were in full at once and how many its reshard policy and prefetch allow: a block
-kept gathered too long (a leak a few units' slack in bytes would hide) shows there.
+transformer blocks were in full at once, how many its reshard policy and prefetch allow, and how many
+were still in full when a backward ended: a block kept gathered too long (a leak that a few units'
+slack in bytes would hide) shows in the first or the third.
 
 usage: check_zero_memory.py stage1.log stage2.log stage3.log
+       check_zero_memory.py --blocks stage3.log...   (the block counts alone, of any zero-3 runs)
 """
 import re
 import sys
@@ -21,7 +23,8 @@ PADDING_SLACK = 1.01
 
 LINE = re.compile(r"^\s+(params|grads|optimizer)\s+\S+\s+=\s+([\d.]+) MiB\s+measured peak\s+([\d.]+) MiB")
 UNIT = re.compile(r"largest unit in full is ([\d.]+) MiB")
-BLOCKS = re.compile(r"at most (\d+) transformer block\(s\) were in full at once; the reshard policy and prefetch allow (\d+)")
+BLOCKS = re.compile(r"at most (\d+) transformer block\(s\) were in full at once; the reshard policy and prefetch "
+                    r"allow (\d+); (\d+) left in full after a backward")
 
 
 def parse(path):
@@ -36,13 +39,35 @@ def parse(path):
                 unit = float(u.group(1))
             b = BLOCKS.search(line)
             if b:
-                blocks = (int(b.group(1)), int(b.group(2)))
+                blocks = tuple(int(g) for g in b.groups())
     if len(found) != 3 or unit is None:
         sys.exit(f"{path}: no memory model lines (is it a --dp-shard run?)")
     return found, unit, blocks
 
 
+def parse_blocks(path):
+    """The block counts of a zero-3 log (the GPU's prints them without the CPU's memory lines), or None."""
+    with open(path) as f:
+        found = [BLOCKS.search(line) for line in f]
+    found = [b for b in found if b]
+    return tuple(int(g) for g in found[-1].groups()) if found else None
+
+
+def check_blocks(name, blocks):
+    """1 on a failure: no line, more blocks in full at once than allowed, or any left after a backward."""
+    if blocks is None:
+        print(f"{name}: zero-3 blocks in full: not logged  FAIL")
+        return 1
+    most, allowed, left = blocks
+    ok = 1 <= most <= allowed and left == 0
+    print(f"{name}: zero-3 blocks in full at once: {most}, the policy allows {allowed}; {left} left after a backward"
+          f"  {'ok' if ok else 'FAIL'}")
+    return int(not ok)
+
+
 def main():
+    if len(sys.argv) >= 3 and sys.argv[1] == "--blocks":
+        sys.exit(1 if sum(check_blocks(p, parse_blocks(p)) for p in sys.argv[2:]) else 0)
     if len(sys.argv) != 4:
         sys.exit(__doc__)
     logs = [parse(p) for p in sys.argv[1:]]
@@ -59,14 +84,7 @@ def main():
             print(f"zero-{stage} {cat:9s} estimate {est:8.4f} MiB  peak {peak:8.4f} MiB  ({rule})  "
                   f"{'ok' if ok else 'FAIL'}")
             failures += not ok
-    blocks = logs[2][2]
-    if blocks is None:
-        print("zero-3 blocks in full at once: not logged  FAIL")
-        failures += 1
-    else:
-        ok = 1 <= blocks[0] <= blocks[1]
-        print(f"zero-3 blocks in full at once: {blocks[0]}, the policy allows {blocks[1]}  {'ok' if ok else 'FAIL'}")
-        failures += not ok
+    failures += check_blocks(sys.argv[3], logs[2][2])
     p = [c["params"][1] for c, _, _ in logs]
     g = [c["grads"][1] for c, _, _ in logs]
     for ok, what in ((p[2] < p[1], f"params peak zero-3 {p[2]} < zero-2 {p[1]}"),

@@ -72,7 +72,7 @@ def main():
     ap.add_argument("--loss-rtol", type=float, default=0.0)
     ap.add_argument("--grad-norm-rtol", type=float, default=None,
                     help="also compare the logged grad_norm: relative bound, plus one unit of its last printed "
-                         "digit (not compared without it)")
+                         "digit; 0: the printed values must be equal (not compared without it)")
     ap.add_argument("--param-rtol", type=float, default=0.0)
     ap.add_argument("--param-norm-rtol", type=float, default=None,
                     help="bound ||a - b|| / ||b|| per tensor instead of max|a - b| / max|b|")
