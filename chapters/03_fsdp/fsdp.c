@@ -69,16 +69,16 @@ static void wait_exposed(CommHandle *h, const char *what, int unit) {
 }
 
 // ---- weights: all-gather before use, free after (stage 3) ---------------------------------------
-// Without a codec the shards are gathered straight into the full buffer; with one, this rank's
-// encoded shard is gathered into everyone's encoded bytes, decoded when the gather is awaited.
 // Counts the transformer blocks in full (gathered or being gathered): the reshard policy and the
-// prefetch bound them (the current block and the next), which fsdp_print_memory_estimate reports.
+// prefetch bound them (the current block and the next), which fsdp_print_block_counts reports.
 static void count_block_full(Fsdp *f, const FsdpUnit *u, int change) {
     if (u->unit < 0 || u->unit >= f->model->cfg.n_layers) return;  // the embedding and the head
     f->blocks_full += change;
     if (f->blocks_full > f->most_blocks_full) f->most_blocks_full = f->blocks_full;
 }
 
+// Without a codec the shards are gathered straight into the full buffer; with one, this rank's
+// encoded shard is gathered into everyone's encoded bytes, decoded when the gather is awaited.
 static void start_gather(Fsdp *f, FsdpUnit *u) {
     if (u->full) return;  // gathered already, or in flight
     u->full = alloc_real(f, MEM_PARAMS, padded(u, f));
