@@ -28,7 +28,7 @@ BLOCKS = re.compile(r"at most (\d+) transformer block\(s\) were in full at once;
 
 
 def parse(path):
-    found, unit, blocks = {}, None, None
+    found, unit = {}, None
     with open(path) as f:
         for line in f:
             m = LINE.match(line)
@@ -37,12 +37,9 @@ def parse(path):
             u = UNIT.search(line)
             if u:
                 unit = float(u.group(1))
-            b = BLOCKS.search(line)
-            if b:
-                blocks = tuple(int(g) for g in b.groups())
     if len(found) != 3 or unit is None:
         sys.exit(f"{path}: no memory model lines (is it a --dp-shard run?)")
-    return found, unit, blocks
+    return found, unit
 
 
 def parse_blocks(path):
@@ -72,7 +69,7 @@ def main():
         sys.exit(__doc__)
     logs = [parse(p) for p in sys.argv[1:]]
     failures = 0
-    for stage, (cats, unit, _) in enumerate(logs, start=1):
+    for stage, (cats, unit) in enumerate(logs, start=1):
         for cat, (est, peak) in cats.items():
             transient = (cat == "grads" and stage >= 2) or (cat == "params" and stage == 3)
             if transient:
@@ -84,9 +81,9 @@ def main():
             print(f"zero-{stage} {cat:9s} estimate {est:8.4f} MiB  peak {peak:8.4f} MiB  ({rule})  "
                   f"{'ok' if ok else 'FAIL'}")
             failures += not ok
-    failures += check_blocks(sys.argv[3], logs[2][2])
-    p = [c["params"][1] for c, _, _ in logs]
-    g = [c["grads"][1] for c, _, _ in logs]
+    failures += check_blocks(sys.argv[3], parse_blocks(sys.argv[3]))
+    p = [c["params"][1] for c, _ in logs]
+    g = [c["grads"][1] for c, _ in logs]
     for ok, what in ((p[2] < p[1], f"params peak zero-3 {p[2]} < zero-2 {p[1]}"),
                      (g[1] < g[0], f"grads peak zero-2 {g[1]} < zero-1 {g[0]}")):
         print(f"{what}: {'ok' if ok else 'FAIL'}")
