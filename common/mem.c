@@ -22,9 +22,7 @@ typedef struct {
 #define HEADER_SIZE 64
 #define BLOCK_MAGIC 0x4d454d21u
 
-static size_t current_bytes[MEM_N_CATEGORIES];
-static size_t peak_bytes[MEM_N_CATEGORIES];
-static size_t current_total, peak_total;
+static MemLedger host;
 static MemObserver observer;
 
 static const char *category_names[MEM_N_CATEGORIES] = {
@@ -34,17 +32,21 @@ const char *mem_category_name(MemCategory category) { return category_names[cate
 
 void mem_set_observer(MemObserver fn) { observer = fn; }
 
-static void account(MemCategory category, size_t bytes, int sign) {
+void mem_ledger_account(MemLedger *ledger, MemCategory category, size_t bytes, int sign) {
     if (sign > 0) {
-        current_bytes[category] += bytes;
-        current_total += bytes;
+        ledger->current[category] += bytes;
+        ledger->current_total += bytes;
     } else {
-        current_bytes[category] -= bytes;
-        current_total -= bytes;
+        ledger->current[category] -= bytes;
+        ledger->current_total -= bytes;
     }
-    if (current_bytes[category] > peak_bytes[category]) peak_bytes[category] = current_bytes[category];
-    if (current_total > peak_total) peak_total = current_total;
-    if (observer) observer(category, current_bytes[category]);
+    if (ledger->current[category] > ledger->peak[category]) ledger->peak[category] = ledger->current[category];
+    if (ledger->current_total > ledger->peak_total) ledger->peak_total = ledger->current_total;
+}
+
+static void account(MemCategory category, size_t bytes, int sign) {
+    mem_ledger_account(&host, category, bytes, sign);
+    if (observer) observer(category, host.current[category]);
 }
 
 // Freed memory stays with the process for the next allocation, as PyTorch's caching allocator keeps
@@ -87,17 +89,17 @@ void mem_free(void *ptr) {
     free(header);
 }
 
-size_t mem_current(MemCategory category) { return current_bytes[category]; }
-size_t mem_peak(MemCategory category) { return peak_bytes[category]; }
-size_t mem_current_total(void) { return current_total; }
-size_t mem_peak_total(void) { return peak_total; }
+size_t mem_current(MemCategory category) { return host.current[category]; }
+size_t mem_peak(MemCategory category) { return host.peak[category]; }
+size_t mem_current_total(void) { return host.current_total; }
+size_t mem_peak_total(void) { return host.peak_total; }
 
 void mem_print_report(void) {
     const double mib = 1024.0 * 1024.0;
     log_info("memory by category (MiB):   current      peak");
     for (int c = 0; c < MEM_N_CATEGORIES; c++)
-        log_info("  %-12s %20.2f %9.2f", category_names[c], current_bytes[c] / mib, peak_bytes[c] / mib);
-    log_info("  %-12s %20.2f %9.2f", "total", current_total / mib, peak_total / mib);
+        log_info("  %-12s %20.2f %9.2f", category_names[c], host.current[c] / mib, host.peak[c] / mib);
+    log_info("  %-12s %20.2f %9.2f", "total", host.current_total / mib, host.peak_total / mib);
 }
 
 uint64_t mem_machine_bytes(void) {

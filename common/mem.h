@@ -24,6 +24,14 @@ size_t mem_current_total(void);
 size_t mem_peak_total(void);  // peak of the sum, not the sum of peaks
 const char *mem_category_name(MemCategory category);
 
+// The books of one kind of memory: what its blocks hold by category, now and at the peak. mem_alloc
+// keeps the host's; gpu/memstats.c keeps the device's with the same function.
+typedef struct {
+    size_t current[MEM_N_CATEGORIES], peak[MEM_N_CATEGORIES];
+    size_t current_total, peak_total;  // the peak of the sum, not the sum of the peaks
+} MemLedger;
+void mem_ledger_account(MemLedger *ledger, MemCategory category, size_t bytes, int sign);  // sign: +1 or -1
+
 // Called after every change with the category and its new current size (the trace installs one).
 typedef void (*MemObserver)(MemCategory category, size_t current_bytes);
 void mem_set_observer(MemObserver observer);

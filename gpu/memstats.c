@@ -7,21 +7,18 @@
 #include "common/trace.h"
 #include "gpu/runtime.h"
 
-static size_t current_bytes[MEM_N_CATEGORIES], peak_bytes[MEM_N_CATEGORIES], current_total, peak_total;
+static MemLedger device;
 
 void gpu_mem_account(MemCategory category, size_t bytes, int sign) {
-    if (sign > 0) current_bytes[category] += bytes, current_total += bytes;
-    else current_bytes[category] -= bytes, current_total -= bytes;
-    if (current_bytes[category] > peak_bytes[category]) peak_bytes[category] = current_bytes[category];
-    if (current_total > peak_total) peak_total = current_total;
+    mem_ledger_account(&device, category, bytes, sign);
     if (trace_enabled()) {
         char name[64];
         snprintf(name, sizeof name, "gpu mem %s", mem_category_name(category));
-        trace_counter(name, (double)current_bytes[category]);
+        trace_counter(name, (double)device.current[category]);
     }
 }
 
-size_t gpu_mem_current(MemCategory category) { return current_bytes[category]; }
-size_t gpu_mem_peak(MemCategory category) { return peak_bytes[category]; }
-size_t gpu_mem_current_total(void) { return current_total; }
-size_t gpu_mem_peak_total(void) { return peak_total; }
+size_t gpu_mem_current(MemCategory category) { return device.current[category]; }
+size_t gpu_mem_peak(MemCategory category) { return device.peak[category]; }
+size_t gpu_mem_current_total(void) { return device.current_total; }
+size_t gpu_mem_peak_total(void) { return device.peak_total; }

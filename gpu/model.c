@@ -428,14 +428,14 @@ static void model_layout(GpuModel *m) {
     for (int l = 0; l < L; l++) {
         GpuBlockOffsets *o = &m->offsets[l];
         o->attention_norm = block_offset(&m->table, l, "attention_norm.weight");
-        o->wq = block_offset(&m->table, l, "attention.wq.weight");
-        o->wk = block_offset(&m->table, l, "attention.wk.weight");
-        o->wv = block_offset(&m->table, l, "attention.wv.weight");
-        o->wo = block_offset(&m->table, l, "attention.wo.weight");
+        o->wq = block_offset(&m->table, l, projection_param_name(PROJ_WQ));
+        o->wk = block_offset(&m->table, l, projection_param_name(PROJ_WK));
+        o->wv = block_offset(&m->table, l, projection_param_name(PROJ_WV));
+        o->wo = block_offset(&m->table, l, projection_param_name(PROJ_WO));
         o->ffn_norm = block_offset(&m->table, l, "ffn_norm.weight");
-        o->w1 = block_offset(&m->table, l, "feed_forward.w1.weight");
-        o->w2 = block_offset(&m->table, l, "feed_forward.w2.weight");
-        o->w3 = block_offset(&m->table, l, "feed_forward.w3.weight");
+        o->w1 = block_offset(&m->table, l, projection_param_name(PROJ_W1));
+        o->w2 = block_offset(&m->table, l, projection_param_name(PROJ_W2));
+        o->w3 = block_offset(&m->table, l, projection_param_name(PROJ_W3));
         // The fused QKV GEMM reads [wq; wk; wv] as one (hq + 2 hkv, D) weight, and its gradient likewise.
         size_t hd = model_head_dim(cfg), D = cfg->dim;
         if (o->wk != o->wq + m->local.n_heads * hd * D || o->wv != o->wk + m->local.n_kv_heads * hd * D)

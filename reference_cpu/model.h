@@ -98,7 +98,7 @@ typedef struct {
 // same accumulation), quantizing the operands to FP8 first; `layer` and the projection name the
 // linear (delayed scaling keeps state per linear). The embedding, norms, attention and the output
 // head stay in full precision. NULL: the matmuls themselves, bit for bit.
-typedef enum { PROJ_WQ, PROJ_WK, PROJ_WV, PROJ_WO, PROJ_W1, PROJ_W2, PROJ_W3, N_PROJ } Projection;
+// (Projection, the seven in a fixed order, is in params.h beside the parameters' names.)
 typedef struct {
     void (*forward)(void *ctx, int layer, Projection p, real *out, const real *inp, const real *weight, int M, int K,
                     int N);

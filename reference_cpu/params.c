@@ -27,6 +27,14 @@ static void add_param(ParamTable *t, int capacity, const char *name, int rows, i
     t->total_numel += p->numel;
 }
 
+const char *projection_param_name(Projection p) {
+    static const char *const names[N_PROJ] = {"attention.wq.weight",    "attention.wk.weight",
+                                              "attention.wv.weight",    "attention.wo.weight",
+                                              "feed_forward.w1.weight", "feed_forward.w2.weight",
+                                              "feed_forward.w3.weight"};
+    return names[p];
+}
+
 ParamTable param_table_build(const ModelConfig *c) {
     ParamTable t = {0};
     int capacity = 9 * c->n_layers + 3;
@@ -40,14 +48,14 @@ ParamTable param_table_build(const ModelConfig *c) {
     snprintf(name, sizeof name, "layers.%d.%s", l, suffix);               \
     add_param(&t, capacity, name, rows, cols, l, split, init, std)
         LAYER_PARAM("attention_norm.weight", c->dim, 0, TP_NONE, INIT_ONES, 0);
-        LAYER_PARAM("attention.wq.weight", hq, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
-        LAYER_PARAM("attention.wk.weight", hkv, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
-        LAYER_PARAM("attention.wv.weight", hkv, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
-        LAYER_PARAM("attention.wo.weight", c->dim, hq, TP_COLS, INIT_NORMAL, residual_std);
+        LAYER_PARAM(projection_param_name(PROJ_WQ), hq, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
+        LAYER_PARAM(projection_param_name(PROJ_WK), hkv, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
+        LAYER_PARAM(projection_param_name(PROJ_WV), hkv, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
+        LAYER_PARAM(projection_param_name(PROJ_WO), c->dim, hq, TP_COLS, INIT_NORMAL, residual_std);
         LAYER_PARAM("ffn_norm.weight", c->dim, 0, TP_NONE, INIT_ONES, 0);
-        LAYER_PARAM("feed_forward.w1.weight", c->ffn_dim, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
-        LAYER_PARAM("feed_forward.w2.weight", c->dim, c->ffn_dim, TP_COLS, INIT_NORMAL, residual_std);
-        LAYER_PARAM("feed_forward.w3.weight", c->ffn_dim, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
+        LAYER_PARAM(projection_param_name(PROJ_W1), c->ffn_dim, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
+        LAYER_PARAM(projection_param_name(PROJ_W2), c->dim, c->ffn_dim, TP_COLS, INIT_NORMAL, residual_std);
+        LAYER_PARAM(projection_param_name(PROJ_W3), c->ffn_dim, c->dim, TP_ROWS, INIT_NORMAL, INIT_STD);
 #undef LAYER_PARAM
     }
     add_param(&t, capacity, "norm.weight", c->dim, 0, c->n_layers, TP_NONE, INIT_ONES, 0);

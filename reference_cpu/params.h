@@ -66,6 +66,12 @@ void param_check_tp(const ModelConfig *c, int tp_size);  // that refusal alone, 
 // instead of exiting (chapter 11's planner).
 const char *param_tp_rule(const ModelConfig *c, int tp_size);
 const ParamInfo *param_table_find(const ParamTable *t, const char *name);  // NULL if absent
+
+// The seven projections of a block, in a fixed order (FP8 keeps its scales per layer and projection),
+// and each one's parameter name within its block: projection_param_name(PROJ_WQ) is
+// "attention.wq.weight", the table's entry "layers.<l>.attention.wq.weight".
+typedef enum { PROJ_WQ, PROJ_WK, PROJ_WV, PROJ_WO, PROJ_W1, PROJ_W2, PROJ_W3, N_PROJ } Projection;
+const char *projection_param_name(Projection p);
 void param_table_layer_range(const ParamTable *t, int layer, int *first, int *end);
 
 // Where a rank's initial weights come from. Every module that builds weights (the model, FSDP's

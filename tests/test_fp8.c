@@ -98,11 +98,6 @@ START_TEST(test_cast_sqnr) {
 }
 END_TEST
 
-// The model's projections in Projection order, as its parameters name them.
-static const char *const projection_param[N_PROJ] = {
-    "attention.wq.weight",    "attention.wk.weight",    "attention.wv.weight",   "attention.wo.weight",
-    "feed_forward.w1.weight", "feed_forward.w2.weight", "feed_forward.w3.weight"};
-
 // The three GEMMs of a linear against fp32, per recipe and projection (each projection has its own
 // scales and history; a format or scale mix-up can hit one alone): forward output, input and weight
 // gradients.
@@ -118,11 +113,11 @@ static void check_linear(Fp8Recipe r, Projection p, double min_out_db, double mi
     fp8_linear_backward(f, 0, p, dx8, NULL, dy, x, w, M, K, N);
     fp8_linear_backward(f, 0, p, NULL, dw8, dy, x, w, M, K, N);
     char what[96];
-    snprintf(what, sizeof what, "recipe %d, %s: output", (int)r, projection_param[p]);
+    snprintf(what, sizeof what, "recipe %d, %s: output", (int)r, projection_param_name(p));
     expect_sqnr(what, y, y8, M * N, min_out_db);
-    snprintf(what, sizeof what, "recipe %d, %s: input gradient", (int)r, projection_param[p]);
+    snprintf(what, sizeof what, "recipe %d, %s: input gradient", (int)r, projection_param_name(p));
     expect_sqnr(what, dx, dx8, M * K, min_dx_db);
-    snprintf(what, sizeof what, "recipe %d, %s: weight gradient", (int)r, projection_param[p]);
+    snprintf(what, sizeof what, "recipe %d, %s: weight gradient", (int)r, projection_param_name(p));
     expect_sqnr(what, dw, dw8, N * K, min_dw_db);
     fp8_free(f);
     free(x), free(w), free(dy), free(y), free(y8), free(dx), free(dx8), free(dw), free(dw8);
@@ -357,7 +352,7 @@ START_TEST(test_model_hook) {
         for (int l = 0; l < cfg.n_layers; l++)
             for (int p = 0; p < N_PROJ; p++) {
                 char name[96];
-                snprintf(name, sizeof name, "layers.%d.%s", l, projection_param[p]);
+                snprintf(name, sizeof name, "layers.%d.%s", l, projection_param_name(p));
                 const ParamInfo *w = param_table_find(&t, name);
                 ck_assert_msg(w != NULL, "no parameter %s", name);
                 char what[128];
