@@ -6,6 +6,10 @@
 #     program's own verdict: on 2 ranks no element may differ at all, on more ranks the float sums
 #     must really differ in some bits (else the tolerance was never exercised) and max must show the
 #     +0/-0 ties ring.h describes; --tol-scale 0 (demand bit-identity) must fail with exit 1.
+#     A NaN wins MAX: with NaNs planted on one rank (each in turn, at the first element of every
+#     chunk), all-reduce and reduce-scatter in float32 and float64 must give NaN there on every rank
+#     holding the element, ring and built-in alike (exact): four "nan" rows, each with NaNs planted
+#     and every one of them found.
 #   --bench on 2 and 4 ranks with tiny sizes: the table's columns must agree with each other
 #     (algbw = size / time, busbw / algbw = 2(N-1)/N or (N-1)/N, size = count * 4 [* N]).
 #   --trace on 3 ranks: the merged file passes the Perfetto schema check, and every ring step is a
@@ -35,6 +39,8 @@ fail() {
 }
 # The --check table: collective dtype op rule elements differ zeros max_abs max_rel max_ratio result.
 rows() { grep -E '^(all_reduce|reduce_scatter|all_gather) ' "$OUT"; }
+# The NaN rows: nan collective dtype op planted ring_nan builtin_nan wrong result.
+nan_rows() { grep -E '^nan +(all_reduce|reduce_scatter) ' "$OUT"; }
 
 for n in 2 3 4 8; do
     start=$SECONDS
@@ -51,6 +57,10 @@ for n in 2 3 4 8; do
         rows | awk '$4 == "value" && $7 == 0 { bad = 1; print "no +0/-0 tie: " $0 } END { exit bad }' ||
             fail "$n ranks: max showed no +0/-0 tie"
     fi
+    [ "$(nan_rows | wc -l)" -eq 4 ] || fail "--check on $n ranks: expected 4 nan rows (all-reduce, reduce-scatter x float32, float64)"
+    nan_rows | awk '$5 == 0 || $6 != $5 || $7 != $5 || $8 != 0 || $9 != "ok" { bad = 1; print "NaN lost: " $0 } END { exit bad }' ||
+        fail "$n ranks: a NaN planted on one rank must win max everywhere, ring and built-in"
+    echo "ok: --check on $n ranks: a NaN on one rank wins max: $(nan_rows | awk '{ p += $5 } END { print p }') planted elements, all NaN in ring and built-in"
     echo "ok: --check on $n ranks in $((SECONDS - start))s: $(rows | awk '$4 == "tol" { d += $6; e += $5 } END {
         if (e) printf "float sums and averages differ from the built-in in %.1f%% of elements, all within tolerance", 100 * d / e;
         else printf "bit-identical everywhere" }')"

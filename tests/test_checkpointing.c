@@ -110,6 +110,54 @@ START_TEST(test_bytes_per_block_matches_allocator) {
 }
 END_TEST
 
+// What each block keeps, per mode, pinned to a sum over the named tensors of BlockActs with their
+// shapes (tiny at B = 3, T = 32: BT = 96 rows, D = 64, 8 query heads and 4 kv heads of head_dim
+// hd = D / 8 = 8, ffn F = 128), in elements of `real`:
+//   x            (BT, D)          block input                      every mode
+//   xn1, rstd1   (BT, D), (BT)    attention_norm output, 1/rms      none (recomputed otherwise)
+//   q            (BT, Hq hd)      after RoPE                       none, selective
+//   k, v         (BT, Hkv hd)     after RoPE                       none, selective
+//   attn         (BT, Hq hd)      attention output, before wo      none, selective
+//   attn_stats   flash: lse (B, Hq, T); naive: probabilities (B, Hq, T, T)
+//                                                                  none; selective with flash only
+//   h            (BT, D)          residual after attention         none, selective
+//   xn2, rstd2   (BT, D), (BT)    ffn_norm output, 1/rms            none
+//   gate, up     (BT, F)          w1 and w3 outputs                none, selective
+//   act          (BT, F)          silu(gate) * up                  none
+// Full keeps the block input alone; selective every matmul output, the attention's and the
+// residual, recomputing the norms and SwiGLU (and naive attention's (T, T) probabilities).
+static void check_bytes_per_block(AttentionImpl attention) {
+    ModelConfig c;
+    ck_assert(model_config_lookup("tiny", &c));
+    Model m;
+    model_init_shapes(&m, &c, attention, 1, 0);
+    bool naive = attention == ATTN_NAIVE;
+    size_t BT = (size_t)B * T, D = c.dim, F = c.ffn_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, hd = D / Hq;
+    size_t x = BT * D, xn1 = BT * D, rstd1 = BT, q = BT * Hq * hd, k = BT * Hkv * hd, v = BT * Hkv * hd;
+    size_t attn = BT * Hq * hd, stats = naive ? (size_t)B * Hq * T * T : (size_t)B * Hq * T, h = BT * D;
+    size_t xn2 = BT * D, rstd2 = BT, gate = BT * F, up = BT * F, act = BT * F;
+    size_t want[3];
+    want[AC_NONE] = x + xn1 + rstd1 + q + k + v + attn + stats + h + xn2 + rstd2 + gate + up + act;
+    want[AC_FULL] = x;
+    want[AC_SELECTIVE] = x + q + k + v + attn + (naive ? 0 : stats) + h + gate + up;
+    const char *const names[3] = {"none", "full", "selective"};
+    for (int ac = AC_NONE; ac <= AC_SELECTIVE; ac++) {
+        size_t got = model_acts_bytes_per_block(&m, B, T, (ActCheckpoint)ac), bytes = want[ac] * sizeof(real);
+        ck_assert_msg(got == bytes,
+                      "--ac %s, %s attention, tiny at B %d T %d: %zu bytes kept per block, want %zu (%+lld elements; "
+                      "act, gate and up are %zu each, xn1 and xn2 %zu, q and attn %zu, k and v %zu, stats %zu)",
+                      names[ac], naive ? "naive" : "flash", B, T, got, bytes,
+                      ((long long)got - (long long)bytes) / (long long)sizeof(real), act, xn1, q, k, stats);
+    }
+    model_free(&m);
+}
+
+START_TEST(test_bytes_per_block_from_shapes) {
+    check_bytes_per_block(ATTN_FLASH);
+    check_bytes_per_block(ATTN_NAIVE);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("activation checkpointing (fp32)");
     TCase *tc = tcase_create("checkpointing");
@@ -119,6 +167,7 @@ int main(void) {
     tcase_add_test(tc, test_selective_flash_tied);
     tcase_add_test(tc, test_selective_naive_untied);
     tcase_add_test(tc, test_bytes_per_block_matches_allocator);
+    tcase_add_test(tc, test_bytes_per_block_from_shapes);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

@@ -358,6 +358,109 @@ START_TEST(test_cp_costs) {
 }
 END_TEST
 
+// A cluster where only communication takes time: infinite FLOP/s and HBM bandwidth make every
+// compute and element-wise time exactly 0 (x / inf), and no jitter, so a simulated step is its
+// communication alone and its exposed comm the collectives the compute stream waits on, queued back
+// to back on their streams. free_nvlink: NVLink without latency or bandwidth limit as well (every
+// collective inside a node takes 0), so that only the network costs time.
+static Cluster comm_only_cluster(bool free_nvlink) {
+    Cluster c;
+    ck_assert(cluster_lookup("h100-sxm-ib", &c));
+    c.peak_bf16 = c.peak_fp8 = c.hbm_bw = INFINITY;
+    c.rank_jitter = 0;
+    if (free_nvlink) c.nvlink_bw = INFINITY, c.nvlink_lat = 0;
+    return c;
+}
+
+// Relative agreement the planner's sums must reach with the test's closed forms: the same terms
+// added in another order differ by a few roundings of 1.1e-16 each (a few dozen terms), and the
+// test's subtractions of known parts at most triple that; 1e-12 is far above both and far below
+// any change of the formulas (one collective more or less moves the sums below by 0.25% or more).
+static const double PLAN_RTOL = 1e-12;
+
+static PlanConfig hsdp_config(int replicate, int shard) {
+    PlanConfig p = base_config("llama3_8b");
+    p.dp_replicate = replicate, p.dp_shard = shard, p.batch = replicate * shard;
+    return p;
+}
+
+// HSDP's replicate all-reduce (chapter 4): each unit's gradients, reduce-scattered over the S ranks
+// of the shard group, are all-reduced over the R replicas on the rank's 1/S shard only. With only
+// the network costing time (the shard group of 8 fills a node, its collectives are free), HSDP
+// 4 x 8 waits on nothing else, and the units' all-reduces queue on the replicate stream after
+// their backward: exposed comm = the sum over the L blocks, the embedding and the head (one
+// all-reduce each; P_u parameters, sum P) of the hierarchical all-reduce among R nodes, one rank
+// per node (a tree: 2 log2(R) network latencies, twice the piece over the NIC):
+//   2 log2(R) net_lat + 2 (R-1)/R x (P_u / S x grad_bytes) / net_bw
+// = (L + 2) x 2 log2(R) net_lat + 2 (R-1)/R x (P / S) x grad_bytes / net_bw.
+// DDP over the same R x S ranks all-reduces every unit whole, hierarchically (plan_all_reduce_s):
+// the node's 8 ranks reduce-scatter over NVLink (free here) and each sends its 1/8 across the
+// nodes. When the shard group lies inside a node (S divides 8) HSDP's replicate group has 8/S
+// ranks per node, which reduce inside the node first and send 1/8 of the unit's gradients each:
+// the same network traffic and tree depth as DDP, so HSDP exposes exactly as much comm (4 x 8,
+// 8 x 4, 16 x 2), never more. That is all the model promises: once the shard group spans nodes
+// its own collectives cross the network (2 x 16: 0.204 s against DDP's 0.152 s), and with a real
+// NVLink the shard group's all-gathers and reduce-scatters wait too (h100-sxm-ib, `small` at
+// 2 x 16, ZeRO-3, 64 sequences of 4096: 0.78 ms against DDP's 0.23 ms), so HSDP is not cheaper in
+// general.
+START_TEST(test_hsdp_replicate_cost) {
+    Cluster c = comm_only_cluster(true);
+    const int R = 4, S = 8;
+    PlanConfig p = hsdp_config(R, S);
+    double P = (double)model_param_count(&p.model), L = p.model.n_layers, grad_bytes = p.grad_bytes;
+    double want = (L + 2) * 2 * log2(R) * c.net_lat + 2.0 * (R - 1) / R * (P / S) * grad_bytes / c.net_bw;
+    PlanTime t = plan_step_time(&p, &c, NULL);
+    ck_assert_msg(fabs(t.exposed_comm_s - want) <= PLAN_RTOL * want,
+                  "HSDP %d x %d: exposed comm %.9g s, want %.9g s (the replicate all-reduces of P/S = %.0f "
+                  "parameters per rank; %.3g x that)",
+                  R, S, t.exposed_comm_s, want, P / S, t.exposed_comm_s / want);
+    ck_assert_msg(t.step_s == t.exposed_comm_s, "only the network costs time: step %.9g s, exposed comm %.9g s",
+                  t.step_s, t.exposed_comm_s);
+    const int layouts[3][2] = {{4, 8}, {8, 4}, {16, 2}};  // R x S
+    for (int i = 0; i < 3; i++) {
+        int r = layouts[i][0], n = layouts[i][1];
+        PlanConfig hsdp = hsdp_config(r, n), ddp = hsdp;
+        ddp.dp_replicate = r * n, ddp.dp_shard = 1;
+        double h = plan_step_time(&hsdp, &c, NULL).exposed_comm_s, d = plan_step_time(&ddp, &c, NULL).exposed_comm_s;
+        ck_assert_msg(fabs(h - d) <= PLAN_RTOL * d, "HSDP %d x %d exposes %.9g s of comm, DDP over %d ranks %.9g s: "
+                      "want equal (%.3g x)", r, n, h, r * n, d, h / d);
+    }
+}
+END_TEST
+
+// Tensor parallelism with sequence parallelism: per block, the forward's two all-gathers and two
+// reduce-scatters of the (tokens, h) activations over tp, each one TP collective (t_tp, a flat
+// NVLink ring inside the node: 7 latencies + 7/8 of the buffer); the backward the same four, and
+// full checkpointing's recompute runs the forward's four again: 8 per block backward under --ac
+// full, 4 under selective (it recomputes element-wise ops only: no collective) and none. The head
+// waits for one each way. With only communication costing time (dp 1: nothing else moves), at tp 8:
+//   exposed comm = L x (4 + backward's) x t_tp + 2 t_tp,
+// so the backward's per block, (exposed - 2 t_tp) / L - 4 t_tp, is 8 t_tp (full) or 4 t_tp.
+START_TEST(test_tp_recompute_collectives) {
+    Cluster c = comm_only_cluster(false);
+    PlanConfig p = base_config("llama3_8b");
+    p.dp_shard = 1, p.tp = 8, p.batch = 1, p.seq_len = 8192;
+    double tokens = 8192, h = p.model.dim, L = p.model.n_layers;
+    double t_tp = 7 * c.nvlink_lat + 7.0 / 8 * tokens * h * p.act_bytes / c.nvlink_bw;
+    const int backward[3] = {4, 8, 4};  // collectives per block backward: none, full, selective
+    const char *const names[3] = {"none", "full", "selective"};
+    double per_block[3];
+    for (int ac = AC_NONE; ac <= AC_SELECTIVE; ac++) {
+        p.ac = (ActCheckpoint)ac;
+        double exposed = plan_step_time(&p, &c, NULL).exposed_comm_s;
+        per_block[ac] = (exposed - 2 * t_tp) / L - 4 * t_tp;
+        double want = backward[ac] * t_tp;
+        ck_assert_msg(fabs(per_block[ac] - want) <= PLAN_RTOL * want,
+                      "--ac %s at tp 8: the block backward waits %.9g s on tp collectives = %.6g x one (%.9g s), "
+                      "want %d x",
+                      names[ac], per_block[ac], per_block[ac] / t_tp, t_tp, backward[ac]);
+    }
+    ck_assert_msg(fabs(per_block[AC_FULL] / per_block[AC_SELECTIVE] - 2) <= PLAN_RTOL,
+                  "tp collectives per block backward, full / selective = %.15g, want 2 (the recompute's 4 more)",
+                  per_block[AC_FULL] / per_block[AC_SELECTIVE]);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("plan");
     TCase *tc = tcase_create("plan");
@@ -375,6 +478,8 @@ int main(void) {
     tcase_add_test(tc, test_step_time_responds);
     tcase_add_test(tc, test_stragglers);
     tcase_add_test(tc, test_cp_costs);
+    tcase_add_test(tc, test_hsdp_replicate_cost);
+    tcase_add_test(tc, test_tp_recompute_collectives);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }

@@ -229,34 +229,39 @@ static void compare(const Case *k, const void *ring, const void *builtin, size_t
             worst.builtin != 0 ? worst.diff / fabs(worst.builtin) : worst.diff, tol);
 }
 
-// Runs one collective both ways on the same input and compares what this rank got.
-static void run_case(const Case *k, Stats *st) {
+// Runs one collective both ways on the same input `in` (all-reduce and all-gather: count elements;
+// reduce-scatter: count * N), into ring and built-in (all-gather: count * N; the others: count).
+static void run_both(const Case *k, const void *in, void *ring, void *builtin) {
     Comm *world = comm_world();
-    size_t n = (size_t)k->n, count = k->count, bytes = comm_bytes(k->dtype, count);
-    size_t in_len = k->collective == REDUCE_SCATTER ? count * n : count;
-    size_t out_len = k->collective == ALL_GATHER ? count * n : count;
-    void *in = checked_malloc(comm_bytes(k->dtype, in_len));
-    void *ring = checked_malloc(comm_bytes(k->dtype, out_len)), *builtin = checked_malloc(comm_bytes(k->dtype, out_len));
-    fill_input(in, k->dtype, k->me, in_len);
+    size_t count = k->count, bytes = comm_bytes(k->dtype, count);
     switch (k->collective) {
     case ALL_REDUCE:
         memcpy(ring, in, bytes);
         memcpy(builtin, in, bytes);
         ring_all_reduce(world, ring, count, k->dtype, k->op);
         comm_all_reduce(world, builtin, count, k->dtype, k->op);
-        compare(k, ring, builtin, count, 0, st);
         break;
     case REDUCE_SCATTER:
         ring_reduce_scatter(world, in, ring, count, k->dtype, k->op);
         comm_reduce_scatter(world, in, builtin, count, k->dtype, k->op);
-        compare(k, ring, builtin, count, (size_t)k->me * count, st);
         break;
     case ALL_GATHER:
         ring_all_gather(world, in, ring, count, k->dtype);
         comm_all_gather(world, in, builtin, count, k->dtype);
-        compare(k, ring, builtin, count * n, 0, st);
         break;
     }
+}
+
+// Runs one collective both ways on the same input and compares what this rank got.
+static void run_case(const Case *k, Stats *st) {
+    size_t n = (size_t)k->n, count = k->count;
+    size_t in_len = k->collective == REDUCE_SCATTER ? count * n : count;
+    size_t out_len = k->collective == ALL_GATHER ? count * n : count;
+    void *in = checked_malloc(comm_bytes(k->dtype, in_len));
+    void *ring = checked_malloc(comm_bytes(k->dtype, out_len)), *builtin = checked_malloc(comm_bytes(k->dtype, out_len));
+    fill_input(in, k->dtype, k->me, in_len);
+    run_both(k, in, ring, builtin);
+    compare(k, ring, builtin, out_len, k->collective == REDUCE_SCATTER ? (size_t)k->me * count : 0, st);
     free(builtin);
     free(ring);
     free(in);
@@ -279,6 +284,105 @@ static int check_sizes(int n, size_t sizes[N_CHECK_SIZES]) {
     for (int i = 0; i < N_CHECK_SIZES; i++)
         if (m == 0 || wanted[i] != sizes[m - 1]) sizes[m++] = wanted[i];
     return m;
+}
+
+// ================================================================================================
+// --check: a NaN wins MAX
+// ================================================================================================
+
+// MAX lets a NaN win (comm.h; ring.c's combine), so that an overflow on one rank never vanishes in
+// the maximum. The table's inputs hold no NaN, so MAX runs again on the same inputs with NaNs
+// planted on one rank, the source: at the first element of every non-empty chunk of the reduced
+// vector (all-reduce: ring.c's chunks; reduce-scatter: the blocks, which are its chunks too). Every
+// chunk starts on some rank and is combined on the others, the received partial first (on rank 0,
+// second), so with each rank in turn the source a NaN is sent as it is, and is either operand of a
+// combine. Exact, no tolerance: a planted element is NaN in both the ring's and the built-in's
+// output on every rank that holds it; every other element is equal as numbers (the table's rule).
+typedef struct {
+    double planted, ring_nan, builtin_nan, wrong;  // elements, summed over ranks and runs
+} NanStats;
+
+// planted (total): whether element g of the reduced vector (total elements in n chunks) is planted.
+static void mark_chunk_heads(bool *planted, size_t total, int n) {
+    memset(planted, 0, total * sizeof *planted);
+    for (int k = 0; k < n; k++) {
+        size_t begin = ring_chunk_begin(total, n, k);
+        if (begin < ring_chunk_begin(total, n, k + 1)) planted[begin] = true;
+    }
+}
+
+static void set_nan(void *buf, CommDtype dtype, size_t g) {
+    if (dtype == COMM_FLOAT32) ((float *)buf)[g] = NAN;
+    if (dtype == COMM_FLOAT64) ((double *)buf)[g] = NAN;
+}
+
+// One MAX collective (all-reduce or reduce-scatter, float) with the NaNs on rank `source`.
+static void run_nan_case(const Case *k, int source, NanStats *st) {
+    size_t count = k->count, total = k->collective == REDUCE_SCATTER ? count * (size_t)k->n : count;
+    size_t first = k->collective == REDUCE_SCATTER ? (size_t)k->me * count : 0;  // where our output starts
+    void *in = checked_malloc(comm_bytes(k->dtype, total));
+    void *ring = checked_malloc(comm_bytes(k->dtype, count)), *builtin = checked_malloc(comm_bytes(k->dtype, count));
+    bool *planted = checked_malloc(total * sizeof *planted);
+    mark_chunk_heads(planted, total, k->n);
+    fill_input(in, k->dtype, k->me, total);
+    for (size_t g = 0; g < total; g++)
+        if (planted[g] && k->me == source) set_nan(in, k->dtype, g);
+    run_both(k, in, ring, builtin);
+    size_t wrong = 0, worst = 0;
+    for (size_t i = 0; i < count; i++) {
+        double r = element_value(ring, k->dtype, i), b = element_value(builtin, k->dtype, i);
+        bool nan_here = planted[first + i];
+        st->planted += nan_here;
+        st->ring_nan += nan_here && isnan(r);
+        st->builtin_nan += nan_here && isnan(b);
+        if (nan_here ? isnan(r) && isnan(b) : r == b) continue;
+        if (wrong++ == 0) worst = i;
+    }
+    st->wrong += (double)wrong;
+    if (wrong)
+        fprintf(stderr,
+                "collectives [rank %d]: FAIL %s %s max with NaNs on rank %d, count %zu on %d ranks: %zu of %zu "
+                "elements wrong; first: element %zu (%s): ring %.17g built-in %.17g\n",
+                k->me, COLLECTIVE_NAMES[k->collective], DTYPE_NAMES[k->dtype], source, count, k->n, wrong, count,
+                worst, planted[first + worst] ? "NaN planted, must win" : "no NaN planted",
+                element_value(ring, k->dtype, worst), element_value(builtin, k->dtype, worst));
+    free(planted);
+    free(builtin);
+    free(ring);
+    free(in);
+}
+
+// Counts above this add nothing here but time: the planted elements are N per vector whatever its
+// size, and the smaller counts already give empty, single-element and uneven chunks.
+#define NAN_MAX_COUNT 1009
+
+// All-reduce and reduce-scatter, float32 and float64 MAX, over every size up to NAN_MAX_COUNT and
+// every source rank: one line each. Returns the number of wrong elements (all ranks).
+static double run_nan_check(const size_t *sizes, int n_sizes) {
+    Comm *world = comm_world();
+    int n = comm_size(world), me = comm_rank(world);
+    log_info("NaN in max (counts up to %d): each rank in turn plants a NaN at the first element of every chunk;",
+             NAN_MAX_COUNT);
+    log_info("            there the ring's and the built-in's result must be NaN on every rank holding the element,");
+    log_info("            and elsewhere equal as numbers");
+    log_info("%-7s %-15s %-8s %-4s %10s %10s %12s %8s  %s", "nan", "collective", "dtype", "op", "planted", "ring_nan",
+             "builtin_nan", "wrong", "result");
+    double wrong = 0;
+    const CommDtype dtypes[] = {COMM_FLOAT32, COMM_FLOAT64};
+    for (int col = ALL_REDUCE; col <= REDUCE_SCATTER; col++) {
+        for (int d = 0; d < 2; d++) {
+            NanStats st = {0};
+            for (int source = 0; source < n; source++)
+                for (int s = 0; s < n_sizes && sizes[s] <= NAN_MAX_COUNT; s++)
+                    run_nan_case(&(Case){(Collective)col, dtypes[d], COMM_MAX, sizes[s], n, me}, source, &st);
+            double sums[4] = {st.planted, st.ring_nan, st.builtin_nan, st.wrong};
+            comm_all_reduce(world, sums, 4, COMM_FLOAT64, COMM_SUM);
+            wrong += sums[3];
+            log_info("%-7s %-15s %-8s %-4s %10.0f %10.0f %12.0f %8.0f  %s", "nan", COLLECTIVE_NAMES[col],
+                     DTYPE_NAMES[dtypes[d]], "max", sums[0], sums[1], sums[2], sums[3], sums[3] ? "FAIL" : "ok");
+        }
+    }
+    return wrong;
 }
 
 // Every (collective, dtype, op) over every size. Returns the number of failing elements (all ranks).
@@ -318,6 +422,7 @@ static double run_check(void) {
             }
         }
     }
+    failures += run_nan_check(sizes, n_sizes);
     if (failures)
         log_info("collectives --check: %.0f elements FAILED on %d ranks (the lines above name them)", failures, n);
     else
