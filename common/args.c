@@ -129,6 +129,10 @@ void args_parse(const ArgSpec *specs, int n, int argc, char **argv, const char *
         }
         const char *value = eq ? eq + 1 : (a + 1 < argc ? argv[++a] : NULL);
         if (!value) fatal_input("--%s: needs a value", s->name);
+        // `--dump --lr 1e-3` left --dump's value out: taking "--lr" as a file name would write it
+        if (!eq && strncmp(value, "--", 2) == 0)
+            fatal_input("--%s: needs a value, and the next argument %s is a flag (a value that starts with --: "
+                        "--%s=VALUE)", s->name, value, s->name);
         set_value(s, value);
     }
 }

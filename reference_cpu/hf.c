@@ -212,6 +212,15 @@ static StFile *open_shard(const char *dir, const char *file, const char *named_b
     return f;
 }
 
+// The opened shard named `file` (NULL: not opened yet).
+static StFile *index_shard(const HfCheckpoint *h, const char *dir, const char *file) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    for (int i = 0; i < h->n_files; i++)
+        if (strcmp(st_path(h->files[i]), path) == 0) return h->files[i];
+    return NULL;
+}
+
 // The index's weight_map names the file of each tensor: open each distinct file once.
 static void open_index(HfCheckpoint *h, const char *dir, const char *index_path) {
     char err[4200];
@@ -225,14 +234,18 @@ static void open_index(HfCheckpoint *h, const char *dir, const char *index_path)
     const cJSON *item;
     cJSON_ArrayForEach(item, map) {
         if (!cJSON_IsString(item)) fatal_input("%s: weight_map[\"%s\"] is not a file name", index_path, item->string);
+        if (!*item->valuestring) fatal_input("%s: weight_map[\"%s\"] is an empty file name", index_path, item->string);
         if (strchr(item->valuestring, '/')) fatal_input("%s: shard name '%s' has a '/'", index_path, item->valuestring);
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, item->valuestring);
-        bool seen = false;
-        for (int i = 0; i < h->n_files && !seen; i++) seen = strcmp(st_path(h->files[i]), path) == 0;
-        if (seen) continue;
+        if (index_shard(h, dir, item->valuestring)) continue;
         h->files = realloc(h->files, sizeof *h->files * (size_t)(h->n_files + 1));
         h->files[h->n_files++] = open_shard(dir, item->valuestring, index_path);
+    }
+    // Every tensor it lists, the model's or not, is where it says (transformers would fail on one that
+    // is not; find_tensor checks the model's again, against copies in other shards too)
+    cJSON_ArrayForEach(item, map) {
+        if (!st_find(index_shard(h, dir, item->valuestring), item->string))
+            fatal_input("%s: the weight_map puts tensor '%s' in %s, which does not hold it", index_path, item->string,
+                        item->valuestring);
     }
     h->weight_map = cJSON_DetachItemFromObjectCaseSensitive(o, "weight_map");
     cJSON_Delete(o);

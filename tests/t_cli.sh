@@ -19,6 +19,34 @@ expect_error() {  # expected-substring, args...
     fi
 }
 expect_error "unknown flag" --no-such-flag
+# A flag's value left out: the next flag is not taken as the value (a dump named "--lr" was written,
+# and `--checkpoint-dir --steps 1` said "1: unexpected argument"); --flag=VALUE still takes anything.
+expect_error "--dump: needs a value, and the next argument --lr is a flag (a value that starts with --: --dump=VALUE)" \
+    --model tiny --steps 1 --batch 2 --dump --lr 1e-3
+expect_error "--checkpoint-dir: needs a value, and the next argument --steps is a flag" --model tiny --batch 2 \
+    --checkpoint-dir --steps 1
+[ ! -e ./--lr ] || { echo "FAIL: a file named --lr was written"; failures=$((failures + 1)); }
+# A message quoting the user's input stays one line (a newline in it is written as \n), and a
+# directory too long to hold its files' names is refused, not cut short to another path.
+expect_error "data source 'text:a\\nb': a\\nb: cannot open" --model tiny --steps 1 --data "text:a
+b"
+# A --data file too large to load is refused by the memory plan (each rank reads it whole, twice its
+# size while loading), not met by "read failed" after the model is built.
+truncate -s 8T "$T/sparse.txt"  # sparse: no disk used; 16 TiB planned, beyond any machine
+expect_error "with its --data file: needs at least" --model tiny --steps 1 --data "text:$T/sparse.txt"
+rm -f "$T/sparse.txt"
+expect_error "path too long" --steps 1 --init-from "hf:/tmp/$(printf 'a%.0s' $(seq 1 4090))"
+# Standard output that cannot be written (a full disk): status 1 and one line, not 0 with the report lost;
+# a refusal keeps its status 2 and its own line.
+err=$("$TRAIN" --model tiny --model-info 2>&1 >/dev/full); rc=$?
+if [ "$rc" -eq 1 ] && [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] && [[ "$err" == *"standard output: write error"* ]]; then
+    echo "ok: --model-info into /dev/full -> $err"
+else
+    echo "FAIL: --model-info into /dev/full -> exit $rc: $err (wanted 1 and one line)"; failures=$((failures + 1))
+fi
+err=$("$TRAIN" --no-such-flag 2>&1 >/dev/full); rc=$?
+[ "$rc" -eq 2 ] && [ "$(printf '%s\n' "$err" | grep -c .)" -eq 1 ] ||
+    { echo "FAIL: a refusal with stdout on /dev/full -> exit $rc: $err (wanted 2 and its one line)"; failures=$((failures + 1)); }
 expect_error "--steps abc: not an integer" --steps abc
 expect_error "--steps 0: must be at least 1" --steps 0
 expect_error "--comm-timeout 1e10: must be between 0.1 and 1e+09" --comm-timeout 1e10
@@ -200,6 +228,20 @@ expect_error "--dump $T/ex2/model.safetensors: the run writes that into --export
 expect_error "--trace-json $T/hta2/rank0.json: the run writes that into --trace-hta $T/hta2" \
     --trace-json "$T/hta2/rank0.json" --trace-hta "$T/hta2"
 expect_error "--grad-dump $T/gx: the run writes that into --export-hf $T/gx" --grad-dump "$T/gx" --export-hf "$T/gx"
+# ... nor a directory output that is a name another one writes: the second failed after the training
+# (the export found a directory where its model.safetensors goes; the traces were lost).
+expect_error "--checkpoint-dir $T/ex2/model.safetensors: the run writes that into --export-hf $T/ex2" \
+    --export-hf "$T/ex2" --checkpoint-dir "$T/ex2/model.safetensors"
+expect_error "--trace-hta $T/ck2/step_000001.safetensors: the run writes that into --checkpoint-dir $T/ck2" \
+    --checkpoint-dir "$T/ck2" --trace-hta "$T/ck2/step_000001.safetensors"
+expect_error "--export-hf $T/hta2/rank0.json: the run writes that into --trace-hta $T/hta2" \
+    --trace-hta "$T/hta2" --export-hf "$T/hta2/rank0.json"
+# ... nor the checkpoint directory's lock file (the trace replaced it)
+expect_error "--trace $T/ck2/.lock: the run writes that into --checkpoint-dir $T/ck2" \
+    --checkpoint-dir "$T/ck2" --trace "$T/ck2/.lock"
+for made in "$T/ex2/model.safetensors" "$T/ck2/step_000001.safetensors" "$T/hta2/rank0.json" "$T/ck2/.lock"; do
+    [ ! -e "$made" ] || { echo "FAIL: a refused run made $made"; failures=$((failures + 1)); }
+done
 # An entry the run will write into an output directory, but that is not a regular file.
 mkdir -p "$T/ckd/step_000001.safetensors" "$T/exd/config.json"
 expect_error "--checkpoint-dir $T/ckd: $T/ckd/step_000001.safetensors is a directory; the run would write it" \
@@ -331,8 +373,14 @@ expect_error "--sequence-parallel: the 33 tokens of a micro-batch must divide by
     { echo "FAIL: a run refused for its layout wrote --mesh-dot or made --checkpoint-dir"; failures=$((failures + 1)); }
 printf 'garbage that is not a safetensors file at all' > "$T/garbage.safetensors"
 expect_error "garbage.safetensors" --model tiny --steps 2 --batch 2 --resume "$T/garbage.safetensors"
-expect_error "--seed" --model tiny --steps 2 --batch 2 --seed 7 --resume "$good"
-expect_error "--batch" --model tiny --steps 2 --batch 4 --resume "$good"
+expect_error "written with --seed 1234, this run has 7 (resume needs the same run settings)" --model tiny --steps 2 \
+    --batch 2 --seed 7 --resume "$good"
+expect_error "written with --batch 2, this run has 4 (resume needs the same run settings)" --model tiny --steps 2 \
+    --batch 4 --resume "$good"
+expect_error "written with --seq-len 32, this run has 16 (resume needs the same run settings)" --model tiny --steps 2 \
+    --batch 2 --seq-len 16 --resume "$good"
+expect_error "written with --steps 2, this run has 3 (resume needs the same run settings)" --model tiny --steps 3 \
+    --batch 2 --resume "$good"
 expect_error "different shape" --model small --steps 2 --batch 2 --resume "$good"
 expect_error "no checkpoint in this directory (the trainer writes step_NNNNNN.safetensors)" --model tiny --steps 2 \
     --batch 2 --resume "$T"

@@ -140,6 +140,15 @@ ours=$(grep '^train' <<<"$out" | sort -u || true)
 [ "$(grep -c . <<<"$ours")" -eq 1 ] && [[ "$ours" == *"this run has amax_history=4 blocks=4 margin=0 dp=2 "* ]] ||
     { echo "FAIL: delayed FP8 under another dp degree: $out"; exit 1; }
 echo "ok: delayed FP8 resumes under --pp 2 as straight through (checkpoints on the way included); under --dp-replicate 2 refused: $ours"
+# The history beside a checkpoint is that step's: step 10's copied beside step 5's is refused (it
+# resumed without a word, with scales from amaxes five steps later).
+mkdir -p "$T/other_step" && cp "$T/parts/step_000005.safetensors" "$T/other_step/"
+cp "$T/parts/step_000010.safetensors.fp8" "$T/other_step/step_000005.safetensors.fp8"
+out=$("$BUILD/train" "${resume[@]}" --resume "$T/other_step/step_000005.safetensors" 2>&1 >/dev/null) &&
+    { echo "FAIL: delayed FP8 resumed with another step's amax history"; exit 1; }
+[ "$(grep -c . <<<"$out")" -eq 1 ] && [[ "$out" == *"the amax history of step 10, beside the checkpoint of step 5"* ]] ||
+    { echo "FAIL: another step's amax history: $out"; exit 1; }
+echo "ok: another step's amax history beside a checkpoint is refused: $out"
 
 # expect_exit2 WANTED FLAGS...: exit status 2 and one line on stderr that contains WANTED
 expect_exit2() {

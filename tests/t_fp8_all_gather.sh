@@ -9,7 +9,8 @@
 #  2. The bytes: every all-gather of the traced run carries what tests/py/check_fp8_all_gather.py
 #     computes from the model's shapes (a block: one byte per projection element; the embedding and
 #     head unchanged).
-#  3. Bad input exits 2 with one line: without --fp8, with another recipe, without ZeRO-3.
+#  3. Bad input exits 2 with one line: without --fp8, with another recipe, without ZeRO-3, with
+#     --all-gather-dtype fp32 (another codec for the same all-gather).
 set -eu
 source tests/lib.sh
 common=(--model tiny --steps 3 --batch 8 --seed 5 --lr 1e-3 --fp8)
@@ -44,3 +45,5 @@ expect_error 2 "needs --fp8" --dp-shard 2 --fp8-all-gather
 expect_error 2 "needs --fp8-recipe tensorwise" --dp-shard 2 --fp8 --fp8-recipe rowwise --fp8-all-gather
 expect_error 2 "needs --dp-shard 2 or more with --zero-stage 3" --dp-replicate 2 --fp8 --fp8-all-gather
 expect_error 2 "needs --dp-shard 2 or more with --zero-stage 3" --dp-shard 2 --zero-stage 2 --fp8 --fp8-all-gather
+expect_error 2 "--all-gather-dtype fp32: not with --fp8-all-gather" --dp-shard 2 --fp8 --fp8-all-gather \
+    --all-gather-dtype fp32

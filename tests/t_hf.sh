@@ -68,6 +68,20 @@ refused() {  # dir, expected substring
 }
 refused "$TEST_TMP/dup" "tensor 'model.norm.weight' is in both"
 refused "$TEST_TMP/moved" "the weight_map puts tensor 'model.norm.weight' in"
+# ... and so is an index listing a tensor that no shard holds (it loaded without a word), or naming
+# an empty file ("DIR/: is a directory")
+"$PYTHON" - "$TEST_TMP/shards" "$TEST_TMP/extra" "$TEST_TMP/empty_name" <<'PY'
+import json, shutil, sys
+src, extra, empty_name = sys.argv[1:]
+for out, shard in ((extra, None), (empty_name, "")):
+    shutil.copytree(src, out)
+    path = f"{out}/model.safetensors.index.json"
+    index = json.load(open(path))
+    index["weight_map"]["model.extra.weight"] = shard if shard is not None else index["weight_map"]["model.norm.weight"]
+    json.dump(index, open(path, "w"))
+PY
+refused "$TEST_TMP/extra" "the weight_map puts tensor 'model.extra.weight' in"
+refused "$TEST_TMP/empty_name" "weight_map[\"model.extra.weight\"] is an empty file name"
 # A config that ties the output (tie_word_embeddings true) over a checkpoint that also holds an
 # lm_head.weight: loaded as transformers loads it (the head is the embedding table), and said.
 "$PYTHON" - "$TEST_TMP/shards" "$TEST_TMP/tiedhead" <<'PY'

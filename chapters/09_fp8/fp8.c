@@ -337,14 +337,11 @@ void fp8_linear_backward(Fp8 *f, int layer, Projection proj, real *dx, real *dw,
 
 // Which projection a table entry is, or -1 (norms, embedding, head: they travel in fp32).
 static int projection_of(const ParamInfo *p) {
-    static const char *const names[N_PROJ] = {".attention.wq.weight",    ".attention.wk.weight",
-                                              ".attention.wv.weight",    ".attention.wo.weight",
-                                              ".feed_forward.w1.weight", ".feed_forward.w2.weight",
-                                              ".feed_forward.w3.weight"};
     size_t len = strlen(p->name);
-    for (int i = 0; i < N_PROJ; i++) {
-        size_t n = strlen(names[i]);
-        if (len > n && strcmp(p->name + len - n, names[i]) == 0) return i;
+    for (int i = 0; i < N_PROJ; i++) {  // the name ends in ".<projection's name>"
+        const char *suffix = projection_param_name((Projection)i);
+        size_t n = strlen(suffix);
+        if (len > n && p->name[len - n - 1] == '.' && strcmp(p->name + len - n, suffix) == 0) return i;
     }
     return -1;
 }
@@ -548,14 +545,16 @@ static void state_identity(const Fp8 *f, char *out, size_t n) {
     fp8_state_identity(&f->o, f->n_layers, f->groups.dp ? comm_size(f->groups.dp) : 1, out, n);
 }
 
-void fp8_state_save(const Fp8 *f, const float *state, const char *path) {
+void fp8_state_save(const Fp8 *f, const float *state, long long step, const char *path) {
     size_t n = fp8_state_numel(f);
-    char err[1024], identity[128];
+    char err[1024], identity[128], step_text[32];
     int64_t shape[1] = {(int64_t)n};
     state_identity(f, identity, sizeof identity);
+    snprintf(step_text, sizeof step_text, "%lld", step);
     StWriter *w = st_writer_new();
     if (!st_writer_add(w, "fp8.delayed_state", ST_F32, 1, shape, state, err, sizeof err) ||
-        !st_writer_add_metadata(w, "fp8", identity, err, sizeof err) || !st_writer_add_data_hash(w, err, sizeof err) ||
+        !st_writer_add_metadata(w, "fp8", identity, err, sizeof err) ||
+        !st_writer_add_metadata(w, "step", step_text, err, sizeof err) || !st_writer_add_data_hash(w, err, sizeof err) ||
         !st_write(w, path, err, sizeof err))
         fatal("fp8 state: %s", err);
     st_writer_free(w);

@@ -100,9 +100,9 @@ void fp8_state_set(Fp8 *f, const float *in);
 // updates it: a copy set by fp8_state_set is never updated where its block does not run).
 void fp8_state_get_own(const Fp8 *f, float *out);
 // A state as a file next to a checkpoint (safetensors: the state as one F32 tensor, the recipe's
-// settings as metadata). Load exits 2 with one line if the file is missing, corrupt or written with
-// another --fp8-amax-history or number of blocks.
-void fp8_state_save(const Fp8 *f, const float *state, const char *path);
+// settings and the checkpoint's step as metadata, "fp8" and "step"). Load exits 2 with one line if
+// the file is missing, corrupt or written with another --fp8-amax-history or number of blocks.
+void fp8_state_save(const Fp8 *f, const float *state, long long step, const char *path);
 void fp8_state_load(Fp8 *f, const char *path);
 // The settings a saved state is recorded with (its metadata "fp8"), and a resume must match: for
 // checking a state file before the Fp8 exists. dp: the data x context parallel degree.

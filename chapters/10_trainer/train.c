@@ -206,6 +206,9 @@ static char *init_token_ids;
 static HfCheckpoint *open_init_checkpoint(const ArgSpec *flags, ModelConfig *cfg) {
     if (strncmp(opt.init_from, "hf:", 3) != 0 || !opt.init_from[3])
         fatal_input("--init-from %s: expected hf:DIR (a Hugging Face Llama checkpoint directory)", opt.init_from);
+    // its files' names are built as DIR/NAME: a DIR near PATH_MAX would be cut short, and another file opened
+    if (strlen(opt.init_from + 3) + NAME_MAX + 2 >= PATH_MAX)
+        fatal_input("--init-from %.60s...: path too long", opt.init_from);
     static const char *const shape_flags[] = {"model", "n-layers", "rope-theta", "desync-init"};
     for (int i = 0; i < 4; i++)
         if (args_given(flags, N_FLAGS, shape_flags[i]))
@@ -339,10 +342,11 @@ static bool written_by(const DirOutput *d, const char *path) {
 
 // The directory outputs and the names the run writes in each (checkpoints, the Hugging Face
 // export, the per-rank traces for HTA). Returns how many.
-enum { N_DIR_OUTPUTS = 6 };
+enum { N_DIR_OUTPUTS = 7 };
 static int dir_outputs(DirOutput dirs[N_DIR_OUTPUTS]) {
     const DirOutput all[N_DIR_OUTPUTS] = {
         {"checkpoint-dir", opt.checkpoint_dir, "step_", ""},  // step_N.safetensors, its .fp8, temporaries
+        {"checkpoint-dir", opt.checkpoint_dir, ".lock", ""},  // the run's claim on the directory
         {"export-hf", opt.export_hf, "config.json", ""},      {"export-hf", opt.export_hf, "model", ".safetensors"},
         {"export-hf", opt.export_hf, "model", ".json"},        // model.safetensors.index.json
         {"trace-hta", opt.trace_hta, "rank", ".json"},         {"trace-hta", opt.trace_hta, ".merged.json.part", ""},
@@ -360,6 +364,20 @@ static void check_not_written_by_dir_outputs(const char *flag, const char *path)
                         dirs[d].flag, dirs[d].dir);
 }
 
+// Nor may a directory output be a name another directory output writes (--checkpoint-dir
+// EXPORT/model.safetensors beside --export-hf EXPORT): the second would fail after the training.
+// Two outputs in one directory are fine where their names differ.
+static void check_dir_outputs_apart(void) {
+    DirOutput dirs[N_DIR_OUTPUTS];
+    int n = dir_outputs(dirs);
+    for (int a = 0; a < n; a++)
+        for (int b = 0; b < n; b++)
+            if (dirs[a].dir && dirs[b].dir && strcmp(dirs[a].flag, dirs[b].flag) != 0 &&
+                !fileio_same_file(dirs[a].dir, dirs[b].dir) && written_by(&dirs[b], dirs[a].dir))
+                fatal_input("--%s %s: the run writes that into --%s %s; one of the two outputs would be lost",
+                            dirs[a].flag, dirs[a].dir, dirs[b].flag, dirs[b].dir);
+}
+
 // An input that a directory output writes over (the training text inside --trace-hta, the
 // checkpoint resumed from named like an export's file): the run would destroy what it reads.
 static void check_input_not_written_by_dir_outputs(const FlagPath *input) {
@@ -371,6 +389,11 @@ static void check_input_not_written_by_dir_outputs(const FlagPath *input) {
             fatal_input("--%s %s: is the file --%s reads (%s); the run would overwrite it", dirs[d].flag, dirs[d].dir,
                         input->flag, input->path);
     }
+}
+
+// The file --data reads (text: or tokens:), NULL for a generated source.
+static const char *data_file_path(void) {
+    return strncmp(opt.data, "text:", 5) == 0 ? opt.data + 5 : strncmp(opt.data, "tokens:", 7) == 0 ? opt.data + 7 : NULL;
 }
 
 // No output file may be one of the run's inputs (it would overwrite what the run reads: the
@@ -387,9 +410,7 @@ static void check_outputs_distinct(void) {
     char resume[PATH_MAX] = "", companion[PATH_MAX + 8] = "", init_files[N_INIT][PATH_MAX + 48];
     if (opt.resume) checkpoint_resolve(opt.resume, resume, sizeof resume);
     if (opt.resume) fp8_companion(resume, companion, sizeof companion);
-    const char *data_file = strncmp(opt.data, "text:", 5) == 0     ? opt.data + 5
-                            : strncmp(opt.data, "tokens:", 7) == 0 ? opt.data + 7
-                                                                   : NULL;
+    const char *data_file = data_file_path();
     const char *init_dir = opt.init_from && strncmp(opt.init_from, "hf:", 3) == 0 ? opt.init_from + 3 : NULL;
     FlagPath inputs[3 + N_INIT] = {
         {"data", data_file}, {"resume", opt.resume ? resume : NULL}, {"resume", opt.resume ? companion : NULL}};
@@ -416,6 +437,7 @@ static void check_outputs_distinct(void) {
         fatal_input("--export-hf %s: is the checkpoint --init-from reads; export to another directory", opt.export_hf);
     for (int o = 0; o < N_FILE_OUTPUTS; o++)
         if (outputs[o].path) check_not_written_by_dir_outputs(outputs[o].flag, outputs[o].path);
+    check_dir_outputs_apart();
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
         if (inputs[i].path) check_input_not_written_by_dir_outputs(&inputs[i]);
 }
@@ -475,7 +497,8 @@ static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
     check_outputs_distinct();
     DirOutput dirs[N_DIR_OUTPUTS];  // what the run will write in them must be replaceable
     for (int d = 0, n = dir_outputs(dirs); d < n; d++)
-        if (strcmp(dirs[d].flag, "export-hf") != 0)  // hf_export_check's, below
+        // the export's: hf_export_check's, below; the lock: checkpoint_dir_claim's (it is opened, not renamed over)
+        if (strcmp(dirs[d].flag, "export-hf") != 0 && strcmp(dirs[d].prefix, ".lock") != 0)
             fileio_check_dir_entries(dirs[d].flag, dirs[d].dir, dirs[d].prefix, dirs[d].suffix);
     if (opt.export_hf) hf_export_check(opt.export_hf, cfg, ST_F32, (size_t)(opt.export_hf_shard_mb * 1048576.0));
     if (opt.trace_hta)
@@ -497,13 +520,18 @@ static void check_before_work(const ModelConfig *cfg, const ArgSpec *flags) {
     // reports what does not fit.
     if (args_choice_index(DEVICE_NAMES, opt.device) != DEVICE_CPU) return;
     uint64_t ranks = mem_mul(mem_mul(mem_mul(dp, (uint64_t)opt.pp), (uint64_t)opt.tp), (uint64_t)opt.cp);
-    char what[160];
+    char what[200];
     snprintf(what, sizeof what, "--model %s --n-layers %d --batch %d --seq-len %d on %" PRIu64 " rank(s)", cfg->name,
              cfg->n_layers, opt.batch, opt.seq_len, ranks);
     bool sharded = opt.dp_shard > 1;  // FSDP (chapter 3) over dp_shard x cp; cp alone runs DDP
     ModelSplit split = {opt.pp, opt.tp, opt.cp, sharded ? opt.dp_shard * opt.cp : 1, sharded ? opt.zero_stage : 0,
                         opt.sequence_parallel};
-    mem_check_plan(what, model_plan_bytes(cfg, micro ? micro : 1, (uint64_t)opt.seq_len, &split),
+    // Every rank reads the --data file whole, and holds it twice while it loads (common/data.c).
+    struct stat data_st;
+    const char *data_file = data_file_path();
+    uint64_t data_bytes = data_file && stat(data_file, &data_st) == 0 ? mem_mul((uint64_t)data_st.st_size, 2) : 0;
+    if (data_bytes) snprintf(what + strlen(what), sizeof what - strlen(what), " with its --data file");
+    mem_check_plan(what, mem_add(model_plan_bytes(cfg, micro ? micro : 1, (uint64_t)opt.seq_len, &split), data_bytes),
                    mem_local_processes());
 }
 
@@ -678,7 +706,7 @@ static void fp8_finish(void *ctx, Trainer *t) {
 // stages each give their own blocks' entries (zeros elsewhere: fp8_state_get_own), the other ranks
 // the same values: the MAX over the world is the whole state. It is only written: a stage's live
 // state keeps zeros (or what a resume loaded) where other stages' blocks are, which it never updates.
-static void fp8_save(Trainer *t, const char *path) {
+static void fp8_save(Trainer *t, const char *path, long long step) {
     if (!fp8 || fp8_state_numel(fp8) == 0) return;
     size_t n = fp8_state_numel(fp8);
     float *state = mem_alloc(MEM_OTHER, sizeof(float) * n);
@@ -686,7 +714,7 @@ static void fp8_save(Trainer *t, const char *path) {
     comm_all_reduce(t->mesh->world, state, n, COMM_FLOAT32, COMM_MAX);
     char companion[4200];
     fp8_companion(path, companion, sizeof companion);
-    if (t->mesh->rank == 0) fp8_state_save(fp8, state, companion);
+    if (t->mesh->rank == 0) fp8_state_save(fp8, state, step, companion);
     mem_free(state);
 }
 
@@ -704,7 +732,7 @@ static void recorded_fp8_recipe(const char *checkpoint, char *out, size_t n) {
 // Before anything is written: the companion of --resume's checkpoint exists, its data matches its
 // recorded hash, and it was written with this run's history length and blocks, under its data x
 // context parallel degree (fp8_state_load checks it again when it reads the state: fp8.c says why dp).
-static void fp8_check_companion(const char *checkpoint, int n_layers, int dp_cp) {
+static void fp8_check_companion(const char *checkpoint, long long step, int n_layers, int dp_cp) {
     char companion[4200], err[1024], want[128], recipe[32];
     // The history beside a checkpoint is that checkpoint's only if its run was a delayed-scaling one:
     // a companion left by an earlier run in the directory would otherwise be taken for it.
@@ -731,6 +759,14 @@ static void fp8_check_companion(const char *checkpoint, int n_layers, int dp_cp)
         fatal_input("%s: FP8 state written with %s, this run has %s (delayed scaling resumes with the same history "
                     "length and blocks, under the same data x context parallel degree: the output gradients' amaxes "
                     "scale with it)", companion, identity ? identity : "(none)", want);
+    // ... and beside the checkpoint it was written with: another step's history copied there would
+    // resume scales that step's amaxes made (a history from before steps were recorded has none)
+    const char *their_step = st_metadata(f, "step");
+    char our_step[32];
+    snprintf(our_step, sizeof our_step, "%lld", step);
+    if (their_step && strcmp(their_step, our_step) != 0)
+        fatal_input("%s: the amax history of step %s, beside the checkpoint of step %lld; delayed scaling resumes the "
+                    "history written with its checkpoint", companion, their_step, step);
     st_close(f);
 }
 
@@ -760,7 +796,7 @@ static void save_state(Trainer *t, const char *path, long long step, const RunId
         trainer_full_state(t, (StateKind)kind, full[kind]);
     }
     whole.params = full[STATE_WEIGHTS];
-    fp8_save(t, path);  // first: a checkpoint whose companion failed to write would be the latest, unresumable
+    fp8_save(t, path, step);  // first: a checkpoint whose companion failed to write would be the latest, unresumable
     if (t->mesh->rank == 0) checkpoint_save(path, &whole, full[STATE_ADAM_M], full[STATE_ADAM_V], step, run);
     for (int kind = 0; kind < N_CHECKPOINT_STATES; kind++) mem_free(full[kind]);
     param_table_free(&whole.table);
@@ -840,6 +876,9 @@ static void check_fp8_all_gather_flags(void) {
 // or none: fp32). bf16 needs that all-gather; auto takes it where it changes nothing but the bytes.
 static bool zero3_gathers_weights(void) { return opt.dp_shard > 1 && opt.zero_stage == 3 && opt.pp == 1; }
 static void check_all_gather_dtype_flags(void) {
+    if (strcmp(opt.all_gather_dtype, "fp32") == 0 && opt.fp8_all_gather)
+        fatal_input("--all-gather-dtype fp32: not with --fp8-all-gather, which gathers the weights in FP8 (one codec "
+                    "per all-gather)");
     if (strcmp(opt.all_gather_dtype, "bf16") != 0) return;
     if (!zero3_gathers_weights())
         fatal_input("--all-gather-dtype bf16: casts ZeRO-3's weight all-gather; needs --dp-shard 2 or more with "
@@ -995,7 +1034,7 @@ int main(int argc, char **argv) {
         checkpoint_resolve(opt.resume, resume_path, sizeof resume_path);
         resumed_step = checkpoint_check(resume_path, &cfg, &run);
         if (opt.fp8 && !cuda && strcmp(opt.fp8_recipe, "delayed") == 0)
-            fp8_check_companion(resume_path, cfg.n_layers, comm_size(t.mesh->dp_cp));
+            fp8_check_companion(resume_path, resumed_step, cfg.n_layers, comm_size(t.mesh->dp_cp));
     }
     // another run's directory (its lock held, its checkpoints there): refused now, before the model
     // is built (checkpoint_dir_claim takes the directory once it is)
