@@ -295,8 +295,13 @@ bench: all
 # (FILE.edited.2, ... when an earlier one is there).
 exercises:
 	$(PYTHON) scripts/make_exercises.py $(if $(FORCE),--force)
-grade: $(LIBREF32) $(LIBCOMMON)
-	@BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/grade.sh "$(LAB)" $(if $(FIRST),--first-failure)
+# LAB and FIRST are checked as make reads them, before the libraries are built (one line, exit 2):
+# LAB is one of the labs letter for letter (grade.sh checks it again); FIRST=0 is off, not "set".
+GRADE_LABS := $(patsubst exercises/%/FILES,%,$(wildcard exercises/*/FILES))
+GRADE_LAB_OK = $(strip $(foreach l,$(GRADE_LABS),$(and $(findstring $(LAB),$(l)),$(findstring $(l),$(LAB)),$(l))))
+GRADE_FIRST_OK = $(if $(filter 0 1,$(words $(FIRST))),$(if $(filter-out 0 1,$(FIRST)),,ok))
+grade: $(if $(filter grade,$(MAKECMDGOALS)),$(if $(GRADE_LAB_OK),,$(error grade: unknown lab '$(LAB)' (make grade LAB=NAME; labs: $(GRADE_LABS))))$(if $(GRADE_FIRST_OK),,$(error grade: FIRST=$(FIRST): must be 1 (stop at the first failing check) or 0))) $(LIBREF32) $(LIBCOMMON)
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) scripts/grade.sh "$(LAB)" $(if $(filter 1,$(FIRST)),--first-failure)
 # What scripts/grade.sh needs to compile one lab file and link it against the libraries above.
 print-lab-build:
 	@printf "LAB_CC='%s'\nLAB_CFLAGS='%s'\nLAB_LDLIBS='%s'\nLAB_CHECK_LIBS='%s'\n" "$(CC)" "$(CFLAGS)" "$(LDLIBS)" "$(CHECK_LIBS)"

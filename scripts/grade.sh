@@ -11,30 +11,67 @@
 #   ... --first-failure                    stop at the first failing check (the rest count as failed)
 #
 # Each check runs under a time limit (GRADE_CHECK_TIMEOUT, 120 s): a check that hits it is reported
-# as a possible deadlock. Exit status: 0 when every check passes, 1 otherwise, 2 for bad arguments.
+# as a possible deadlock. Exit status: 0 when every check passes, 1 otherwise, 2 for bad arguments
+# or settings (one line, before anything is built or removed). GRADE_DIR and GRADE_CACHE move the two
+# directories it empties; each must be new, empty, or one it made before.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-usage() { echo "grade: $1 (usage: grade.sh LAB [--solution | --variant DIR] [--first-failure]; labs: $LABS)" >&2; exit 2; }
-LABS=$(cd "$ROOT/exercises" && ls -d */ 2>/dev/null | tr -d / | tr '\n' ' ')
+# Bad arguments or settings: one line (a newline in a name shown as \n), exit 2, before anything is
+# built or removed.
+refuse() { echo "grade: ${1//$'\n'/\\n}" >&2; exit 2; }
+usage() { refuse "$1 (usage: grade.sh LAB [--solution | --variant DIR] [--first-failure]; labs: $LABS)"; }
+# The labs: the directories under exercises/ with a FILES list. The name given must be one of them,
+# letter for letter: it becomes part of paths this script empties (build/grade-LAB), so a name
+# with a slash or a dot-dot (ring/../../exercises/tp) must never reach them.
+LABS=$(cd "$ROOT/exercises" && for dir in */; do [ -f "$dir/FILES" ] && printf '%s ' "${dir%/}"; done)
+LABS=${LABS% }
 LAB=${1:-}
-[ -n "$LAB" ] && [ -f "$ROOT/exercises/$LAB/FILES" ] || usage "unknown lab '${LAB}'"
+[[ "$LAB" =~ ^[A-Za-z0-9_-]+$ ]] && [ -f "$ROOT/exercises/$LAB/FILES" ] || usage "unknown lab '${LAB}'"
 shift
 MODE=student VARIANT= FIRST_FAILURE=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        --solution) MODE=solution ;;
-        --variant) [ $# -ge 2 ] && [ -d "$2" ] || usage "--variant needs a directory"; MODE=variant; VARIANT=$(cd "$2" && pwd); shift ;;
-        --first-failure) FIRST_FAILURE=1 ;;
+        --solution | --variant)  # one source of the code graded: a second would silently win
+            [ "$MODE" = student ] || usage "$1: give one of --solution and --variant, once"
+            if [ "$1" = --solution ]; then MODE=solution
+            else
+                [ $# -ge 2 ] && [ -d "$2" ] || usage "--variant needs a directory"
+                MODE=variant; VARIANT=$(cd "$2" && pwd); shift
+            fi ;;
+        --first-failure) [ "$FIRST_FAILURE" -eq 0 ] || usage "--first-failure given twice"; FIRST_FAILURE=1 ;;
         *) usage "unknown option '$1'" ;;
     esac
     shift
 done
+# Every file the lab grades is there, before anything is built: a missing one is a wrong --variant
+# directory or a skeleton never generated, not code that "does not compile: 0 points".
+while read -r name dest _; do
+    case $MODE in
+        student) file=$ROOT/exercises/$LAB/$name fix="make exercises writes the skeletons" ;;
+        solution) file=$ROOT/$dest fix="the chapter's code is missing from the tree" ;;
+        variant) file=$VARIANT/$dest fix="--variant DIR holds the lab's files at their paths in the tree" ;;
+    esac
+    [ -f "$file" ] || refuse "$file: missing ($fix)"
+done < "$ROOT/exercises/$LAB/FILES"
+# The time limit of a check, as timeout(1) takes it: seconds, a fraction allowed; 0 would mean none.
+CHECK_TIMEOUT=${GRADE_CHECK_TIMEOUT:-120}
+[[ "$CHECK_TIMEOUT" =~ ^[0-9]+(\.[0-9]+)?$ ]] && [[ "$CHECK_TIMEOUT" =~ [1-9] ]] ||
+    refuse "GRADE_CHECK_TIMEOUT=$CHECK_TIMEOUT: must be a positive number of seconds (120, 20, 2.5)"
 
 BUILD=${BUILD:-build}
 case "$BUILD" in /*) LIBDIR=$BUILD ;; *) LIBDIR=$ROOT/$BUILD ;; esac
+# The two directories this script empties: its own places under $LIBDIR, named from the lab, or the
+# ones GRADE_DIR and GRADE_CACHE name -- those only when they are new, empty, or marked as made by
+# this script (.grade-dir), so that a mistyped path never deletes someone's files.
 WORK=${GRADE_DIR:-$LIBDIR/grade-$LAB}
 CACHE=${GRADE_CACHE:-$LIBDIR/grade-cache}
-CHECK_TIMEOUT=${GRADE_CHECK_TIMEOUT:-120}
+ours() {  # dir -> whether it is new, empty or one this script made
+    [ ! -e "$1" ] || { [ -d "$1" ] && { [ -f "$1/.grade-dir" ] || [ -z "$(ls -A "$1" 2>/dev/null)" ]; }; }
+}
+[ -z "${GRADE_DIR:-}" ] || ours "$WORK" ||
+    refuse "GRADE_DIR=$WORK: not a directory this script made (no .grade-dir in it); name a new or empty one"
+[ -z "${GRADE_CACHE:-}" ] || ours "$CACHE" ||
+    refuse "GRADE_CACHE=$CACHE: not a directory this script made (no .grade-dir in it); name a new or empty one"
 LAB_DIR=$ROOT/exercises/$LAB
 # Skeletons leave parameters and variables unused until they are written.
 LAB_WARNINGS="-Wno-unused-parameter -Wno-unused-variable -Wno-unused-but-set-variable -Wno-unused-function"
@@ -49,7 +86,7 @@ PYTHON=${PYTHON:-$LIBDIR/venv/bin/python}
 case "$PYTHON" in /*) ;; */*) PYTHON="$ROOT/$PYTHON" ;; esac
 "$PYTHON" -c 'import numpy' 2>/dev/null ||
     { echo "grade: $PYTHON cannot import numpy: run make deps first (it builds the Python the checks use)" >&2; exit 2; }
-mkdir -p "$CACHE"
+mkdir -p "$CACHE" && touch "$CACHE/.grade-dir"
 programs=$(sed -n 's/^# programs: *//p' "$LAB_DIR/checks")
 main_of() {  # program name -> its main source
     case $1 in
@@ -100,7 +137,7 @@ mkdir -p "$(dirname "$WORK")"
 source "$CACHE/flags.sh"
 
 # ---- your file(s), compiled and linked into the programs the checks run ---------------------------
-rm -rf "$WORK" && mkdir -p "$WORK/build" "$WORK/obj"
+rm -rf "$WORK" && mkdir -p "$WORK/build" "$WORK/obj" && touch "$WORK/.grade-dir"
 cp "$LIBDIR/libref32.a" "$WORK/build/libref32.a"
 yours=""
 echo "grade $LAB: building $([ $MODE = solution ] && echo "the chapter's code" || echo "your code") (log: $WORK/build.log)"

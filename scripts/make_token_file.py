@@ -11,6 +11,8 @@ Format (little-endian, described in common/DATA.md):
 Inputs:
     --text FILE   the file's bytes are the tokens (ids 0..255, as the text:PATH source reads it)
     --ids FILE    whitespace- or comma-separated decimal ids ("-" reads standard input)
+Each a regular file (not a FIFO or a device), each option given once. Bad input: one line, exit 2,
+before anything is read or written.
 
     python3 scripts/make_token_file.py --ids ids.txt --vocab-size 32000 out.tok
 """
@@ -29,6 +31,37 @@ def fail(message):
     """Bad input: one line, exit status 2 (the trainer's convention)."""
     print(f"make_token_file: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors in the script's one line (not usage and error on four), exit 2."""
+
+    def error(self, message):
+        fail(f"{message} (see --help)".replace("\n", " "))
+
+
+class Once(argparse.Action):
+    """Stores an option's value, refusing the option given twice: the last one would silently win."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest) is not None:
+            parser.error(f"{option_string} given twice")
+        setattr(namespace, self.dest, values)
+
+
+def check_input(path):
+    """Before reading anything: the input is a regular file (a FIFO would block until a writer comes,
+    a device such as /dev/zero would be read without end); '-' for --ids is standard input."""
+    if path == "-":
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        fail(f"{path}: {e.strerror}")
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device" \
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+        fail(f"{path}: is {kind}; the input must be a regular file")
 
 
 def check_output(path, source):
@@ -105,18 +138,22 @@ def write_atomically(path, blob):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # No abbreviations (--wid): an option is named in full, so that Once sees every repeat of it.
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--text", metavar="FILE", help="use the file's bytes as tokens")
-    source.add_argument("--ids", metavar="FILE", help="decimal token ids, '-' for standard input")
-    parser.add_argument("--width", type=int, choices=(2, 4), help="bytes per token (default: 2 if every id fits)")
-    parser.add_argument("--vocab-size", type=int, help="refuse ids >= this (what the C reader checks)")
+    source.add_argument("--text", metavar="FILE", action=Once, help="use the file's bytes as tokens")
+    source.add_argument("--ids", metavar="FILE", action=Once, help="decimal token ids, '-' for standard input")
+    parser.add_argument("--width", type=int, choices=(2, 4), action=Once,
+                        help="bytes per token (default: 2 if every id fits)")
+    parser.add_argument("--vocab-size", type=int, action=Once, help="refuse ids >= this (what the C reader checks)")
     parser.add_argument("output")
     args = parser.parse_args()
 
     if args.vocab_size is not None and args.vocab_size < 1:
         fail(f"--vocab-size {args.vocab_size}: must be at least 1")
-    check_output(args.output, args.text if args.text is not None else args.ids)
+    source = args.text if args.text is not None else args.ids
+    check_input(source)
+    check_output(args.output, source)
     if args.text is not None:
         try:
             with open(args.text, "rb") as f:

@@ -275,6 +275,43 @@ leftover=$(ls "$T" | grep -c '^big\.tok' || true)
 [ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$err")" -eq 1 ] && [ "$leftover" -eq 0 ] ||
     { echo "FAIL: make_token_file.py past a file-size limit -> exit $rc, $leftover file(s) left: $err"; failures=$((failures + 1)); }
 echo "ok: make_token_file.py refuses --vocab-size 0 and a 1-token input, and a failed write leaves nothing: $err"
+# ... and its own arguments and inputs the same way: argparse's errors on one line (not usage and
+# error on four), an option given twice refused (the last would silently win), and an input that is
+# not a regular file refused before it is read: a FIFO would block for a writer, /dev/zero would be
+# read without end. Under a time limit, so that a regression fails here instead of hanging the suite.
+token_file_refuses() {  # what-it-says args...
+    local want=$1 err rc; shift
+    err=$(timeout 20 "$PYTHON" scripts/make_token_file.py "$@" 2>&1 >/dev/null); rc=$?
+    [ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$err")" -eq 1 ] && [[ "$err" == *"$want"* ]] && [ ! -e "$T/refused.tok" ] ||
+        { echo "FAIL: make_token_file.py $* -> exit $rc: $err (wanted exit 2, one line with '$want')"; failures=$((failures + 1)); }
+    rm -f "$T/refused.tok"  # written by a run that should have been refused: not the next check's
+}
+token_file_refuses "--width: invalid choice: 3" --width 3 --text "$T/corpus.txt" "$T/refused.tok"
+token_file_refuses "--width given twice" --width 2 --width 4 --text "$T/corpus.txt" "$T/refused.tok"
+token_file_refuses "--text given twice" --text "$T/corpus.txt" --text "$T/corpus.txt" "$T/refused.tok"
+token_file_refuses "$T/fifo: is a FIFO" --text "$T/fifo" "$T/refused.tok"
+token_file_refuses "$T/fifo: is a FIFO" --ids "$T/fifo" "$T/refused.tok"
+token_file_refuses "/dev/zero: is a device" --text /dev/zero "$T/refused.tok"
+token_file_refuses "$T: is a directory" --ids "$T" "$T/refused.tok"
+echo "ok: make_token_file.py refuses a bad --width, an option given twice, a FIFO, a device and a directory as its input"
+# scripts/bench_plan.sh (make bench): an argument or a bad setting is refused before any run; a
+# setting that the trainer refuses (a batch that 4 pipeline microbatches do not divide) comes back as
+# the trainer's own line, not the end of mpirun's notice (3 tiny runs of 3 steps: seconds).
+bench_plan_refuses() {  # what-it-says command...
+    local want=$1 err rc; shift
+    err=$(BUILD="$BUILD" timeout 120 "$@" 2>&1 >/dev/null); rc=$?
+    [ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$err")" -eq 1 ] && [[ "$err" == *"$want"* ]] ||
+        { echo "FAIL: $* -> exit $rc: $err (wanted exit 2, one line with '$want')"; failures=$((failures + 1)); }
+}
+bench_plan_refuses "unexpected argument '--bogus'" scripts/bench_plan.sh --bogus
+bench_plan_refuses "PLAN_STEPS=2: must be at least 3" env PLAN_STEPS=2 scripts/bench_plan.sh
+bench_plan_refuses "PLAN_MODEL=nope PLAN_SEQ=128: train: --model nope: must be one of" env PLAN_MODEL=nope scripts/bench_plan.sh
+bench_plan_refuses "PLAN_ROUNDS=0: must be a positive integer" env PLAN_ROUNDS=0 scripts/bench_plan.sh
+bench_plan_refuses "PLAN_BATCH=abc: must be a positive integer" env PLAN_BATCH=abc scripts/bench_plan.sh
+bench_plan_refuses "PLAN_BATCH=3: must be even" env PLAN_BATCH=3 scripts/bench_plan.sh
+bench_plan_refuses "PP 1F1B (2 ranks, batch 2): train: --batch 2: must be divisible" \
+    env PLAN_MODEL=tiny PLAN_SEQ=32 PLAN_BATCH=2 PLAN_STEPS=3 PLAN_ROUNDS=1 MPIRUN="${MPIRUN:-mpirun --oversubscribe}" scripts/bench_plan.sh
+echo "ok: bench_plan.sh refuses an argument, too few steps, an unknown model, 0 rounds, a batch that is not an even number, and passes on the trainer's refusal"
 # A switch takes no value; --compare runs alone.
 expect_error "--model-info=yes: a switch takes no value" --model-info=yes
 expect_error "--compare: checks a dump and exits; --trace would be ignored" --compare "$T/x.st" --trace "$T/t.pftrace"

@@ -7,7 +7,9 @@
 #                              checks let through).
 # Prints the table (lab, code, score). Everything is graded against the prebuilt libraries with one
 # shared cache; mutants and skeletons stop at their first failing check; LAB_JOBS grade at once.
-# Also: make exercises never overwrites an edited skeleton, and a bad lab name exits 2.
+# Also: make exercises never overwrites an edited skeleton, and bad arguments and settings (a lab
+# name that leads out of build/, FIRST, GRADE_CHECK_TIMEOUT, two modes, an empty --variant, a
+# GRADE_DIR it did not make) exit 2 with one line, before anything is built or removed.
 # LABS="ddp pp" grades only those labs. The mutants are deterministic mistakes (a wrong value, a
 # crash, a collective out of the formula's order or size), none that only a race would expose.
 set -eu -o pipefail
@@ -91,10 +93,57 @@ echo "// my second try" >> "$tree/exercises/$lab/$file"
     { echo "FAIL: a second FORCE=1 should keep the first $file.edited and the new one as $file.edited.2"; exit 1; }
 echo "ok: edited exercises/$lab/$file kept; FORCE=1 keeps it as $file.edited, a second time as $file.edited.2"
 
-echo "== a bad lab name exits 2"
-rc=0
-scripts/grade.sh no_such_lab || rc=$?
-[ "$rc" -eq 2 ] || { echo "FAIL: rc $rc"; exit 1; }
+echo "== bad arguments and settings: exit 2 and one line naming the problem, before anything is built or removed"
+failed=0
+refused() {  # what-it-says command... -> exit 2, exactly one line on stderr that says it, no grade directory
+    local want=$1 err rc=0; shift
+    err=$("$@" 2>&1 >/dev/null) || rc=$?
+    if [ "$rc" -eq 2 ] && [ "$(grep -c . <<<"$err")" -eq 1 ] && [[ "$err" == *"$want"* ]] && [ ! -e "$TEST_TMP/grade/refused" ]; then
+        echo "ok: $err"
+    else
+        echo "FAIL: $* -> exit $rc: $err (wanted exit 2, one line with '$want', no $TEST_TMP/grade/refused)"; failed=1
+    fi
+    rm -rf "$TEST_TMP/grade/refused" "$TEST_TMP/grade/refused.prepare.log"  # a grade that ran: not the next check's
+}
+# A lab name with a dot-dot once passed (exercises/ring/../../exercises/tp/FILES is there) and
+# build/grade-ring/../../exercises/tp -- the student's exercises/tp -- was emptied for the grade. The
+# lab is kept aside and put back if it changed, so that the check itself loses nothing if that returns.
+tp_sums() { find exercises/tp -type f -print0 | sort -z | xargs -0 sha256sum; }
+before=$(tp_sums) && cp -a exercises/tp "$TEST_TMP/tp.kept" && log_was_there=$([ -e exercises/tp.prepare.log ] && echo 1 || echo 0)
+refused "unknown lab 'ring/../../exercises/tp'" scripts/grade.sh ring/../../exercises/tp --solution
+refused "unknown lab 'ring/../../exercises/tp'" make -s grade LAB=ring/../../exercises/tp BUILD="$BUILD" PYTHON="$PYTHON"
+if [ "$(tp_sums)" != "$before" ]; then
+    echo "FAIL: grading ring/../../exercises/tp changed exercises/tp (put back from $TEST_TMP/tp.kept)"; failed=1
+    rm -rf exercises/tp && cp -a "$TEST_TMP/tp.kept" exercises/tp
+    [ "$log_was_there" -eq 1 ] || rm -f exercises/tp.prepare.log  # the grade's log, beside its directory
+fi
+refused "unknown lab 'no_such_lab'" scripts/grade.sh no_such_lab
+refused "unknown lab '..'" env GRADE_DIR="$TEST_TMP/grade/refused" scripts/grade.sh ..
+# FIRST=0 is off (any value once turned it on), FIRST=1 on, anything else refused as make reads it.
+refused "FIRST=yes: must be 1" make -s grade LAB=ring FIRST=yes BUILD="$BUILD" PYTHON="$PYTHON"
+for first in 0 1; do
+    command=$(make -n grade LAB=ring FIRST=$first BUILD="$BUILD" PYTHON="$PYTHON" | grep 'scripts/grade.sh' || true)
+    [[ "$command" == *--first-failure* ]] && on=1 || on=0
+    [ "$on" -eq "$first" ] && echo "ok: FIRST=$first -> $command" ||
+        { echo "FAIL: make grade FIRST=$first runs: $command"; failed=1; }
+done
+refused "GRADE_CHECK_TIMEOUT=abc: must be a positive number of seconds" \
+    env GRADE_DIR="$TEST_TMP/grade/refused" GRADE_CHECK_TIMEOUT=abc scripts/grade.sh ring --solution
+refused "GRADE_CHECK_TIMEOUT=0: must be a positive number of seconds" \
+    env GRADE_DIR="$TEST_TMP/grade/refused" GRADE_CHECK_TIMEOUT=0 scripts/grade.sh ring --solution
+# One source of the code graded; a --variant directory without the lab's files is a wrong directory,
+# not code that "does not compile: 0 points".
+mkdir -p "$TEST_TMP/empty_variant"
+refused "give one of --solution and --variant" \
+    env GRADE_DIR="$TEST_TMP/grade/refused" scripts/grade.sh ring --solution --variant "$TEST_TMP/empty_variant"
+refused "$TEST_TMP/empty_variant/$(awk '{print $2; exit}' exercises/ring/FILES): missing" \
+    env GRADE_DIR="$TEST_TMP/grade/refused" scripts/grade.sh ring --variant "$TEST_TMP/empty_variant"
+# GRADE_DIR is emptied for each grade: a directory this script did not make is refused, not emptied.
+mkdir -p "$TEST_TMP/not_ours" && echo precious > "$TEST_TMP/not_ours/notes.txt"
+refused "GRADE_DIR=$TEST_TMP/not_ours: not a directory this script made" \
+    env GRADE_DIR="$TEST_TMP/not_ours" scripts/grade.sh ring --solution
+[ "$(cat "$TEST_TMP/not_ours/notes.txt")" = precious ] || { echo "FAIL: GRADE_DIR's file is gone"; failed=1; }
+[ "$failed" -eq 0 ] || { echo "FAIL: a bad argument or setting was not refused as it should be (above)"; exit 1; }
 echo "== no Python for the checks: exit 2 naming make deps, before any grading (not 0 points for the student)"
 rc=0
 out=$(GRADE_DIR="$TEST_TMP/grade/no-python" PYTHON="$TEST_TMP/no/such/python" scripts/grade.sh ring --solution 2>&1) || rc=$?
